@@ -1,0 +1,43 @@
+"""Test set-up: CUDA kernels run on the real GPU when one answers, else on
+Numba's CUDA simulator (CI). This must run before anything imports numba."""
+
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+
+
+def _real_gpu_present() -> bool:
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return libcuda.cuInit(0) == 0 and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _real_gpu_present():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+ON_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+DATA_DIR = Path(os.environ.get("MLPTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_real = pytest.mark.skip(reason="needs a real GPU (the CUDA simulator is too slow or lacks the feature)")
+    for item in items:
+        if "real_gpu" in item.keywords and ON_SIMULATOR:
+            item.add_marker(skip_real)
+
+
+@pytest.fixture
+def data_dir():
+    if not (DATA_DIR / "mnist").is_dir():
+        pytest.skip(f"real datasets not found at {DATA_DIR} (set MLPTRAIN_DATA_DIR)")
+    return DATA_DIR
+
+
+@pytest.fixture
+def rng():
+    return __import__("numpy").random.default_rng(1234)
