@@ -1,0 +1,3 @@
+from mlptrain.cli import main
+
+main()

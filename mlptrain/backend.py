@@ -1,0 +1,96 @@
+"""The two backends behind one small interface.
+
+A `Backend` allocates arrays on its device, moves arrays between host and
+device, and exposes its kernel package as `kernels` (numba_kernels or
+numpy_kernels: same modules, same function names and signatures).
+Only `get_backend` imports numba, so the CPU path never pays for CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self):
+        from mlptrain import numpy_kernels
+
+        self.kernels = numpy_kernels
+        self.device_name = "cpu (NumPy)"
+
+    def empty(self, shape, dtype=np.float32):
+        return np.empty(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        return np.zeros(shape, dtype)
+
+    def to_device(self, array):
+        return np.ascontiguousarray(array).copy()
+
+    def to_host(self, array):
+        return np.array(array, copy=True)
+
+    def copy_from_host(self, dst, src):
+        dst[...] = src
+
+    def synchronize(self):
+        pass
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self):
+        from numba import cuda
+
+        from mlptrain import numba_kernels
+
+        self._cuda = cuda
+        self.kernels = numba_kernels
+        device = cuda.get_current_device()
+        raw = device.name
+        self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def empty(self, shape, dtype=np.float32):
+        return self._cuda.device_array(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        return self._cuda.to_device(np.zeros(shape, dtype))
+
+    def to_device(self, array):
+        return self._cuda.to_device(np.ascontiguousarray(array))
+
+    def to_host(self, array):
+        return array.copy_to_host()
+
+    def copy_from_host(self, dst, src):
+        dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype))
+
+    def synchronize(self):
+        self._cuda.synchronize()
+
+
+def cuda_usable() -> bool:
+    try:
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:  # a broken driver or toolkit means: not usable
+        return False
+
+
+def get_backend(name: str):
+    """`auto` picks CUDA when a GPU is usable, else the CPU."""
+    if name == "cpu":
+        return CpuBackend()
+    if name == "auto":
+        return CudaBackend() if cuda_usable() else CpuBackend()
+    if name == "cuda":
+        if not cuda_usable():
+            raise UserError("backend=cuda: no usable NVIDIA GPU or CUDA driver was found; use backend=cpu or backend=auto")
+        return CudaBackend()
+    raise UserError(f"backend: '{name}' is not one of auto, cuda, cpu")

@@ -1,0 +1,27 @@
+"""The `mlptrain` command: a thin Typer app over plain functions.
+
+Every `UserError` raised below becomes one red line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from mlptrain.cli import configs, run
+from mlptrain.errors import UserError
+from mlptrain.tracking import console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train small neural networks on NVIDIA GPUs with hand-written Numba CUDA kernels.")
+app.command("run")(run.run)
+app.add_typer(configs.app, name="configs")
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as err:
+        console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(2)

@@ -1,0 +1,252 @@
+"""Experiment configs: typed sections, YAML loading, `key=value` overrides, validation.
+
+Every section is a frozen dataclass; every field may carry `choices` or a
+`check` in its metadata. All errors are `UserError`s naming the file and the
+dotted key, and an unknown key suggests the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlptrain.errors import UserError
+
+
+def _positive(value):
+    return None if value > 0 else "must be > 0"
+
+
+def _non_negative(value):
+    return None if value >= 0 else "must be >= 0"
+
+
+def _unit_interval(value):
+    return None if 0 <= value < 1 else "must be in [0, 1)"
+
+
+def _widths(value):
+    return None if all(w >= 1 for w in value) else "every layer width must be >= 1"
+
+
+def _betas(value):
+    return None if len(value) == 2 and all(0 <= b < 1 for b in value) else "must be two numbers in [0, 1)"
+
+
+def _option(default, *, choices=None, check=None, doc=""):
+    return field(default=default, metadata={"choices": choices, "check": check, "doc": doc})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _option("mnist", choices=("mnist",))
+    root: str | None = _option(None, doc="dataset folder; default $MLPTRAIN_DATA_DIR, else the user cache")
+    val_size: int = _option(5000, check=_non_negative, doc="images held out of the training set")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    type: str = _option("mlp", choices=("mlp",))
+    hidden: tuple[int, ...] = _option((512, 512), check=_widths)
+    activation: str = _option("relu", choices=("relu", "tanh", "sigmoid"))
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = _option("adam", choices=("sgd", "momentum", "adam", "adamw"))
+    lr: float = _option(1e-3, check=_positive)
+    momentum: float = _option(0.9, check=_unit_interval)
+    nesterov: bool = _option(False)
+    betas: tuple[float, float] = _option((0.9, 0.999), check=_betas)
+    eps: float = _option(1e-8, check=_positive)
+    weight_decay: float = _option(0.0, check=_non_negative)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = _option("constant", choices=("constant",))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _option(10, check=_positive)
+    batch_size: int = _option(128, check=_positive)
+    eval_batch_size: int = _option(1000, check=_positive)
+    log_every: int = _option(50, check=_positive, doc="steps between metric reads (the only host syncs)")
+    checkpoint_every_epochs: int = _option(1, check=_positive)
+
+
+@dataclass(frozen=True)
+class Config:
+    description: str = _option("")
+    backend: str = _option("auto", choices=("auto", "cuda", "cpu"))
+    seed: int = _option(0, check=_non_negative)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def valid_keys(cls=Config, prefix="") -> list[str]:
+    """Every dotted key of the schema, e.g. `optim.lr`."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += valid_keys(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _unknown_key(source, dotted):
+    close = difflib.get_close_matches(dotted, valid_keys(), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid_keys())}"
+    return UserError(f"{source}: unknown key '{dotted}'{hint}")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
+
+
+def _convert(value, tp, where):
+    """Coerce a YAML value to the annotated type, or raise UserError."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        inner = [t for t in options if t is not type(None)][0]
+        return _convert(value, inner, where)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise UserError(f"{where}: expected a list of {len(args)} values, got {len(value)}")
+        return tuple(_convert(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, args)))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise UserError(f"{where}: must be a finite number, got {value!r}")
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            try:
+                return _convert(float(value), float, where)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise UserError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls, raw, source, prefix=""):
+    if not isinstance(raw, dict):
+        where = prefix.rstrip(".") or "the config"
+        raise UserError(f"{source}: {where} must be a mapping of keys to values, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in names:
+            raise _unknown_key(source, f"{prefix}{key}")
+    values = {}
+    for name, value in raw.items():
+        f, dotted, tp = names[name], f"{prefix}{name}", hints[name]
+        if dataclasses.is_dataclass(tp):
+            values[name] = _build(tp, value if value is not None else {}, source, dotted + ".")
+            continue
+        value = _convert(value, tp, f"{source}: {dotted}")
+        choices, check = f.metadata.get("choices"), f.metadata.get("check")
+        if choices and value not in choices:
+            raise UserError(f"{source}: {dotted}: '{value}' is not one of {', '.join(choices)}")
+        problem = check(value) if check and value is not None else None
+        if problem:
+            raise UserError(f"{source}: {dotted}: {problem} (got {value!r})")
+        values[name] = value
+    return cls(**values)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`optim.lr=3e-4` -> ("optim.lr", 0.0003); the value is read as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"override '{text}': expected KEY=VALUE, e.g. optim.lr=3e-4")
+    try:
+        return key.strip(), yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        raise UserError(f"override '{text}': the value is not valid YAML") from None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Set dotted keys in a nested dict, creating sections as needed."""
+    raw = dict(raw)
+    for text in overrides:
+        dotted, value = parse_override(text)
+        if dotted not in valid_keys():
+            raise _unknown_key("override", dotted)
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        node[leaf] = value
+    return raw
+
+
+def read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such config file (see `mlptrain configs` for the built-in ones)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read it ({err})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{at}") from None
+    return {} if raw is None else raw
+
+
+def load_config(path: Path, overrides: list[str] = ()) -> Config:
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
+    return config_from_dict(apply_overrides(raw, list(overrides)), source=str(path))
+
+
+def config_from_dict(raw: dict, source: str = "config") -> Config:
+    return _build(Config, raw, source)
+
+
+def config_to_dict(config: Config) -> dict:
+    """Plain YAML-ready values (tuples become lists)."""
+
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(config))

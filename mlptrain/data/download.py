@@ -1,0 +1,124 @@
+"""Download a file from a list of mirrors, verify its md5, and put it in place atomically."""
+
+import contextlib
+import hashlib
+import http.client
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from mlptrain.errors import UserError
+
+CHUNK_BYTES = 1 << 20
+TIMEOUT_S = 30.0
+
+
+class _MirrorFailed(Exception):
+    """One mirror did not deliver the file; the next one may."""
+
+
+def md5sum(path: str | Path) -> str:
+    """Hex md5 of the file at `path`, read in chunks (never whole into memory)."""
+    digest = hashlib.md5()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(urls: list[str], dest: Path, md5: str | set[str], *, timeout: float = TIMEOUT_S,
+          opener=None) -> None:
+    """Download `dest` from the first of `urls` that delivers bytes whose md5 is `md5`
+    (or one of the set), trying each in turn.
+
+    The bytes stream into a hidden temporary file beside `dest`, which is renamed
+    to `dest` only once verified: `dest` is either absent or complete, and no
+    temporary file outlives the call (also on Ctrl-C). `opener` defaults to
+    `urllib.request.urlopen`, looked up at call time so tests can replace it.
+    Raises `UserError` naming `dest` when no mirror delivers the file or the
+    folder cannot be written.
+    """
+    dest = Path(dest)
+    expected = {md5} if isinstance(md5, str) else set(md5)
+    failures = []
+    created = not dest.parent.exists()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        for url in urls:
+            try:
+                _fetch_one(url, dest, expected, timeout, opener or urllib.request.urlopen)
+                return
+            except _MirrorFailed as failure:
+                failures.append(f"{url}: {failure}")
+    except OSError as error:
+        # Network errors became _MirrorFailed inside _fetch_one: what is left is local.
+        raise UserError(f"cannot write {dest} ({error.strerror or error})") from None
+    if created:  # leave no empty folder behind a failed download
+        with contextlib.suppress(OSError):
+            dest.parent.rmdir()
+    raise UserError(f"could not download {dest.name}: " + "; ".join(failures or ["no mirror given"]))
+
+
+def _fetch_one(url: str, dest: Path, expected: set[str], timeout: float, opener) -> None:
+    """Stream `url` into a temporary file beside `dest`, check its md5, rename it to `dest`."""
+    fd, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            digest = _stream(url, out, dest.name, timeout, opener)
+        if digest not in expected:
+            raise _MirrorFailed(f"md5 {digest} does not match the expected {' or '.join(sorted(expected))}")
+        os.replace(temp, dest)  # atomic on one file system: readers never see a partial dest
+    finally:
+        temp.unlink(missing_ok=True)  # already renamed on success, so this only cleans up failures
+
+
+def _stream(url: str, out, label: str, timeout: float, opener) -> str:
+    """Copy the body of `url` into the open file `out`; return its hex md5."""
+    digest = hashlib.md5()
+    try:
+        response = opener(url, timeout=timeout)
+    except (OSError, http.client.HTTPException, ValueError) as error:  # ValueError: malformed URL
+        raise _MirrorFailed(_describe(error)) from None
+    with response, _progress(url) as progress:
+        size = response.headers.get("Content-Length") if response.headers else None
+        task = progress.add_task(label, total=int(size) if size and size.isdigit() else None)
+        while True:
+            try:
+                chunk = response.read(CHUNK_BYTES)
+            except (OSError, http.client.HTTPException) as error:
+                raise _MirrorFailed(_describe(error)) from None
+            if not chunk:
+                break
+            digest.update(chunk)
+            out.write(chunk)  # an OSError here is local (disk full): fetch reports it as such
+            progress.advance(task, len(chunk))
+    return digest.hexdigest()
+
+
+def _progress(url: str) -> Progress:
+    """A transient download bar on stderr; a plain log line instead when stderr is not a terminal."""
+    # stderr so a piped stdout (result tables) stays clean; transient so a finished
+    # download leaves no bar behind. Off a terminal a bar would only leave a stray
+    # newline, while one line saying what is being fetched helps a CI log.
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.print(f"downloading {url}", markup=False, highlight=False, soft_wrap=True)
+    return Progress(TextColumn("downloading {task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), console=console, transient=True, disable=not console.is_terminal)
+
+
+def _describe(error: BaseException) -> str:
+    """A short reason for a failed request, without urllib's `<urlopen error ...>` wrapping."""
+    if isinstance(error, urllib.error.HTTPError):
+        return f"HTTP {error.code} {error.reason}"
+    if isinstance(error, urllib.error.URLError):
+        return str(error.reason)
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return str(error) or type(error).__name__

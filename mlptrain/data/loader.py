@@ -1,0 +1,55 @@
+"""The dataset resident on the device as uint8, and the index arrays that select batches.
+
+Training and validation share one uint8 image array on the device; a split is
+only an index array into it. Each step a kernel gathers and normalises the
+rows `order[start:start+rows]`, so no image crosses the bus inside the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+
+@dataclass
+class ResidentSplit:
+    images: object  # backend uint8 array (N, D)
+    labels: object  # backend uint8 array (N,)
+    index: np.ndarray  # host int32 rows of `images` in this split
+    device_index: object  # the same rows on the device, in their natural order
+
+    @property
+    def size(self) -> int:
+        return len(self.index)
+
+
+def check_val_size(dataset, val_size: int) -> None:
+    n = len(dataset.train_images)
+    if val_size >= n:
+        raise UserError(f"data.val_size: {val_size} leaves no training images; {dataset.name} has {n}, use < {n}")
+
+
+def resident_splits(dataset, backend, val_size: int, seed: int):
+    """(train, val, test) with `val_size` training images held out by a seeded permutation."""
+    check_val_size(dataset, val_size)
+    n = len(dataset.train_images)
+    held_out = np.random.default_rng([seed, 0x5EED]).permutation(n)
+    val_index = np.sort(held_out[:val_size]).astype(np.int32)
+    train_index = np.sort(held_out[val_size:]).astype(np.int32)
+    images, labels = backend.to_device(dataset.train_images), backend.to_device(dataset.train_labels)
+    test_index = np.arange(len(dataset.test_images), dtype=np.int32)
+    return (
+        ResidentSplit(images, labels, train_index, backend.to_device(train_index)),
+        ResidentSplit(images, labels, val_index, backend.to_device(val_index)),
+        ResidentSplit(backend.to_device(dataset.test_images), backend.to_device(dataset.test_labels),
+                      test_index, backend.to_device(test_index)),
+    )
+
+
+def epoch_order(split: ResidentSplit, seed: int, epoch: int) -> np.ndarray:
+    """The training order of one epoch: a function of (seed, epoch) only, so the
+    order never depends on the batch size and a resumed run sees the same data."""
+    return np.random.default_rng([seed, epoch]).permutation(split.index).astype(np.int32)

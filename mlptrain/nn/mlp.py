@@ -1,0 +1,88 @@
+"""The MLP as a static graph over buffers allocated once.
+
+Layer i maps h[i] (rows, widths[i]) to h[i+1] with weight fc{i+1}.weight
+(widths[i], widths[i+1]) and bias fc{i+1}.bias; h[0] is the input batch and
+h[-1] the logits. The backward pass writes every weight and bias gradient
+with one GEMM and one column reduction each (no atomics), and the gradient of
+each hidden layer with one GEMM whose epilogue applies the activation's
+derivative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlptrain.activation import ACTIVATIONS, NONE, RELU
+from mlptrain.nn.params import FlatBuffer, Layout
+
+
+def mlp_layout(widths: list[int]) -> Layout:
+    names, shapes = [], []
+    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:]), start=1):
+        names += [f"fc{i}.weight", f"fc{i}.bias"]
+        shapes += [(fan_in, fan_out), (fan_out,)]
+    return Layout(tuple(names), tuple(shapes))
+
+
+class MLP:
+    def __init__(self, backend, in_features: int, hidden: list[int], num_classes: int,
+                 activation: str, max_rows: int):
+        self.backend = backend
+        self.widths = [in_features, *hidden, num_classes]
+        self.activation = ACTIVATIONS[activation]
+        self.layout = mlp_layout(self.widths)
+        self.params = FlatBuffer(backend, self.layout)
+        self.grads = FlatBuffer(backend, self.layout)
+        self.max_rows = max_rows
+        # h[0] is the input; grad[i] is dLoss/dh[i] for i >= 1 (grad[-1] = dlogits)
+        self.h = [backend.empty((max_rows, w)) for w in self.widths]
+        self.grad = [None] + [backend.empty((max_rows, w)) for w in self.widths[1:]]
+        self.labels = backend.empty((max_rows,), np.int32)
+        self._views = {}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.widths) - 1
+
+    def init_parameters(self, rng: np.random.Generator) -> None:
+        """Weights U(-a, a): He et al. (2015) a = sqrt(6 / fan_in) into a ReLU, Glorot & Bengio (2010)
+        a = sqrt(6 / (fan_in + fan_out)) into tanh, sigmoid or the logits; biases zero."""
+        host = {}
+        for i, (fan_in, fan_out) in enumerate(zip(self.widths[:-1], self.widths[1:]), start=1):
+            into_relu = i < self.num_layers and self.activation == RELU
+            bound = np.sqrt(6.0 / fan_in) if into_relu else np.sqrt(6.0 / (fan_in + fan_out))
+            host[f"fc{i}.weight"] = rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32)
+            host[f"fc{i}.bias"] = np.zeros(fan_out, np.float32)
+        self.params.load_host_dict(host)
+
+    def views(self, rows: int):
+        """Row slices of every activation buffer for a batch of `rows`, cached so the step loop allocates nothing."""
+        if rows not in self._views:
+            if not 1 <= rows <= self.max_rows:
+                raise ValueError(f"batch of {rows} rows; the graph holds 1..{self.max_rows}")
+            self._views[rows] = (
+                [h[:rows] for h in self.h],
+                [None] + [g[:rows] for g in self.grad[1:]],
+                self.labels[:rows],
+            )
+        return self._views[rows]
+
+    def forward(self, rows: int):
+        """Fills the logits h[-1][:rows] from the input h[0][:rows]; returns the logits view."""
+        gemm = self.backend.kernels.gemm
+        h, _, _ = self.views(rows)
+        for i in range(self.num_layers):
+            act = NONE if i == self.num_layers - 1 else self.activation
+            gemm.linear_forward(h[i], self.params[f"fc{i + 1}.weight"], self.params[f"fc{i + 1}.bias"], h[i + 1], act)
+        return h[-1]
+
+    def backward(self, rows: int, beta: float = 0.0) -> None:
+        """From dlogits in grad[-1][:rows], writes (beta=0) or adds to (beta=1) every parameter gradient."""
+        kernels = self.backend.kernels
+        h, grad, _ = self.views(rows)
+        for i in reversed(range(self.num_layers)):
+            kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta)
+            kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta)
+            if i > 0:
+                kernels.gemm.linear_backward_input(grad[i + 1], self.params[f"fc{i + 1}.weight"], h[i], grad[i],
+                                                   self.activation)

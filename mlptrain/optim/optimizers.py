@@ -1,0 +1,99 @@
+"""SGD, momentum, Adam and AdamW: frozen hyperparameters, flat state, one fused launch per step.
+
+The training loop sums the gradients of a whole batch (the mean loss's
+gradient) into the flat gradient buffer first, then calls `Optimizer.step`
+once: one update per batch, never per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class SGD:
+    """p <- p - lr * (g + wd * p)."""
+
+    weight_decay: float = 0.0
+    state_names = ()
+
+
+@dataclass(frozen=True)
+class Momentum:
+    """Heavy-ball momentum as PyTorch's SGD(momentum=mu) (Sutskever et al., 2013):
+
+    g' = g + wd * p;  v <- mu * v + g';  p <- p - lr * (g' + mu * v if nesterov else v)
+    """
+
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    state_names = ("velocity",)
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam (Kingma & Ba, 2015) and AdamW (Loshchilov & Hutter, 2019):
+
+    g' = g + wd * p (Adam's L2)  or  p <- p * (1 - lr * wd) (AdamW, decoupled)
+    m <- b1 m + (1 - b1) g';  v <- b2 v + (1 - b2) g'^2
+    p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    """
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decoupled: bool = False
+    state_names = ("m", "v")
+
+
+class Optimizer:
+    """Hyperparameters, flat state buffers shaped like the parameters, and the step count."""
+
+    def __init__(self, hparams, backend, params):
+        self.hparams = hparams
+        self.backend = backend
+        self.step_count = 0
+        self.state = {name: backend.zeros((params.layout.size,)) for name in hparams.state_names}
+
+    def step(self, params, grads, lr: float) -> None:
+        """One fused update of every parameter from the summed batch gradient."""
+        optim = self.backend.kernels.optim
+        h = self.hparams
+        self.step_count += 1
+        if isinstance(h, SGD):
+            optim.sgd_update(params, grads, lr, h.weight_decay)
+        elif isinstance(h, Momentum):
+            optim.momentum_update(params, grads, self.state["velocity"], lr, h.momentum, h.weight_decay, h.nesterov)
+        else:
+            optim.adam_update(params, grads, self.state["m"], self.state["v"], lr, h.betas[0], h.betas[1], h.eps,
+                              h.weight_decay, h.decoupled, self.step_count)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        out = {f"optim/{name}": self.backend.to_host(buf) for name, buf in self.state.items()}
+        out["optim/step_count"] = np.array(self.step_count, np.int64)
+        return out
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        for name, buf in self.state.items():
+            key = f"optim/{name}"
+            if key not in arrays or arrays[key].shape != (buf.shape[0],):
+                raise UserError(f"checkpoint: optimizer state '{key}' is missing or has the wrong shape")
+            self.backend.copy_from_host(buf, arrays[key].astype(np.float32))
+        self.step_count = int(arrays["optim/step_count"])
+
+
+def make_optimizer(config, backend, params) -> Optimizer:
+    """From the `optim` config section."""
+    if config.name == "sgd":
+        hparams = SGD(weight_decay=config.weight_decay)
+    elif config.name == "momentum":
+        hparams = Momentum(momentum=config.momentum, nesterov=config.nesterov, weight_decay=config.weight_decay)
+    else:
+        hparams = Adam(betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay,
+                       decoupled=config.name == "adamw")
+    return Optimizer(hparams, backend, params)

@@ -1,0 +1,48 @@
+"""Run directories: `runs/<name>/`, never overwritten, never outside the runs folder."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from pathlib import Path
+
+import yaml
+
+from mlptrain.errors import UserError
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise UserError(f"--name '{name}': use letters, digits, '.', '_' and '-' (not starting with '.' or '-'), "
+                        "at most 128 characters")
+    return name
+
+
+def create_run_dir(runs_dir: Path, name: str | None, stem: str) -> Path:
+    """Creates and returns `runs_dir/name`; a default name is `<stem>-<timestamp>` (with `-2`, `-3`... on a clash)."""
+    explicit = name is not None
+    name = check_run_name(name if explicit else f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--runs-dir {runs_dir}: cannot create it ({err.strerror})") from None
+    for suffix in itertools.count(1):
+        run_dir = runs_dir / (name if suffix == 1 else f"{name}-{suffix}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            if explicit:
+                raise UserError(f"{run_dir}: a run of that name exists; choose another --name "
+                                "(runs are never overwritten)") from None
+        except OSError as err:
+            raise UserError(f"{run_dir}: cannot create the run directory ({err.strerror})") from None
+
+
+def write_yaml(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)

@@ -1,0 +1,64 @@
+"""What a run leaves behind: TensorBoard scalars, metrics.jsonl, summary.json, and a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(stderr=True)
+
+
+def _json_value(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunLogger:
+    """TensorBoard events and metrics.jsonl under the run directory."""
+
+    def __init__(self, run_dir: Path):
+        from tensorboardX import SummaryWriter
+
+        self.run_dir = run_dir
+        self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
+        self._metrics = open(run_dir / "metrics.jsonl", "a")
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def evaluation(self, record: dict) -> None:
+        """One JSON object per evaluation, flushed so a crash keeps every line written."""
+        self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
+        self._metrics.flush()
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        self.writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, name="hparams")
+
+    def close(self) -> None:
+        self.writer.close()
+        self._metrics.close()
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def training_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]epoch {task.fields[epoch]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.4f}  {task.fields[rate]:,.0f} samples/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )

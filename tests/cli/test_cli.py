@@ -1,0 +1,103 @@
+"""The command line as a user meets it: real subprocesses, real files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ON_SIMULATOR
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mlptrain(*args, cwd, env=None):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "mlptrain", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def assert_clean_failure(result, fragment):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0], lines[0]
+
+
+def test_configs_lists_builtins(tmp_path):
+    result = mlptrain("configs", cwd=tmp_path)
+    assert result.returncode == 0
+    for name in ("sgd_mnist", "momentum_mnist", "adam_mnist", "adamw_mnist"):
+        assert name in result.stdout + result.stderr
+
+
+def test_configs_show_prints_yaml(tmp_path):
+    result = mlptrain("configs", "show", "adam_mnist", cwd=tmp_path)
+    assert result.returncode == 0 and "name: adam" in result.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["adam_mnist", "optim.lrr=0.1"], "did you mean 'optim.lr'"),
+    (["adam_mnist", "optim.lr=-1"], "optim.lr: must be > 0"),
+    (["adam_mnist", "train.epochs=two"], "train.epochs: expected int"),
+    (["missing.yaml"], "no such config file"),
+    (["adam_mnist", "--name", "../escape"], "--name '../escape'"),
+    (["adam_mnist", "--name", ".hidden"], "--name '.hidden'"),
+    (["adam_mnist", "data.val_size=60000", "backend=cpu"], "data.val_size"),
+    (["adam_mnist", "backend=cpu", "data.root=nowhere"], "MLPTRAIN_DATA_DIR"),
+])
+def test_bad_input_fails_cleanly_and_writes_nothing(tmp_path, data_dir, args, fragment):
+    result = mlptrain("run", *args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path,
+                      env={"MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert_clean_failure(result, fragment)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "escape").exists()
+
+
+@pytest.mark.skipif(not ON_SIMULATOR, reason="a real GPU is present")
+def test_cuda_without_gpu_says_so(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    result = subprocess.run([sys.executable, "-m", "mlptrain", "run", "adam_mnist", "backend=cuda",
+                             "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert_clean_failure(result, "backend=cuda")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_adam_mnist_one_epoch_on_cpu(tmp_path, data_dir):
+    """The issue's acceptance run: the built-in config, one epoch, CPU backend, >= 96% test accuracy."""
+    result = mlptrain("run", "configs/adam_mnist.yaml", "backend=cpu", "train.epochs=1", "--name", "e2e",
+                      "--runs-dir", str(tmp_path / "runs"), cwd=REPO,
+                      env={"MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "runs" / "e2e"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["test_acc"] >= 0.96
+    assert summary["optimizer_steps"] == 430 and summary["epochs"] == 1
+    for key in ("test_loss", "val_acc", "samples_per_s", "wall_s"):
+        assert summary[key] > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["epoch"] == 1
+    with np.load(run / "checkpoints" / "last.npz", allow_pickle=False) as ckpt:
+        assert ckpt["params/fc1.weight"].shape == (784, 512)
+        assert ckpt["optim/m"].shape == ckpt["optim/v"].shape == (669706,)
+    assert (run / "checkpoints" / "best.npz").exists()
+    assert "optim:" in (run / "config.yaml").read_text()
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run)).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "opt/lr", "perf/samples_per_s"} <= tags
+
+
+def test_existing_run_name_is_refused(tmp_path, data_dir):
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    result = mlptrain("run", "adam_mnist", "backend=cpu", "--name", "taken", "--runs-dir", str(tmp_path / "runs"),
+                      cwd=tmp_path, env={"MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert_clean_failure(result, "a run of that name exists")

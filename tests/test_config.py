@@ -1,0 +1,92 @@
+import pytest
+
+from mlptrain.config import Config, apply_overrides, config_from_dict, config_to_dict, load_config, valid_keys
+from mlptrain.errors import UserError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_round_trip():
+    config = config_from_dict({})
+    assert config == Config()
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+def test_overrides_are_yaml_typed(tmp_path):
+    path = write(tmp_path, "optim: {name: adam, lr: 0.01}\n")
+    config = load_config(path, ["optim.lr=3e-4", "model.hidden=[256,128]", "backend=cpu", "train.epochs=1",
+                                "data.root=null"])
+    assert config.optim.lr == pytest.approx(3e-4)
+    assert config.model.hidden == (256, 128)
+    assert config.backend == "cpu" and config.train.epochs == 1 and config.data.root is None
+
+
+def test_yaml_scientific_without_dot_is_a_float(tmp_path):
+    assert load_config(write(tmp_path, "optim: {lr: 1e-3}\n")).optim.lr == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("optim: {lrr: 0.1}\n", "did you mean 'optim.lr'"),
+    ("optimizer: {lr: 0.1}\n", "unknown key 'optimizer'"),
+    ("optim: {lr: -1}\n", "optim.lr: must be > 0"),
+    ("optim: {lr: 0}\n", "optim.lr: must be > 0"),
+    ("optim: {lr: fast}\n", "optim.lr: expected float"),
+    ("optim: {name: adagrad}\n", "optim.name: 'adagrad' is not one of sgd, momentum, adam, adamw"),
+    ("optim: {betas: [0.9]}\n", "optim.betas: expected a list of 2 values"),
+    ("optim: {betas: [0.9, 1.5]}\n", "optim.betas"),
+    ("train: {epochs: 2.5}\n", "train.epochs: expected int"),
+    ("train: {epochs: true}\n", "train.epochs: expected int"),
+    ("train: {batch_size: 0}\n", "train.batch_size: must be > 0"),
+    ("model: {hidden: [512, 0]}\n", "model.hidden"),
+    ("model: {hidden: 512}\n", "model.hidden: expected a list"),
+    ("backend: tpu\n", "backend: 'tpu' is not one of auto, cuda, cpu"),
+    ("train: 5\n", "train must be a mapping"),
+    ("[1, 2]\n", "must be a mapping"),
+    ("optim: {lr: .nan}\n", "finite"),
+    ("optim: [\n", "not valid YAML"),
+])
+def test_bad_configs_fail_with_one_clear_line(tmp_path, text, fragment):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert fragment in message and "\n" not in message and str(path) in message
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("optim.lrr=0.1", "did you mean 'optim.lr'"),
+    ("optim.lr", "expected KEY=VALUE"),
+    ("=3", "expected KEY=VALUE"),
+    ("optim.lr=[", "not valid YAML"),
+    ("optim.lr=-3", "must be > 0"),
+])
+def test_bad_overrides(tmp_path, override, fragment):
+    with pytest.raises(UserError, match=fragment.replace("[", r"\[")):
+        load_config(write(tmp_path, ""), [override])
+
+
+def test_missing_file_names_it(tmp_path):
+    with pytest.raises(UserError, match="no such config file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_override_creates_sections():
+    assert apply_overrides({}, ["train.epochs=3"]) == {"train": {"epochs": 3}}
+
+
+def test_valid_keys_are_dotted():
+    keys = valid_keys()
+    assert "optim.lr" in keys and "train.batch_size" in keys and "seed" in keys
+
+
+def test_builtin_configs_validate():
+    from mlptrain.cli.configs import builtin_configs
+
+    names = builtin_configs()
+    assert {"sgd_mnist", "momentum_mnist", "adam_mnist", "adamw_mnist"} <= set(names)
+    for path in names.values():
+        load_config(path)
