@@ -72,7 +72,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    name: str = _option("constant", choices=("constant",))
+    name: str = _option("constant", choices=("constant", "cosine"))
+    min_lr: float = _option(0.0, check=_non_negative, doc="the floor of decaying schedules")
 
 
 @dataclass(frozen=True)

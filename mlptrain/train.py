@@ -58,7 +58,8 @@ def build_session(config: Config, backend, dataset) -> Session:
     return Session(
         config=config, backend=backend, model=model,
         optimizer=make_optimizer(config.optim, backend, model.params),
-        schedule=make_schedule(config.schedule, config.optim.lr),
+        schedule=make_schedule(config.schedule, config.optim.lr,
+                               config.train.epochs * -(-train.size // config.train.batch_size)),
         train=train, val=val, test=test,
         scale=1.0 / (255.0 * dataset.std), shift=-dataset.mean / dataset.std,
         row_loss=backend.empty((train.size,)), row_correct=backend.empty((train.size,), np.int32),

@@ -1,0 +1,32 @@
+"""Argument checks shared by the kernel launchers.
+
+A launcher refuses anything a kernel would silently misread: the wrong dtype,
+rank or shape, a non-contiguous view, or a host array (which Numba would copy
+to the device and back on every launch).
+"""
+
+import numpy as np
+
+
+def require(name, array, dtype, shape):
+    """Raise ValueError unless `array` is a C-contiguous device array of this
+    dtype and shape (None in `shape` matches any length on that axis)."""
+    if isinstance(array, np.ndarray) or not hasattr(array, "is_c_contiguous"):
+        raise ValueError(f"{name} must be a numba device array (cuda.to_device), got {type(array).__name__}")
+    if array.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {array.dtype}")
+    if len(array.shape) != len(shape) or any(
+        want is not None and got != want for got, want in zip(array.shape, shape)
+    ):
+        want = tuple("*" if n is None else n for n in shape)
+        raise ValueError(f"{name} has shape {tuple(array.shape)}, expected {want}")
+    if not array.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous (a row slice buf[:n] is; a column slice is not)")
+
+
+def require_one_of(name, array, dtypes, shape):
+    """Like `require`, accepting any of several dtypes."""
+    if array.dtype not in [np.dtype(d) for d in dtypes]:
+        names = " or ".join(str(np.dtype(d)) for d in dtypes)
+        raise ValueError(f"{name} must be {names}, got {array.dtype}")
+    require(name, array, array.dtype, shape)

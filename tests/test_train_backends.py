@@ -1,0 +1,40 @@
+"""The training loop on both backends: the CUDA graph (on the simulator in CI, on the GPU when
+present) must follow the NumPy graph step for step on a tiny synthetic dataset."""
+
+import numpy as np
+import pytest
+
+from mlptrain.backend import CpuBackend, CudaBackend
+from mlptrain.config import config_from_dict
+from mlptrain.data.dataset import ImageDataset
+from mlptrain.train import build_session, evaluate, train_epoch
+
+
+def tiny_dataset(rng, features=10, classes=3):
+    def images(n):
+        return rng.integers(0, 256, (n, features), dtype=np.uint8)
+
+    return ImageDataset(name="tiny", train_images=images(40), train_labels=rng.integers(0, classes, 40, dtype=np.uint8),
+                        test_images=images(9), test_labels=rng.integers(0, classes, 9, dtype=np.uint8),
+                        image_shape=(1, 1, features), num_classes=classes, mean=0.5, std=0.25)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optim", [{"name": "sgd", "lr": 0.1}, {"name": "momentum", "lr": 0.05},
+                                   {"name": "adamw", "lr": 0.01, "weight_decay": 0.1}])
+def test_cuda_graph_matches_numpy_graph(rng, optim):
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6, 5]}, "optim": optim,
+                               "train": {"batch_size": 8, "eval_batch_size": 4, "log_every": 2}})
+    results = []
+    for backend in (CpuBackend(), CudaBackend()):
+        session = build_session(config, backend, dataset)
+        reads = []
+        train_epoch(session, 1, reads.append)
+        results.append((session.model.params.to_host_dict(), reads, evaluate(session, session.val)))
+    (cpu_params, cpu_reads, cpu_eval), (gpu_params, gpu_reads, gpu_eval) = results
+    for name in cpu_params:
+        np.testing.assert_allclose(gpu_params[name], cpu_params[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert [r["step"] for r in gpu_reads] == [r["step"] for r in cpu_reads] == [2, 4, 5]
+    np.testing.assert_allclose([r["loss"] for r in gpu_reads], [r["loss"] for r in cpu_reads], rtol=1e-4)
+    np.testing.assert_allclose(gpu_eval, cpu_eval, rtol=1e-4)
