@@ -45,14 +45,16 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self):
+        import numba
         from numba import cuda
 
         from mlptrain import numba_kernels
 
+        # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
+        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
         self._cuda = cuda
         self.kernels = numba_kernels
-        device = cuda.get_current_device()
-        raw = device.name
+        raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
         self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
 
     def empty(self, shape, dtype=np.float32):

@@ -8,20 +8,25 @@ from mlptrain.backend import CpuBackend, CudaBackend
 from mlptrain.config import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.train import build_session, evaluate, train_epoch
+from tests.conftest import ON_SIMULATOR
+
+OPTIMIZERS = [{"name": "sgd", "lr": 0.1}, {"name": "momentum", "lr": 0.05},
+              {"name": "adamw", "lr": 0.01, "weight_decay": 0.1}]
 
 
-def tiny_dataset(rng, features=10, classes=3):
+def tiny_dataset(rng, features=10, classes=3, train=40, test=9):
     def images(n):
         return rng.integers(0, 256, (n, features), dtype=np.uint8)
 
-    return ImageDataset(name="tiny", train_images=images(40), train_labels=rng.integers(0, classes, 40, dtype=np.uint8),
-                        test_images=images(9), test_labels=rng.integers(0, classes, 9, dtype=np.uint8),
+    return ImageDataset(name="tiny", train_images=images(train),
+                        train_labels=rng.integers(0, classes, train, dtype=np.uint8),
+                        test_images=images(test), test_labels=rng.integers(0, classes, test, dtype=np.uint8),
                         image_shape=(1, 1, features), num_classes=classes, mean=0.5, std=0.25)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("optim", [{"name": "sgd", "lr": 0.1}, {"name": "momentum", "lr": 0.05},
-                                   {"name": "adamw", "lr": 0.01, "weight_decay": 0.1}])
+# the simulator takes ~25 s per case: it checks the wiring once; the optimizer kernels have their own tests
+@pytest.mark.parametrize("optim", OPTIMIZERS[-1:] if ON_SIMULATOR else OPTIMIZERS)
 def test_cuda_graph_matches_numpy_graph(rng, optim):
     dataset = tiny_dataset(rng)
     config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6, 5]}, "optim": optim,
@@ -38,3 +43,17 @@ def test_cuda_graph_matches_numpy_graph(rng, optim):
     assert [r["step"] for r in gpu_reads] == [r["step"] for r in cpu_reads] == [2, 4, 5]
     np.testing.assert_allclose([r["loss"] for r in gpu_reads], [r["loss"] for r in cpu_reads], rtol=1e-4)
     np.testing.assert_allclose(gpu_eval, cpu_eval, rtol=1e-4)
+
+
+@pytest.mark.real_gpu
+def test_same_seed_gives_bitwise_identical_runs_on_the_gpu(rng):
+    dataset = tiny_dataset(rng, features=784, classes=10, train=3000, test=500)
+    config = config_from_dict({"seed": 5, "data": {"val_size": 500}, "model": {"hidden": [512, 512]},
+                               "train": {"batch_size": 128}})
+    runs = []
+    for _ in range(2):
+        session = build_session(config, CudaBackend(), dataset)
+        train_epoch(session, 1, lambda window: None)
+        runs.append(session.model.params.to_host_dict())
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)

@@ -1,0 +1,59 @@
+"""CUDA bias gradient (column sums) against a float64 reference."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from mlptrain.numba_kernels import reduce
+from tests import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 1), (1, 40), (17, 33), (130, 5)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_bias_backward(rng, rows, columns, beta):
+    dy = rng.standard_normal((rows, columns)).astype(np.float32)
+    old = rng.standard_normal(columns).astype(np.float32)
+    # beta 0 must not read db: NaN there would leak into the result
+    db = cuda.to_device(np.full(columns, np.nan, np.float32) if beta == 0.0 else old)
+    reduce.bias_backward(cuda.to_device(dy), db, beta)
+    tolerance = 2e-6 * np.sqrt(rows) * (np.abs(dy).sum(axis=0) + np.abs(old)) + 1e-7
+    ref.assert_within(db.copy_to_host(), ref.bias_backward(dy, old, beta), tolerance)
+
+
+def test_row_slice_of_a_larger_buffer(rng):
+    dy = rng.standard_normal((30, 7)).astype(np.float32)
+    db = cuda.to_device(np.full(7, np.nan, np.float32))
+    reduce.bias_backward(cuda.to_device(dy)[:9], db, 0.0)
+    ref.assert_within(db.copy_to_host(), ref.bias_backward(dy[:9], None, 0.0), 1e-5)
+
+
+def test_bitwise_deterministic(rng):
+    dy = cuda.to_device(rng.standard_normal((67, 35)).astype(np.float32))
+    results = []
+    for _ in range(2):
+        db = cuda.to_device(np.full(35, np.nan, np.float32))
+        reduce.bias_backward(dy, db, 0.0)
+        results.append(db.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(*results)
+
+
+def test_launcher_rejects_bad_arguments():
+    dy = cuda.to_device(np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="db has shape"):
+        reduce.bias_backward(dy, cuda.to_device(np.zeros(4, np.float32)), 0.0)
+    with pytest.raises(ValueError, match="beta"):
+        reduce.bias_backward(dy, cuda.to_device(np.zeros(3, np.float32)), 2.0)
+
+
+@pytest.mark.real_gpu
+def test_large_batch_on_the_gpu(rng):
+    dy = rng.standard_normal((4096, 512)).astype(np.float32)
+    d_dy, results = cuda.to_device(dy), []
+    for _ in range(2):
+        db = cuda.to_device(np.full(512, np.nan, np.float32))
+        reduce.bias_backward(d_dy, db, 0.0)
+        results.append(db.copy_to_host())
+    ref.assert_within(results[0], ref.bias_backward(dy, None, 0.0), 2e-6 * 64 * np.abs(dy).sum(axis=0))
+    np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
