@@ -120,13 +120,15 @@ def train(config: Config, backend, dataset, run_dir: Path) -> dict:
                   f"batch {config.train.batch_size}, {steps_per_epoch} steps per epoch")
     logger = RunLogger(run_dir)
     try:
-        last, best_val_acc, train_seconds, samples_seen = fit(s, logger, run_dir, steps_per_epoch)
+        last, best_val_acc, train_seconds, samples_seen, median_rate = fit(s, logger, run_dir, steps_per_epoch)
         summary = {
             "run": run_dir.name, "backend": backend.name, "device": backend.device_name,
             "parameters": s.model.layout.size, **{k: v for k, v in last.items() if k != "step"},
             "best_val_acc": best_val_acc, "epochs": config.train.epochs,
             "optimizer_steps": s.optimizer.step_count, "batch_size": config.train.batch_size,
-            "samples_per_s": samples_seen / train_seconds, "train_s": train_seconds,
+            # the median over metric windows: the steady state, without the first launches' JIT compilation
+            "samples_per_s": median_rate, "mean_samples_per_s": samples_seen / train_seconds,
+            "train_s": train_seconds,
             "wall_s": time.perf_counter() - t_start,
         }
         logger.hparams(_flat_hparams(config), {"test_acc": summary["test_acc"], "val_acc": summary["val_acc"]})
@@ -158,8 +160,9 @@ def train_epoch(s: Session, epoch: int, on_read) -> None:
 
 
 def fit(s: Session, logger: RunLogger, run_dir: Path, steps_per_epoch: int):
-    """The epochs. Returns (last evaluation, best val acc, seconds in training steps, samples trained)."""
-    totals = {"seconds": 0.0, "samples": 0}
+    """The epochs. Returns (last evaluation, best val acc, seconds in training steps, samples trained,
+    median samples/s over the metric windows)."""
+    totals = {"seconds": 0.0, "samples": 0, "rates": []}
     with training_progress() as progress:
         task = progress.add_task("train", total=s.config.train.epochs * steps_per_epoch, epoch=1,
                                  loss=float("nan"), acc=float("nan"), rate=0.0)
@@ -172,6 +175,7 @@ def fit(s: Session, logger: RunLogger, run_dir: Path, steps_per_epoch: int):
             rate = w["samples"] / w["seconds"]
             totals["seconds"] += w["seconds"]
             totals["samples"] += w["samples"]
+            totals["rates"].append(rate)
             logger.scalars(w["step"], {"train/loss": w["loss"], "train/acc": w["acc"], "opt/lr": w["lr"],
                                        "perf/samples_per_s": rate})
             progress.update(task, completed=(w["epoch"] - 1) * steps_per_epoch + w["step_in_epoch"],
@@ -182,7 +186,7 @@ def fit(s: Session, logger: RunLogger, run_dir: Path, steps_per_epoch: int):
             train_epoch(s, epoch, on_read)
             last = _end_of_epoch(s, logger, run_dir, epoch, best_val_acc)
             best_val_acc = max(best_val_acc, last["val_acc"])
-    return last, best_val_acc, totals["seconds"], totals["samples"]
+    return last, best_val_acc, totals["seconds"], totals["samples"], float(np.median(totals["rates"]))
 
 
 def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best_val_acc: float) -> dict:
