@@ -23,7 +23,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _real_gpu_present():
 # tiny test grids are meant to be small; the occupancy warning would only add noise
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 ON_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-DATA_DIR = Path(os.environ.get("MLPTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
+DATA_DIR = Path(os.environ.get("MLPTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "datasets")).resolve()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,8 +36,9 @@ def run(
     run_dir = create_run_dir(runs_dir, name, path.stem)
     write_yaml(run_dir / "config.yaml", config_to_dict(cfg))
     summary = train(cfg, backend, dataset, run_dir)
-    table = Table("metric", "value", title=f"run {run_dir}")
+    table = Table("metric", "value")
     for key in ("test_acc", "test_loss", "val_acc", "epochs", "optimizer_steps", "samples_per_s", "wall_s"):
         value = summary[key]
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
+    console.print(f"run written to {run_dir} (tensorboard --logdir {run_dir.parent})")
