@@ -1,58 +1,38 @@
-"""CUDA optimizer updates against float64 references."""
+"""CUDA optimizer updates against float64 references (the cases both backends
+run live in `tests.kernel_cases`)."""
 
 import numpy as np
 import pytest
 from numba import cuda
 
 from mlptrain.numba_kernels import optim
+from tests import kernel_cases as cases
 from tests import reference as ref
+from tests.kernel_cases import buffers, close
 
 pytestmark = pytest.mark.gpu
 
+BACKEND = cases.numba_backend()
 SIZES = [1, 300]
-
-
-def buffers(rng, size, count):
-    return [rng.standard_normal(size).astype(np.float32) for _ in range(count)]
-
-
-def close(got, expected, lr=0.0):
-    ref.assert_within(got, expected, 2e-6 * (np.abs(expected) + lr) + 1e-7)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
 def test_sgd_update(rng, size, weight_decay):
-    param, grad = buffers(rng, size, 2)
-    d_param = cuda.to_device(param)
-    optim.sgd_update(d_param, cuda.to_device(grad), 0.1, weight_decay)
-    close(d_param.copy_to_host(), ref.sgd_update(param, grad, 0.1, weight_decay), lr=0.1)
+    cases.sgd_update(BACKEND, rng, size, weight_decay)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_momentum_update(rng, size, nesterov):
-    param, grad, velocity = buffers(rng, size, 3)
-    d_param, d_velocity = cuda.to_device(param), cuda.to_device(velocity)
-    optim.momentum_update(d_param, cuda.to_device(grad), d_velocity, 0.05, 0.9, 1e-3, nesterov)
-    expected_param, expected_velocity = ref.momentum_update(param, grad, velocity, 0.05, 0.9, 1e-3, nesterov)
-    close(d_velocity.copy_to_host(), expected_velocity)
-    close(d_param.copy_to_host(), expected_param, lr=0.05)
+    cases.momentum_update(BACKEND, rng, size, nesterov)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("weight_decay, decoupled", [(0.0, False), (0.1, False), (0.1, True)])
 @pytest.mark.parametrize("step", [1, 7])
 def test_adam_update(rng, size, weight_decay, decoupled, step):
-    param, grad, m = buffers(rng, size, 3)
-    v = np.abs(buffers(rng, size, 1)[0])
-    d_param, d_m, d_v = cuda.to_device(param), cuda.to_device(m), cuda.to_device(v)
-    args = (1e-3, 0.9, 0.999, 1e-8, weight_decay, decoupled, step)
-    optim.adam_update(d_param, cuda.to_device(grad), d_m, d_v, *args)
-    expected_param, expected_m, expected_v = ref.adam_update(param, grad, m, v, *args)
-    close(d_m.copy_to_host(), expected_m)
-    close(d_v.copy_to_host(), expected_v)
-    close(d_param.copy_to_host(), expected_param, lr=1e-3)
+    cases.adam_update(BACKEND, rng, size, weight_decay, decoupled, step)
 
 
 def test_bitwise_deterministic(rng):
@@ -60,9 +40,8 @@ def test_bitwise_deterministic(rng):
     v = np.abs(m)
     results = []
     for _ in range(2):
-        d_param, d_m, d_v = cuda.to_device(param), cuda.to_device(m), cuda.to_device(v)
-        optim.adam_update(d_param, cuda.to_device(grad), d_m, d_v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 3)
-        results.append([a.copy_to_host().view(np.uint32) for a in (d_param, d_m, d_v)])
+        updated = cases.adam_run(BACKEND, param, grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 3)
+        results.append([a.view(np.uint32) for a in updated])
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
 
@@ -83,7 +62,6 @@ def test_whole_mlp_buffer_on_the_gpu(rng):
     size = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
     param, grad, m = buffers(rng, size, 3)
     v = np.abs(m)
-    d_param, d_m, d_v = cuda.to_device(param), cuda.to_device(m), cuda.to_device(v)
-    optim.adam_update(d_param, cuda.to_device(grad), d_m, d_v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 5)
+    got_param, _, _ = cases.adam_run(BACKEND, param, grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 5)
     expected_param, _, _ = ref.adam_update(param, grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 5)
-    close(d_param.copy_to_host(), expected_param, lr=1e-3)
+    close(got_param, expected_param, lr=1e-3)

@@ -1,25 +1,23 @@
-"""CUDA bias gradient (column sums) against a float64 reference."""
+"""CUDA bias gradient (column sums) against a float64 reference (the case both
+backends run lives in `tests.kernel_cases`)."""
 
 import numpy as np
 import pytest
 from numba import cuda
 
 from mlptrain.numba_kernels import reduce
+from tests import kernel_cases as cases
 from tests import reference as ref
 
 pytestmark = pytest.mark.gpu
+
+BACKEND = cases.numba_backend()
 
 
 @pytest.mark.parametrize("rows, columns", [(1, 1), (1, 40), (17, 33), (130, 5)])
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_bias_backward(rng, rows, columns, beta):
-    dy = rng.standard_normal((rows, columns)).astype(np.float32)
-    old = rng.standard_normal(columns).astype(np.float32)
-    # beta 0 must not read db: NaN there would leak into the result
-    db = cuda.to_device(np.full(columns, np.nan, np.float32) if beta == 0.0 else old)
-    reduce.bias_backward(cuda.to_device(dy), db, beta)
-    tolerance = 2e-6 * np.sqrt(rows) * (np.abs(dy).sum(axis=0) + np.abs(old)) + 1e-7
-    ref.assert_within(db.copy_to_host(), ref.bias_backward(dy, old, beta), tolerance)
+    cases.bias_backward(BACKEND, rng, rows, columns, beta)
 
 
 def test_row_slice_of_a_larger_buffer(rng):
