@@ -1,0 +1,226 @@
+"""Kernel test cases shared by both backends.
+
+`tests/numba_kernels/test_*.py` and `tests/numpy_kernels/test_*.py` hold the
+parametrisations, markers and backend-only tests; the body of every case both
+run lives here once, and takes a `Backend`: the kernels package plus how an
+array reaches it (`to_device`) and comes back (`to_host`). Outputs start
+poisoned (NaN, or -7 for integers) so that an element a kernel never writes
+fails the comparison with the float64 references of `tests.reference`.
+"""
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+from tests import reference as ref
+
+
+@dataclass(frozen=True)
+class Backend:
+    kernels: ModuleType  # mlptrain.numba_kernels or mlptrain.numpy_kernels
+    to_device: Callable  # host array -> a fresh array the kernels take
+    to_host: Callable  # such an array -> NumPy array
+
+    def poisoned(self, shape, fill=np.nan, dtype=np.float32):
+        return self.to_device(np.full(shape, fill, dtype))
+
+
+def numba_backend():
+    """CUDA device arrays (the real GPU or the simulator, as conftest chose)."""
+    from numba import cuda
+
+    import mlptrain.numba_kernels
+
+    return Backend(mlptrain.numba_kernels, cuda.to_device, lambda array: array.copy_to_host())
+
+
+def numpy_backend():
+    """Plain NumPy; `to_device` copies, so kernels never write the test's own arrays."""
+    import mlptrain.numpy_kernels
+
+    return Backend(mlptrain.numpy_kernels, np.array, np.asarray)
+
+
+def random(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# gemm
+
+
+def hidden_output(rng, shape, activation):
+    """A valid activation output h = act(z) (ReLU outputs include exact zeros)."""
+    return ref.activate(random(rng, *shape), activation).astype(np.float32)
+
+
+def linear_forward(be, rng, shape, activation):
+    m, k, n = shape
+    x, w, b = random(rng, m, k), random(rng, k, n), random(rng, n)
+    y = be.poisoned((m, n))
+    be.kernels.gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation)
+    ref.assert_within(be.to_host(y), ref.linear_forward(x, w, b, activation), ref.product_tolerance(x, w, b))
+
+
+def linear_backward_input(be, rng, shape, activation):
+    m, k, n = shape
+    dy, w, h = random(rng, m, n), random(rng, k, n), hidden_output(rng, (m, k), activation)
+    dx = be.poisoned((m, k))
+    be.kernels.gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
+    expected = ref.linear_backward_input(dy, w, h, activation)
+    ref.assert_within(be.to_host(dx), expected, ref.product_tolerance(dy, w.T))
+
+
+def linear_backward_weight(be, rng, shape, beta):
+    m, k, n = shape
+    x, dy, old = random(rng, m, k), random(rng, m, n), random(rng, k, n)
+    # beta 0 must not read dw: NaN there would leak into the result
+    dw = be.poisoned((k, n)) if beta == 0.0 else be.to_device(old)
+    be.kernels.gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta)
+    expected = ref.linear_backward_weight(x, dy, old, beta)
+    ref.assert_within(be.to_host(dw), expected, ref.product_tolerance(x.T, dy, extra=old))
+
+
+def row_slices_of_a_larger_buffer(be, rng, activation):
+    """Layers run on buf[:rows] views of buffers sized for the largest batch."""
+    x, w, b = random(rng, 20, 5), random(rng, 5, 3), random(rng, 3)
+    y_buf = be.poisoned((20, 3))
+    be.kernels.gemm.linear_forward(be.to_device(x)[:6], be.to_device(w), be.to_device(b), y_buf[:6], activation)
+    y = be.to_host(y_buf)
+    ref.assert_within(y[:6], ref.linear_forward(x[:6], w, b, activation), ref.product_tolerance(x[:6], w, b))
+    assert np.isnan(y[6:]).all()  # rows past the slice untouched
+
+
+def check_layer(inputs, outputs, forward_activation, backward_activation, beta):
+    """The three GEMMs of one layer, (y, dx, dw) from x, w, b, dy, h and the old dw."""
+    x, w, b, dy, h, old = inputs
+    y, dx, dw = outputs
+    ref.assert_within(y, ref.linear_forward(x, w, b, forward_activation), ref.product_tolerance(x, w, b))
+    ref.assert_within(dx, ref.linear_backward_input(dy, w, h, backward_activation), ref.product_tolerance(dy, w.T))
+    ref.assert_within(dw, ref.linear_backward_weight(x, dy, old, beta), ref.product_tolerance(x.T, dy, extra=old))
+
+
+# loss
+
+
+def softmax_cross_entropy_run(be, logits, labels, grad_scale, offset=0, extra=3):
+    """Launch on poisoned outputs; row_loss/row_correct have `extra` spare slots."""
+    rows, classes = logits.shape
+    dlogits = be.poisoned((rows, classes))
+    row_loss = be.poisoned(offset + rows + extra)
+    row_correct = be.poisoned(offset + rows + extra, -7, np.int32)
+    be.kernels.loss.softmax_cross_entropy(be.to_device(logits), be.to_device(labels), dlogits, row_loss, row_correct,
+                                          offset, grad_scale)
+    return be.to_host(dlogits), be.to_host(row_loss), be.to_host(row_correct)
+
+
+def softmax_cross_entropy_check(be, logits, labels, grad_scale, offset=0):
+    rows = logits.shape[0]
+    dlogits, row_loss, row_correct = softmax_cross_entropy_run(be, logits, labels, grad_scale, offset)
+    expected_loss, expected_correct, expected_grad = ref.softmax_cross_entropy(logits, labels, grad_scale)
+    spread = np.abs(logits - logits.max(axis=1, keepdims=True)).max(axis=1)
+    ref.assert_within(row_loss[offset:offset + rows], expected_loss, 2e-6 * (1 + spread + np.log(logits.shape[1])))
+    np.testing.assert_array_equal(row_correct[offset:offset + rows], expected_correct)
+    ref.assert_within(dlogits, expected_grad, 1e-6 * abs(grad_scale))
+    assert np.isnan(row_loss[:offset]).all() and np.isnan(row_loss[offset + rows:]).all()
+    assert (row_correct[:offset] == -7).all() and (row_correct[offset + rows:] == -7).all()
+
+
+def softmax_cross_entropy(be, rng, rows, classes):
+    logits = (3 * rng.standard_normal((rows, classes))).astype(np.float32)
+    labels = rng.integers(0, classes, rows).astype(np.int32)
+    softmax_cross_entropy_check(be, logits, labels, grad_scale=1.0 / (2 * rows), offset=4)
+
+
+def argmax_ties_go_to_the_first_max(be):
+    logits = np.array([[1, 3, 3, 0], [2, 2, 2, 2], [0, 5, 1, 5], [4, 4, 0, 0]], np.float32)
+    labels = np.array([2, 0, 1, 1], np.int32)
+    _, _, row_correct = softmax_cross_entropy_run(be, logits, labels, 1.0)
+    np.testing.assert_array_equal(row_correct[:4], [0, 1, 1, 0])
+    softmax_cross_entropy_check(be, logits, labels, 1.0)
+
+
+def numerically_stable_for_large_logits(be, rng):
+    logits = (1000 + rng.standard_normal((6, 10))).astype(np.float32)
+    logits[1] -= 2000
+    labels = rng.integers(0, 10, 6).astype(np.int32)
+    softmax_cross_entropy_check(be, logits, labels, 0.25)
+
+
+# reduce
+
+
+def bias_backward(be, rng, rows, columns, beta):
+    dy = rng.standard_normal((rows, columns)).astype(np.float32)
+    old = rng.standard_normal(columns).astype(np.float32)
+    # beta 0 must not read db: NaN there would leak into the result
+    db = be.poisoned(columns) if beta == 0.0 else be.to_device(old)
+    be.kernels.reduce.bias_backward(be.to_device(dy), db, beta)
+    tolerance = 2e-6 * np.sqrt(rows) * (np.abs(dy).sum(axis=0) + np.abs(old)) + 1e-7
+    ref.assert_within(be.to_host(db), ref.bias_backward(dy, old, beta), tolerance)
+
+
+# optim
+
+
+def buffers(rng, size, count):
+    return [rng.standard_normal(size).astype(np.float32) for _ in range(count)]
+
+
+def close(got, expected, lr=0.0):
+    ref.assert_within(got, expected, 2e-6 * (np.abs(expected) + lr) + 1e-7)
+
+
+def sgd_update(be, rng, size, weight_decay):
+    param, grad = buffers(rng, size, 2)
+    d_param = be.to_device(param)
+    be.kernels.optim.sgd_update(d_param, be.to_device(grad), 0.1, weight_decay)
+    close(be.to_host(d_param), ref.sgd_update(param, grad, 0.1, weight_decay), lr=0.1)
+
+
+def momentum_update(be, rng, size, nesterov):
+    param, grad, velocity = buffers(rng, size, 3)
+    d_param, d_velocity = be.to_device(param), be.to_device(velocity)
+    be.kernels.optim.momentum_update(d_param, be.to_device(grad), d_velocity, 0.05, 0.9, 1e-3, nesterov)
+    expected_param, expected_velocity = ref.momentum_update(param, grad, velocity, 0.05, 0.9, 1e-3, nesterov)
+    close(be.to_host(d_velocity), expected_velocity)
+    close(be.to_host(d_param), expected_param, lr=0.05)
+
+
+def adam_run(be, param, grad, m, v, *args):
+    """(param, m, v) on the host after one `optim.adam_update` with `args` from lr on."""
+    d_param, d_m, d_v = be.to_device(param), be.to_device(m), be.to_device(v)
+    be.kernels.optim.adam_update(d_param, be.to_device(grad), d_m, d_v, *args)
+    return be.to_host(d_param), be.to_host(d_m), be.to_host(d_v)
+
+
+def adam_update(be, rng, size, weight_decay, decoupled, step):
+    param, grad, m = buffers(rng, size, 3)
+    v = np.abs(buffers(rng, size, 1)[0])
+    args = (1e-3, 0.9, 0.999, 1e-8, weight_decay, decoupled, step)
+    got_param, got_m, got_v = adam_run(be, param, grad, m, v, *args)
+    expected_param, expected_m, expected_v = ref.adam_update(param, grad, m, v, *args)
+    close(got_m, expected_m)
+    close(got_v, expected_v)
+    close(got_param, expected_param, lr=1e-3)
+
+
+# data
+
+
+def gather_batch_check(be, images, labels, indices, start, n):
+    x = be.poisoned((n, images.shape[1]))
+    y = be.poisoned(n, -7, np.int32)
+    be.kernels.data.gather_batch(be.to_device(images), be.to_device(labels), be.to_device(indices), start, x, y,
+                                 1 / 255, -0.5)
+    expected_x, expected_y = ref.gather_batch(images, labels, indices, start, n, 1 / 255, -0.5)
+    ref.assert_within(be.to_host(x), expected_x, 1e-6)
+    np.testing.assert_array_equal(be.to_host(y), expected_y)
+
+
+def gather_batch(be, rng, index_dtype, rows, width, start, n):
+    images = rng.integers(0, 256, (rows, width), dtype=np.uint8)
+    labels = rng.integers(0, 10, rows, dtype=np.uint8)
+    indices = rng.permutation(rows).astype(index_dtype)
+    gather_batch_check(be, images, labels, indices, start, n)
