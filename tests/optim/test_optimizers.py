@@ -6,6 +6,7 @@ import pytest
 from mlptrain.backend import CpuBackend
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim.optimizers import SGD, Adam, Momentum, Optimizer
+from tests import reference as ref
 
 LAYOUT = Layout(("a", "b"), ((3, 5), (7,)))
 
@@ -37,9 +38,7 @@ def test_momentum_velocity_over_two_steps(rng, nesterov):
     for _ in range(2):
         g = grads(rng)
         opt.step(params.flat, g, 0.1)
-        gd = g + 0.01 * p
-        v = 0.9 * v + gd
-        p = p - 0.1 * (gd + 0.9 * v if nesterov else v)
+        p, v = ref.momentum_update(p, g, v, 0.1, 0.9, 0.01, nesterov)
         np.testing.assert_allclose(opt.state["velocity"], v, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(params.flat, p, rtol=1e-5, atol=1e-6)
 
@@ -51,16 +50,9 @@ def test_adam_bias_correction_and_weight_decay(rng, decoupled):
     m = np.zeros_like(p)
     v = np.zeros_like(p)
     for t in (1, 2, 3):
-        g = grads(rng).astype(np.float64)
-        opt.step(params.flat, g.astype(np.float32), lr)
-        if decoupled:
-            p = p * (1 - lr * wd)
-        else:
-            g = g + wd * p
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
-        p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+        g = grads(rng)
+        opt.step(params.flat, g, lr)
+        p, m, v = ref.adam_update(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t)
         np.testing.assert_allclose(params.flat, p, rtol=2e-5, atol=2e-6)
     assert opt.step_count == 3
 
