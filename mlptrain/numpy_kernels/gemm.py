@@ -15,7 +15,8 @@ def _apply_activation(y, activation):
         np.tanh(y, out=y)
     elif activation == SIGMOID:
         np.negative(y, out=y)
-        np.exp(y, out=y)
+        with np.errstate(over="ignore"):  # exp(-z) = inf for z << 0 gives 1 / (1 + inf) = 0: exact
+            np.exp(y, out=y)
         y += 1.0
         np.reciprocal(y, out=y)
     elif activation != NONE:
