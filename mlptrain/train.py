@@ -47,6 +47,10 @@ class Session:
     eval_loss: object
     eval_correct: object
 
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.train.size // self.config.train.batch_size)
+
 
 def build_session(config: Config, backend, dataset) -> Session:
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)
@@ -90,9 +94,7 @@ def evaluate(s: Session, split: ResidentSplit) -> tuple[float, float]:
         k.loss.softmax_cross_entropy(logits, labels, grad[-1], s.eval_loss, s.eval_correct, start, 0.0)
     if split.size == 0:
         return float("nan"), float("nan")
-    loss = s.backend.to_host(s.eval_loss[:split.size]).astype(np.float64).mean()
-    acc = s.backend.to_host(s.eval_correct[:split.size]).mean()
-    return float(loss), float(acc)
+    return _mean_loss_and_accuracy(s.backend, s.eval_loss, s.eval_correct, 0, split.size)
 
 
 def checkpoint_arrays(s: Session, epoch: int, best_val_acc: float) -> dict[str, np.ndarray]:
@@ -104,9 +106,10 @@ def checkpoint_arrays(s: Session, epoch: int, best_val_acc: float) -> dict[str, 
     return arrays
 
 
-def _read_window(s: Session, lo: int, hi: int) -> tuple[float, float]:
-    loss = s.backend.to_host(s.row_loss[lo:hi]).astype(np.float64).mean()
-    acc = s.backend.to_host(s.row_correct[lo:hi]).mean()
+def _mean_loss_and_accuracy(backend, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
+    """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64."""
+    loss = backend.to_host(row_loss[lo:hi]).astype(np.float64).mean()
+    acc = backend.to_host(row_correct[lo:hi]).mean()
     return float(loss), float(acc)
 
 
@@ -114,13 +117,12 @@ def train(config: Config, backend, dataset, run_dir: Path) -> dict:
     """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json."""
     t_start = time.perf_counter()
     s = build_session(config, backend, dataset)
-    steps_per_epoch = -(-s.train.size // config.train.batch_size)
     console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {backend.device_name}; "
                   f"{s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; "
-                  f"batch {config.train.batch_size}, {steps_per_epoch} steps per epoch")
+                  f"batch {config.train.batch_size}, {s.steps_per_epoch} steps per epoch")
     logger = RunLogger(run_dir)
     try:
-        last, best_val_acc, train_seconds, samples_seen, median_rate = fit(s, logger, run_dir, steps_per_epoch)
+        last, best_val_acc, train_seconds, samples_seen, median_rate = fit(s, logger, run_dir)
         summary = {
             "run": run_dir.name, "backend": backend.name, "device": backend.device_name,
             "parameters": s.model.layout.size, **{k: v for k, v in last.items() if k != "step"},
@@ -145,26 +147,25 @@ def train_epoch(s: Session, epoch: int, on_read) -> None:
     config, batch = s.config, s.config.train.batch_size
     order = s.backend.to_device(epoch_order(s.train, config.seed, epoch))
     s.backend.synchronize()
-    steps = -(-s.train.size // batch)
     t_window, read_from = time.perf_counter(), 0
     for i, start in enumerate(range(0, s.train.size, batch)):
         rows = min(batch, s.train.size - start)
         lr = s.schedule(s.optimizer.step_count)
         train_step(s, order, start, rows, lr)
-        if (i + 1) % config.train.log_every and i + 1 != steps:
+        if (i + 1) % config.train.log_every and i + 1 != s.steps_per_epoch:
             continue
-        loss, acc = _read_window(s, read_from, start + rows)
+        loss, acc = _mean_loss_and_accuracy(s.backend, s.row_loss, s.row_correct, read_from, start + rows)
         on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": s.optimizer.step_count, "lr": lr, "loss": loss,
                  "acc": acc, "samples": start + rows - read_from, "seconds": time.perf_counter() - t_window})
         t_window, read_from = time.perf_counter(), start + rows
 
 
-def fit(s: Session, logger: RunLogger, run_dir: Path, steps_per_epoch: int):
+def fit(s: Session, logger: RunLogger, run_dir: Path):
     """The epochs. Returns (last evaluation, best val acc, seconds in training steps, samples trained,
     median samples/s over the metric windows)."""
     totals = {"seconds": 0.0, "samples": 0, "rates": []}
     with training_progress() as progress:
-        task = progress.add_task("train", total=s.config.train.epochs * steps_per_epoch, epoch=1,
+        task = progress.add_task("train", total=s.config.train.epochs * s.steps_per_epoch, epoch=1,
                                  loss=float("nan"), acc=float("nan"), rate=0.0)
 
         def on_read(w):
@@ -178,7 +179,7 @@ def fit(s: Session, logger: RunLogger, run_dir: Path, steps_per_epoch: int):
             totals["rates"].append(rate)
             logger.scalars(w["step"], {"train/loss": w["loss"], "train/acc": w["acc"], "opt/lr": w["lr"],
                                        "perf/samples_per_s": rate})
-            progress.update(task, completed=(w["epoch"] - 1) * steps_per_epoch + w["step_in_epoch"],
+            progress.update(task, completed=(w["epoch"] - 1) * s.steps_per_epoch + w["step_in_epoch"],
                             epoch=w["epoch"], loss=w["loss"], acc=w["acc"], rate=rate)
 
         best_val_acc, last = -1.0, {}
@@ -204,10 +205,10 @@ def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best
         raise TrainingDiverged(f"the validation loss became {val_loss} after epoch {epoch}; "
                                f"the learning rate optim.lr={s.config.optim.lr} is likely too high")
     is_best = val_acc > best_val_acc
-    every = s.config.train.checkpoint_every_epochs
-    if epoch % every == 0 or epoch == s.config.train.epochs or is_best:
+    save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs
+    if save_last or is_best:
         arrays = checkpoint_arrays(s, epoch, max(best_val_acc, val_acc))
-        if epoch % every == 0 or epoch == s.config.train.epochs:
+        if save_last:
             save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
         if is_best:
             save_checkpoint(run_dir / "checkpoints" / "best.npz", arrays)

@@ -50,5 +50,7 @@ def show(name: str = typer.Argument(..., help="a built-in config name, e.g. adam
     path = builtin_configs().get(Path(name).stem)
     if path is None:
         raise UserError(f"configs show: no built-in config '{name}' (built-in: {', '.join(builtin_configs())})")
-    typer.echo(path.read_text(), nl=False) if not console.is_terminal else console.print(
-        Syntax(path.read_text(), "yaml"))
+    if console.is_terminal:
+        console.print(Syntax(path.read_text(), "yaml"))
+    else:  # plain text, so `mlptrain configs show x > my.yaml` gives a usable file
+        typer.echo(path.read_text(), nl=False)
