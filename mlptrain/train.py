@@ -42,6 +42,7 @@ class Session:
     test: ResidentSplit
     scale: float  # pixel -> (pixel / 255 - mean) / std as one multiply-add
     shift: float
+    order: object  # this epoch's training order (device int32), refilled in place so its address never changes
     row_loss: object  # per-sample loss of the current epoch (train) or evaluation
     row_correct: object
     eval_loss: object
@@ -66,16 +67,17 @@ def build_session(config: Config, backend, dataset) -> Session:
                                config.train.epochs * -(-train.size // config.train.batch_size)),
         train=train, val=val, test=test,
         scale=1.0 / (255.0 * dataset.std), shift=-dataset.mean / dataset.std,
+        order=backend.empty((train.size,), np.int32),
         row_loss=backend.empty((train.size,)), row_correct=backend.empty((train.size,), np.int32),
         eval_loss=backend.empty((max(eval_rows, 1),)), eval_correct=backend.empty((max(eval_rows, 1),), np.int32),
     )
 
 
-def train_step(s: Session, order, start: int, rows: int, lr: float) -> None:
+def train_step(s: Session, start: int, rows: int, lr: float) -> None:
     """One batch: the mean loss's gradient summed over the batch, then one optimizer update."""
     k = s.backend.kernels
     h, grad, labels = s.model.views(rows)
-    k.data.gather_batch(s.train.images, s.train.labels, order, start, h[0], labels, s.scale, s.shift)
+    k.data.gather_batch(s.train.images, s.train.labels, s.order, start, h[0], labels, s.scale, s.shift)
     logits = s.model.forward(rows)
     k.loss.softmax_cross_entropy(logits, labels, grad[-1], s.row_loss, s.row_correct, start, 1.0 / rows)
     s.model.backward(rows)
@@ -145,13 +147,13 @@ def train_epoch(s: Session, epoch: int, on_read) -> None:
     window's per-sample losses (the loop's only synchronisation) and hands `on_read` a dict of
     epoch, step, lr, loss, acc, samples and seconds for that window."""
     config, batch = s.config, s.config.train.batch_size
-    order = s.backend.to_device(epoch_order(s.train, config.seed, epoch))
+    s.backend.copy_from_host(s.order, epoch_order(s.train, config.seed, epoch))
     s.backend.synchronize()
     t_window, read_from = time.perf_counter(), 0
     for i, start in enumerate(range(0, s.train.size, batch)):
         rows = min(batch, s.train.size - start)
         lr = s.schedule(s.optimizer.step_count)
-        train_step(s, order, start, rows, lr)
+        train_step(s, start, rows, lr)
         if (i + 1) % config.train.log_every and i + 1 != s.steps_per_epoch:
             continue
         loss, acc = _mean_loss_and_accuracy(s.backend, s.row_loss, s.row_correct, read_from, start + rows)
