@@ -115,8 +115,12 @@ def _mean_loss_and_accuracy(backend, row_loss, row_correct, lo: int, hi: int) ->
     return float(loss), float(acc)
 
 
-def train(config: Config, backend, dataset, run_dir: Path) -> dict:
-    """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json."""
+def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None) -> dict:
+    """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json.
+
+    `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
+    written to metrics.jsonl (epoch, step, val_*/test_* metrics); an exception it raises stops the
+    run there (a sweep prunes a trial this way) after that epoch's checkpoint is written."""
     t_start = time.perf_counter()
     s = build_session(config, backend, dataset)
     console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {backend.device_name}; "
@@ -124,7 +128,7 @@ def train(config: Config, backend, dataset, run_dir: Path) -> dict:
                   f"batch {config.train.batch_size}, {s.steps_per_epoch} steps per epoch")
     logger = RunLogger(run_dir)
     try:
-        last, best_val_acc, train_seconds, samples_seen, median_rate = fit(s, logger, run_dir)
+        last, best_val_acc, train_seconds, samples_seen, median_rate = fit(s, logger, run_dir, on_evaluation)
         summary = {
             "run": run_dir.name, "backend": backend.name, "device": backend.device_name,
             "parameters": s.model.layout.size, **{k: v for k, v in last.items() if k != "step"},
@@ -162,7 +166,7 @@ def train_epoch(s: Session, epoch: int, on_read) -> None:
         t_window, read_from = time.perf_counter(), start + rows
 
 
-def fit(s: Session, logger: RunLogger, run_dir: Path):
+def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None):
     """The epochs. Returns (last evaluation, best val acc, seconds in training steps, samples trained,
     median samples/s over the metric windows)."""
     totals = {"seconds": 0.0, "samples": 0, "rates": []}
@@ -189,6 +193,8 @@ def fit(s: Session, logger: RunLogger, run_dir: Path):
             train_epoch(s, epoch, on_read)
             last = _end_of_epoch(s, logger, run_dir, epoch, best_val_acc)
             best_val_acc = max(best_val_acc, last["val_acc"])
+            if on_evaluation is not None:
+                on_evaluation(last)
     return last, best_val_acc, totals["seconds"], totals["samples"], float(np.median(totals["rates"]))
 
 
