@@ -79,7 +79,7 @@ def our_launch(cuda, gemm, op, t, candidate=None):
     tile, options = candidate
     key = (op, tile, tuple(sorted(options.items())))
     if key not in _KERNELS:  # one compilation per candidate, not per shape
-        _KERNELS[key] = factory(tile, **options)
+        _KERNELS[key] = factory(tile, np.dtype(np.float32), **options)
     kernel = _KERNELS[key]
     rows, columns = a["out"].shape
     grid, threads = gemm._grid(rows, columns, tile)

@@ -1,13 +1,16 @@
 """Epoch time of mlptrain against PyTorch eager for the same MNIST MLP, on one GPU, in one run.
 
-Both train 784-512-512-10 (ReLU) with Adam (lr 1e-3) in fp32 on the 55,000
-training images at batch 128, with the whole dataset already on the GPU as
-uint8 and batches gathered + normalised on the device. mlptrain runs its own
+Both train 784-512-512-10 (ReLU) with Adam (lr 1e-3) on the 55,000 training
+images at batch 128, with the whole dataset already on the GPU as uint8 and
+batches gathered + normalised on the device, in each precision asked for:
+fp32 (PyTorch with TF32 off), fp16 (mlptrain's dynamic loss scaling; PyTorch
+autocast + GradScaler) and bf16 (autocast, no scaler). mlptrain runs its own
 epoch loop (`mlptrain.train.train_epoch`, with its periodic metric reads);
-PyTorch runs the plain eager loop with TF32 off. Each is warmed up for one
-epoch, then timed over --epochs epochs; the table shows medians.
+PyTorch runs the plain eager loop. Each is warmed up for one epoch, then
+timed over --epochs epochs; the table shows medians.
 
-    python benchmarks/mlp_mnist.py [--epochs 5] [--batch-size 128] [--hidden 512,512] [--json FILE]
+    python benchmarks/mlp_mnist.py [--epochs 5] [--batch-size 128] [--hidden 512,512]
+                                   [--precisions fp32,fp16,bf16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 
-def mlptrain_epochs(dataset, args) -> list[float]:
+def mlptrain_epochs(dataset, args, precision) -> list[float]:
     from mlptrain.backend import get_backend
     from mlptrain.config import config_from_dict
     from mlptrain.train import build_session, train_epoch
@@ -30,7 +33,7 @@ def mlptrain_epochs(dataset, args) -> list[float]:
         "backend": "cuda", "seed": 0,
         "model": {"hidden": args.hidden},
         "optim": {"name": "adam", "lr": 1e-3},
-        "train": {"batch_size": args.batch_size, "epochs": args.epochs + 1},
+        "train": {"batch_size": args.batch_size, "epochs": args.epochs + 1, "precision": precision},
     })
     backend = get_backend("cuda")
     session = build_session(config, backend, dataset)
@@ -41,11 +44,11 @@ def mlptrain_epochs(dataset, args) -> list[float]:
         train_epoch(session, epoch + 1, reads.append)
         backend.synchronize()
         times.append(time.perf_counter() - t0)
-    print(f"mlptrain: last window loss {reads[-1]['loss']:.4f} acc {reads[-1]['acc']:.4f}")
+    print(f"mlptrain {precision}: last window loss {reads[-1]['loss']:.4f} acc {reads[-1]['acc']:.4f}")
     return times[1:]
 
 
-def pytorch_epochs(dataset, args) -> list[float]:
+def pytorch_epochs(dataset, args, precision) -> list[float]:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -62,6 +65,8 @@ def pytorch_epochs(dataset, args) -> list[float]:
         layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(widths) - 2 else [])
     model = torch.nn.Sequential(*layers).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     mean, std = dataset.mean, dataset.std
     times = []
     for epoch in range(args.epochs + 1):
@@ -72,13 +77,15 @@ def pytorch_epochs(dataset, args) -> list[float]:
         for start in range(0, len(order), args.batch_size):
             rows = order[start:start + args.batch_size]
             x = (images[rows].float() / 255.0 - mean) / std
-            loss = torch.nn.functional.cross_entropy(model(x), labels[rows])
+            with torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                loss = torch.nn.functional.cross_entropy(model(x), labels[rows])
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    print(f"pytorch: last batch loss {loss.item():.4f}")
+    print(f"pytorch {precision}: last batch loss {loss.item():.4f}")
     return times[1:]
 
 
@@ -94,25 +101,30 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--hidden", type=lambda s: [int(w) for w in s.split(",")], default=[512, 512])
+    parser.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "fp16", "bf16"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     from mlptrain.data import load_dataset
 
     dataset = load_dataset("mnist")
-    ours = statistics.median(mlptrain_epochs(dataset, args))
-    theirs = statistics.median(pytorch_epochs(dataset, args))
     widths = [dataset.train_images.shape[1], *args.hidden, dataset.num_classes]
     flops = flops_per_epoch(55000, widths)
-    workload = f"MLP {'-'.join(map(str, widths))}, batch {args.batch_size}, Adam, fp32"
+    rows = []
+    for precision in args.precisions:
+        ours = statistics.median(mlptrain_epochs(dataset, args, precision))
+        theirs = statistics.median(pytorch_epochs(dataset, args, precision))
+        workload = f"MLP {'-'.join(map(str, widths))}, batch {args.batch_size}, Adam, {precision}"
+        rows.append({"workload": workload, "mlptrain_s": ours, "pytorch_s": theirs, "speedup": theirs / ours,
+                     "epochs_timed": args.epochs})
     print()
-    print(f"| workload | mlptrain s/epoch | PyTorch eager s/epoch | speed-up | mlptrain TFLOP/s | PyTorch TFLOP/s |")
-    print(f"| --- | --- | --- | --- | --- | --- |")
-    print(f"| {workload} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f}x | {flops / ours / 1e12:.2f} | "
-          f"{flops / theirs / 1e12:.2f} |")
+    print("| workload | mlptrain s/epoch | PyTorch eager s/epoch | speed-up | mlptrain TFLOP/s | PyTorch TFLOP/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} | {r['mlptrain_s']:.4f} | {r['pytorch_s']:.4f} | {r['speedup']:.2f}x | "
+              f"{flops / r['mlptrain_s'] / 1e12:.2f} | {flops / r['pytorch_s'] / 1e12:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps({"workload": workload, "mlptrain_s": ours, "pytorch_s": theirs,
-                                         "speedup": theirs / ours, "epochs_timed": args.epochs}, indent=2))
+        args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ def _widths(value):
     return None if all(w >= 1 for w in value) else "every layer width must be >= 1"
 
 
+def _channels(value):
+    return None if len(value) >= 1 and all(c >= 1 for c in value) else "needs at least one width, each >= 1"
+
+
 def _betas(value):
     return None if len(value) == 2 and all(0 <= b < 1 for b in value) else "must be two numbers in [0, 1)"
 
@@ -47,16 +51,20 @@ def _option(default, *, choices=None, check=None, doc=""):
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = _option("mnist", choices=("mnist",))
+    dataset: str = _option("mnist", choices=("mnist", "cifar10"))
     root: str | None = _option(None, doc="dataset folder; default $MLPTRAIN_DATA_DIR, else the user cache")
     val_size: int = _option(5000, check=_non_negative, doc="images held out of the training set")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    type: str = _option("mlp", choices=("mlp",))
-    hidden: tuple[int, ...] = _option((512, 512), check=_widths)
-    activation: str = _option("relu", choices=("relu", "tanh", "sigmoid"))
+    type: str = _option("mlp", choices=("mlp", "conv_autoencoder"))
+    hidden: tuple[int, ...] = _option((512, 512), check=_widths, doc="mlp: hidden layer widths")
+    activation: str = _option("relu", choices=("relu", "tanh", "sigmoid"), doc="mlp: hidden activation")
+    channels: tuple[int, ...] = _option((256, 128), check=_channels,
+                                        doc="conv_autoencoder: encoder conv widths, each followed by a 2x2 max-pool; "
+                                            "the decoder mirrors them")
+    kernel_size: int = _option(3, choices=(1, 3, 5), doc="conv_autoencoder: square kernels, stride 1, 'same' padding")
 
 
 @dataclass(frozen=True)
@@ -70,10 +78,38 @@ class OptimConfig:
     weight_decay: float = _option(0.0, check=_non_negative)
 
 
+def _above_one(value):
+    return None if value >= 1 else "must be >= 1"
+
+
+def _fraction(value):
+    return None if 0 < value < 1 else "must be in (0, 1)"
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
-    name: str = _option("constant", choices=("constant", "cosine"))
+    name: str = _option("constant", choices=("constant", "cosine", "warmup_cosine", "warmup_linear", "step",
+                                             "inverse_sqrt", "plateau"))
     min_lr: float = _option(0.0, check=_non_negative, doc="the floor of decaying schedules")
+    warmup_steps: int = _option(0, check=_non_negative, doc="linear warmup, in optimizer steps")
+    warmup_epochs: float = _option(0.0, check=_non_negative, doc="linear warmup, in epochs (or warmup_steps)")
+    step_size: int = _option(5, check=_positive, doc="step: epochs between decays")
+    gamma: float = _option(0.1, check=_positive, doc="step: the decay factor")
+    d_model: int = _option(512, check=_positive, doc="inverse_sqrt: the model width in the Transformer formula")
+    factor: float = _option(0.1, check=_fraction, doc="plateau: lr multiplier after `patience` bad evaluations")
+    patience: int = _option(2, check=_non_negative, doc="plateau: evaluations without improvement tolerated")
+    metric: str = _option("val_loss", choices=("val_loss", "val_acc"),
+                          doc="plateau: the validation metric watched (loss: lower is better, acc: higher)")
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    """fp16's dynamic loss scaling; the defaults are PyTorch GradScaler's."""
+
+    init: float = _option(65536.0, check=_positive)
+    growth_factor: float = _option(2.0, check=_above_one)
+    backoff_factor: float = _option(0.5, check=_fraction)
+    growth_interval: int = _option(2000, check=_positive, doc="finite steps in a row before the scale grows")
 
 
 @dataclass(frozen=True)
@@ -83,6 +119,15 @@ class TrainConfig:
     eval_batch_size: int = _option(1000, check=_positive)
     log_every: int = _option(50, check=_positive, doc="steps between metric reads (the only host syncs)")
     checkpoint_every_epochs: int = _option(1, check=_positive)
+    precision: str = _option("fp32", choices=("fp32", "fp16", "bf16"),
+                             doc="fp16/bf16: mixed precision with fp32 master weights and gradients")
+    grad_accum_steps: int = _option(1, check=_positive, doc="micro-batches of batch_size per optimizer step")
+    clip_grad_norm: float | None = _option(None, check=_positive, doc="clip the global gradient norm to this")
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.grad_accum_steps
 
 
 @dataclass(frozen=True)
@@ -177,7 +222,7 @@ def _build(cls, raw, source, prefix=""):
         value = _convert(value, tp, f"{source}: {dotted}")
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if choices and value not in choices:
-            raise UserError(f"{source}: {dotted}: '{value}' is not one of {', '.join(choices)}")
+            raise UserError(f"{source}: {dotted}: '{value}' is not one of {', '.join(map(str, choices))}")
         problem = check(value) if check and value is not None else None
         if problem:
             raise UserError(f"{source}: {dotted}: {problem} (got {value!r})")
@@ -237,7 +282,26 @@ def load_config(path: Path, overrides: list[str] = ()) -> Config:
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
-    return _build(Config, raw, source)
+    config = _build(Config, raw, source)
+    _check_combinations(config, source)
+    return config
+
+
+WARMUP_SCHEDULES = ("warmup_cosine", "warmup_linear", "inverse_sqrt")
+
+
+def _check_combinations(config: Config, source: str) -> None:
+    """Rules that involve more than one key."""
+    schedule = config.schedule
+    if schedule.warmup_steps and schedule.warmup_epochs:
+        raise UserError(f"{source}: schedule.warmup_steps and schedule.warmup_epochs are alternatives; set one")
+    warmup = schedule.warmup_steps or schedule.warmup_epochs
+    if warmup and schedule.name not in WARMUP_SCHEDULES:
+        raise UserError(f"{source}: schedule.name '{schedule.name}' has no warmup; use one of "
+                        f"{', '.join(WARMUP_SCHEDULES)} or drop schedule.warmup_steps/warmup_epochs")
+    if schedule.name == "inverse_sqrt" and not warmup:
+        raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
+                        f"or schedule.warmup_epochs")
 
 
 def config_to_dict(config: Config) -> dict:

@@ -32,6 +32,10 @@ class RunLogger:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
+    def image(self, tag: str, image, step: int) -> None:
+        """An (H, W, C) float image in [0, 1]."""
+        self.writer.add_image(tag, image, step, dataformats="HWC")
+
     def evaluation(self, record: dict) -> None:
         """One JSON object per evaluation, flushed so a crash keeps every line written."""
         self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
@@ -56,7 +60,7 @@ def training_progress() -> Progress:
         TextColumn("[bold]epoch {task.fields[epoch]}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.4f}  {task.fields[rate]:,.0f} samples/s"),
+        TextColumn("loss {task.fields[loss]:.4f}  {task.fields[acc]}  {task.fields[rate]:,.0f} samples/s"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,

@@ -1,10 +1,15 @@
 """The training loop.
 
-Per step: gather + normalise a batch on the device, forward, fused softmax
-cross-entropy (forward and backward), backward into the flat gradient buffer,
-then ONE optimizer update. Per-sample losses and hits land in device buffers
-indexed by position in the epoch; the host reads them every
-`train.log_every` steps, which is the loop's only synchronisation.
+An epoch is a sequence of windows of `batch_size * grad_accum_steps` samples
+taken in the epoch's order (a function of seed and epoch only, so the windows
+do not depend on how they are split). Per window: for each micro-batch,
+gather + normalise it on the device, forward, fused softmax cross-entropy
+(forward and backward, its gradient scaled by 1 / samples in the window), and
+backward adding into the flat float32 gradient buffer; then ONE optimizer step
+(`OptimizerStep`: norm, device-side loss scaling / skip / clipping / lr, fused
+update). Per-sample losses and hits land in device buffers indexed by
+position in the epoch; the host reads them, and the step state, every
+`train.log_every` optimizer steps: the loop's only synchronisation.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from mlptrain.checkpoint import save_checkpoint
 from mlptrain.config import Config, config_to_dict
 from mlptrain.data.loader import ResidentSplit, epoch_order, resident_splits
 from mlptrain.errors import UserError
-from mlptrain.nn.mlp import MLP
-from mlptrain.optim import make_optimizer, make_schedule
+from mlptrain.nn import make_model, model_dataset
+from mlptrain.precision import to_float32
+from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.tracking import RunLogger, console, training_progress, write_json
 
 
@@ -34,84 +40,118 @@ class Session:
 
     config: Config
     backend: object
-    model: MLP
-    optimizer: object
-    schedule: object
+    model: object  # mlptrain.nn.MLP or ConvAutoencoder
+    step: OptimizerStep
+    plateau: Plateau | None
     train: ResidentSplit
     val: ResidentSplit
     test: ResidentSplit
-    scale: float  # pixel -> (pixel / 255 - mean) / std as one multiply-add
+    scale: float  # pixel -> (pixel / 255 - mean) / std (classifiers) or pixel / 255 (autoencoder), one multiply-add
     shift: float
     order: object  # this epoch's training order (device int32), refilled in place so its address never changes
     row_loss: object  # per-sample loss of the current epoch (train) or evaluation
     row_correct: object
     eval_loss: object
     eval_correct: object
+    unit_scale: object  # a loss scale of 1 for evaluation, whose gradient is discarded
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.train.size // self.config.train.batch_size)
+        """Optimizer steps (windows) per epoch: ceil(micro-batches / grad_accum_steps)."""
+        return steps_per_epoch(self.train.size, self.config.train)
+
+    @property
+    def classifies(self) -> bool:
+        """A classifier reports loss and accuracy; the autoencoder its reconstruction MSE."""
+        return self.model.task == "classification"
+
+    @property
+    def selection(self) -> tuple[str, bool]:
+        """The validation metric that picks the `best` checkpoint, and whether higher is better."""
+        return ("val_acc", True) if self.classifies else ("val_mse", False)
+
+
+def steps_per_epoch(train_size: int, train_config) -> int:
+    micro_batches = -(-train_size // train_config.batch_size)
+    return -(-micro_batches // train_config.grad_accum_steps)
 
 
 def build_session(config: Config, backend, dataset) -> Session:
+    dataset = model_dataset(config, dataset)
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)
     rows = max(config.train.batch_size, config.train.eval_batch_size)
-    model = MLP(backend, dataset.train_images.shape[1], list(config.model.hidden), dataset.num_classes,
-                config.model.activation, rows)
+    model = make_model(config, backend, dataset, rows)
     model.init_parameters(np.random.default_rng(config.seed))
     eval_rows = max(val.size, test.size)
+    per_epoch = steps_per_epoch(train.size, config.train)
+    total_steps = config.train.epochs * per_epoch
+    schedule = make_schedule(config.schedule, config.optim.lr, total_steps, per_epoch)
+    # The autoencoder reconstructs pixels / 255; classifiers see standardised pixels.
+    scale, shift = (1.0 / (255.0 * dataset.std), -dataset.mean / dataset.std) if model.task == "classification" \
+        else (1.0 / 255.0, 0.0)
+    loss_scaling = LossScaling(**vars(config.train.loss_scale)) if config.train.precision == "fp16" else None
+    step = OptimizerStep(make_optimizer(config.optim, backend, model.params), backend,
+                         lr_table(schedule, total_steps), total_steps, config.train.clip_grad_norm, loss_scaling)
     return Session(
-        config=config, backend=backend, model=model,
-        optimizer=make_optimizer(config.optim, backend, model.params),
-        schedule=make_schedule(config.schedule, config.optim.lr,
-                               config.train.epochs * -(-train.size // config.train.batch_size)),
+        config=config, backend=backend, model=model, step=step,
+        plateau=Plateau(config.schedule, config.optim.lr) if config.schedule.name == "plateau" else None,
         train=train, val=val, test=test,
-        scale=1.0 / (255.0 * dataset.std), shift=-dataset.mean / dataset.std,
+        scale=scale, shift=shift,
         order=backend.empty((train.size,), np.int32),
         row_loss=backend.empty((train.size,)), row_correct=backend.empty((train.size,), np.int32),
         eval_loss=backend.empty((max(eval_rows, 1),)), eval_correct=backend.empty((max(eval_rows, 1),), np.int32),
+        unit_scale=backend.to_device(np.ones(1, np.float64)),
     )
 
 
-def train_step(s: Session, start: int, rows: int, lr: float) -> None:
-    """One batch: the mean loss's gradient summed over the batch, then one optimizer update."""
+def train_step(s: Session, start: int, rows: int) -> None:
+    """One optimizer step over the window of `rows` samples at `start` in the epoch's order: its
+    micro-batches add up the gradient of the window's mean loss (so the update equals one batch of
+    `rows`), then one update."""
     k = s.backend.kernels
-    h, grad, labels = s.model.views(rows)
-    k.data.gather_batch(s.train.images, s.train.labels, s.order, start, h[0], labels, s.scale, s.shift)
-    logits = s.model.forward(rows)
-    k.loss.softmax_cross_entropy(logits, labels, grad[-1], s.row_loss, s.row_correct, start, 1.0 / rows)
-    s.model.backward(rows)
-    s.optimizer.step(s.model.params.flat, s.model.grads.flat, lr)
+    batch = s.config.train.batch_size
+    for offset in range(0, rows, batch):
+        n = min(batch, rows - offset)
+        x, labels = s.model.batch(n)
+        k.data.gather_batch(s.train.images, s.train.labels, s.order, start + offset, x, labels, s.scale, s.shift)
+        s.model.forward(n)
+        s.model.loss(n, s.row_loss, s.row_correct, start + offset, 1.0 / rows, s.step.loss_scale)
+        s.model.backward(n, beta=0.0 if offset == 0 else 1.0)
+    s.step(s.model.params.flat, s.model.grads.flat, s.model.compute.flat)
 
 
 def evaluate(s: Session, split: ResidentSplit) -> tuple[float, float]:
-    """(mean loss, accuracy) over a whole split, in eval-sized batches."""
+    """(mean loss, accuracy) over a whole split, in eval-sized batches; for the autoencoder the loss
+    is the reconstruction MSE and the accuracy NaN."""
     k = s.backend.kernels
     batch = s.config.train.eval_batch_size
     for start in range(0, split.size, batch):
         rows = min(batch, split.size - start)
-        h, grad, labels = s.model.views(rows)
-        k.data.gather_batch(split.images, split.labels, split.device_index, start, h[0], labels, s.scale, s.shift)
-        logits = s.model.forward(rows)
-        k.loss.softmax_cross_entropy(logits, labels, grad[-1], s.eval_loss, s.eval_correct, start, 0.0)
+        x, labels = s.model.batch(rows)
+        k.data.gather_batch(split.images, split.labels, split.device_index, start, x, labels, s.scale, s.shift)
+        s.model.forward(rows)
+        s.model.loss(rows, s.eval_loss, s.eval_correct, start, 0.0, s.unit_scale)
     if split.size == 0:
         return float("nan"), float("nan")
-    return _mean_loss_and_accuracy(s.backend, s.eval_loss, s.eval_correct, 0, split.size)
+    return _mean_loss_and_accuracy(s, s.eval_loss, s.eval_correct, 0, split.size)
 
 
-def checkpoint_arrays(s: Session, epoch: int, best_val_acc: float) -> dict[str, np.ndarray]:
+def checkpoint_arrays(s: Session, epoch: int, best: float) -> dict[str, np.ndarray]:
     arrays = s.model.params.to_host_dict(prefix="params/")
-    arrays.update(s.optimizer.state_dict())
+    arrays.update(s.step.state_dict())
+    if s.plateau is not None:
+        arrays.update(s.plateau.state_dict())
     arrays["meta/epoch"] = np.array(epoch, np.int64)
     arrays["meta/seed"] = np.array(s.config.seed, np.int64)
-    arrays["meta/best_val_acc"] = np.array(best_val_acc, np.float64)
+    arrays[f"meta/best_{s.selection[0]}"] = np.array(best, np.float64)
     return arrays
 
 
-def _mean_loss_and_accuracy(backend, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
-    """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64."""
-    loss = backend.to_host(row_loss[lo:hi]).astype(np.float64).mean()
-    acc = backend.to_host(row_correct[lo:hi]).mean()
+def _mean_loss_and_accuracy(s: Session, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
+    """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64
+    (the accuracy is NaN for a model without one)."""
+    loss = s.backend.to_host(row_loss[lo:hi]).astype(np.float64).mean()
+    acc = s.backend.to_host(row_correct[lo:hi]).mean() if s.classifies else np.nan
     return float(loss), float(acc)
 
 
@@ -123,23 +163,36 @@ def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None) -
     run there (a sweep prunes a trial this way) after that epoch's checkpoint is written."""
     t_start = time.perf_counter()
     s = build_session(config, backend, dataset)
-    console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {backend.device_name}; "
-                  f"{s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; "
-                  f"batch {config.train.batch_size}, {s.steps_per_epoch} steps per epoch")
+    t = config.train
+    console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {backend.device_name}, "
+                  f"{t.precision}; {s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; "
+                  f"effective batch {t.effective_batch_size} (batch {t.batch_size} x {t.grad_accum_steps} "
+                  f"accumulated), {s.steps_per_epoch} optimizer steps per epoch")
     logger = RunLogger(run_dir)
     try:
-        last, best_val_acc, train_seconds, samples_seen, median_rate = fit(s, logger, run_dir, on_evaluation)
+        last, best, totals = fit(s, logger, run_dir, on_evaluation)
+        state = s.step.read()
         summary = {
             "run": run_dir.name, "backend": backend.name, "device": backend.device_name,
-            "parameters": s.model.layout.size, **{k: v for k, v in last.items() if k != "step"},
-            "best_val_acc": best_val_acc, "epochs": config.train.epochs,
-            "optimizer_steps": s.optimizer.step_count, "batch_size": config.train.batch_size,
+            "parameters": s.model.layout.size, "precision": t.precision,
+            **{k: v for k, v in last.items() if k != "step"},
+            f"best_{s.selection[0]}": best, "epochs": t.epochs,
+            "optimizer_steps": state["steps"], "skipped_steps": state["skipped"],
+            "loss_scale": state["loss_scale"] if t.precision == "fp16" else None,
+            "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps,
+            "effective_batch_size": t.effective_batch_size,
             # the median over metric windows: the steady state, without the first launches' JIT compilation
-            "samples_per_s": median_rate, "mean_samples_per_s": samples_seen / train_seconds,
-            "train_s": train_seconds,
+            "samples_per_s": float(np.median(totals["rates"])),
+            "mean_samples_per_s": totals["samples"] / totals["seconds"],
+            "train_s": totals["seconds"],
             "wall_s": time.perf_counter() - t_start,
+            "grad_norm_history": [float(x) for x in s.step.grad_norm_history(0, state["windows"])],
         }
-        logger.hparams(_flat_hparams(config), {"test_acc": summary["test_acc"], "val_acc": summary["val_acc"]})
+        if not s.classifies:
+            summary["mean_image_mse"] = mean_image_mse(dataset)
+        hparams = {**_flat_hparams(config), "train.effective_batch_size": t.effective_batch_size}
+        finals = ("test_acc", "val_acc", "test_loss", "val_loss") if s.classifies else ("test_mse", "val_mse")
+        logger.hparams(hparams, {key: summary[key] for key in finals})
     finally:
         logger.close()
     write_json(run_dir / "summary.json", summary)
@@ -147,32 +200,35 @@ def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None) -
 
 
 def train_epoch(s: Session, epoch: int, on_read) -> None:
-    """Every step of one epoch. Each `train.log_every` steps, and at the epoch's end, the host reads the
-    window's per-sample losses (the loop's only synchronisation) and hands `on_read` a dict of
-    epoch, step, lr, loss, acc, samples and seconds for that window."""
-    config, batch = s.config, s.config.train.batch_size
+    """Every optimizer step of one epoch. Each `train.log_every` steps, and at the epoch's end, the host
+    reads the per-sample losses since the last read and the step state (the loop's only
+    synchronisation) and hands `on_read` a dict of epoch, step_in_epoch, step (optimizer steps
+    applied), lr, grad_norm, loss_scale, skipped, loss, acc, samples and seconds."""
+    config, window = s.config, s.config.train.effective_batch_size
     s.backend.copy_from_host(s.order, epoch_order(s.train, config.seed, epoch))
     s.backend.synchronize()
     t_window, read_from = time.perf_counter(), 0
-    for i, start in enumerate(range(0, s.train.size, batch)):
-        rows = min(batch, s.train.size - start)
-        lr = s.schedule(s.optimizer.step_count)
-        train_step(s, start, rows, lr)
+    for i, start in enumerate(range(0, s.train.size, window)):
+        rows = min(window, s.train.size - start)
+        train_step(s, start, rows)
         if (i + 1) % config.train.log_every and i + 1 != s.steps_per_epoch:
             continue
-        loss, acc = _mean_loss_and_accuracy(s.backend, s.row_loss, s.row_correct, read_from, start + rows)
-        on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": s.optimizer.step_count, "lr": lr, "loss": loss,
-                 "acc": acc, "samples": start + rows - read_from, "seconds": time.perf_counter() - t_window})
+        loss, acc = _mean_loss_and_accuracy(s, s.row_loss, s.row_correct, read_from, start + rows)
+        state = s.step.read()
+        on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": state["steps"], "lr": state["lr"],
+                 "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
+                 "loss": loss, "acc": acc, "samples": start + rows - read_from,
+                 "seconds": time.perf_counter() - t_window})
         t_window, read_from = time.perf_counter(), start + rows
 
 
 def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None):
-    """The epochs. Returns (last evaluation, best val acc, seconds in training steps, samples trained,
-    median samples/s over the metric windows)."""
+    """The epochs. Returns (last evaluation, best val acc, totals: seconds in training steps, samples
+    trained and the samples/s of each metric window)."""
     totals = {"seconds": 0.0, "samples": 0, "rates": []}
     with training_progress() as progress:
         task = progress.add_task("train", total=s.config.train.epochs * s.steps_per_epoch, epoch=1,
-                                 loss=float("nan"), acc=float("nan"), rate=0.0)
+                                 loss=float("nan"), acc="", rate=0.0)
 
         def on_read(w):
             if not np.isfinite(w["loss"]):
@@ -183,39 +239,58 @@ def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None):
             totals["seconds"] += w["seconds"]
             totals["samples"] += w["samples"]
             totals["rates"].append(rate)
-            logger.scalars(w["step"], {"train/loss": w["loss"], "train/acc": w["acc"], "opt/lr": w["lr"],
-                                       "perf/samples_per_s": rate})
+            scalars = {"train/loss": w["loss"], "opt/lr": w["lr"], "opt/grad_norm": w["grad_norm"],
+                       "perf/samples_per_s": rate}
+            if s.classifies:
+                scalars["train/acc"] = w["acc"]
+            if s.config.train.precision == "fp16":
+                scalars.update({"amp/loss_scale": w["loss_scale"], "amp/skipped_steps": w["skipped"]})
+            logger.scalars(w["step"], scalars)
             progress.update(task, completed=(w["epoch"] - 1) * s.steps_per_epoch + w["step_in_epoch"],
-                            epoch=w["epoch"], loss=w["loss"], acc=w["acc"], rate=rate)
+                            epoch=w["epoch"], loss=w["loss"], acc=f"acc {w['acc']:.4f}" if s.classifies else "",
+                            rate=rate)
 
-        best_val_acc, last = -1.0, {}
+        best, last = None, {}
+        key, higher_is_better = s.selection
         for epoch in range(1, s.config.train.epochs + 1):
             train_epoch(s, epoch, on_read)
-            last = _end_of_epoch(s, logger, run_dir, epoch, best_val_acc)
-            best_val_acc = max(best_val_acc, last["val_acc"])
+            last = _end_of_epoch(s, logger, run_dir, epoch, best)
+            if best is None or (last[key] > best if higher_is_better else last[key] < best):
+                best = last[key]
+            if s.plateau is not None:
+                metric = s.config.schedule.metric if s.classifies else "val_mse"
+                s.step.set_lr_factor(s.plateau.observe(last[metric]))
             if on_evaluation is not None:
                 on_evaluation(last)
-    return last, best_val_acc, totals["seconds"], totals["samples"], float(np.median(totals["rates"]))
+    return last, best, totals
 
 
-def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best_val_acc: float) -> dict:
+def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best: float | None) -> dict:
     """Evaluate on val and test, log, and write the `last` (and maybe `best`) checkpoint."""
     val_loss, val_acc = evaluate(s, s.val)
     test_loss, test_acc = evaluate(s, s.test)
-    step = s.optimizer.step_count
-    record = {"epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
-              "test_loss": test_loss, "test_acc": test_acc}
-    logger.scalars(step, {"val/loss": val_loss, "val/acc": val_acc, "test/loss": test_loss, "test/acc": test_acc})
+    step = s.step.read()["steps"]
+    if s.classifies:
+        record = {"epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
+                  "test_loss": test_loss, "test_acc": test_acc}
+        logger.scalars(step, {"val/loss": val_loss, "val/acc": val_acc, "test/loss": test_loss,
+                              "test/acc": test_acc})
+        console.print(f"epoch {epoch}: val loss {val_loss:.4f} acc {val_acc:.4f} | test loss {test_loss:.4f} "
+                      f"acc {test_acc:.4f}")
+    else:
+        record = {"epoch": epoch, "step": step, "val_mse": val_loss, "test_mse": test_loss}
+        logger.scalars(step, {"val/mse": val_loss, "test/mse": test_loss})
+        logger.image("test/reconstructions", _reconstruction_grid(s), step)
+        console.print(f"epoch {epoch}: val mse {val_loss:.5f} | test mse {test_loss:.5f}")
     logger.evaluation(record)
-    console.print(f"epoch {epoch}: val loss {val_loss:.4f} acc {val_acc:.4f} | test loss {test_loss:.4f} "
-                  f"acc {test_acc:.4f}")
     if not np.isfinite(val_loss) and s.val.size:
         raise TrainingDiverged(f"the validation loss became {val_loss} after epoch {epoch}; "
                                f"the learning rate optim.lr={s.config.optim.lr} is likely too high")
-    is_best = val_acc > best_val_acc
+    key, higher_is_better = s.selection
+    is_best = best is None or (record[key] > best if higher_is_better else record[key] < best)
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs
     if save_last or is_best:
-        arrays = checkpoint_arrays(s, epoch, max(best_val_acc, val_acc))
+        arrays = checkpoint_arrays(s, epoch, record[key] if is_best else best)
         if save_last:
             save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
         if is_best:
@@ -223,12 +298,34 @@ def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best
     return record
 
 
+def mean_image_mse(dataset) -> float:
+    """The baseline a reconstruction must beat: the test MSE (pixels / 255) of predicting the mean training
+    image for every test image."""
+    mean = dataset.train_images.mean(axis=0, dtype=np.float64) / 255.0
+    return float(np.mean((dataset.test_images / 255.0 - mean) ** 2))
+
+
+def _reconstruction_grid(s: Session, count: int = 8) -> np.ndarray:
+    """The first `count` test images (top row) above their reconstructions, (2H, count*W, C) in [0, 1]."""
+    rows = min(count, s.test.size)
+    x, labels = s.model.batch(rows)
+    s.backend.kernels.data.gather_batch(s.test.images, s.test.labels, s.test.device_index, 0, x, labels,
+                                        s.scale, s.shift)
+    s.model.forward(rows)
+    h, w, c = s.model.height, s.model.width, s.model.image_channels
+    images = to_float32(s.backend.to_host(x)).reshape(rows, h, w, c)
+    recon = to_float32(s.backend.to_host(s.model.reconstruction(rows))).reshape(rows, h, w, c)
+    grid = np.concatenate([np.concatenate(list(images), axis=1), np.concatenate(list(recon), axis=1)], axis=0)
+    return np.clip(grid, 0.0, 1.0)
+
+
 def _flat_hparams(config: Config) -> dict:
-    flat = {}
-    for section, values in config_to_dict(config).items():
-        if isinstance(values, dict):
-            for key, value in values.items():
-                flat[f"{section}.{key}"] = str(value) if isinstance(value, (list, type(None))) else value
-        elif section != "description":
-            flat[section] = values
-    return flat
+    """Dotted keys to scalar values (lists and None as text), for TensorBoard's HParams dashboard."""
+    def flatten(values: dict, prefix: str):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                yield from flatten(value, f"{prefix}{key}.")
+            elif key != "description":
+                yield prefix + key, str(value) if isinstance(value, (list, type(None))) else value
+
+    return dict(flatten(config_to_dict(config), ""))

@@ -14,7 +14,12 @@ from typing import Callable
 
 import numpy as np
 
+from mlptrain import step_state
+from mlptrain.precision import from_float32, to_float32
 from tests import reference as ref
+
+FORMATS = [np.float32, np.float16, np.uint16]  # fp32, fp16, bf16 storage
+FORMAT_IDS = ["fp32", "fp16", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,9 @@ class Backend:
     to_host: Callable  # such an array -> NumPy array
 
     def poisoned(self, shape, fill=np.nan, dtype=np.float32):
+        """An array full of NaN (bf16's quiet NaN in uint16), or of `fill` for integers."""
+        if np.dtype(dtype) == np.uint16:
+            return self.to_device(np.full(shape, 0x7FC0, np.uint16))
         return self.to_device(np.full(shape, fill, dtype))
 
 
@@ -47,6 +55,13 @@ def random(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+def stored(values, dtype):
+    """(the array in storage format `dtype`, the float32 values it holds): references start from the
+    values a kernel actually reads."""
+    array = from_float32(values, dtype)
+    return array, to_float32(array)
+
+
 # gemm
 
 
@@ -55,31 +70,39 @@ def hidden_output(rng, shape, activation):
     return ref.activate(random(rng, *shape), activation).astype(np.float32)
 
 
-def linear_forward(be, rng, shape, activation):
+def linear_forward(be, rng, shape, activation, dtype=np.float32):
+    """y rounded once (twice through tanh / sigmoid, whose slope is <= 1) from a float32 sum."""
     m, k, n = shape
-    x, w, b = random(rng, m, k), random(rng, k, n), random(rng, n)
-    y = be.poisoned((m, n))
+    (x, xv), (w, wv), (b, bv) = (stored(random(rng, *s), dtype) for s in ((m, k), (k, n), (n,)))
+    y = be.poisoned((m, n), dtype=dtype)
     be.kernels.gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation)
-    ref.assert_within(be.to_host(y), ref.linear_forward(x, w, b, activation), ref.product_tolerance(x, w, b))
+    magnitude = np.abs(xv.astype(np.float64)) @ np.abs(wv) + np.abs(bv)
+    ref.assert_within(to_float32(be.to_host(y)), ref.linear_forward(xv, wv, bv, activation),
+                      ref.product_tolerance(xv, wv, bv) + 2 * ref.rounding_tolerance(dtype, magnitude))
 
 
-def linear_backward_input(be, rng, shape, activation):
+def linear_backward_input(be, rng, shape, activation, dtype=np.float32):
     m, k, n = shape
-    dy, w, h = random(rng, m, n), random(rng, k, n), hidden_output(rng, (m, k), activation)
-    dx = be.poisoned((m, k))
+    (dy, dyv), (w, wv) = stored(random(rng, m, n), dtype), stored(random(rng, k, n), dtype)
+    h, hv = stored(hidden_output(rng, (m, k), activation), dtype)
+    dx = be.poisoned((m, k), dtype=dtype)
     be.kernels.gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
-    expected = ref.linear_backward_input(dy, w, h, activation)
-    ref.assert_within(be.to_host(dx), expected, ref.product_tolerance(dy, w.T))
+    expected = ref.linear_backward_input(dyv, wv, hv, activation)
+    magnitude = np.abs(dyv.astype(np.float64)) @ np.abs(wv.T)
+    ref.assert_within(to_float32(be.to_host(dx)), expected,
+                      ref.product_tolerance(dyv, wv.T) + 2 * ref.rounding_tolerance(dtype, magnitude))
 
 
-def linear_backward_weight(be, rng, shape, beta):
+def linear_backward_weight(be, rng, shape, beta, dtype=np.float32):
+    """dw is float32 in every precision: only the inputs are in the storage format."""
     m, k, n = shape
-    x, dy, old = random(rng, m, k), random(rng, m, n), random(rng, k, n)
+    (x, xv), (dy, dyv) = stored(random(rng, m, k), dtype), stored(random(rng, m, n), dtype)
+    old = random(rng, k, n)
     # beta 0 must not read dw: NaN there would leak into the result
     dw = be.poisoned((k, n)) if beta == 0.0 else be.to_device(old)
     be.kernels.gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta)
-    expected = ref.linear_backward_weight(x, dy, old, beta)
-    ref.assert_within(be.to_host(dw), expected, ref.product_tolerance(x.T, dy, extra=old))
+    expected = ref.linear_backward_weight(xv, dyv, old, beta)
+    ref.assert_within(be.to_host(dw), expected, ref.product_tolerance(xv.T, dyv, extra=old))
 
 
 def row_slices_of_a_larger_buffer(be, rng, activation):
@@ -104,33 +127,38 @@ def check_layer(inputs, outputs, forward_activation, backward_activation, beta):
 # loss
 
 
-def softmax_cross_entropy_run(be, logits, labels, grad_scale, offset=0, extra=3):
-    """Launch on poisoned outputs; row_loss/row_correct have `extra` spare slots."""
+def softmax_cross_entropy_run(be, logits, labels, grad_scale, offset=0, extra=3, loss_scale=1.0):
+    """Launch on poisoned outputs (dlogits in logits' storage format); row_loss/row_correct have
+    `extra` spare slots."""
     rows, classes = logits.shape
-    dlogits = be.poisoned((rows, classes))
+    dlogits = be.poisoned((rows, classes), dtype=logits.dtype)
     row_loss = be.poisoned(offset + rows + extra)
     row_correct = be.poisoned(offset + rows + extra, -7, np.int32)
     be.kernels.loss.softmax_cross_entropy(be.to_device(logits), be.to_device(labels), dlogits, row_loss, row_correct,
-                                          offset, grad_scale)
-    return be.to_host(dlogits), be.to_host(row_loss), be.to_host(row_correct)
+                                          offset, grad_scale, be.to_device(np.array([loss_scale])))
+    return to_float32(be.to_host(dlogits)), be.to_host(row_loss), be.to_host(row_correct)
 
 
-def softmax_cross_entropy_check(be, logits, labels, grad_scale, offset=0):
+def softmax_cross_entropy_check(be, logits, labels, grad_scale, offset=0, loss_scale=1.0):
+    """logits may be in any storage format; the reference starts from the values they hold."""
     rows = logits.shape[0]
-    dlogits, row_loss, row_correct = softmax_cross_entropy_run(be, logits, labels, grad_scale, offset)
-    expected_loss, expected_correct, expected_grad = ref.softmax_cross_entropy(logits, labels, grad_scale)
-    spread = np.abs(logits - logits.max(axis=1, keepdims=True)).max(axis=1)
+    dlogits, row_loss, row_correct = softmax_cross_entropy_run(be, logits, labels, grad_scale, offset,
+                                                               loss_scale=loss_scale)
+    values = to_float32(logits)
+    expected_loss, expected_correct, expected_grad = ref.softmax_cross_entropy(values, labels, grad_scale * loss_scale)
+    spread = np.abs(values - values.max(axis=1, keepdims=True)).max(axis=1)
     ref.assert_within(row_loss[offset:offset + rows], expected_loss, 2e-6 * (1 + spread + np.log(logits.shape[1])))
     np.testing.assert_array_equal(row_correct[offset:offset + rows], expected_correct)
-    ref.assert_within(dlogits, expected_grad, 1e-6 * abs(grad_scale))
+    scale = abs(grad_scale * loss_scale)
+    ref.assert_within(dlogits, expected_grad, 1e-6 * scale + ref.rounding_tolerance(logits.dtype, np.abs(expected_grad)))
     assert np.isnan(row_loss[:offset]).all() and np.isnan(row_loss[offset + rows:]).all()
     assert (row_correct[:offset] == -7).all() and (row_correct[offset + rows:] == -7).all()
 
 
-def softmax_cross_entropy(be, rng, rows, classes):
-    logits = (3 * rng.standard_normal((rows, classes))).astype(np.float32)
+def softmax_cross_entropy(be, rng, rows, classes, dtype=np.float32, loss_scale=1.0):
+    logits, _ = stored((3 * rng.standard_normal((rows, classes))).astype(np.float32), dtype)
     labels = rng.integers(0, classes, rows).astype(np.int32)
-    softmax_cross_entropy_check(be, logits, labels, grad_scale=1.0 / (2 * rows), offset=4)
+    softmax_cross_entropy_check(be, logits, labels, grad_scale=1.0 / (2 * rows), offset=4, loss_scale=loss_scale)
 
 
 def argmax_ties_go_to_the_first_max(be):
@@ -151,14 +179,23 @@ def numerically_stable_for_large_logits(be, rng):
 # reduce
 
 
-def bias_backward(be, rng, rows, columns, beta):
-    dy = rng.standard_normal((rows, columns)).astype(np.float32)
+def bias_backward(be, rng, rows, columns, beta, dtype=np.float32):
+    """db is float32 in every precision; dy may be in a storage format."""
+    dy, dyv = stored(rng.standard_normal((rows, columns)).astype(np.float32), dtype)
     old = rng.standard_normal(columns).astype(np.float32)
     # beta 0 must not read db: NaN there would leak into the result
     db = be.poisoned(columns) if beta == 0.0 else be.to_device(old)
     be.kernels.reduce.bias_backward(be.to_device(dy), db, beta)
-    tolerance = 2e-6 * np.sqrt(rows) * (np.abs(dy).sum(axis=0) + np.abs(old)) + 1e-7
-    ref.assert_within(be.to_host(db), ref.bias_backward(dy, old, beta), tolerance)
+    tolerance = 2e-6 * np.sqrt(rows) * (np.abs(dyv).sum(axis=0) + np.abs(old)) + 1e-7
+    ref.assert_within(be.to_host(db), ref.bias_backward(dyv, old, beta), tolerance)
+
+
+def sum_of_squares(be, rng, size):
+    x = random(rng, size)
+    partials = be.poisoned(be.kernels.reduce.PARTIALS)
+    be.kernels.reduce.sum_of_squares(be.to_device(x), partials)
+    expected = np.sum(x.astype(np.float64) ** 2)
+    ref.assert_within(be.to_host(partials).astype(np.float64).sum(), expected, 2e-6 * np.sqrt(size) * expected + 1e-7)
 
 
 # optim
@@ -172,55 +209,102 @@ def close(got, expected, lr=0.0):
     ref.assert_within(got, expected, 2e-6 * (np.abs(expected) + lr) + 1e-7)
 
 
-def sgd_update(be, rng, size, weight_decay):
+MULTIPLIER = 0.5  # unscale x clip, applied to the summed gradient before anything else
+
+
+def state_for(be, lr, step=1, betas=(0.9, 0.999), apply=True):
+    """A step state as `finish_step` leaves it for an applied (or skipped) step."""
+    state = np.zeros(step_state.SIZE)
+    state[step_state.APPLY] = 1.0 if apply else 0.0
+    state[step_state.LR], state[step_state.GRAD_MULTIPLIER] = lr, MULTIPLIER
+    state[step_state.BIAS_CORRECTION1] = 1.0 - betas[0] ** step
+    state[step_state.BIAS_CORRECTION2] = np.sqrt(1.0 - betas[1] ** step)
+    return be.to_device(state)
+
+
+def compute_copy(be, d_param, size, dtype):
+    """fp32 computes from the parameters themselves; fp16 / bf16 from a copy the update rewrites."""
+    return d_param if np.dtype(dtype) == np.float32 else be.poisoned(size, dtype=dtype)
+
+
+def check_compute_copy(be, d_param, compute, dtype):
+    if np.dtype(dtype) != np.float32:
+        np.testing.assert_array_equal(be.to_host(compute), from_float32(be.to_host(d_param), dtype))
+
+
+def sgd_update(be, rng, size, weight_decay, dtype=np.float32):
     param, grad = buffers(rng, size, 2)
     d_param = be.to_device(param)
-    be.kernels.optim.sgd_update(d_param, be.to_device(grad), 0.1, weight_decay)
-    close(be.to_host(d_param), ref.sgd_update(param, grad, 0.1, weight_decay), lr=0.1)
+    compute = compute_copy(be, d_param, size, dtype)
+    be.kernels.optim.sgd_update(d_param, be.to_device(grad), compute, state_for(be, 0.1), weight_decay)
+    close(be.to_host(d_param), ref.sgd_update(param, MULTIPLIER * grad, 0.1, weight_decay), lr=0.1)
+    check_compute_copy(be, d_param, compute, dtype)
 
 
-def momentum_update(be, rng, size, nesterov):
+def momentum_update(be, rng, size, nesterov, dtype=np.float32):
     param, grad, velocity = buffers(rng, size, 3)
     d_param, d_velocity = be.to_device(param), be.to_device(velocity)
-    be.kernels.optim.momentum_update(d_param, be.to_device(grad), d_velocity, 0.05, 0.9, 1e-3, nesterov)
-    expected_param, expected_velocity = ref.momentum_update(param, grad, velocity, 0.05, 0.9, 1e-3, nesterov)
+    compute = compute_copy(be, d_param, size, dtype)
+    be.kernels.optim.momentum_update(d_param, be.to_device(grad), d_velocity, compute, state_for(be, 0.05), 0.9,
+                                     1e-3, nesterov)
+    expected_param, expected_velocity = ref.momentum_update(param, MULTIPLIER * grad, velocity, 0.05, 0.9, 1e-3,
+                                                            nesterov)
     close(be.to_host(d_velocity), expected_velocity)
     close(be.to_host(d_param), expected_param, lr=0.05)
+    check_compute_copy(be, d_param, compute, dtype)
 
 
-def adam_run(be, param, grad, m, v, *args):
-    """(param, m, v) on the host after one `optim.adam_update` with `args` from lr on."""
+def adam_run(be, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step, dtype=np.float32):
+    """(param, m, v, compute copy) on the host after one `optim.adam_update` at this step."""
     d_param, d_m, d_v = be.to_device(param), be.to_device(m), be.to_device(v)
-    be.kernels.optim.adam_update(d_param, be.to_device(grad), d_m, d_v, *args)
-    return be.to_host(d_param), be.to_host(d_m), be.to_host(d_v)
+    compute = compute_copy(be, d_param, param.size, dtype)
+    be.kernels.optim.adam_update(d_param, be.to_device(grad), d_m, d_v, compute,
+                                 state_for(be, lr, step, (beta1, beta2)), beta1, beta2, eps, weight_decay, decoupled)
+    check_compute_copy(be, d_param, compute, dtype)
+    return be.to_host(d_param), be.to_host(d_m), be.to_host(d_v), be.to_host(compute)
 
 
-def adam_update(be, rng, size, weight_decay, decoupled, step):
+def adam_update(be, rng, size, weight_decay, decoupled, step, dtype=np.float32):
     param, grad, m = buffers(rng, size, 3)
     v = np.abs(buffers(rng, size, 1)[0])
     args = (1e-3, 0.9, 0.999, 1e-8, weight_decay, decoupled, step)
-    got_param, got_m, got_v = adam_run(be, param, grad, m, v, *args)
-    expected_param, expected_m, expected_v = ref.adam_update(param, grad, m, v, *args)
+    got_param, got_m, got_v, _ = adam_run(be, param, grad, m, v, *args, dtype=dtype)
+    expected_param, expected_m, expected_v = ref.adam_update(param, MULTIPLIER * grad, m, v, *args)
     close(got_m, expected_m)
     close(got_v, expected_v)
     close(got_param, expected_param, lr=1e-3)
 
 
+def skipped_update_touches_nothing(be, rng, size, dtype):
+    """APPLY = 0 (an fp16 window with an inf): every buffer keeps its exact bits."""
+    param, grad, m = buffers(rng, size, 3)
+    grad[0] = np.inf
+    v = np.abs(m)
+    d_param, d_m, d_v = be.to_device(param), be.to_device(m), be.to_device(v)
+    compute = compute_copy(be, d_param, size, dtype)
+    before = be.to_host(compute).copy()
+    state = state_for(be, 1e-3, apply=False)
+    be.kernels.optim.adam_update(d_param, be.to_device(grad), d_m, d_v, compute, state, 0.9, 0.999, 1e-8, 0.1, True)
+    be.kernels.optim.sgd_update(d_param, be.to_device(grad), compute, state, 0.0)
+    for got, want in ((d_param, param), (d_m, m), (d_v, v), (compute, before)):
+        np.testing.assert_array_equal(be.to_host(got).view(np.uint8), np.asarray(want).view(np.uint8))
+
+
 # data
 
 
-def gather_batch_check(be, images, labels, indices, start, n):
-    x = be.poisoned((n, images.shape[1]))
+def gather_batch_check(be, images, labels, indices, start, n, dtype=np.float32):
+    x = be.poisoned((n, images.shape[1]), dtype=dtype)
     y = be.poisoned(n, -7, np.int32)
     be.kernels.data.gather_batch(be.to_device(images), be.to_device(labels), be.to_device(indices), start, x, y,
                                  1 / 255, -0.5)
     expected_x, expected_y = ref.gather_batch(images, labels, indices, start, n, 1 / 255, -0.5)
-    ref.assert_within(be.to_host(x), expected_x, 1e-6)
+    ref.assert_within(to_float32(be.to_host(x)), expected_x, 1e-6 + ref.rounding_tolerance(dtype, np.abs(expected_x)))
     np.testing.assert_array_equal(be.to_host(y), expected_y)
 
 
-def gather_batch(be, rng, index_dtype, rows, width, start, n):
+def gather_batch(be, rng, index_dtype, rows, width, start, n, dtype=np.float32):
     images = rng.integers(0, 256, (rows, width), dtype=np.uint8)
     labels = rng.integers(0, 10, rows, dtype=np.uint8)
     indices = rng.permutation(rows).astype(index_dtype)
-    gather_batch_check(be, images, labels, indices, start, n)
+    gather_batch_check(be, images, labels, indices, start, n, dtype)

@@ -66,6 +66,20 @@ def product_tolerance(a, b, extra=0.0):
     return 2e-6 * np.sqrt(max(a.shape[1], 1)) * (np.abs(a) @ np.abs(b) + np.abs(extra)) + 1e-6
 
 
+# Unit roundoff of each storage format: a value rounded once is within u * |value|.
+UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11, np.dtype(np.uint16): 2.0**-8}
+FP16_TINY = 2.0**-24  # fp16's smallest subnormal: an absolute floor for its rounding error
+
+
+def rounding_tolerance(dtype, magnitude):
+    """Error of storing values of this magnitude in `dtype` (0 for float32, whose rounding the
+    product tolerances already cover)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return 0.0
+    return UNIT_ROUNDOFF[dtype] * np.asarray(magnitude, np.float64) + (FP16_TINY if dtype == np.float16 else 0.0)
+
+
 def softmax_cross_entropy(logits, labels, grad_scale):
     """(row_loss, row_correct, dlogits) with argmax ties going to the first max."""
     (logits,) = f64(logits)

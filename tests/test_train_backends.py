@@ -46,6 +46,28 @@ def test_cuda_graph_matches_numpy_graph(rng, optim):
 
 
 @pytest.mark.real_gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_graphs_agree_on_the_gpu(rng, precision):
+    """fp16 / bf16 with accumulation and clipping: the backends round the same float32 sums, summed in
+    different orders, so they agree to the format's precision, not to float32's."""
+    dataset = tiny_dataset(rng, features=64, classes=10, train=600, test=50)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 50}, "model": {"hidden": [32]},
+                               "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1},
+                               "train": {"batch_size": 16, "grad_accum_steps": 3, "clip_grad_norm": 0.5,
+                                         "precision": precision}})
+    results = []
+    for backend in (CpuBackend(), CudaBackend()):
+        session = build_session(config, backend, dataset)
+        reads = []
+        train_epoch(session, 1, reads.append)
+        results.append((session.model.params.to_host_dict(), reads))
+    (cpu_params, cpu_reads), (gpu_params, gpu_reads) = results
+    assert [r["step"] for r in gpu_reads] == [r["step"] for r in cpu_reads]
+    for name in cpu_params:
+        np.testing.assert_allclose(gpu_params[name], cpu_params[name], rtol=0.05, atol=2e-3, err_msg=name)
+
+
+@pytest.mark.real_gpu
 def test_same_seed_gives_bitwise_identical_runs_on_the_gpu(rng):
     dataset = tiny_dataset(rng, features=784, classes=10, train=3000, test=500)
     config = config_from_dict({"seed": 5, "data": {"val_size": 500}, "model": {"hidden": [512, 512]},

@@ -9,13 +9,14 @@ import sys
 
 import typer
 
-from mlptrain.cli import configs, run
+from mlptrain.cli import configs, run, sweep
 from mlptrain.errors import UserError
 from mlptrain.tracking import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train small neural networks on NVIDIA GPUs with hand-written Numba CUDA kernels.")
 app.command("run")(run.run)
+app.command("sweep")(sweep.sweep)
 app.add_typer(configs.app, name="configs")
 
 

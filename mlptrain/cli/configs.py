@@ -13,12 +13,13 @@ from mlptrain.errors import UserError
 from mlptrain.tracking import console
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "configs"
+SWEEP_PREFIX = "sweep_"  # built-in sweep files live beside the configs but are not configs
 
 app = typer.Typer(help="List and show the built-in configs.", invoke_without_command=True)
 
 
 def builtin_configs() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml")) if not p.stem.startswith(SWEEP_PREFIX)}
 
 
 def resolve_config(name_or_path: str) -> Path:

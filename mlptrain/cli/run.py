@@ -8,12 +8,10 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from mlptrain.backend import get_backend
 from mlptrain.cli.configs import resolve_config
-from mlptrain.config import config_to_dict, load_config
-from mlptrain.data import load_dataset
-from mlptrain.data.loader import check_val_size
-from mlptrain.runs import check_run_name, create_run_dir, write_yaml
+from mlptrain.config import load_config
+from mlptrain.experiment import Resources, create_run
+from mlptrain.runs import check_run_name
 from mlptrain.tracking import console
 
 
@@ -30,14 +28,14 @@ def run(
     cfg = load_config(path, overrides or [])
     if name is not None:
         check_run_name(name)
-    backend = get_backend(cfg.backend)
-    dataset = load_dataset(cfg.data.dataset, Path(cfg.data.root) if cfg.data.root else None)
-    check_val_size(dataset, cfg.data.val_size)
-    run_dir = create_run_dir(runs_dir, name, path.stem)
-    write_yaml(run_dir / "config.yaml", config_to_dict(cfg))
+    backend, dataset = Resources().prepare(cfg)
+    run_dir = create_run(cfg, runs_dir, name, path.stem)
     summary = train(cfg, backend, dataset, run_dir)
     table = Table("metric", "value")
-    for key in ("test_acc", "test_loss", "val_acc", "epochs", "optimizer_steps", "samples_per_s", "wall_s"):
+    for key in ("test_acc", "test_loss", "val_acc", "test_mse", "val_mse", "mean_image_mse", "epochs",
+                "optimizer_steps", "samples_per_s", "wall_s"):
+        if key not in summary:
+            continue
         value = summary[key]
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)

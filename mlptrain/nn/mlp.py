@@ -6,6 +6,11 @@ h[-1] the logits. The backward pass writes every weight and bias gradient
 with one GEMM and one column reduction each (no atomics), and the gradient of
 each hidden layer with one GEMM whose epilogue applies the activation's
 derivative.
+
+Precision: parameters and their gradients are float32 flat buffers; in fp16 /
+bf16 the layers compute from `compute`, a copy of the parameters in the low
+format that the optimizer's update rewrites, and every activation and
+activation gradient is stored in that format (in fp32 `compute` is `params`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 
 from mlptrain.activation import ACTIVATIONS, NONE, RELU
 from mlptrain.nn.params import FlatBuffer, Layout
+from mlptrain.precision import STORAGE
 
 
 def mlp_layout(widths: list[int]) -> Layout:
@@ -26,17 +32,19 @@ def mlp_layout(widths: list[int]) -> Layout:
 
 class MLP:
     def __init__(self, backend, in_features: int, hidden: list[int], num_classes: int,
-                 activation: str, max_rows: int):
+                 activation: str, max_rows: int, precision: str = "fp32"):
         self.backend = backend
         self.widths = [in_features, *hidden, num_classes]
         self.activation = ACTIVATIONS[activation]
         self.layout = mlp_layout(self.widths)
         self.params = FlatBuffer(backend, self.layout)
         self.grads = FlatBuffer(backend, self.layout)
+        dtype = STORAGE[precision]
+        self.compute = self.params if precision == "fp32" else FlatBuffer(backend, self.layout, dtype)
         self.max_rows = max_rows
         # h[0] is the input; grad[i] is dLoss/dh[i] for i >= 1 (grad[-1] = dlogits)
-        self.h = [backend.empty((max_rows, w)) for w in self.widths]
-        self.grad = [None] + [backend.empty((max_rows, w)) for w in self.widths[1:]]
+        self.h = [backend.empty((max_rows, w), dtype) for w in self.widths]
+        self.grad = [None] + [backend.empty((max_rows, w), dtype) for w in self.widths[1:]]
         self.labels = backend.empty((max_rows,), np.int32)
         self._views = {}
 
@@ -53,7 +61,13 @@ class MLP:
             bound = np.sqrt(6.0 / fan_in) if into_relu else np.sqrt(6.0 / (fan_in + fan_out))
             host[f"fc{i}.weight"] = rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32)
             host[f"fc{i}.bias"] = np.zeros(fan_out, np.float32)
-        self.params.load_host_dict(host)
+        self.load_parameters(host)
+
+    def load_parameters(self, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
+        """Set the float32 parameters (and refresh their compute copy) from host arrays by name."""
+        self.params.load_host_dict(arrays, prefix)
+        if self.compute is not self.params:
+            self.backend.kernels.precision.cast(self.params.flat, self.compute.flat)
 
     def views(self, rows: int):
         """Row slices of every activation buffer for a batch of `rows`, cached so the step loop allocates nothing."""
@@ -67,13 +81,27 @@ class MLP:
             )
         return self._views[rows]
 
+    task = "classification"
+
+    def batch(self, rows: int):
+        """(input batch (rows, features), labels (rows,)): where the loader gathers a batch."""
+        h, _, labels = self.views(rows)
+        return h[0], labels
+
+    def loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale) -> None:
+        """Per-sample cross-entropy and hits into row_loss/row_correct[offset:], and its gradient (scaled)
+        into dlogits."""
+        h, grad, labels = self.views(rows)
+        self.backend.kernels.loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, row_correct, offset,
+                                                        grad_scale, loss_scale)
+
     def forward(self, rows: int):
         """Fills the logits h[-1][:rows] from the input h[0][:rows]; returns the logits view."""
         gemm = self.backend.kernels.gemm
         h, _, _ = self.views(rows)
         for i in range(self.num_layers):
             act = NONE if i == self.num_layers - 1 else self.activation
-            gemm.linear_forward(h[i], self.params[f"fc{i + 1}.weight"], self.params[f"fc{i + 1}.bias"], h[i + 1], act)
+            gemm.linear_forward(h[i], self.compute[f"fc{i + 1}.weight"], self.compute[f"fc{i + 1}.bias"], h[i + 1], act)
         return h[-1]
 
     def backward(self, rows: int, beta: float = 0.0) -> None:
@@ -84,5 +112,5 @@ class MLP:
             kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta)
             kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta)
             if i > 0:
-                kernels.gemm.linear_backward_input(grad[i + 1], self.params[f"fc{i + 1}.weight"], h[i], grad[i],
+                kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
                                                    self.activation)

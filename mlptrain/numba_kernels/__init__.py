@@ -9,6 +9,6 @@ No kernel uses atomics: every output element has one owning thread, so results
 are bitwise reproducible run to run on the same GPU.
 """
 
-from mlptrain.numba_kernels import data, gemm, loss, optim, reduce
+from mlptrain.numba_kernels import conv, data, gemm, loss, optim, pool, precision, reduce
 
-__all__ = ["data", "gemm", "loss", "optim", "reduce"]
+__all__ = ["conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce"]

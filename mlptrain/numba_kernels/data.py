@@ -1,32 +1,40 @@
 """Batch gathering from the resident uint8 dataset (CUDA backend)."""
 
+import functools
 import math
 
 from numba import cuda, float32, int32
 
 from mlptrain.numba_kernels.checks import require, require_one_of
+from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
 THREADS = 256
 MAX_ROW_BLOCKS = 65535  # the grid's y limit; more rows loop
 
 
-# Thread d of block row by owns x[i, d] for rows i = by, by + gridDim.y, ...
-# (threads of a block run along d, so the uint8 reads and float32 writes are
-# coalesced); thread 0 of the first block column owns y[i]. No atomics.
-@cuda.jit
-def gather_batch_kernel(images, labels, indices, start, x, y, scale, shift):
-    d = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    for i in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
-        r = indices[start + i]
-        if d < x.shape[1]:
-            x[i, d] = float32(images[r, d]) * scale + shift
-        if d == 0:
-            y[i] = int32(labels[r])
+@functools.cache
+def _make_gather_batch(dtype):
+    _, store = codec(dtype)
+
+    # Thread d of block row by owns x[i, d] for rows i = by, by + gridDim.y, ...
+    # (threads of a block run along d, so the uint8 reads and the writes are
+    # coalesced); thread 0 of the first block column owns y[i]. No atomics.
+    @cuda.jit
+    def gather_batch_kernel(images, labels, indices, start, x, y, scale, shift):
+        d = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        for i in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
+            r = indices[start + i]
+            if d < x.shape[1]:
+                x[i, d] = store(float32(images[r, d]) * scale + shift)
+            if d == 0:
+                y[i] = int32(labels[r])
+
+    return gather_batch_kernel
 
 
 def gather_batch(images, labels, indices, start, x, y, scale, shift):
     """For i < x.shape[0]: r = indices[start + i];
-    x[i] = images[r] * scale + shift (float32), y[i] = labels[r] (int32).
+    x[i] = images[r] * scale + shift (computed in float32, stored in x's format), y[i] = labels[r] (int32).
 
     indices must hold valid rows of images (they are not checked on device).
     """
@@ -34,7 +42,7 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift):
     rows, width = images.shape
     require("labels", labels, "uint8", (rows,))
     require_one_of("indices", indices, ("int32", "int64"), (None,))
-    require("x", x, "float32", (None, width))
+    require_one_of("x", x, STORAGE_DTYPES, (None, width))
     n = x.shape[0]
     require("y", y, "int32", (n,))
     if start < 0 or start + n > indices.shape[0]:
@@ -42,4 +50,4 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift):
     if n == 0:
         return
     grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS))
-    gather_batch_kernel[grid, THREADS](images, labels, indices, start, x, y, float32(scale), float32(shift))
+    _make_gather_batch(x.dtype)[grid, THREADS](images, labels, indices, start, x, y, float32(scale), float32(shift))

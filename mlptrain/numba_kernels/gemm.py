@@ -1,7 +1,10 @@
 """Dense layers as tiled GEMMs with fused epilogues (CUDA backend).
 
 Layout: x (M, K) row-major activations, w (K, N) weights, b (N,), y (M, N),
-all float32 and C-contiguous. The three products of a dense layer differ only
+all C-contiguous. Activations and weights share one storage format (float32,
+or float16 / bf16-in-uint16 for mixed precision); weight gradients are always
+float32. Elements are converted to float32 as they are loaded, every product
+is summed in float32, and outputs are rounded to the storage format once. The three products of a dense layer differ only
 in which operand is read transposed:
 
     forward          y  = act(x @ w + b)       A = x  (M,K)      B = w   (K,N)
@@ -19,12 +22,15 @@ cross-block split-K, no atomics: a fixed summation order, bitwise-reproducible
 results.
 """
 
+import functools
 import math
+from typing import NamedTuple
 
 from numba import cuda, float32
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels.checks import require
+from mlptrain.numba_kernels.checks import require, require_one_of
+from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
 # A tile is (BM, BN, BK, TM, TN, KSPLIT): a block computes a BM x BN tile of
 # the output, each thread a TM x TN register block of it, and KSPLIT groups of
@@ -41,62 +47,87 @@ SMALL_TILE = (32, 32, 8, 4, 4, 8)
 TILES = {"large": (LARGE_TILE, 128), "medium": (MEDIUM_TILE, 96), "small": (SMALL_TILE, 0)}
 
 
-def _make_tile_product(a_transposed, b_transposed, tile):
-    """Device function: acc = A[m0:m0+BM, :] @ B[:, n0:n0+BN] for this
-    thread's TM x TN outputs (rows m0 + ty + TY*i, columns n0 + tx + TX*j);
-    returns True in the threads of group 0, which hold the complete sums.
+class Operand(NamedTuple):
+    """How a tile product reads one operand. `fetch(array, geometry, i, k, I, K)`
+    returns element (i, k) as float32, zero outside [0, I) x [0, K); i is the
+    output row (for A) or column (for B) the element feeds, k the summed index.
+    `prepare(array)` computes, once per thread, the `geometry` constants fetch
+    needs. k_contiguous: adjacent k are adjacent in memory (else adjacent i),
+    so a warp loads along that axis and global loads stay coalesced."""
 
-    A is a[m, k], or a[k, m] when a_transposed; B is b[k, n], or b[n, k] when
-    b_transposed. Elements outside (M, N, K) read as zero. Each group
-    prefetches its next K slice into registers while it multiplies the
-    current one.
+    prepare: object
+    fetch: object
+    k_contiguous: bool
+
+
+@cuda.jit(device=True, inline="always")
+def _no_geometry(array):
+    return 0
+
+
+def dense_operand(load, k_contiguous):
+    """A stored matrix: array[i, k] when k_contiguous, else array[k, i]."""
+    if k_contiguous:
+        @cuda.jit(device=True, inline="always")
+        def fetch(array, geometry, i, k, I, K):
+            return load(array[i, k]) if k < K and i < I else float32(0)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def fetch(array, geometry, i, k, I, K):
+            return load(array[k, i]) if k < K and i < I else float32(0)
+    return Operand(_no_geometry, fetch, k_contiguous)
+
+
+def _make_operand_stage(operand, ROWS, BK, GROUP):
+    """(load, store, loads, slice shape): a group's share of one BK x ROWS
+    slice of an operand, fetched into `loads` registers per thread, then
+    stored to shared memory as [k, row]. Loaded along k, a slice is
+    transposed on its way in: the pad of 32 / BK floats puts the BK rows a
+    warp writes on distinct banks."""
+    _, fetch, along_k = operand
+    LOADS = ROWS * BK // GROUP
+
+    @cuda.jit(device=True, inline="always")
+    def load(array, geometry, regs, i0, k0, I, K, t):
+        for l in range(LOADS):
+            e = t + l * GROUP
+            if along_k:
+                i, k = i0 + e // BK, k0 + e % BK
+            else:
+                k, i = k0 + e // ROWS, i0 + e % ROWS
+            regs[l] = fetch(array, geometry, i, k, I, K)
+
+    @cuda.jit(device=True, inline="always")
+    def store(shared, regs, g, t):
+        for l in range(LOADS):
+            e = t + l * GROUP
+            if along_k:
+                shared[g, e % BK, e // BK] = regs[l]
+            else:
+                shared[g, e // ROWS, e % ROWS] = regs[l]
+
+    return load, store, LOADS, (BK, ROWS + (32 // BK if along_k else 0))
+
+
+def _make_tile_product(tile, a_operand, b_operand):
+    """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN]
+    for this thread's TM x TN outputs (rows m0 + ty + TY*i, columns
+    n0 + tx + TX*j); returns True in the threads of group 0, which hold the
+    complete sums.
+
+    Each operand is an `Operand`: a stored matrix (`dense_operand`) or one
+    computed on the fly (the convolutions' im2col, no buffer). Elements
+    outside (M, N) and [k_begin, k_end) read as zero. Each group prefetches
+    its next K slice into registers while it multiplies the current one.
     """
     BM, BN, BK, TM, TN, KSPLIT = tile
     TX, TY = BN // TN, BM // TM
     GROUP = TX * TY  # threads per K-split group
-    A_LOADS, B_LOADS = BM * BK // GROUP, BK * BN // GROUP
-    # A transposed store writes As[k, m] with k fastest across threads: a pad
-    # of 32 / BK floats puts the BK rows a warp touches on distinct banks.
-    A_SHARED = (KSPLIT, BK, BM + (0 if a_transposed else 32 // BK))
-    B_SHARED = (KSPLIT, BK, BN + (32 // BK if b_transposed else 0))
+    load_a, store_a, A_LOADS, a_slice = _make_operand_stage(a_operand, BM, BK, GROUP)
+    load_b, store_b, B_LOADS, b_slice = _make_operand_stage(b_operand, BN, BK, GROUP)
+    prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
+    A_SHARED, B_SHARED = (KSPLIT, *a_slice), (KSPLIT, *b_slice)
     PARTIAL = (KSPLIT - 1, TM * TN, GROUP) if KSPLIT > 1 else (1, 1, 1)
-
-    @cuda.jit(device=True, inline="always")
-    def load_a(a, regs, m0, k0, M, K, t):
-        for l in range(A_LOADS):
-            e = t + l * GROUP
-            if a_transposed:  # contiguous along m
-                k, m = k0 + e // BM, m0 + e % BM
-                regs[l] = a[k, m] if k < K and m < M else float32(0)
-            else:  # contiguous along k
-                m, k = m0 + e // BK, k0 + e % BK
-                regs[l] = a[m, k] if k < K and m < M else float32(0)
-
-    @cuda.jit(device=True, inline="always")
-    def load_b(b, regs, n0, k0, N, K, t):
-        for l in range(B_LOADS):
-            e = t + l * GROUP
-            if b_transposed:  # contiguous along k
-                n, k = n0 + e // BK, k0 + e % BK
-                regs[l] = b[n, k] if k < K and n < N else float32(0)
-            else:  # contiguous along n
-                k, n = k0 + e // BN, n0 + e % BN
-                regs[l] = b[k, n] if k < K and n < N else float32(0)
-
-    @cuda.jit(device=True, inline="always")
-    def store_tiles(As, Bs, a_regs, b_regs, g, t):
-        for l in range(A_LOADS):
-            e = t + l * GROUP
-            if a_transposed:
-                As[g, e // BM, e % BM] = a_regs[l]
-            else:
-                As[g, e % BK, e // BK] = a_regs[l]
-        for l in range(B_LOADS):
-            e = t + l * GROUP
-            if b_transposed:
-                Bs[g, e % BK, e // BK] = b_regs[l]
-            else:
-                Bs[g, e // BN, e % BN] = b_regs[l]
 
     @cuda.jit(device=True, inline="always")
     def multiply_slice(As, Bs, acc, g, tx, ty):
@@ -119,25 +150,27 @@ def _make_tile_product(a_transposed, b_transposed, tile):
                     acc[i, j] += a1[i] * b1[j]
 
     @cuda.jit(device=True, inline="always")
-    def tile_product(a, b, acc, m0, n0, M, N, K):
+    def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
         As = cuda.shared.array(A_SHARED, float32)
         Bs = cuda.shared.array(B_SHARED, float32)
         partial = cuda.shared.array(PARTIAL, float32)
         a_regs = cuda.local.array(A_LOADS, float32)
         b_regs = cuda.local.array(B_LOADS, float32)
+        ga, gb = prepare_a(a), prepare_b(b)
         g, t = cuda.threadIdx.x // GROUP, cuda.threadIdx.x % GROUP
         tx, ty = t % TX, t // TX
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = float32(0)
-        load_a(a, a_regs, m0, g * BK, M, K, t)
-        load_b(b, b_regs, n0, g * BK, N, K, t)
-        for k0 in range(0, K, KSPLIT * BK):  # the same trip count in every group
-            store_tiles(As, Bs, a_regs, b_regs, g, t)
+        load_a(a, ga, a_regs, m0, k_begin + g * BK, M, k_end, t)
+        load_b(b, gb, b_regs, n0, k_begin + g * BK, N, k_end, t)
+        for k0 in range(k_begin, k_end, KSPLIT * BK):  # the same trip count in every group
+            store_a(As, a_regs, g, t)
+            store_b(Bs, b_regs, g, t)
             cuda.syncthreads()
-            if k0 + KSPLIT * BK < K:
-                load_a(a, a_regs, m0, k0 + (KSPLIT + g) * BK, M, K, t)
-                load_b(b, b_regs, n0, k0 + (KSPLIT + g) * BK, N, K, t)
+            if k0 + KSPLIT * BK < k_end:
+                load_a(a, ga, a_regs, m0, k0 + (KSPLIT + g) * BK, M, k_end, t)
+                load_b(b, gb, b_regs, n0, k0 + (KSPLIT + g) * BK, N, k_end, t)
             multiply_slice(As, Bs, acc, g, tx, ty)
             cuda.syncthreads()
         if KSPLIT > 1:  # group 0 adds the other groups' sums, in group order
@@ -199,9 +232,11 @@ def _tile_coords(tile):
 
 # --- forward: y = act(x @ w + b) ------------------------------------------------
 
-def _make_linear_forward(tile, **jit_options):
+@functools.cache
+def _make_linear_forward(tile, dtype, **jit_options):
     BM, BN, TM, TN, TX, TY = _tile_coords(tile)
-    tile_product = _make_tile_product(False, False, tile)
+    load, store = codec(dtype)
+    tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, False))
 
     # Block (by, bx) owns y[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of K, group 0 adds them in order and each of its threads
@@ -212,7 +247,7 @@ def _make_linear_forward(tile, **jit_options):
         N = w.shape[1]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(x, w, acc, m0, n0, M, N, K):
+        if not tile_product(x, w, acc, m0, n0, M, N, 0, K):
             return
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
@@ -220,48 +255,49 @@ def _make_linear_forward(tile, **jit_options):
             for j in range(TN):
                 n = n0 + tx + TX * j
                 if m < M and n < N:
-                    z = acc[i, j] + b[n]
+                    z = acc[i, j] + load(b[n])
                     if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
                         z = float32(0)
-                    y[m, n] = z
+                    y[m, n] = store(z)
         # tanh and sigmoid in a second, rolled pass over this thread's own
         # outputs: inlined 64 times they would stop the loop above from
-        # unrolling, and acc would leave registers for local memory.
+        # unrolling, and acc would leave registers for local memory. (In fp16 /
+        # bf16 z is thus rounded before the squash too: a second rounding of
+        # the same order as the first.)
         if activation == TANH or activation == SIGMOID:
             for i in range(TM):
                 m = m0 + ty + TY * i
                 for j in range(TN):
                     n = n0 + tx + TX * j
                     if m < M and n < N:
-                        y[m, n] = _squash(y[m, n], activation)
+                        y[m, n] = store(_squash(load(y[m, n]), activation))
 
     return linear_forward_kernel
 
 
-_FORWARD = {name: _make_linear_forward(tile) for name, (tile, _) in TILES.items()}
-
-
 def linear_forward(x, w, b, y, activation):
-    """y = act(x @ w + b)."""
-    require("x", x, "float32", (None, None))
+    """y = act(x @ w + b), all four in one storage format."""
+    require_one_of("x", x, STORAGE_DTYPES, (None, None))
     M, K = x.shape
-    require("w", w, "float32", (K, None))
+    require("w", w, x.dtype, (K, None))
     N = w.shape[1]
-    require("b", b, "float32", (N,))
-    require("y", y, "float32", (M, N))
+    require("b", b, x.dtype, (N,))
+    require("y", y, x.dtype, (M, N))
     _check_activation(activation)
     if M == 0 or N == 0:
         return
     size = _pick_tile(M, N)
     grid, threads = _grid(M, N, TILES[size][0])
-    _FORWARD[size][grid, threads](x, w, b, y, activation)
+    _make_linear_forward(TILES[size][0], x.dtype)[grid, threads](x, w, b, y, activation)
 
 
 # --- backward input: dx = (dy @ w.T) * act'(h) ----------------------------------
 
-def _make_linear_backward_input(tile, **jit_options):
+@functools.cache
+def _make_linear_backward_input(tile, dtype, **jit_options):
     BM, BN, TM, TN, TX, TY = _tile_coords(tile)
-    tile_product = _make_tile_product(False, True, tile)
+    load, store = codec(dtype)
+    tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, True))
 
     # Block (by, bx) owns dx[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the N outputs, group 0 adds them in order and each of
@@ -272,7 +308,7 @@ def _make_linear_backward_input(tile, **jit_options):
         K = w.shape[0]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(dy, w, acc, m0, n0, M, K, N):
+        if not tile_product(dy, w, acc, m0, n0, M, K, 0, N):
             return
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
@@ -280,7 +316,7 @@ def _make_linear_backward_input(tile, **jit_options):
             for j in range(TN):
                 k = n0 + tx + TX * j
                 if m < M and k < K:
-                    dx[m, k] = acc[i, j]
+                    dx[m, k] = store(acc[i, j])
         # act'(h) in a second, rolled pass over this thread's own outputs, so
         # the loop above unrolls and acc stays in registers.
         if activation != NONE:
@@ -289,38 +325,38 @@ def _make_linear_backward_input(tile, **jit_options):
                 for j in range(TN):
                     k = n0 + tx + TX * j
                     if m < M and k < K:
-                        dx[m, k] *= _activation_grad(h[m, k], activation)
+                        dx[m, k] = store(load(dx[m, k]) * _activation_grad(load(h[m, k]), activation))
 
     return linear_backward_input_kernel
-
-
-_BACKWARD_INPUT = {name: _make_linear_backward_input(tile) for name, (tile, _) in TILES.items()}
 
 
 def linear_backward_input(dy, w, h, dx, activation):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input.
 
-    With activation NONE, h is not read (pass dx or any (M, K) float32 array).
+    All four share one storage format. With activation NONE, h is not read
+    (pass dx or any (M, K) array of that format).
     """
-    require("dy", dy, "float32", (None, None))
+    require_one_of("dy", dy, STORAGE_DTYPES, (None, None))
     M, N = dy.shape
-    require("w", w, "float32", (None, N))
+    require("w", w, dy.dtype, (None, N))
     K = w.shape[0]
-    require("h", h, "float32", (M, K))
-    require("dx", dx, "float32", (M, K))
+    require("h", h, dy.dtype, (M, K))
+    require("dx", dx, dy.dtype, (M, K))
     _check_activation(activation)
     if M == 0 or K == 0:
         return
     size = _pick_tile(M, K)
     grid, threads = _grid(M, K, TILES[size][0])
-    _BACKWARD_INPUT[size][grid, threads](dy, w, h, dx, activation)
+    _make_linear_backward_input(TILES[size][0], dy.dtype)[grid, threads](dy, w, h, dx, activation)
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
 
-def _make_linear_backward_weight(tile, **jit_options):
+@functools.cache
+def _make_linear_backward_weight(tile, dtype, **jit_options):
     BM, BN, TM, TN, TX, TY = _tile_coords(tile)
-    tile_product = _make_tile_product(True, False, tile)
+    load, _ = codec(dtype)
+    tile_product = _make_tile_product(tile, dense_operand(load, False), dense_operand(load, False))
 
     # Block (by, bx) owns dw[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the batch, group 0 adds them in order and each of its
@@ -332,7 +368,7 @@ def _make_linear_backward_weight(tile, **jit_options):
         N = dy.shape[1]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(x, dy, acc, m0, n0, K, N, B):
+        if not tile_product(x, dy, acc, m0, n0, K, N, 0, B):
             return
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
@@ -348,14 +384,12 @@ def _make_linear_backward_weight(tile, **jit_options):
     return linear_backward_weight_kernel
 
 
-_BACKWARD_WEIGHT = {name: _make_linear_backward_weight(tile) for name, (tile, _) in TILES.items()}
-
-
 def linear_backward_weight(x, dy, dw, beta):
-    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates)."""
-    require("x", x, "float32", (None, None))
+    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); x and dy in one storage
+    format, dw float32 (gradients are accumulated in float32 whatever the precision)."""
+    require_one_of("x", x, STORAGE_DTYPES, (None, None))
     B, K = x.shape
-    require("dy", dy, "float32", (B, None))
+    require("dy", dy, x.dtype, (B, None))
     N = dy.shape[1]
     require("dw", dw, "float32", (K, N))
     if beta not in (0.0, 1.0):
@@ -364,7 +398,7 @@ def linear_backward_weight(x, dy, dw, beta):
         return
     size = _pick_tile(K, N)
     grid, threads = _grid(K, N, TILES[size][0])
-    _BACKWARD_WEIGHT[size][grid, threads](x, dy, dw, float32(beta))
+    _make_linear_backward_weight(TILES[size][0], x.dtype)[grid, threads](x, dy, dw, float32(beta))
 
 
 def _check_activation(activation):

@@ -1,104 +1,154 @@
-"""Optimizer updates over the flat parameter buffer (CUDA backend).
+"""The optimizer step over the flat buffers (CUDA backend): three launches.
 
-Each update is one fused elementwise launch over every parameter; the
-formulas are documented in `mlptrain.optim.optimizers`. Scalars that depend
-only on the step (bias corrections, decoupled decay factor) are computed on
-the host in float32 exactly as the NumPy twin does, and passed in.
+`reduce.sum_of_squares` (the gradient's norm, deterministic), `finish_step`
+(one thread: loss scaling, skip, clipping, schedule, bias corrections, all
+written to the step state) and one fused update over every parameter, which
+reads its scalars from the step state, so nothing here waits for the host.
+The update formulas are documented in `mlptrain.optim.optimizers`; a skipped
+window returns before touching any buffer.
 """
 
+import functools
 import math
 
-import numpy as np
 from numba import cuda, float32
 
-from mlptrain.numba_kernels.checks import require
+from mlptrain import step_state
+from mlptrain.numba_kernels.checks import require, require_one_of
+from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
 THREADS = 256
 MAX_BLOCKS = 2048  # grid-stride beyond this: enough to fill any current GPU
+
+_finish_step_device = cuda.jit(device=True)(step_state.finish_step)
+
+
+# One thread: the decisions are a handful of scalars; a launch is cheaper than a round-trip.
+@cuda.jit
+def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
+                       dynamic_scaling, growth_factor, backoff_factor, growth_interval):
+    if cuda.grid(1) == 0:
+        _finish_step_device(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
+                            dynamic_scaling, growth_factor, backoff_factor, growth_interval)
+
+
+def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
+                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
+    """See `mlptrain.step_state.finish_step`; partials float32, the rest float64 device arrays."""
+    require("partials", partials, "float32", (None,))
+    require("state", state, "float64", (step_state.SIZE,))
+    require("lr_schedule", lr_schedule, "float64", (None,))
+    require("grad_norms", grad_norms, "float64", (None,))
+    if lr_schedule.shape[0] == 0:
+        raise ValueError("lr_schedule must hold at least one step")
+    finish_step_kernel[1, 1](partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
+                             bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
+                             float(growth_interval))
 
 
 def _grid(size):
     return max(1, min(MAX_BLOCKS, math.ceil(size / THREADS)))
 
 
-def _require_same(name, array, like):
-    require(name, array, "float32", like.shape)
-
-
-# Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-@cuda.jit
-def sgd_update_kernel(param, grad, lr, weight_decay):
-    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        g = grad[i]
-        if weight_decay != float32(0):
-            g = g + weight_decay * param[i]
-        param[i] = param[i] - lr * g
-
-
-def sgd_update(param, grad, lr, weight_decay):
-    """p -= lr * (g + wd * p)"""
+def _check_buffers(param, state, compute, **like_param):
     require("param", param, "float32", (None,))
-    _require_same("grad", grad, param)
-    sgd_update_kernel[_grid(param.shape[0]), THREADS](param, grad, float32(lr), float32(weight_decay))
+    for name, array in like_param.items():
+        require(name, array, "float32", param.shape)
+    require_one_of("compute", compute, STORAGE_DTYPES, param.shape)
+    require("state", state, "float64", (step_state.SIZE,))
 
 
-# Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-@cuda.jit
-def momentum_update_kernel(param, grad, velocity, lr, momentum, weight_decay, nesterov):
-    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        g = grad[i]
-        if weight_decay != float32(0):
-            g = g + weight_decay * param[i]
-        v = momentum * velocity[i] + g
-        velocity[i] = v
-        step = g + momentum * v if nesterov else v
-        param[i] = param[i] - lr * step
+@functools.cache
+def _make_updates(dtype):
+    """The three update kernels writing the compute copy in this storage format
+    (write_compute False: fp32, where the compute copy is the parameter itself)."""
+    _, store = codec(dtype)
+
+    # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
+    @cuda.jit
+    def sgd_update_kernel(param, grad, compute, state, weight_decay, write_compute):
+        if state[APPLY] == 0:
+            return
+        lr, multiplier = float32(state[LR]), float32(state[GRAD_MULTIPLIER])
+        for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+            g = grad[i] * multiplier
+            if weight_decay != float32(0):
+                g = g + weight_decay * param[i]
+            p = param[i] - lr * g
+            param[i] = p
+            if write_compute:
+                compute[i] = store(p)
+
+    # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
+    @cuda.jit
+    def momentum_update_kernel(param, grad, velocity, compute, state, momentum, weight_decay, nesterov,
+                               write_compute):
+        if state[APPLY] == 0:
+            return
+        lr, multiplier = float32(state[LR]), float32(state[GRAD_MULTIPLIER])
+        for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+            g = grad[i] * multiplier
+            if weight_decay != float32(0):
+                g = g + weight_decay * param[i]
+            v = momentum * velocity[i] + g
+            velocity[i] = v
+            step = g + momentum * v if nesterov else v
+            p = param[i] - lr * step
+            param[i] = p
+            if write_compute:
+                compute[i] = store(p)
+
+    # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
+    @cuda.jit
+    def adam_update_kernel(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
+                           weight_decay, decoupled, write_compute):
+        if state[APPLY] == 0:
+            return
+        lr, multiplier = float32(state[LR]), float32(state[GRAD_MULTIPLIER])
+        step_size = lr / float32(state[BIAS_CORRECTION1])
+        bias_correction2 = float32(state[BIAS_CORRECTION2])
+        decay = float32(1) - lr * weight_decay if decoupled else float32(1)
+        l2 = float32(0) if decoupled else weight_decay
+        for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+            p, g = param[i], grad[i] * multiplier
+            if decay != float32(1):  # AdamW: decoupled decay
+                p = p * decay
+            if l2 != float32(0):  # Adam with weight decay: L2 in the gradient
+                g = g + l2 * p
+            m_i = beta1 * m[i] + one_minus_beta1 * g
+            v_i = beta2 * v[i] + one_minus_beta2 * g * g
+            m[i] = m_i
+            v[i] = v_i
+            p = p - step_size * m_i / (math.sqrt(v_i) / bias_correction2 + eps)
+            param[i] = p
+            if write_compute:
+                compute[i] = store(p)
+
+    return sgd_update_kernel, momentum_update_kernel, adam_update_kernel
 
 
-def momentum_update(param, grad, velocity, lr, momentum, weight_decay, nesterov):
+def sgd_update(param, grad, compute, state, weight_decay):
+    """p -= lr * (g + wd * p), g the summed gradient times the step's multiplier."""
+    _check_buffers(param, state, compute, grad=grad)
+    kernel = _make_updates(compute.dtype)[0]
+    kernel[_grid(param.shape[0]), THREADS](param, grad, compute, state, float32(weight_decay), compute is not param)
+
+
+def momentum_update(param, grad, velocity, compute, state, momentum, weight_decay, nesterov):
     """g' = g + wd p; v = mu v + g'; p -= lr * (g' + mu v if nesterov else v)"""
-    require("param", param, "float32", (None,))
-    _require_same("grad", grad, param)
-    _require_same("velocity", velocity, param)
-    momentum_update_kernel[_grid(param.shape[0]), THREADS](
-        param, grad, velocity, float32(lr), float32(momentum), float32(weight_decay), bool(nesterov)
-    )
+    _check_buffers(param, state, compute, grad=grad, velocity=velocity)
+    kernel = _make_updates(compute.dtype)[1]
+    kernel[_grid(param.shape[0]), THREADS](param, grad, velocity, compute, state, float32(momentum),
+                                           float32(weight_decay), bool(nesterov), compute is not param)
 
 
-# Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-@cuda.jit
-def adam_update_kernel(param, grad, m, v, beta1, beta2, eps, l2, decay, step_size, bias_correction2):
-    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        p, g = param[i], grad[i]
-        if decay != float32(1):  # AdamW: decoupled decay
-            p = p * decay
-        if l2 != float32(0):  # Adam with weight decay: L2 in the gradient
-            g = g + l2 * p
-        m_i = beta1 * m[i] + (float32(1) - beta1) * g
-        v_i = beta2 * v[i] + (float32(1) - beta2) * g * g
-        m[i] = m_i
-        v[i] = v_i
-        denom = math.sqrt(v_i) / bias_correction2 + eps
-        param[i] = p - step_size * m_i / denom
-
-
-def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step):
-    """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True).
-
-    step is the 1-based optimizer step used in the bias corrections.
-    """
-    require("param", param, "float32", (None,))
-    _require_same("grad", grad, param)
-    _require_same("m", m, param)
-    _require_same("v", v, param)
-    if step < 1:
-        raise ValueError(f"step must be the 1-based optimizer step, got {step}")
-    lr32, b1, b2 = np.float32(lr), np.float32(beta1), np.float32(beta2)
-    decoupled = bool(weight_decay) and decoupled
-    decay = np.float32(1.0 - lr32 * weight_decay) if decoupled else np.float32(1)
-    l2 = np.float32(weight_decay) if weight_decay and not decoupled else np.float32(0)
-    bias_correction1 = np.float32(1.0 - float(b1) ** step)
-    bias_correction2 = np.float32(np.sqrt(1.0 - float(b2) ** step))
-    adam_update_kernel[_grid(param.shape[0]), THREADS](
-        param, grad, m, v, b1, b2, np.float32(eps), l2, decay, lr32 / bias_correction1, bias_correction2
-    )
+def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled):
+    """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
+    come from the step state."""
+    _check_buffers(param, state, compute, grad=grad, m=m, v=v)
+    kernel = _make_updates(compute.dtype)[2]
+    # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
+    kernel[_grid(param.shape[0]), THREADS](param, grad, m, v, compute, state, float32(beta1), float32(beta2),
+                                           float32(1.0 - beta1), float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
+                                           compute is not param)

@@ -4,6 +4,6 @@ Every function writes into the output arrays it is given (no return value), so
 the static graph in `mlptrain.nn` drives both backends with one code path.
 """
 
-from mlptrain.numpy_kernels import data, gemm, loss, optim, reduce
+from mlptrain.numpy_kernels import conv, data, gemm, loss, optim, pool, precision, reduce
 
-__all__ = ["data", "gemm", "loss", "optim", "reduce"]
+__all__ = ["conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce"]

@@ -1,11 +1,17 @@
 """Dense layers as GEMMs with fused epilogues (NumPy backend).
 
 Layout: x (M, K) row-major activations, w (K, N) weights, b (N,), y (M, N).
+Activations and weights share one storage format (float32, float16, or bf16 in
+uint16); products are computed in float32 and rounded to the format once, as
+the CUDA kernels do. Weight gradients are float32.
 """
 
 import numpy as np
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.precision import from_float32, round_to_storage, to_float32
+
+LOW_PRECISION = (np.dtype(np.float16), np.dtype(np.uint16))
 
 
 def _apply_activation(y, activation):
@@ -36,20 +42,35 @@ def _activation_grad(h, activation):
 
 def linear_forward(x, w, b, y, activation):
     """y = act(x @ w + b)."""
-    np.matmul(x, w, out=y)
-    y += b
-    _apply_activation(y, activation)
+    if y.dtype not in LOW_PRECISION:
+        np.matmul(x, w, out=y)
+        y += b
+        _apply_activation(y, activation)
+        return
+    z = to_float32(x) @ to_float32(w)
+    z += to_float32(b)
+    if activation in (TANH, SIGMOID):  # the CUDA kernel rounds z before the squash: so do we
+        z = round_to_storage(z, y.dtype)
+    _apply_activation(z, activation)
+    y[...] = from_float32(z, y.dtype)
 
 
 def linear_backward_input(dy, w, h, dx, activation):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
-    np.matmul(dy, w.T, out=dx)
-    if activation != NONE:
-        dx *= _activation_grad(h, activation)
+    if dx.dtype not in LOW_PRECISION:
+        np.matmul(dy, w.T, out=dx)
+        if activation != NONE:
+            dx *= _activation_grad(h, activation)
+        return
+    grad = to_float32(dy) @ to_float32(w).T
+    if activation != NONE:  # the CUDA kernel rounds the product before the activation's derivative
+        grad = round_to_storage(grad, dx.dtype) * _activation_grad(to_float32(h), activation)
+    dx[...] = from_float32(grad, dx.dtype)
 
 
 def linear_backward_weight(x, dy, dw, beta):
-    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates)."""
+    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32."""
+    x, dy = to_float32(x), to_float32(dy)
     if beta == 0.0:
         np.matmul(x.T, dy, out=dw)
     else:

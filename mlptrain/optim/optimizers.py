@@ -1,8 +1,9 @@
 """SGD, momentum, Adam and AdamW: frozen hyperparameters, flat state, one fused launch per step.
 
-The training loop sums the gradients of a whole batch (the mean loss's
-gradient) into the flat gradient buffer first, then calls `Optimizer.step`
-once: one update per batch, never per sample.
+The training loop sums the gradients of a whole accumulation window (the mean
+loss's gradient) into the flat gradient buffer first, then runs one
+`OptimizerStep`, whose last launch is `Optimizer.update`: one update per
+window, never per sample or per micro-batch.
 """
 
 from __future__ import annotations
@@ -52,31 +53,36 @@ class Adam:
 
 
 class Optimizer:
-    """Hyperparameters, flat state buffers shaped like the parameters, and the step count."""
+    """Hyperparameters and the flat state buffers shaped like the parameters (velocity, or m and v)."""
 
     def __init__(self, hparams, backend, params):
         self.hparams = hparams
         self.backend = backend
-        self.step_count = 0
         self.state = {name: backend.zeros((params.layout.size,)) for name in hparams.state_names}
 
-    def step(self, params, grads, lr: float) -> None:
-        """One fused update of every parameter from the summed batch gradient."""
+    def update(self, params, grads, compute, step_state) -> None:
+        """One fused update of every parameter from the summed gradient; the learning rate, the gradient
+        multiplier (unscale x clip), the bias corrections and whether to apply at all come from the
+        device-side step state. `compute` receives the updated weights in the compute format (pass
+        `params` itself in fp32)."""
         optim = self.backend.kernels.optim
         h = self.hparams
-        self.step_count += 1
         if isinstance(h, SGD):
-            optim.sgd_update(params, grads, lr, h.weight_decay)
+            optim.sgd_update(params, grads, compute, step_state, h.weight_decay)
         elif isinstance(h, Momentum):
-            optim.momentum_update(params, grads, self.state["velocity"], lr, h.momentum, h.weight_decay, h.nesterov)
+            optim.momentum_update(params, grads, self.state["velocity"], compute, step_state, h.momentum,
+                                  h.weight_decay, h.nesterov)
         else:
-            optim.adam_update(params, grads, self.state["m"], self.state["v"], lr, h.betas[0], h.betas[1], h.eps,
-                              h.weight_decay, h.decoupled, self.step_count)
+            optim.adam_update(params, grads, self.state["m"], self.state["v"], compute, step_state, h.betas[0],
+                              h.betas[1], h.eps, h.weight_decay, h.decoupled)
+
+    @property
+    def bias_betas(self) -> tuple[float, float]:
+        """The betas of Adam's bias corrections (unused, and 0, for SGD and momentum)."""
+        return tuple(self.hparams.betas) if isinstance(self.hparams, Adam) else (0.0, 0.0)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        out = {f"optim/{name}": self.backend.to_host(buf) for name, buf in self.state.items()}
-        out["optim/step_count"] = np.array(self.step_count, np.int64)
-        return out
+        return {f"optim/{name}": self.backend.to_host(buf) for name, buf in self.state.items()}
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
         for name, buf in self.state.items():
@@ -84,7 +90,6 @@ class Optimizer:
             if key not in arrays or arrays[key].shape != (buf.shape[0],):
                 raise UserError(f"checkpoint: optimizer state '{key}' is missing or has the wrong shape")
             self.backend.copy_from_host(buf, arrays[key].astype(np.float32))
-        self.step_count = int(arrays["optim/step_count"])
 
 
 def make_optimizer(config, backend, params) -> Optimizer:

@@ -1,35 +1,130 @@
 """Learning-rate schedules: pure functions of the 0-based optimizer step, registered by name.
 
 `make_schedule` turns the `schedule` config section into one such function;
-the training loop calls it once per optimizer step.
+the training loop tabulates it once per run (`lr_table`) so the device reads
+the rate of each step it applies (a skipped fp16 step does not advance it).
+Reduce-on-plateau is the one schedule that reads data: `Plateau` turns
+validation metrics into a multiplier of the (constant) table.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 Schedule = Callable[[int], float]
 
 
-def constant(base_lr: float, total_steps: int, min_lr: float = 0.0) -> Schedule:
+@dataclass(frozen=True)
+class Horizon:
+    """What a schedule may depend on besides the step: the run's length and the epoch's."""
+
+    total_steps: int
+    steps_per_epoch: int
+    warmup_steps: int = 0
+
+
+def constant(base_lr: float, horizon: Horizon, config) -> Schedule:
     """lr(t) = base_lr."""
     return lambda step: base_lr
 
 
-def cosine(base_lr: float, total_steps: int, min_lr: float = 0.0) -> Schedule:
-    """Cosine annealing without restarts (Loshchilov & Hutter, 2017, SGDR):
-    lr(t) = min_lr + (base_lr - min_lr) * (1 + cos(pi * t / T)) / 2, held at min_lr after T steps."""
+def _cosine_from(base_lr: float, min_lr: float, start: int, total: int) -> Schedule:
+    """min_lr + (base_lr - min_lr) (1 + cos(pi (t - start) / (total - start))) / 2, held at min_lr after total."""
     def lr(step: int) -> float:
-        progress = min(step, total_steps) / max(total_steps, 1)
+        progress = min(max(step - start, 0), total - start) / max(total - start, 1)
         return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return lr
 
 
-SCHEDULES = {"constant": constant, "cosine": cosine}
+def _with_warmup(base_lr: float, warmup: int, after: Schedule) -> Schedule:
+    """lr(t) = base_lr (t + 1) / W for t < W (the first step already moves), then `after`."""
+    return lambda step: base_lr * (step + 1) / warmup if step < warmup else after(step)
 
 
-def make_schedule(config, base_lr: float, total_steps: int) -> Schedule:
-    """From the `schedule` config section, `optim.lr` and the run's number of optimizer steps."""
-    return SCHEDULES[config.name](base_lr, total_steps, config.min_lr)
+def cosine(base_lr: float, horizon: Horizon, config) -> Schedule:
+    """Cosine annealing without restarts (Loshchilov & Hutter, 2017, SGDR) from step 0 to the last step:
+    lr(t) = min_lr + (base_lr - min_lr) (1 + cos(pi t / T)) / 2."""
+    return _cosine_from(base_lr, config.min_lr, 0, horizon.total_steps)
+
+
+def warmup_cosine(base_lr: float, horizon: Horizon, config) -> Schedule:
+    """Linear warmup over W steps to base_lr, then cosine over the remaining T - W steps to min_lr."""
+    w = horizon.warmup_steps
+    return _with_warmup(base_lr, w, _cosine_from(base_lr, config.min_lr, w, horizon.total_steps))
+
+
+def warmup_linear(base_lr: float, horizon: Horizon, config) -> Schedule:
+    """Linear warmup over W steps to base_lr, then linear decay to min_lr at the last step T."""
+    w, total, min_lr = horizon.warmup_steps, horizon.total_steps, config.min_lr
+
+    def decay(step: int) -> float:
+        progress = min(step - w, total - w) / max(total - w, 1)
+        return base_lr + (min_lr - base_lr) * progress
+
+    return _with_warmup(base_lr, w, decay)
+
+
+def step(base_lr: float, horizon: Horizon, config) -> Schedule:
+    """lr(t) = base_lr * gamma ^ floor(epoch(t) / step_size), epoch(t) = t // steps_per_epoch."""
+    every = config.step_size * horizon.steps_per_epoch
+    return lambda t: base_lr * config.gamma ** (t // every)
+
+
+def inverse_sqrt(base_lr: float, horizon: Horizon, config) -> Schedule:
+    """The Transformer's (Vaswani et al., 2017, eq. 3) with s = t + 1, scaled by base_lr:
+    lr(t) = base_lr * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)."""
+    w, d = horizon.warmup_steps, config.d_model
+    return lambda t: base_lr * d ** -0.5 * min((t + 1) ** -0.5, (t + 1) * w ** -1.5)
+
+
+SCHEDULES = {"constant": constant, "cosine": cosine, "warmup_cosine": warmup_cosine,
+             "warmup_linear": warmup_linear, "step": step, "inverse_sqrt": inverse_sqrt,
+             "plateau": constant}
+
+
+def make_schedule(config, base_lr: float, total_steps: int, steps_per_epoch: int) -> Schedule:
+    """From the `schedule` config section, `optim.lr`, the run's optimizer steps and those of an epoch."""
+    warmup = config.warmup_steps or round(config.warmup_epochs * steps_per_epoch)
+    if config.name == "inverse_sqrt":  # a few warmup epochs may round to 0 steps; the formula divides by it
+        warmup = max(warmup, 1)
+    horizon = Horizon(total_steps, max(steps_per_epoch, 1), warmup)
+    return SCHEDULES[config.name](base_lr, horizon, config)
+
+
+def lr_table(schedule: Schedule, total_steps: int) -> np.ndarray:
+    """lr of steps 0 .. total_steps - 1 (float64), what the device reads per applied step."""
+    return np.array([schedule(t) for t in range(max(total_steps, 1))], np.float64)
+
+
+class Plateau:
+    """Reduce-on-plateau as a multiplier, counted as PyTorch's ReduceLROnPlateau counts (strict
+    improvement, no threshold): when more than `patience` evaluations in a row have not improved on the
+    best metric, multiply by `factor` (floored so that lr >= min_lr) and start counting anew."""
+
+    def __init__(self, config, base_lr: float):
+        self.config, self.base_lr = config, base_lr
+        self.higher_is_better = config.metric.endswith("acc")
+        self.best, self.bad_evaluations, self.multiplier = None, 0, 1.0
+
+    def observe(self, value: float) -> float:
+        """Record one evaluation's metric; returns the multiplier to use from now on."""
+        better = self.best is None or (value > self.best if self.higher_is_better else value < self.best)
+        if better:
+            self.best, self.bad_evaluations = value, 0
+        else:
+            self.bad_evaluations += 1
+            if self.bad_evaluations > self.config.patience:
+                floor = self.config.min_lr / self.base_lr
+                self.multiplier = max(self.multiplier * self.config.factor, floor)
+                self.bad_evaluations = 0
+        return self.multiplier
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        best = np.nan if self.best is None else self.best
+        return {"plateau/best": np.array(best, np.float64), "plateau/bad_evaluations": np.array(self.bad_evaluations),
+                "plateau/multiplier": np.array(self.multiplier, np.float64)}

@@ -62,7 +62,7 @@ def test_load_dataset_registry_and_env(data_dir, monkeypatch):
     monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
     ds = load_dataset("mnist", None)
     np.testing.assert_array_equal(ds.test_images, reference(data_dir).test_images)
-    with pytest.raises(UserError, match="unknown dataset 'cifar100'; valid: mnist"):
+    with pytest.raises(UserError, match="unknown dataset 'cifar100'; valid: cifar10, mnist"):
         load_dataset("cifar100", None)
 
 

@@ -65,7 +65,7 @@ def test_softmax_cross_entropy_backward(rng):
     row_loss, correct, dlogits = np.empty(rows), np.empty(rows, np.int32), np.empty((rows, classes))
 
     def objective():
-        loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, correct, 0, 1.0 / rows)
+        loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, correct, 0, 1.0 / rows, np.ones(1))
         return float(row_loss.mean())
 
     objective()
@@ -87,7 +87,7 @@ def test_whole_mlp_gradient(rng, activation):
     labels[...] = y
     model.forward(rows)
     row_loss, correct = np.empty(rows, np.float32), np.empty(rows, np.int32)
-    loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, correct, 0, 1.0 / rows)
+    loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, correct, 0, 1.0 / rows, np.ones(1))
     model.backward(rows)
 
     params64 = {k: v.astype(np.float64) for k, v in model.params.to_host_dict().items()}

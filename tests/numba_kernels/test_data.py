@@ -47,3 +47,11 @@ def test_mnist_sized_gather_on_the_gpu(rng):
     labels = rng.integers(0, 10, 60000, dtype=np.uint8)
     indices = rng.permutation(60000)
     cases.gather_batch_check(BACKEND, images, labels, indices, 1280, 128)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_gather_into_low_precision(rng, dtype):
+    cases.gather_batch(BACKEND, rng, np.int32, 11, 13, 3, 5, dtype)

@@ -91,6 +91,8 @@ def test_launchers_reject_bad_arguments(rng):
         gemm.linear_forward(x, cuda.to_device(random(rng, 5, 2)), b, y, RELU)
     with pytest.raises(ValueError, match="float32"):
         gemm.linear_forward(x, w, b, cuda.to_device(np.zeros((4, 2))), RELU)
+    with pytest.raises(ValueError, match="w must be float16"):  # one storage format per product
+        gemm.linear_forward(cuda.to_device(np.zeros((4, 3), np.float16)), w, b, y, RELU)
     with pytest.raises(ValueError, match="C-contiguous"):
         gemm.linear_forward(cuda.to_device(random(rng, 4, 6))[:, :3], w, b, y, RELU)
     with pytest.raises(ValueError, match="device array"):
@@ -110,3 +112,24 @@ def test_mlp_sizes_on_the_gpu(rng, shape):
     h = hidden_output(rng, (m, k), RELU)
     outputs = layer_twice(x, w, b, dy, h, RELU)
     cases.check_layer((x, w, b, dy, h, np.zeros((k, n))), outputs, RELU, RELU, 0.0)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+@pytest.mark.parametrize("shape, activation", [((7, 33, 65), RELU), ((5, 20, 9), TANH), ((3, 9, 4), SIGMOID)])
+def test_low_precision_products(rng, dtype, shape, activation):
+    """fp16 / bf16 storage, float32 sums: the three products of a layer within the format's rounding."""
+    cases.linear_forward(BACKEND, rng, shape, activation, dtype)
+    cases.linear_backward_input(BACKEND, rng, shape, activation, dtype)
+    cases.linear_backward_weight(BACKEND, rng, shape, 1.0, dtype)
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+def test_low_precision_mlp_sizes_on_the_gpu(rng, dtype):
+    for shape in [(128, 784, 512), (128, 512, 10)]:
+        cases.linear_forward(BACKEND, rng, shape, RELU, dtype)
+        cases.linear_backward_input(BACKEND, rng, shape, RELU, dtype)
+        cases.linear_backward_weight(BACKEND, rng, shape, 0.0, dtype)

@@ -48,10 +48,13 @@ def test_launcher_rejects_bad_arguments():
     logits, dlogits = cuda.to_device(np.zeros((4, 3), np.float32)), cuda.to_device(np.zeros((4, 3), np.float32))
     row_loss, row_correct = cuda.to_device(np.zeros(4, np.float32)), cuda.to_device(np.zeros(4, np.int32))
     int64_labels, labels = cuda.to_device(np.zeros(4, np.int64)), cuda.to_device(np.zeros(4, np.int32))
+    scale = cuda.to_device(np.ones(1))
     with pytest.raises(ValueError, match="labels must be int32"):
-        loss.softmax_cross_entropy(logits, int64_labels, dlogits, row_loss, row_correct, 0, 1.0)
+        loss.softmax_cross_entropy(logits, int64_labels, dlogits, row_loss, row_correct, 0, 1.0, scale)
     with pytest.raises(ValueError, match="do not fit"):
-        loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, 1, 1.0)
+        loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, 1, 1.0, scale)
+    with pytest.raises(ValueError, match="loss_scale must be float64"):
+        loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, 0, 1.0, row_loss[:1])
 
 
 @pytest.mark.real_gpu
@@ -62,3 +65,12 @@ def test_eval_sized_batch_on_the_gpu(rng):
     first, second = run(logits, labels, 1e-3), run(logits, labels, 1e-3)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_low_precision_and_a_loss_scale(rng, dtype):
+    """logits and dlogits in fp16 / bf16, the loss in float32; fp16's loss scale multiplies the gradient."""
+    cases.softmax_cross_entropy(BACKEND, rng, 9, 10, dtype, loss_scale=2.0**16)

@@ -55,3 +55,29 @@ def test_large_batch_on_the_gpu(rng):
         results.append(db.copy_to_host())
     ref.assert_within(results[0], ref.bias_backward(dy, None, 0.0), 2e-6 * 64 * np.abs(dy).sum(axis=0))
     np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_bias_backward_of_low_precision_gradients(rng, dtype):
+    cases.bias_backward(BACKEND, rng, 17, 33, 1.0, dtype)
+
+
+@pytest.mark.parametrize("size", [1, 300, 70001])
+def test_sum_of_squares(rng, size):
+    cases.sum_of_squares(BACKEND, rng, size)
+
+
+def test_sum_of_squares_is_bitwise_deterministic_and_sees_inf(rng):
+    x = cuda.to_device(rng.standard_normal(5000).astype(np.float32))
+    runs = []
+    for _ in range(2):
+        partials = cuda.to_device(np.full(reduce.PARTIALS, np.nan, np.float32))
+        reduce.sum_of_squares(x, partials)
+        runs.append(partials.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(*runs)
+    x[17:18].copy_to_device(np.array([np.inf], np.float32))
+    reduce.sum_of_squares(x, partials)
+    assert np.isinf(partials.copy_to_host().astype(np.float64).sum())

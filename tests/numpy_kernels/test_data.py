@@ -13,3 +13,11 @@ BACKEND = cases.numpy_backend()
 @pytest.mark.parametrize("rows, width, start, n", [(1, 1, 0, 1), (11, 13, 3, 5), (9, 300, 0, 9)])
 def test_gather_batch(rng, index_dtype, rows, width, start, n):
     cases.gather_batch(BACKEND, rng, index_dtype, rows, width, start, n)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_gather_into_low_precision(rng, dtype):
+    cases.gather_batch(BACKEND, rng, np.int32, 11, 13, 3, 5, dtype)

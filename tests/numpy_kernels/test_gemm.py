@@ -52,3 +52,15 @@ def test_relu_grad_is_zero_where_the_unit_was_off():
     np.testing.assert_array_equal(dx, [[0.0, 1.0]])
     gemm.linear_backward_input(np.ones((1, 1), np.float32), np.ones((2, 1), np.float32), h * 0 + 0.5, dx, SIGMOID)
     np.testing.assert_allclose(dx, [[0.25, 0.25]])
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+@pytest.mark.parametrize("shape", SHAPES[:-1])
+@pytest.mark.parametrize("activation", ref.ACTIVATIONS)
+def test_low_precision_products(rng, dtype, shape, activation):
+    cases.linear_forward(BACKEND, rng, shape, activation, dtype)
+    cases.linear_backward_input(BACKEND, rng, shape, activation, dtype)
+    cases.linear_backward_weight(BACKEND, rng, shape, 1.0, dtype)

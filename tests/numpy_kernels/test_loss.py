@@ -19,3 +19,12 @@ def test_argmax_ties_go_to_the_first_max():
 
 def test_numerically_stable_for_large_logits(rng):
     cases.numerically_stable_for_large_logits(BACKEND, rng)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+@pytest.mark.parametrize("rows, classes", [(1, 10), (130, 10)])
+def test_low_precision_and_a_loss_scale(rng, dtype, rows, classes):
+    cases.softmax_cross_entropy(BACKEND, rng, rows, classes, dtype, loss_scale=2.0**16)

@@ -26,3 +26,18 @@ def test_momentum_update(rng, size, nesterov):
 @pytest.mark.parametrize("step", [1, 7])
 def test_adam_update(rng, size, weight_decay, decoupled, step):
     cases.adam_update(BACKEND, rng, size, weight_decay, decoupled, step)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_updates_refresh_the_compute_copy(rng, dtype):
+    cases.sgd_update(BACKEND, rng, 300, 0.01, dtype)
+    cases.momentum_update(BACKEND, rng, 300, True, dtype)
+    cases.adam_update(BACKEND, rng, 300, 0.1, True, 3, dtype)
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_skipped_update_touches_nothing(rng, dtype):
+    cases.skipped_update_touches_nothing(BACKEND, rng, 300, dtype)

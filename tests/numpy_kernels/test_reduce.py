@@ -12,3 +12,16 @@ BACKEND = cases.numpy_backend()
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_bias_backward(rng, rows, columns, beta):
     cases.bias_backward(BACKEND, rng, rows, columns, beta)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_bias_backward_of_low_precision_gradients(rng, dtype):
+    cases.bias_backward(BACKEND, rng, 17, 33, 1.0, dtype)
+
+
+@pytest.mark.parametrize("size", [1, 300, 70001])
+def test_sum_of_squares(rng, size):
+    cases.sum_of_squares(BACKEND, rng, size)

@@ -1,0 +1,142 @@
+"""Training images/s of the CIFAR-10 convolutional autoencoder: mlptrain against PyTorch (cuDNN), one GPU, one run.
+
+Both train the model of `configs/autoencoder_cifar10.yaml` (conv3x3 3-256-128 + ReLU + maxpool, mirrored
+decoder with nearest 2x upsampling, MSE on pixels / 255) with Adam (lr 1e-3) on the CIFAR-10 training
+images found under $MLPTRAIN_DATA_DIR (the shared subset: 4,585 after the validation split), the whole
+set resident on the GPU as uint8 and each batch gathered and scaled on the device. mlptrain runs its own
+optimizer steps (`mlptrain.train.train_step`); PyTorch the plain eager loop, NCHW, cuDNN autotuning on,
+TF32 off, with autocast (+ GradScaler for fp16) for the mixed-precision rows. Each is warmed up for one
+epoch, then timed over --epochs epochs; the table shows the median epoch's images/s.
+
+    python benchmarks/autoencoder_cifar10.py [--epochs 5] [--batch-sizes 64,256] [--precisions fp32] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+CHANNELS = [256, 128]
+
+
+def flops_per_image(channels=CHANNELS, side=32, kernel=3) -> float:
+    """Forward + input-gradient + weight-gradient convolutions (2 flops per MAC; the first layer's input
+    gradient is never computed)."""
+    from mlptrain.nn.autoencoder import autoencoder_convs
+
+    convs = autoencoder_convs(list(channels))
+    depth = len(channels)
+    # spatial side of each convolution: halved after each encoder conv, doubled after each decoder conv but the last
+    sides = [side >> i for i in range(depth)] + [side >> (depth - i) for i in range(depth + 1)]
+    macs = [kernel * kernel * cin * cout * n * n for (cin, cout), n in zip(convs, sides)]
+    return 2.0 * (3 * sum(macs) - macs[0])
+
+
+def mlptrain_rates(dataset, args, batch, precision) -> list[float]:
+    from mlptrain.backend import get_backend
+    from mlptrain.config import config_from_dict
+    from mlptrain.data.loader import epoch_order
+    from mlptrain.train import build_session, train_step
+
+    config = config_from_dict({
+        "backend": "cuda", "seed": 0, "data": {"dataset": "cifar10", "val_size": 500},
+        "model": {"type": "conv_autoencoder", "channels": CHANNELS},
+        "optim": {"name": "adam", "lr": 1e-3},
+        "train": {"batch_size": batch, "eval_batch_size": batch, "epochs": args.epochs + 1, "precision": precision},
+    })
+    backend = get_backend("cuda")
+    s = build_session(config, backend, dataset)
+    rates = []
+    for epoch in range(args.epochs + 1):
+        backend.copy_from_host(s.order, epoch_order(s.train, config.seed, epoch + 1))
+        backend.synchronize()
+        t0 = time.perf_counter()
+        for start in range(0, s.train.size, batch):
+            train_step(s, start, min(batch, s.train.size - start))
+        backend.synchronize()
+        rates.append(s.train.size / (time.perf_counter() - t0))
+    loss = float(backend.to_host(s.row_loss).astype(np.float64).mean())
+    print(f"mlptrain batch {batch} {precision}: last epoch's mean MSE {loss:.4f}")
+    return rates[1:]
+
+
+def pytorch_rates(dataset, args, batch, precision) -> list[float]:
+    import torch
+    from torch import nn
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    n = len(dataset.train_images) - 500
+    images = torch.tensor(dataset.train_images[:n], device=device).view(n, 3, 32, 32)
+    c1, c2 = CHANNELS
+    model = nn.Sequential(
+        nn.Conv2d(3, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c2, c2, 3, padding=1), nn.ReLU(), nn.Upsample(scale_factor=2, mode="nearest"),
+        nn.Conv2d(c2, c1, 3, padding=1), nn.ReLU(), nn.Upsample(scale_factor=2, mode="nearest"),
+        nn.Conv2d(c1, 3, 3, padding=1),
+    ).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+    rates = []
+    for epoch in range(args.epochs + 1):
+        generator = torch.Generator(device=device).manual_seed(epoch)
+        order = torch.randperm(n, device=device, generator=generator)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for start in range(0, n, batch):
+            x = images[order[start:start + batch]].float() / 255.0
+            with torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                loss = nn.functional.mse_loss(model(x), x)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        torch.cuda.synchronize()
+        rates.append(n / (time.perf_counter() - t0))
+    print(f"pytorch batch {batch} {precision}: last batch MSE {loss.item():.4f}")
+    return rates[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[64, 256])
+    parser.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32"])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    from mlptrain.data import load_dataset
+
+    dataset = load_dataset("cifar10")
+    flops = flops_per_image()
+    rows = []
+    for precision in args.precisions:
+        for batch in args.batch_sizes:
+            ours = statistics.median(mlptrain_rates(dataset, args, batch, precision))
+            theirs = statistics.median(pytorch_rates(dataset, args, batch, precision))
+            rows.append({"workload": f"CIFAR autoencoder, batch {batch}, Adam, {precision}",
+                         "mlptrain_images_per_s": ours, "pytorch_images_per_s": theirs, "ratio": ours / theirs,
+                         "epochs_timed": args.epochs})
+    print()
+    print("| workload | mlptrain images/s | PyTorch (cuDNN) images/s | ratio | mlptrain TFLOP/s | PyTorch TFLOP/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} | {r['mlptrain_images_per_s']:,.0f} | {r['pytorch_images_per_s']:,.0f} | "
+              f"{r['ratio']:.2f}x | {r['mlptrain_images_per_s'] * flops / 1e12:.1f} | "
+              f"{r['pytorch_images_per_s'] * flops / 1e12:.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""2-D convolutions as implicit GEMMs with fused epilogues (CUDA backend).
+
+Layout NHWC: x (N, H, W, Cin), y (N, H, W, Cout), w (KS, KS, Cin, Cout) with
+KS odd, b (Cout,); stride 1 and zero 'same' padding P = KS // 2, so y has x's
+spatial size. Every pixel is a row and w reshaped (KS*KS*Cin, Cout) is a dense
+layer's weight, so each pass is one of gemm's tile products with one operand
+read through im2col addressing: the tile loader turns a (pixel, column) index
+into an image element, or a zero of the padding, as it fetches it. No column
+buffer is ever written.
+
+    forward          y  = act(im2col(x) @ w + b)            rows: pixels          summed: (tap, cin)
+    backward input   dx = (im2col(dy) @ w') * act'(h)        rows: pixels          summed: (tap, cout)
+    backward weight  dw = beta * dw + im2col(x).T @ dy      rows: (tap, cin)      summed: pixels
+
+With stride 1 the transposed convolution is a convolution of dy with the
+kernel flipped in space and Cin/Cout swapped: w'[(tap, cout), cin] =
+w[KS-1-dh, KS-1-dw, cin, cout], so the thread that owns dx[pixel, cin] sums
+every contribution to it. The weight gradient sums over N*H*W pixels into a
+small output, so one pass would leave most SMs idle: pass 1 gives each block
+a chunk of the pixels and writes its partial tile to a float32 workspace,
+pass 2 adds the chunks in chunk order. No atomics anywhere; every sum runs
+in a fixed order, so results are bitwise reproducible.
+
+Pixel and column indices are split into (n, h, w) and (tap, channel) by
+divisions by H, W and C, known only at run time: each thread derives
+multiply-and-shift constants for them once, so the loaders never divide.
+"""
+
+import functools
+import math
+
+from numba import config, cuda, float32
+
+from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.numba_kernels import gemm
+from mlptrain.numba_kernels.checks import require, require_one_of
+from mlptrain.numba_kernels.gemm import Operand, dense_operand
+from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
+
+# gemm's tiles, plus NARROW for outputs a few channels wide (the decoder's
+# 3-channel output and its weight gradient), which SMALL pads to 32 columns.
+# Of seven narrow candidates timed on an H100 (fp32, 256 x 32 x 32 images,
+# 256 -> 3 and 512 -> 8 channels, forward and weight gradient), this one was
+# within 12% of the fastest in all four: at 256 -> 3, 4.7 and 6.1 ms against
+# SMALL's 6.5 and 8.2 (in bf16 its weight gradient was slower than SMALL's:
+# 12.6 against 10.7 ms). Less than 4x less padding promises: at 8 columns a
+# block, each im2col element fetched feeds few FMAs and its addressing rules.
+NARROW_TILE = (128, 8, 8, 8, 2, 4)
+TILES = {**gemm.TILES, "narrow": (NARROW_TILE, 0)}
+
+# Backward weight: pixels are cut into chunks so that pass 1's grid holds
+# about CHUNK_BLOCKS blocks (two waves of the one LARGE block an H100 SM
+# holds). A fixed number, not read off the GPU, so the summation order and
+# hence the result are the same on every device. A chunk holds at least
+# MIN_CHUNK pixels (32 K steps of LARGE) and a multiple of CHUNK_STEP
+# (BK * KSPLIT of every tile), so its K-split groups share it evenly.
+CHUNK_BLOCKS = 264
+MIN_CHUNK = 256
+CHUNK_STEP = 64
+SUM_THREADS = 256
+SUM_MAX_BLOCKS = 2048
+MAX_PIXELS = 2**31 - 1  # the multiply-and-shift division holds below 2**31
+
+
+# --- im2col addressing -------------------------------------------------------------
+
+@cuda.jit(device=True, inline="always")
+def _divider(d):
+    """(d, multiplier, shift) with n // d == (n * multiplier) >> shift for
+    0 <= n < 2**31, 1 <= d < 2**31: multiplier = ceil(2**(31+l) / d) with
+    2**l >= d, below 2**32, so the product fits int64 (division by invariant
+    integers using multiplication: Granlund & Montgomery, PLDI 1994)."""
+    l = 0
+    while (1 << l) < d:
+        l += 1
+    return d, ((1 << (31 + l)) + d - 1) // d, 31 + l
+
+
+@cuda.jit(device=True, inline="always")
+def _divmod(n, divider):
+    d, multiplier, shift = divider
+    q = (n * multiplier) >> shift
+    return q, n - q * d
+
+
+@cuda.jit(device=True, inline="always")
+def _image_geometry(x):
+    """Dividers by W, H and C of an NHWC image."""
+    return _divider(x.shape[2]), _divider(x.shape[1]), _divider(x.shape[3])
+
+
+@cuda.jit(device=True, inline="always")
+def _kernel_geometry(w):
+    """The divider by Cout of a (KS*KS, Cin, Cout) kernel."""
+    return _divider(w.shape[2])
+
+
+def _make_image_element(load, size):
+    """Device function: im2col(x)[pixel, column] for a size x size kernel,
+    i.e. x[n, h + dh - P, w + dw - P, c] for pixel (n, h, w) and column
+    (dh, dw, c), zero in the padding."""
+    PAD = size // 2
+
+    @cuda.jit(device=True, inline="always")
+    def element(x, geometry, pixel, column):
+        by_width, by_height, by_channels = geometry
+        row, w = _divmod(pixel, by_width)
+        n, h = _divmod(row, by_height)
+        tap, c = _divmod(column, by_channels)
+        hh, ww = h + tap // size - PAD, w + tap % size - PAD
+        if 0 <= hh < by_height[0] and 0 <= ww < by_width[0]:
+            return load(x[n, hh, ww, c])
+        return float32(0)
+
+    return element
+
+
+def image_rows_operand(load, size):
+    """im2col(x) as the A operand of the pixel-row products (forward,
+    backward input): rows are pixels, the summed index is (tap, channel),
+    contiguous along the channel."""
+    element = _make_image_element(load, size)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(x, geometry, pixel, column, pixels, columns):
+        return element(x, geometry, pixel, column) if column < columns and pixel < pixels else float32(0)
+
+    return Operand(_image_geometry, fetch, True)
+
+
+def image_columns_operand(load, size):
+    """im2col(x).T as the A operand of the weight gradient: rows are
+    (tap, channel), contiguous along the channel; the summed index is the pixel."""
+    element = _make_image_element(load, size)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(x, geometry, column, pixel, columns, pixels):
+        return element(x, geometry, pixel, column) if pixel < pixels and column < columns else float32(0)
+
+    return Operand(_image_geometry, fetch, False)
+
+
+def flipped_kernel_operand(load, size):
+    """w' as the B operand of the input gradient: element ((tap, cout), cin)
+    is w[T-1-tap, cin, cout] of w viewed (T, Cin, Cout), T = size * size
+    (flipping dh and dw reverses the tap index); contiguous along cout."""
+    LAST_TAP = size * size - 1
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(w, by_outputs, cin, k, inputs, K):
+        if k < K and cin < inputs:
+            tap, cout = _divmod(k, by_outputs)
+            return load(w[LAST_TAP - tap, cin, cout])
+        return float32(0)
+
+    return Operand(_kernel_geometry, fetch, True)
+
+
+# --- forward: y = act(conv(x, w) + b) --------------------------------------------
+
+@functools.cache
+def _make_conv2d_forward(tile, dtype, size, **jit_options):
+    BM, BN, TM, TN, TX, TY = gemm._tile_coords(tile)
+    load, store = codec(dtype)
+    tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), dense_operand(load, False))
+
+    # Block (by, bx) owns pixels by*BM:+BM and output channels bx*BN:+BN of
+    # y: its K-split groups sum their shares of the taps x channels, group 0
+    # adds them in order and each of its threads writes its own TM x TN
+    # outputs with bias and activation. No atomics.
+    @cuda.jit(**_launch_options(tile, jit_options))
+    def conv2d_forward_kernel(x, w, b, y, activation):
+        pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout)
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        acc = cuda.local.array((TM, TN), float32)
+        if not tile_product(x, w, acc, m0, n0, pixels, outputs, 0, w.shape[0]):
+            return
+        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
+        for i in range(TM):
+            m = m0 + ty + TY * i
+            for j in range(TN):
+                n = n0 + tx + TX * j
+                if m < pixels and n < outputs:
+                    z = acc[i, j] + load(b[n])
+                    if activation == RELU and z < float32(0):  # NaN stays NaN
+                        z = float32(0)
+                    y[m, n] = store(z)
+        # tanh and sigmoid in a second, rolled pass, as in gemm: inlined in
+        # the unrolled loop above they would push acc out of registers.
+        if activation == TANH or activation == SIGMOID:
+            for i in range(TM):
+                m = m0 + ty + TY * i
+                for j in range(TN):
+                    n = n0 + tx + TX * j
+                    if m < pixels and n < outputs:
+                        y[m, n] = store(gemm._squash(load(y[m, n]), activation))
+
+    return conv2d_forward_kernel
+
+
+def conv2d_forward(x, w, b, y, activation):
+    """y = act(conv(x, w) + b), stride 1, zero 'same' padding; x (N, H, W, Cin),
+    w (KS, KS, Cin, Cout) with KS odd, b (Cout,), y (N, H, W, Cout), all four
+    in one storage format."""
+    require_one_of("x", x, STORAGE_DTYPES, (None, None, None, None))
+    N, H, W, Cin = _image_shape("x", x)
+    size = _kernel_size(w, x.dtype, Cin)
+    Cout = w.shape[3]
+    require("b", b, x.dtype, (Cout,))
+    require("y", y, x.dtype, (N, H, W, Cout))
+    gemm._check_activation(activation)
+    pixels = N * H * W
+    if pixels == 0 or Cout == 0:
+        return
+    tile = TILES[_pick_tile(pixels, Cout)][0]
+    grid, threads = gemm._grid(pixels, Cout, tile)
+    _make_conv2d_forward(tile, x.dtype, size)[grid, threads](
+        x, w.reshape(size * size * Cin, Cout), b, y.reshape(pixels, Cout), activation)
+
+
+# --- backward input: dx = conv(dy, flipped w) * act'(h) ----------------------------
+
+@functools.cache
+def _make_conv2d_backward_input(tile, dtype, size, **jit_options):
+    BM, BN, TM, TN, TX, TY = gemm._tile_coords(tile)
+    load, store = codec(dtype)
+    tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), flipped_kernel_operand(load, size))
+
+    # Block (by, bx) owns pixels by*BM:+BM and input channels bx*BN:+BN of
+    # dx: as a gather over the flipped kernel, each dx[pixel, cin] collects
+    # every (tap, cout) contribution itself, so no two threads write one
+    # element and no atomics are needed.
+    @cuda.jit(**_launch_options(tile, jit_options))
+    def conv2d_backward_input_kernel(dy, w, h, dx, activation):
+        pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); w (KS*KS, Cin, Cout)
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        acc = cuda.local.array((TM, TN), float32)
+        if not tile_product(dy, w, acc, m0, n0, pixels, inputs, 0, w.shape[0] * w.shape[2]):
+            return
+        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
+        for i in range(TM):
+            m = m0 + ty + TY * i
+            for j in range(TN):
+                c = n0 + tx + TX * j
+                if m < pixels and c < inputs:
+                    dx[m, c] = store(acc[i, j])
+        # act'(h) in a second, rolled pass, as in gemm, so acc stays in registers.
+        if activation != NONE:
+            for i in range(TM):
+                m = m0 + ty + TY * i
+                for j in range(TN):
+                    c = n0 + tx + TX * j
+                    if m < pixels and c < inputs:
+                        dx[m, c] = store(load(dx[m, c]) * gemm._activation_grad(load(h[m, c]), activation))
+
+    return conv2d_backward_input_kernel
+
+
+def conv2d_backward_input(dy, w, h, dx, activation):
+    """dx = conv_transpose(dy, w) * act'(h), where h = act(z) is this layer's
+    input (the previous layer's output). dy (N, H, W, Cout), w (KS, KS, Cin,
+    Cout), h and dx (N, H, W, Cin), all in one storage format. With activation
+    NONE, h is not read (pass dx or any array of its shape and format)."""
+    require_one_of("dy", dy, STORAGE_DTYPES, (None, None, None, None))
+    N, H, W, Cout = _image_shape("dy", dy)
+    require("w", w, dy.dtype, (None, None, None, Cout))
+    Cin = w.shape[2]
+    size = _kernel_size(w, dy.dtype, Cin)
+    require("h", h, dy.dtype, (N, H, W, Cin))
+    require("dx", dx, dy.dtype, (N, H, W, Cin))
+    gemm._check_activation(activation)
+    pixels = N * H * W
+    if pixels == 0 or Cin == 0:
+        return
+    tile = TILES[_pick_tile(pixels, Cin)][0]
+    grid, threads = gemm._grid(pixels, Cin, tile)
+    _make_conv2d_backward_input(tile, dy.dtype, size)[grid, threads](
+        dy, w.reshape(size * size, Cin, Cout), h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation)
+
+
+# --- backward weight: dw = beta * dw + im2col(x).T @ dy, in two passes -------------
+
+@functools.cache
+def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
+    BM, BN, TM, TN, TX, TY = gemm._tile_coords(tile)
+    load, _ = codec(dtype)
+    tile_product = gemm._make_tile_product(tile, image_columns_operand(load, size), dense_operand(load, False))
+
+    # Block (by, bx, bz) owns rows by*BM:+BM, columns bx*BN:+BN of chunk bz's
+    # partial sum (over pixels bz*chunk:+chunk); it alone writes that tile of
+    # partials[bz], so no atomics are needed.
+    @cuda.jit(**_launch_options(tile, jit_options))
+    def conv2d_weight_partials_kernel(x, dy, partials, chunk):
+        pixels, outputs = dy.shape  # dy viewed (N*H*W, Cout); partials (chunks, KS*KS*Cin, Cout)
+        rows = partials.shape[1]
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        begin = cuda.blockIdx.z * chunk
+        acc = cuda.local.array((TM, TN), float32)
+        if not tile_product(x, dy, acc, m0, n0, rows, outputs, begin, min(begin + chunk, pixels)):
+            return
+        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
+        for i in range(TM):
+            r = m0 + ty + TY * i
+            for j in range(TN):
+                n = n0 + tx + TX * j
+                if r < rows and n < outputs:
+                    partials[cuda.blockIdx.z, r, n] = acc[i, j]
+
+    return conv2d_weight_partials_kernel
+
+
+# Thread t owns dw[t], dw[t + stride], ...: it adds the chunks' partial sums
+# in chunk order, so the order is fixed and no atomics are needed; beta == 0
+# never reads dw (it may hold garbage).
+@cuda.jit
+def conv2d_weight_sum_kernel(partials, dw, beta):
+    for e in range(cuda.grid(1), dw.shape[0], cuda.gridsize(1)):
+        total = float32(0)
+        for z in range(partials.shape[0]):
+            total += partials[z, e]
+        if beta == float32(0):
+            dw[e] = total
+        else:
+            dw[e] = beta * dw[e] + total
+
+
+def _weight_plan(x_shape, w_shape):
+    """(tile name, chunk, chunks, most chunks) of the weight gradient: the tile
+    for its (KS*KS*Cin, Cout) output, then at most enough pixel chunks for
+    about CHUNK_BLOCKS blocks, each of at least MIN_CHUNK pixels. `most
+    chunks` grows with the batch; rounding the chunk up to CHUNK_STEP may
+    leave fewer in use."""
+    N, H, W, Cin = x_shape
+    size, _, _, Cout = w_shape
+    pixels, rows = N * H * W, size * size * Cin
+    name = _pick_tile(rows, Cout, fill=False)
+    grid, _ = gemm._grid(rows, Cout, TILES[name][0])
+    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, grid[0] * grid[1])), pixels // MIN_CHUNK))
+    chunk = max(1, math.ceil(pixels / most / CHUNK_STEP)) * CHUNK_STEP
+    return name, chunk, max(1, math.ceil(pixels / chunk)), most
+
+
+def conv2d_backward_weight_workspace(x_shape, w_shape):
+    """float32 elements of workspace conv2d_backward_weight needs for these
+    shapes (x (N, H, W, Cin), w (KS, KS, Cin, Cout)); never smaller for a
+    smaller batch, so one workspace sized for the largest batch serves all."""
+    size, _, Cin, Cout = w_shape
+    return _weight_plan(x_shape, w_shape)[3] * size * size * Cin * Cout
+
+
+def conv2d_backward_weight(x, dy, dw, beta, workspace):
+    """dw = beta * dw + sum over pixels of im2col(x).T @ dy (beta 0 overwrites,
+    1 accumulates). x (N, H, W, Cin) and dy (N, H, W, Cout) in one storage
+    format; dw (KS, KS, Cin, Cout) and workspace (1-D, at least
+    `conv2d_backward_weight_workspace(x.shape, dw.shape)` elements) float32."""
+    require_one_of("x", x, STORAGE_DTYPES, (None, None, None, None))
+    N, H, W, Cin = _image_shape("x", x)
+    require("dy", dy, x.dtype, (N, H, W, None))
+    Cout = dy.shape[3]
+    size = _kernel_size(dw, "float32", Cin, name="dw")
+    require("dw", dw, "float32", (size, size, Cin, Cout))
+    require("workspace", workspace, "float32", (None,))
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
+    name, chunk, chunks, most = _weight_plan(x.shape, dw.shape)
+    pixels, rows = N * H * W, size * size * Cin
+    if workspace.shape[0] < most * rows * Cout:
+        raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {most * rows * Cout} "
+                         "(conv2d_backward_weight_workspace(x.shape, dw.shape))")
+    needed = chunks * rows * Cout
+    if needed == 0:
+        return
+    tile = TILES[name][0]
+    (gx, gy), threads = gemm._grid(rows, Cout, tile)
+    partials = workspace[:needed].reshape(chunks, rows, Cout)
+    _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, chunks), threads](
+        x, dy.reshape(pixels, Cout), partials, chunk)
+    blocks = max(1, min(SUM_MAX_BLOCKS, math.ceil(rows * Cout / SUM_THREADS)))
+    conv2d_weight_sum_kernel[blocks, SUM_THREADS](
+        workspace[:needed].reshape(chunks, rows * Cout), dw.reshape(rows * Cout), float32(beta))
+
+
+# --- launch helpers ---------------------------------------------------------------
+
+def _launch_options(tile, jit_options):
+    """cuda.jit options for a tile's kernel: launch bounds of its block size,
+    so that ptxas keeps a 512-thread block within an SM's 65536 registers
+    (128 a thread; the im2col addressing would otherwise take 131 and the
+    launch would fail). The simulator takes no such option."""
+    if config.ENABLE_CUDASIM:
+        return jit_options
+    BM, BN, _, TM, TN, KSPLIT = tile
+    return {"launch_bounds": ((BM // TM) * (BN // TN) * KSPLIT,), **jit_options}
+
+
+def _pick_tile(rows, columns, fill=True):
+    """The tile that reads the fewest shared-memory values for a rows x
+    columns output, padding included (a thread reads TM + TN values for
+    TM x TN FMAs; a 3-channel output pads LARGE 43-fold, SMALL 11-fold,
+    NARROW under 3-fold). With `fill`, only tiles whose grid has gemm's minimum of
+    blocks compete (the weight gradient fills the GPU with pixel chunks)."""
+    def reads(name):
+        BM, BN, _, TM, TN, _ = TILES[name][0]
+        return math.ceil(rows / BM) * BM * math.ceil(columns / BN) * BN * (TM + TN) / (TM * TN)
+
+    def fills(name):
+        tile, min_blocks = TILES[name]
+        grid, _ = gemm._grid(rows, columns, tile)
+        return grid[0] * grid[1] >= min_blocks
+
+    return min((name for name in TILES if not fill or fills(name)), key=reads)
+
+
+def _image_shape(name, array):
+    N, H, W, C = array.shape
+    if H < 1 or W < 1 or C < 1:
+        raise ValueError(f"{name} has shape {tuple(array.shape)}: height, width and channels must be at least 1")
+    if N * H * W > MAX_PIXELS:
+        raise ValueError(f"{name} has {N * H * W} pixels, more than {MAX_PIXELS}: split the batch")
+    return N, H, W, C
+
+
+def _kernel_size(w, dtype, inputs, name="w"):
+    """KS of a (KS, KS, inputs, *) kernel, after checking it is square and odd."""
+    require(name, w, dtype, (None, None, inputs, None))
+    size = w.shape[0]
+    if w.shape[1] != size or size % 2 == 0:
+        raise ValueError(f"{name} has shape {tuple(w.shape)}: "
+                         "the kernel must be square with an odd size (1, 3, 5, ...)")
+    return size

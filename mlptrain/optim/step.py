@@ -1,0 +1,83 @@
+"""One optimizer step per accumulation window, decided on the device.
+
+Three launches: the gradient's sum of squares, `finish_step` (loss scaling,
+skipping, clipping, the schedule's lr, bias corrections: see
+`mlptrain.step_state.finish_step`) and the optimizer's fused update. Their
+scalars travel through the step state on the device, so the loop never
+waits for the host; the host reads the state where it synchronises anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlptrain import step_state as slots
+from mlptrain.errors import UserError
+from mlptrain.optim.optimizers import Optimizer
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """Dynamic loss scaling (fp16): PyTorch GradScaler's rule and defaults."""
+
+    init: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+class OptimizerStep:
+    """The step state, the per-run lr table and grad-norm record, and the launches of one step."""
+
+    def __init__(self, optimizer: Optimizer, backend, lr_table: np.ndarray, total_windows: int,
+                 clip_grad_norm: float | None = None, loss_scaling: LossScaling | None = None):
+        self.optimizer, self.backend = optimizer, backend
+        self.clip_grad_norm = clip_grad_norm or 0.0
+        self.loss_scaling = loss_scaling
+        initial = np.zeros(slots.SIZE, np.float64)
+        initial[slots.LOSS_SCALE] = loss_scaling.init if loss_scaling else 1.0
+        initial[slots.LR_FACTOR] = 1.0
+        self.state = backend.to_device(initial)
+        self.loss_scale = self.state[slots.LOSS_SCALE:slots.LOSS_SCALE + 1]
+        self.partials = backend.zeros((backend.kernels.reduce.PARTIALS,))
+        self.lr_table = backend.to_device(np.asarray(lr_table, np.float64))
+        self.grad_norms = backend.zeros((max(total_windows, 1),), np.float64)
+
+    def __call__(self, params, grads, compute) -> None:
+        """Update `params` (and their `compute` copy) from the window's summed gradient `grads`."""
+        k = self.backend.kernels
+        scaling = self.loss_scaling or LossScaling()
+        k.reduce.sum_of_squares(grads, self.partials)
+        beta1, beta2 = self.optimizer.bias_betas
+        k.optim.finish_step(self.partials, self.state, self.lr_table, self.grad_norms, self.clip_grad_norm,
+                            beta1, beta2, self.loss_scaling is not None, scaling.growth_factor,
+                            scaling.backoff_factor, scaling.growth_interval)
+        self.optimizer.update(params, grads, compute, self.state)
+
+    def read(self) -> dict:
+        """The step state on the host (a synchronisation): steps, windows, skipped, loss_scale, lr, grad_norm."""
+        state = self.backend.to_host(self.state)
+        return {"steps": int(state[slots.STEP]), "windows": int(state[slots.WINDOWS]),
+                "skipped": int(state[slots.SKIPPED]), "loss_scale": float(state[slots.LOSS_SCALE]),
+                "lr": float(state[slots.LR]), "grad_norm": float(state[slots.GRAD_NORM])}
+
+    def grad_norm_history(self, start: int, stop: int) -> np.ndarray:
+        """Pre-clip norms of windows [start, stop), skipped ones (non-finite under loss scaling) left out."""
+        norms = self.backend.to_host(self.grad_norms[start:stop])
+        return norms[np.isfinite(norms)] if self.loss_scaling else norms
+
+    def set_lr_factor(self, factor: float) -> None:
+        self.backend.copy_from_host(self.state[slots.LR_FACTOR:slots.LR_FACTOR + 1], np.array([factor], np.float64))
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"step/state": self.backend.to_host(self.state), "step/grad_norms": self.backend.to_host(self.grad_norms),
+                **self.optimizer.state_dict()}
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        for key, buf in (("step/state", self.state), ("step/grad_norms", self.grad_norms)):
+            if key not in arrays or arrays[key].shape != tuple(buf.shape):
+                raise UserError(f"checkpoint: '{key}' is missing or has the wrong shape")
+            self.backend.copy_from_host(buf, arrays[key].astype(np.float64))
+        self.optimizer.load_state_dict(arrays)

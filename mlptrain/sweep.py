@@ -1,0 +1,306 @@
+"""Sweeps: many runs of one base config, their values chosen by Optuna, shared through its storage.
+
+Every trial a sweep will run is created once, when its study is: a grid queues
+each point of its product, random and tpe queue `trials` empty slots whose
+values the sampler picks when a worker takes one. Workers (this process, child
+processes, or other machines sharing the storage) only ever take queued
+trials, and the storage moves a trial from WAITING to RUNNING atomically, so
+no trial runs twice and nothing beyond the plan runs. (Optuna's GridSampler on
+its own may repeat a point under several workers, so it only names the grid.)
+
+A running trial beats a heartbeat. When a worker dies, its trial stops beating
+and, GRACE_S later, any worker fails it and queues a copy with the same values
+(`retry_of`); Ctrl-C queues the copy at once. A trial that raises (diverges, a
+config the sweep's combination makes invalid) is told FAIL with its message in
+`error` and is not retried. Re-running the sweep's command opens the same study
+and takes what is left.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import signal
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from mlptrain.errors import UserError
+from mlptrain.experiment import Resources, create_run
+from mlptrain.sweep_file import METRICS, Sweep
+from mlptrain.sweep_report import format_metric, format_params, log_hparams
+from mlptrain.tracking import console
+
+HEARTBEAT_S = 10  # how often a running trial says it is alive
+GRACE_S = 30  # silence after which its worker is taken for dead and the trial is queued again
+POLL_S = 2  # how often a worker with nothing to take looks again
+SETUP_WAIT_S = 60  # how long to wait for another worker to finish queueing a new study's trials
+PRUNE_AFTER_TRIALS = 5  # Optuna's default: the median of fewer finished trials is noise
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@contextmanager
+def _quiet():
+    """Heartbeats are marked experimental in Optuna; the warning would print on every run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
+class _QueuedGridSampler(optuna.samplers.GridSampler):
+    """Every point comes from the queue with fixed values, so the sampler never picks one. Its
+    after_trial only stops `study.optimize`, which sweeps do not use, and needs a `grid_id` that
+    queued trials lack."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+def _sampler(sweep: Sweep):
+    if sweep.method == "grid":
+        return _QueuedGridSampler({p.name: p.stored for p in sweep.parameters})
+    if sweep.method == "random":
+        return optuna.samplers.RandomSampler()
+    return optuna.samplers.TPESampler(constant_liar=True)  # several workers: running trials count as bad
+
+
+def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Queue a trial that stopped without an outcome (its worker died or was interrupted) to run again,
+    with the values it had, as a new trial marked `retry_of`."""
+    if any(t.user_attrs.get("retry_of") == trial.number for t in study.get_trials(deepcopy=False)):
+        return
+    params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
+    study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
+
+
+def _storage(url: str):
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # workers wait their turn
+    try:
+        with _quiet():
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S, heartbeat_stale_trial_callback=_requeue)
+    except Exception as err:  # a bad URL, a missing driver, an unreachable server: one line
+        raise UserError(f"--storage {_redacted(url)}: cannot open it ({type(err).__name__}: {err})") from None
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def check_storage_url(url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(url)
+    except Exception:
+        raise UserError(f"--storage {url}: not a database URL (e.g. postgresql://user:password@host/db, "
+                        "sqlite:///path/study.db)") from None
+
+
+@contextmanager
+def _setup_lock(folder: Path):
+    """Serialises set-up among this machine's workers (the SQLite schema is created on first open)."""
+    with open(folder / ".setup.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def open_study(sweep: Sweep, sweep_dir: Path, name: str, url: str):
+    """(study, storage): the study `name`, created with its whole queue, or the one that exists,
+    which must be this same sweep."""
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER_TRIALS) if sweep.prune \
+        else optuna.pruners.NopPruner()
+    with _setup_lock(sweep_dir):
+        storage = _storage(url)
+        try:
+            study = optuna.create_study(storage=storage, study_name=name, sampler=_sampler(sweep), pruner=pruner,
+                                        direction=sweep.direction)
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(sweep), pruner=pruner)
+            _check_same_sweep(study, sweep, sweep_dir, url)
+            return study, storage
+        for params in sweep.grid() if sweep.method == "grid" else [{}] * sweep.trials:
+            study.enqueue_trial(params)
+        study.set_user_attr("sweep", sweep.definition())  # last: tells other workers the queue is complete
+    return study, storage
+
+
+def _check_same_sweep(study, sweep: Sweep, sweep_dir: Path, url: str) -> None:
+    deadline = time.monotonic() + SETUP_WAIT_S
+    while "sweep" not in study.user_attrs:
+        if time.monotonic() > deadline:
+            raise UserError(f"study '{study.study_name}' in {_redacted(url)} was created but its trials were never "
+                            "queued (its creator stopped); delete it (optuna delete-study) or choose another --name")
+        time.sleep(0.5)
+    stored, wanted = study.user_attrs["sweep"], sweep.definition()
+    changed = [key for key in wanted if stored.get(key) != wanted[key]]
+    if changed:
+        raise UserError(f"{sweep_dir}: this sweep was started with a different {', '.join(changed)}; re-run it "
+                        "unchanged to continue it, or choose another --name")
+
+
+class _Heartbeat:
+    """Records the trial's heartbeat every HEARTBEAT_S from a thread while it trains."""
+
+    def __init__(self, storage, trial_id: int):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id), daemon=True)
+
+    def _beat(self, storage, trial_id: int) -> None:
+        warned = False
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception as err:  # a busy database: a missed beat matters only after GRACE_S of them
+                if not warned:
+                    console.print(f"[yellow]warning:[/] the trial's heartbeat failed ({type(err).__name__}: "
+                                  f"{err}); after {GRACE_S} s without one, other workers take the trial over")
+                    warned = True
+
+    def __enter__(self):
+        self._thread.start()
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _claim(study, storage, study_id: int):
+    """(trial, trial_id) of a queued trial this worker now runs, or None when the queue is empty."""
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+        storage.record_heartbeat(trial_id)  # before the claim, so that no claimed trial lacks a heartbeat
+        try:
+            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):  # atomic: one worker wins
+                return optuna.trial.Trial(study, trial_id), trial_id
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+    return None
+
+
+def requeue_stale(study) -> None:
+    """Fail the running trials whose heartbeat stopped GRACE_S ago and queue each again (`_requeue`)."""
+    with _quiet():
+        optuna.storages.fail_stale_trials(study)
+
+
+def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None) -> None:
+    """Run queued trials until none is left, then wait for the ones other workers are running: when one
+    of those workers dies, its trial is queued again and taken here."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    waiting_for = None
+    while True:
+        requeue_stale(study)
+        claimed = _claim(study, storage, study_id)
+        if claimed is not None:
+            _run_trial(study, storage, *claimed, sweep, sweep_dir, resources)
+            if on_trial_end is not None:
+                on_trial_end()
+            continue
+        running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        if not running:
+            return
+        if running != waiting_for:
+            console.print(f"waiting for trial(s) {', '.join(map(str, running))}, running in other workers")
+            waiting_for = running
+        time.sleep(POLL_S)
+
+
+@dataclass
+class _Attempt:
+    params: dict
+    config: object = None
+    run_dir: Path | None = None
+    last: dict = field(default_factory=dict)  # the latest evaluation record
+
+
+def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources) -> None:
+    attempt = _Attempt(sweep.suggest(trial))
+    console.print(f"[bold]trial {trial.number}[/]: {format_params(attempt.params)}")
+    with _Heartbeat(storage, trial_id):
+        try:
+            summary = _train(trial, attempt, sweep, sweep_dir, resources)
+        except optuna.TrialPruned as pruned:
+            console.print(f"trial {trial.number}: {pruned}")
+            _tell(study, trial, TrialState.PRUNED, attempt, attempt.last)
+        except KeyboardInterrupt:
+            with _signals_held():
+                _requeue(study, storage.get_trial(trial_id))
+                _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
+            raise
+        except Exception as err:  # the trial failed, the sweep goes on
+            error = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+            if not isinstance(err, UserError):
+                console.print_exception(max_frames=8)
+            console.print(f"[bold red]trial {trial.number} failed:[/] {error}", highlight=False)
+            _tell(study, trial, TrialState.FAIL, attempt, attempt.last, error=error)
+        else:
+            value = summary[sweep.metric]
+            console.print(f"trial {trial.number}: {sweep.metric} {format_metric(value)}")
+            _tell(study, trial, TrialState.COMPLETE, attempt, summary, value=value)
+
+
+def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources) -> dict:
+    from mlptrain.train import train
+
+    attempt.config = sweep.trial_config(attempt.params, "its config")
+    backend, dataset = resources.prepare(attempt.config)
+    attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial")
+    trial.set_user_attr("run_dir", str(attempt.run_dir))
+    worse = "below" if sweep.direction == "maximize" else "above"
+
+    def on_evaluation(record: dict) -> None:
+        attempt.last = record
+        if sweep.metric in record:
+            trial.report(record[sweep.metric], record["epoch"])
+            if sweep.prune and trial.should_prune():
+                value = format_metric(record[sweep.metric])
+                raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} is {worse} "
+                                         "the other trials' median")
+
+    summary = train(attempt.config, backend, dataset, attempt.run_dir, on_evaluation)
+    value = summary.get(sweep.metric)
+    if sweep.metric not in summary:
+        raise UserError(f"the run reports no {sweep.metric} (its metrics: "
+                        f"{', '.join(k for k in METRICS if k in summary)}); choose one of those for the sweep")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"the run's {sweep.metric} is {value!r}; a trial needs a finite value to rank")
+    return summary
+
+
+def _tell(study, trial, state, attempt: _Attempt, metrics: dict, value=None, error: str | None = None) -> None:
+    kept = {k: metrics[k] for k in METRICS if isinstance(metrics.get(k), (int, float))}
+    try:
+        trial.set_user_attr("metrics", kept)
+        if error is not None:
+            trial.set_user_attr("error", error)
+        study.tell(trial, value, state=state)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        console.print(f"trial {trial.number}: another worker took it over (its heartbeat lapsed); its result "
+                      "here is dropped")
+        return
+    outcome = state == TrialState.PRUNED or error is not None  # not an interrupted attempt, which runs again
+    if outcome and attempt.run_dir is not None and not (attempt.run_dir / "summary.json").exists():
+        log_hparams(attempt.run_dir, attempt.config, kept)  # a finished run has logged its own
+
+
+@contextmanager
+def _signals_held():
+    """Ctrl-C waits while an interrupted trial is queued again, so the queue is never left half-written."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

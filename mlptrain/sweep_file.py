@@ -1,0 +1,302 @@
+"""Sweep files: a base config, the parameters to vary, the method, and the metric to rank by.
+
+    base: adam_mnist.yaml        # a path relative to the sweep file, or a built-in config name
+    method: grid                 # grid (the default) | random | tpe
+    trials: 20                   # random and tpe; a grid runs its whole product
+    metric: val_acc              # a key of summary.json (METRICS)
+    direction: maximize          # default: the metric's own (accuracy up, loss down)
+    prune: false                 # stop a trial whose metric is below the median at an evaluation
+    parameters:
+      optim.lr: {low: 1.0e-4, high: 1.0e-2, log: true}    # a range (random, tpe); `step` discretises it
+      train.batch_size: [64, 128, 256]                      # a choice: a grid axis
+
+`load_sweep` checks all of it before anything is created. A value that no
+combination of the other parameters accepts (`optim.lr: [-1]`) is a mistake in
+the file; a combination that the config rejects is only a failed trial.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
+from mlptrain.errors import UserError
+
+# The summary.json keys a sweep can rank by, with their natural direction: a classifier's accuracy and
+# loss, the autoencoder's reconstruction MSE. The PER_EPOCH ones are in every evaluation record too, so
+# they can prune. A model with new metrics adds them here.
+METRICS = {"val_acc": "maximize", "val_loss": "minimize", "test_acc": "maximize", "test_loss": "minimize",
+           "val_mse": "minimize", "test_mse": "minimize", "best_val_acc": "maximize", "best_val_mse": "minimize",
+           "samples_per_s": "maximize", "wall_s": "minimize"}
+PER_EPOCH_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss", "val_mse", "test_mse")
+METHODS = ("grid", "random", "tpe")
+KEYS = ("description", "base", "method", "trials", "metric", "direction", "prune", "parameters")
+RANGE_KEYS = ("low", "high", "log", "step")
+MAX_CONTEXTS = 64  # combinations of the other parameters tried before a value is called invalid
+
+
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One value of a list. Optuna stores scalars only, so a list value (`model.hidden: [[64], [128]]`)
+    is stored as its JSON text and mapped back by position."""
+
+    name: str
+    values: tuple
+
+    @property
+    def stored(self) -> list:
+        return [v if _scalar(v) else json.dumps(v) for v in self.values]
+
+    @property
+    def corners(self) -> tuple:
+        return self.values
+
+    def suggest(self, trial):
+        return self.decode(trial.suggest_categorical(self.name, self.stored))
+
+    def decode(self, stored):
+        return self.values[self.stored.index(stored)]
+
+    def describe(self) -> dict:
+        return {"choices": list(self.values)}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number between low and high (inclusive), uniform or log-uniform, optionally on a grid of `step`."""
+
+    name: str
+    low: float
+    high: float
+    log: bool
+    step: float | None
+    integer: bool
+
+    @property
+    def corners(self) -> tuple:
+        return self.low, self.high
+
+    def suggest(self, trial):
+        if self.integer:
+            return trial.suggest_int(self.name, self.low, self.high, step=self.step or 1, log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+
+    def decode(self, stored):
+        return stored
+
+    def describe(self) -> dict:
+        return {"low": self.low, "high": self.high, "log": self.log, "step": self.step}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    raw: dict  # the base config with the command's overrides, before any parameter
+    method: str
+    trials: int  # a grid's size for a grid
+    metric: str
+    direction: str
+    prune: bool
+    parameters: tuple
+
+    def grid(self) -> list[dict]:
+        """Every point of the product, as stored values, in the file's order (the last parameter fastest)."""
+        names = [p.name for p in self.parameters]
+        return [dict(zip(names, point)) for point in itertools.product(*(p.stored for p in self.parameters))]
+
+    def suggest(self, trial) -> dict:
+        return {p.name: p.suggest(trial) for p in self.parameters}
+
+    def decode(self, stored: dict) -> dict:
+        return {p.name: p.decode(stored[p.name]) for p in self.parameters if p.name in stored}
+
+    def trial_config(self, params: dict, source: str) -> Config:
+        return _build(self.raw, params, source)
+
+    def definition(self) -> dict:
+        """What makes two runs of the sweep command the same sweep (JSON values), for resuming: the base
+        config as written, with the overrides (so a key added to the schema later changes nothing)."""
+        return json.loads(json.dumps({
+            "base": self.raw, "method": self.method, "trials": self.trials,
+            "metric": self.metric, "direction": self.direction, "prune": self.prune,
+            "parameters": {p.name: p.describe() for p in self.parameters},
+        }))
+
+
+def _build(raw: dict, params: dict, source: str) -> Config:
+    # JSON text is YAML, so each value takes the path of a command-line override
+    return config_from_dict(apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in params.items()]), source)
+
+
+def _unknown(where: str, key: str, valid) -> UserError:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    hint = f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid)}"
+    return UserError(f"{where}: unknown key '{key}'; {hint}")
+
+
+def _pick(value, options, where: str):
+    if value not in options:
+        close = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UserError(f"{where}: '{value}' is not one of {', '.join(options)}{hint}")
+    return value
+
+
+def _positive_int(value, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"{where}: expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def _number(value, integer: bool, where: str):
+    if isinstance(value, str) and not integer:  # YAML 1.1 reads `1e-4` (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or isinstance(value, bool):
+        raise UserError(f"{where}: expected {'a whole number' if integer else 'a number'}, got {value!r}")
+    return value if integer else float(value)
+
+
+def _field_type(dotted: str):
+    cls = Config
+    *sections, leaf = dotted.split(".")
+    for section in sections:
+        cls = typing.get_type_hints(cls)[section]
+    return typing.get_type_hints(cls)[leaf]
+
+
+def _number_type(dotted: str):
+    """int or float for a numeric config key, else None (`float | None` counts as float)."""
+    tp = _field_type(dotted)
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        options = [t for t in typing.get_args(tp) if t is not type(None)]
+        tp = options[0] if len(options) == 1 else None
+    return tp if tp in (int, float) else None
+
+
+def _range(name: str, spec: dict, where: str) -> Range:
+    for key in spec:
+        if key not in RANGE_KEYS:
+            raise _unknown(where, key, RANGE_KEYS)
+    kind = _number_type(name)
+    if kind is None:
+        raise UserError(f"{where}: a range needs a numeric key; list the values of {name} instead")
+    if "low" not in spec or "high" not in spec:
+        raise UserError(f"{where}: a range needs both low and high")
+    low, high = (_number(spec[k], kind is int, f"{where}.{k}") for k in ("low", "high"))
+    log, step = spec.get("log", False), spec.get("step")
+    if not isinstance(log, bool):
+        raise UserError(f"{where}.log: expected true or false, got {log!r}")
+    if step is not None and _number(step, kind is int, f"{where}.step") <= 0:
+        raise UserError(f"{where}.step: must be > 0, got {step!r}")
+    if low >= high:
+        raise UserError(f"{where}: low ({low}) must be below high ({high})")
+    if log and low <= 0:
+        raise UserError(f"{where}: a log range needs low > 0, got {low}")
+    if log and step is not None and not (kind is int and step == 1):
+        raise UserError(f"{where}: log and step do not combine; drop one")
+    return Range(name, low, high, log, step if step is None or kind is int else float(step), kind is int)
+
+
+def _parameter(name: str, spec, method: str, source: str):
+    where = f"{source}: parameters: {name}"
+    if name not in valid_keys():
+        raise _unknown(f"{source}: parameters", name, valid_keys())
+    if isinstance(spec, list):
+        texts = [json.dumps(v, sort_keys=True) for v in spec]
+        if not spec or len(set(texts)) != len(texts):
+            raise UserError(f"{where}: expected a list of distinct values, got {spec!r}")
+        if typing.get_origin(_field_type(name)) is tuple and not all(isinstance(v, list) for v in spec):
+            raise UserError(f"{where}: each choice is one value of {name}, itself a list: write "
+                            f"{json.dumps([v if isinstance(v, list) else [v] for v in spec])}")
+        return Choice(name, tuple(spec))
+    if isinstance(spec, dict):
+        if method == "grid":
+            raise UserError(f"{where}: a grid needs a list of values, not a range; list them "
+                            "(e.g. [1.0e-4, 1.0e-3, 1.0e-2]) or use method random or tpe")
+        return _range(name, spec, where)
+    raise UserError(f"{where}: expected a list of values or a range {{low: ..., high: ...}}, got {spec!r}")
+
+
+def _check_values(raw: dict, parameters: tuple, source: str) -> None:
+    """Each choice and each end of each range must make a valid config with at least one combination
+    of the other parameters' values (up to MAX_CONTEXTS of them)."""
+    for p in parameters:
+        others = [q for q in parameters if q is not p]
+        contexts = list(itertools.islice(itertools.product(*(q.corners for q in others)), MAX_CONTEXTS))
+        for value in p.corners:
+            errors = []
+            for context in contexts:
+                params = {p.name: value, **{q.name: v for q, v in zip(others, context)}}
+                try:
+                    _build(raw, params, f"{source}: parameters")
+                    break
+                except UserError as err:
+                    errors.append(err)
+            if len(errors) == len(contexts):
+                raise errors[0]
+
+
+def _settings(raw: dict, source: str):
+    """(method, trials or None, metric, direction, prune) from a sweep file."""
+    method = _pick(raw.get("method", "grid"), METHODS, f"{source}: method")
+    metric = _pick(raw["metric"], METRICS, f"{source}: metric")
+    direction = _pick(raw.get("direction", METRICS[metric]), ("maximize", "minimize"), f"{source}: direction")
+    prune = raw.get("prune", False)
+    if not isinstance(prune, bool):
+        raise UserError(f"{source}: prune: expected true or false, got {prune!r}")
+    if prune and metric not in PER_EPOCH_METRICS:
+        raise UserError(f"{source}: prune: {metric} is known only at the end of a run; pruning needs a metric "
+                        f"of every evaluation: {', '.join(PER_EPOCH_METRICS)}")
+    if method != "grid" and "trials" not in raw:
+        raise UserError(f"{source}: trials: method {method} needs the number of trials to run")
+    trials = _positive_int(raw["trials"], f"{source}: trials") if "trials" in raw else None
+    return method, trials, metric, direction, prune
+
+
+def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Path], Path]) -> Sweep:
+    """Read and check a sweep file; `resolve_base(base, path)` finds its base config or raises UserError."""
+    raw, source = read_yaml(path), str(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: a sweep file must be a mapping (base, method, metric, parameters, ...)")
+    for key in raw:
+        if key not in KEYS:
+            raise _unknown(source, key, KEYS)
+    for key in ("base", "metric", "parameters"):
+        if raw.get(key) is None:
+            raise UserError(f"{source}: '{key}' is missing (a sweep file names {', '.join(KEYS[1:])})")
+    if not isinstance(raw["base"], str):
+        raise UserError(f"{source}: base: expected a config file or name, got {raw['base']!r}")
+    base = resolve_base(raw["base"], path)
+    base_raw = read_yaml(base)
+    if not isinstance(base_raw, dict):
+        raise UserError(f"{base}: a config must be a mapping of sections, got {type(base_raw).__name__}")
+    config_raw = apply_overrides(base_raw, overrides)
+    config_from_dict(config_raw, source=f"{base} (with the command's overrides)" if overrides else str(base))
+    method, trials, metric, direction, prune = _settings(raw, source)
+    if not isinstance(raw["parameters"], dict) or not raw["parameters"]:
+        raise UserError(f"{source}: parameters: expected a mapping of config keys to values or ranges, "
+                        f"e.g. optim.lr: [1.0e-4, 1.0e-3]")
+    parameters = tuple(_parameter(str(name), spec, method, source) for name, spec in raw["parameters"].items())
+    for text in overrides:
+        key = parse_override(text)[0]
+        if key in raw["parameters"]:
+            raise UserError(f"override '{text}': {source} varies {key}; drop the override or the parameter")
+    _check_values(config_raw, parameters, source)
+    if method == "grid":
+        trials = math.prod(len(p.values) for p in parameters)
+    return Sweep(config_raw, method, trials, metric, direction, prune, parameters)

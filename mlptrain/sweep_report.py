@@ -1,0 +1,135 @@
+"""What a sweep shows: its trials as rows, results.json and results.csv, a ranked table, HParams sessions."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+from rich.table import Table
+
+from mlptrain.config import config_to_dict
+from mlptrain.sweep_file import PER_EPOCH_METRICS
+
+STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
+_ORDER = {"complete": 0, "pruned": 1, "running": 2, "waiting": 3, "failed": 4}
+
+
+def trial_rows(study, sweep) -> list[dict]:
+    """One dict per trial, by number: number, params (dotted names), state, value, run_dir, metrics, error.
+    An attempt that stopped without an outcome is left out: the trial queued as its `retry_of` stands for it."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    return [{
+        "number": t.number,
+        "params": sweep.decode({**t.system_attrs.get("fixed_params", {}), **t.params}),
+        "state": STATES[t.state.name],
+        "value": t.value if t.state.name in ("COMPLETE", "PRUNED") else None,
+        "run_dir": t.user_attrs.get("run_dir"),
+        "metrics": t.user_attrs.get("metrics", {}),
+        "error": t.user_attrs.get("error"),
+    } for t in trials if t.number not in retried]
+
+
+def ranked(rows: list[dict], direction: str) -> list[dict]:
+    """Complete trials best first, then pruned ones (by their last value), running, waiting, failed."""
+    sign = -1.0 if direction == "maximize" else 1.0
+    return sorted(rows, key=lambda r: (_ORDER[r["state"]], sign * r["value"] if r["value"] is not None else 0.0,
+                                       r["number"]))
+
+
+def best(rows: list[dict], direction: str) -> dict | None:
+    top = ranked(rows, direction)
+    return top[0] if top and top[0]["state"] == "complete" else None
+
+
+def _plain(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several workers may write at once
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_results(sweep_dir: Path, sweep, rows: list[dict]) -> None:
+    top = best(rows, sweep.direction)
+    results = {"sweep": sweep_dir.name, "method": sweep.method, "metric": sweep.metric,
+               "direction": sweep.direction, "best": top["number"] if top else None, "trials": rows}
+    _write_atomically(sweep_dir / "results.json", json.dumps(_plain(results), indent=2) + "\n")
+    names = [p.name for p in sweep.parameters]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["number", "state", sweep.metric, *names, "run_dir", "error"])
+    for row in rows:
+        params = [_csv_value(row["params"].get(n)) for n in names]
+        writer.writerow([row["number"], row["state"], _csv_value(row["value"]), *params, row["run_dir"] or "",
+                         row["error"] or ""])
+    _write_atomically(sweep_dir / "results.csv", out.getvalue())
+
+
+def _csv_value(value) -> str:
+    if value is None:
+        return ""
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, (list, dict)) else str(value)
+
+
+def format_metric(value: float) -> str:
+    """Four decimals, as `mlptrain run` shows them, unless that would hide a small MSE."""
+    return f"{value:.4f}" if value == 0 or abs(value) >= 0.01 else f"{value:.3e}"
+
+
+def format_params(params: dict) -> str:
+    return " ".join(f"{k}={format_value(v)}" for k, v in params.items())
+
+
+def results_table(rows: list[dict], sweep, title: str) -> Table:
+    """The trials ranked by the metric, the best marked (failed trials' messages are in results.json)."""
+    names = [p.name for p in sweep.parameters]
+    top = best(rows, sweep.direction)
+    table = Table("rank", "trial", *names, sweep.metric, "state", "run", title=title)
+    for rank, row in enumerate(ranked(rows, sweep.direction), 1):
+        value = "" if row["value"] is None else format_metric(row["value"])
+        place = "-" if row["state"] != "complete" else f"{rank} best" if row is top else str(rank)
+        table.add_row(place, str(row["number"]),
+                      *(format_value(row["params"][n]) if n in row["params"] else "" for n in names),
+                      value, row["state"], Path(row["run_dir"]).name if row["run_dir"] else "",
+                      style="bold green" if row is top else None)
+    return table
+
+
+def log_hparams(run_dir: Path, config, metrics: dict) -> None:
+    """An HParams session for a run that stopped early (pruned or failed), shaped like the one a finished
+    run logs itself (every config key; its last evaluation's metrics), so every trial has one."""
+    from tensorboardX import SummaryWriter
+    from tensorboardX.summary import hparams
+
+    def flatten(values: dict, prefix: str = ""):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                yield from flatten(value, f"{prefix}{key}.")
+            elif key != "description":
+                yield prefix + key, str(value) if isinstance(value, (list, type(None))) else value
+
+    scores = {f"hparam/{k}": metrics[k] for k in PER_EPOCH_METRICS if k in metrics}
+    with SummaryWriter(logdir=str(run_dir / "hparams")) as writer:
+        for summary in hparams(dict(flatten(config_to_dict(config))), scores):
+            writer.file_writer.add_summary(summary)
+        for tag, value in scores.items():
+            writer.add_scalar(tag, value)

@@ -1,0 +1,61 @@
+"""`mlptrain sweep` as a user meets it: real processes on the real MNIST."""
+
+import json
+
+import yaml
+
+from tests.cli.test_cli import REPO, assert_clean_failure, mlptrain
+
+FAST = ["backend=cpu", "train.epochs=1", "model.hidden=[16]", "train.batch_size=1000", "data.val_size=1000",
+        "train.eval_batch_size=5000"]
+
+
+def write_sweep(folder, **fields):
+    path = folder / "lr.yaml"
+    path.write_text(yaml.safe_dump({"base": "adam_mnist", "metric": "val_acc", **fields}, sort_keys=False))
+    return path
+
+
+def test_a_two_point_grid_completes_and_ranks_both(tmp_path, data_dir):
+    path = write_sweep(tmp_path, parameters={"optim.lr": [1.0e-3, 1.0e-2]})
+    result = mlptrain("sweep", str(path), *FAST, "--runs-dir", str(tmp_path / "runs"), cwd=REPO,
+                      env={"MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "runs" / "lr" / "results.json").read_text())
+    trials = sorted(results["trials"], key=lambda t: -t["value"])
+    assert [t["state"] for t in trials] == ["complete", "complete"] and results["best"] == trials[0]["number"]
+    assert {t["params"]["optim.lr"] for t in trials} == {1.0e-3, 1.0e-2}
+    rows = [line for line in result.stderr.splitlines() if line.startswith("│") and "complete" in line]
+    assert len(rows) == 2 and "1 best" in rows[0] and f"trial-{trials[0]['number']:04d}" in rows[0]
+
+
+def test_workers_share_the_grid_in_child_processes(tmp_path, data_dir):
+    path = write_sweep(tmp_path, parameters={"optim.lr": [1.0e-3, 3.0e-3, 1.0e-2]})
+    result = mlptrain("sweep", str(path), *FAST, "--workers", "2", "--name", "two", "--runs-dir",
+                      str(tmp_path / "runs"), cwd=REPO, env={"MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert result.returncode == 0, result.stderr
+    sweep_dir = tmp_path / "runs" / "two"
+    results = json.loads((sweep_dir / "results.json").read_text())
+    assert sorted(t["params"]["optim.lr"] for t in results["trials"]) == [1.0e-3, 3.0e-3, 1.0e-2]
+    assert all(t["state"] == "complete" for t in results["trials"])
+    logs = [(sweep_dir / f"worker-{i}.log").read_text() for i in range(2)]
+    ran = [log.count("optim.lr=") for log in logs]
+    assert sum(ran) == 3, logs
+
+
+def test_a_bad_sweep_fails_cleanly_and_creates_nothing(tmp_path):
+    path = write_sweep(tmp_path, parameters={"optim.lrr": [1.0e-3]})
+    result = mlptrain("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_clean_failure(result, "did you mean 'optim.lr'")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_sweep_names_the_builtin_ones(tmp_path):
+    result = mlptrain("sweep", "nowhere.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_clean_failure(result, "sweep_lr_mnist")
+
+
+def test_builtin_sweeps_are_not_listed_as_configs(tmp_path):
+    result = mlptrain("configs", cwd=tmp_path)
+    assert result.returncode == 0 and "adam_mnist" in result.stdout + result.stderr
+    assert "sweep_lr_mnist" not in result.stdout + result.stderr

@@ -1,0 +1,161 @@
+"""CUDA convolution kernels against float64 references, in every storage format.
+
+Shapes are (N, H, W, Cin, Cout): tiny and awkward (odd H x W like 5 x 7,
+channels that are no multiple of any tile, N from 1 to 3) because on CI the
+kernels run under the CUDA simulator, a Python thread per CUDA thread: each
+case here launches one or two blocks. Tiny outputs pick the SMALL or
+NARROW tile; `test_every_tile` forces each. The `real_gpu` tests run the
+autoencoder's layers at real sizes. Cases live in `tests.reference_conv`.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.numba_kernels import conv, gemm
+from tests import kernel_cases
+from tests import reference_conv as ref
+
+pytestmark = pytest.mark.gpu
+
+BACKEND = kernel_cases.numba_backend()
+FP32, FP16, BF16 = np.float32, np.float16, np.uint16
+
+
+@pytest.mark.parametrize("shape, size, activation, dtype", [
+    ((1, 5, 7, 3, 5), 3, RELU, FP32),
+    ((2, 3, 4, 6, 9), 1, NONE, FP16),
+    ((1, 4, 5, 2, 7), 5, TANH, BF16),
+    ((3, 2, 3, 4, 3), 3, SIGMOID, FP32),
+])
+def test_conv2d_forward(rng, shape, size, activation, dtype):
+    ref.forward_case(BACKEND, rng, shape, size, activation, dtype)
+
+
+@pytest.mark.parametrize("shape, size, activation, dtype", [
+    ((1, 5, 7, 3, 5), 3, RELU, FP32),
+    ((2, 3, 4, 6, 9), 1, NONE, BF16),
+    ((1, 4, 5, 2, 7), 5, TANH, FP16),
+])
+def test_conv2d_backward_input(rng, shape, size, activation, dtype):
+    ref.backward_input_case(BACKEND, rng, shape, size, activation, dtype)
+
+
+@pytest.mark.parametrize("shape, size, beta, dtype", [
+    ((1, 5, 7, 3, 5), 3, 0.0, FP32),
+    ((2, 3, 4, 6, 9), 1, 1.0, FP16),
+    ((1, 4, 5, 2, 7), 5, 1.0, BF16),
+])
+def test_conv2d_backward_weight(rng, shape, size, beta, dtype):
+    ref.backward_weight_case(BACKEND, rng, shape, size, beta, dtype)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_backward_weight_in_several_chunks(rng, monkeypatch, beta):
+    """105 pixels in chunks of 64: two pass-1 blocks, the second chunk ragged."""
+    monkeypatch.setattr(conv, "MIN_CHUNK", 32)
+    monkeypatch.setattr(conv, "CHUNK_BLOCKS", 10**6)
+    assert conv._weight_plan((3, 5, 7, 2), (3, 3, 2, 3))[1:] == (64, 2, 3)
+    ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 3), 3, beta, FP32)
+
+
+@pytest.mark.parametrize("tile", list(conv.TILES))
+def test_every_tile(rng, monkeypatch, tile):
+    """Each tile, forced, on one layer's three passes: 27 and 36 summed
+    columns span several K steps of each (SMALL's 64-column step aside)."""
+    monkeypatch.setattr(conv, "_pick_tile", lambda rows, columns, fill=True: tile)
+    ref.forward_case(BACKEND, rng, (1, 3, 5, 3, 4), 3, RELU, FP32)
+    ref.backward_input_case(BACKEND, rng, (1, 3, 5, 3, 4), 3, RELU, BF16)
+    ref.backward_weight_case(BACKEND, rng, (1, 3, 5, 3, 4), 3, 1.0, FP32)
+
+
+def test_bias_gradient_is_reduce_bias_backward(rng):
+    ref.bias_gradient_case(BACKEND, rng, (2, 5, 7, 6), 1.0)
+
+
+def test_tile_choice_avoids_padding_narrow_outputs():
+    assert conv._pick_tile(256 * 32 * 32, 256) == "large"
+    assert conv._pick_tile(256 * 32 * 32, 3) == "narrow"  # the decoder's last layer
+    assert conv._pick_tile(3 * 3 * 256, 3, fill=False) == "narrow"  # and its weight gradient
+    assert conv._pick_tile(3 * 3 * 3, 256, fill=False) == "small"  # the first layer's weight gradient
+
+
+def test_workspace_fills_the_gpu_and_serves_smaller_batches():
+    layers = [((32, 32, 3), 256), ((16, 16, 256), 128), ((8, 8, 128), 128), ((16, 16, 128), 256), ((32, 32, 256), 3)]
+    for (H, W, cin), cout in layers:
+        w_shape = (3, 3, cin, cout)
+        sizes = [conv.conv2d_backward_weight_workspace((n, H, W, cin), w_shape) for n in range(0, 257)]
+        assert sizes == sorted(sizes) and sizes[0] == 9 * cin * cout
+        name, chunk, chunks, _ = conv._weight_plan((256, H, W, cin), w_shape)
+        grid, _ = gemm._grid(9 * cin, cout, conv.TILES[name][0])
+        assert grid[0] * grid[1] * chunks >= conv.CHUNK_BLOCKS // 2 and chunk % conv.CHUNK_STEP == 0
+
+
+def test_launchers_reject_bad_arguments(rng):
+    device = lambda *shape, dtype=FP32: cuda.to_device(np.zeros(shape, dtype))  # noqa: E731
+    x, w, b, y = device(1, 4, 4, 3), device(3, 3, 3, 5), device(5), device(1, 4, 4, 5)
+    with pytest.raises(ValueError, match="odd size"):
+        conv.conv2d_forward(x, device(2, 2, 3, 5), b, y, RELU)
+    with pytest.raises(ValueError, match="w has shape"):
+        conv.conv2d_forward(x, device(3, 3, 4, 5), b, y, RELU)
+    with pytest.raises(ValueError, match="y has shape"):
+        conv.conv2d_forward(x, w, b, device(1, 4, 5, 5), RELU)
+    with pytest.raises(ValueError, match="float16"):
+        conv.conv2d_forward(x, w, b, device(1, 4, 4, 5, dtype=FP16), RELU)
+    with pytest.raises(ValueError, match="device array"):
+        conv.conv2d_forward(np.zeros((1, 4, 4, 3), FP32), w, b, y, RELU)
+    with pytest.raises(ValueError, match="activation"):
+        conv.conv2d_forward(x, w, b, y, 7)
+    with pytest.raises(ValueError, match="h has shape"):
+        conv.conv2d_backward_input(y, w, y, x, RELU)
+    with pytest.raises(ValueError, match="beta"):
+        conv.conv2d_backward_weight(x, y, device(3, 3, 3, 5), 0.5, device(10**5))
+    with pytest.raises(ValueError, match="workspace has 3 elements"):
+        conv.conv2d_backward_weight(x, y, device(3, 3, 3, 5), 0.0, device(3))
+
+
+# --- real sizes: skipped on the simulator -------------------------------------------
+
+AUTOENCODER = [  # (H, W, Cin, Cout, activation of the layer, activation of its input)
+    (32, 32, 3, 256, RELU, NONE),
+    (16, 16, 256, 128, RELU, RELU),
+    (8, 8, 128, 128, RELU, RELU),
+    (16, 16, 128, 256, RELU, RELU),
+    (32, 32, 256, 3, NONE, RELU),
+]
+
+
+def twice(launch, output):
+    """Host copy of `output` after two launches, asserted bitwise equal."""
+    runs = []
+    for _ in range(2):
+        launch()
+        runs.append(output.copy_to_host())
+    np.testing.assert_array_equal(runs[0].view(np.uint8), runs[1].view(np.uint8))
+    return runs[0]
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("layer", AUTOENCODER)
+def test_autoencoder_layers_on_the_gpu(rng, layer, dtype):
+    """The autoencoder's five layers at batch 8: all three passes checked
+    against float64 and launched twice for bitwise-identical results."""
+    H, W, cin, cout, activation, input_activation = layer
+    (x, xv), (w, wv), (b, bv) = (ref.stored(rng, s, dtype) for s in ((8, H, W, cin), (3, 3, cin, cout), (cout,)))
+    (dy, dyv), (h, hv) = ref.stored(rng, (8, H, W, cout), dtype), ref.stored(rng, (8, H, W, cin), dtype, RELU)
+    d = {name: cuda.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
+    y, dx = ref.poisoned(BACKEND, (8, H, W, cout), dtype), ref.poisoned(BACKEND, (8, H, W, cin), dtype)
+    dw = ref.poisoned(BACKEND, (3, 3, cin, cout), np.float32)
+    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape), np.float32)
+    got = twice(lambda: conv.conv2d_forward(d["x"], d["w"], d["b"], y, activation), y)
+    ref.assert_within(ref.stored_values(got), ref.conv2d_forward(xv, wv, bv, activation),
+                      ref.forward_tolerance(xv, wv, bv, activation, dtype))
+    got = twice(lambda: conv.conv2d_backward_input(d["dy"], d["w"], d["h"], dx, input_activation), dx)
+    ref.assert_within(ref.stored_values(got), ref.conv2d_backward_input(dyv, wv, hv, input_activation),
+                      ref.backward_input_tolerance(dyv, wv, hv, input_activation, dtype))
+    got = twice(lambda: conv.conv2d_backward_weight(d["x"], d["dy"], dw, 0.0, workspace), dw)
+    old = np.zeros(w.shape, np.float32)
+    ref.assert_within(got, ref.conv2d_backward_weight(xv, dyv, old, 0.0),
+                      ref.backward_weight_tolerance(xv, dyv, old, 0.0))

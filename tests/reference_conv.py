@@ -1,0 +1,203 @@
+"""Float64 references, error bounds and shared cases for the convolution
+kernels of both backends.
+
+The references state each operation in its plainest form, independent of the
+im2col formulation the kernels use: the forward pass sums shifted images
+times per-tap matrices, the input gradient scatters dy back through each tap
+(the adjoint, not the flipped-kernel convolution the kernels compute). Inputs
+reach the kernels in a storage format (float32, float16, bf16 in uint16);
+the references read back exactly the stored values.
+
+Tolerances are worst-case bounds, not fudge factors: a float32 sum of n
+products in any order is off by at most gamma_n times the sum of the terms'
+absolute values (Higham, Accuracy and Stability of Numerical Algorithms,
+2nd ed., 2002, section 3.1), each rounding to a storage format by at most its
+unit roundoff u (plus half its subnormal spacing near zero), and tanh and
+sigmoid are 1-Lipschitz, so an error in z carries to act(z) at most as is.
+"""
+
+import numpy as np
+
+from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.precision import from_float32
+from tests.reference import activate, activation_grad, assert_within
+
+U32 = 2.0**-24
+UNIT_ROUNDOFF = {np.dtype(np.float32): U32, np.dtype(np.float16): 2.0**-11, np.dtype(np.uint16): 2.0**-8}
+# Half the subnormal spacing: the most a rounding to the format is off near zero.
+UNDERFLOW = {np.dtype(np.float32): 2.0**-150, np.dtype(np.float16): 2.0**-25, np.dtype(np.uint16): 2.0**-134}
+# CUDA's tanhf and expf are within 2 ulp (CUDA C++ Programming Guide,
+# Mathematical Functions), the sigmoid's add and divide round once each:
+# 4 ulp = 8 u of the result.
+SQUASH_ERROR = 8 * U32
+STORAGE = [np.float32, np.float16, np.uint16]
+
+
+def stored_values(array):
+    """The float64 values an array in a storage format holds (uint16 = bf16)."""
+    array = np.asarray(array)
+    if array.dtype == np.uint16:
+        return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return array.astype(np.float64)
+
+
+def gamma(n):
+    """Relative error bound of an n-term float32 inner product, any order."""
+    return n * U32 / (1 - n * U32)
+
+
+# --- the operations ---------------------------------------------------------------
+
+
+def _padded(x, size):
+    pad = size // 2
+    return np.pad(np.asarray(x, np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+
+
+def convolution(x, w):
+    """sum over taps (dh, dw) of x shifted by (dh - P, dw - P) times w[dh, dw]."""
+    size, H, W = w.shape[0], x.shape[1], x.shape[2]
+    padded, w = _padded(x, size), np.asarray(w, np.float64)
+    out = np.zeros(x.shape[:3] + (w.shape[3],))
+    for dh in range(size):
+        for dw in range(size):
+            out += padded[:, dh:dh + H, dw:dw + W, :] @ w[dh, dw]
+    return out
+
+
+def convolution_adjoint(dy, w):
+    """The transpose of `convolution` in x: dy scattered back through each tap."""
+    size, (N, H, W, _) = w.shape[0], dy.shape
+    pad, dy, w = size // 2, np.asarray(dy, np.float64), np.asarray(w, np.float64)
+    out = np.zeros((N, H + 2 * pad, W + 2 * pad, w.shape[2]))
+    for dh in range(size):
+        for dw in range(size):
+            out[:, dh:dh + H, dw:dw + W, :] += dy @ w[dh, dw].T
+    return out[:, pad:pad + H, pad:pad + W, :]
+
+
+def weight_gradient(x, dy, size):
+    """d(sum dy * convolution(x, w)) / dw, tap by tap."""
+    H, W, C = x.shape[1:]
+    padded, dy = _padded(x, size), np.asarray(dy, np.float64).reshape(-1, dy.shape[3])
+    return np.array([[padded[:, dh:dh + H, dw:dw + W, :].reshape(-1, C).T @ dy for dw in range(size)]
+                     for dh in range(size)])
+
+
+def conv2d_forward(x, w, b, activation):
+    return activate(convolution(x, w) + b, activation)
+
+
+def conv2d_backward_input(dy, w, h, activation):
+    return convolution_adjoint(dy, w) * activation_grad(h, activation)
+
+
+def conv2d_backward_weight(x, dy, old, beta):
+    product = weight_gradient(x, dy, old.shape[0])
+    return product if beta == 0.0 else beta * np.asarray(old, np.float64) + product
+
+
+# --- error bounds -----------------------------------------------------------------
+
+
+def rounded(bound, value, u, tiny):
+    """The error bound after rounding, with unit roundoff u, a computed value
+    that was within `bound` of the exact `value`."""
+    return bound + u * (np.abs(value) + bound) + tiny
+
+
+def forward_tolerance(x, w, b, activation, dtype):
+    """y = store(act(z)), z = sum of Cin*KS*KS products + b in float32; for
+    tanh and sigmoid z is stored (rounded) before the squash, as on the GPU."""
+    u, tiny = UNIT_ROUNDOFF[np.dtype(dtype)], UNDERFLOW[np.dtype(dtype)]
+    z = convolution(x, w) + b
+    y = activate(z, activation)
+    bound = gamma(np.prod(w.shape[:3]) + 1) * (convolution(np.abs(x), np.abs(w)) + np.abs(b))
+    if activation in (TANH, SIGMOID):
+        bound = rounded(bound, z, u, tiny)
+        bound = rounded(bound, y, SQUASH_ERROR, 0.0)
+    return rounded(bound, y, u, tiny)
+
+
+def backward_input_tolerance(dy, w, h, activation, dtype):
+    """dx = store(store(sum of Cout*KS*KS products) * act'(h)); act'(h) in
+    float32 (1 - h*h, h*(1 - h)) is off by at most 2u32 (h^2 + |act'(h)|)."""
+    u, tiny = UNIT_ROUNDOFF[np.dtype(dtype)], UNDERFLOW[np.dtype(dtype)]
+    total = convolution_adjoint(dy, w)
+    bound = gamma(w.shape[0] * w.shape[1] * w.shape[3]) * convolution_adjoint(np.abs(dy), np.abs(w))
+    if activation == NONE:
+        return rounded(bound, total, u, tiny)
+    grad = activation_grad(h, activation)
+    grad_error = 0.0 if activation == RELU else 2 * U32 * (np.asarray(h, np.float64) ** 2 + np.abs(grad))
+    bound = rounded(bound, total, u, tiny)
+    bound = bound * (np.abs(grad) + grad_error) + np.abs(total) * grad_error
+    bound = rounded(bound, total * grad, U32, UNDERFLOW[np.dtype(np.float32)])
+    return rounded(bound, total * grad, u, tiny)
+
+
+def backward_weight_tolerance(x, dy, old, beta):
+    """dw = beta * dw + a float32 sum of N*H*W products (float32 output)."""
+    pixels = x.shape[0] * x.shape[1] * x.shape[2]
+    terms = weight_gradient(np.abs(x), np.abs(dy), old.shape[0]) + beta * np.abs(old)
+    return gamma(pixels + 1) * terms + UNDERFLOW[np.dtype(np.float32)]
+
+
+# --- cases both backends run (be: a tests.kernel_cases.Backend) ----------------------
+
+
+def stored(rng, shape, dtype, activation=NONE):
+    """(array in the storage format, its float64 values); with an activation,
+    the array holds act(z) of a random z, as a layer's output would."""
+    values = activate(rng.standard_normal(shape), activation).astype(np.float32)
+    array = from_float32(values, dtype)
+    return array, stored_values(array)
+
+
+def poisoned(be, shape, dtype):
+    """An output array of NaNs, so unwritten elements fail the comparison."""
+    return be.to_device(from_float32(np.full(shape, np.nan, np.float32), dtype))
+
+
+def forward_case(be, rng, shape, size, activation, dtype):
+    N, H, W, cin, cout = shape
+    (x, xv), (w, wv), (b, bv) = (stored(rng, s, dtype) for s in ((N, H, W, cin), (size, size, cin, cout), (cout,)))
+    y = poisoned(be, (N, H, W, cout), dtype)
+    be.kernels.conv.conv2d_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation)
+    got = stored_values(be.to_host(y))
+    assert_within(got, conv2d_forward(xv, wv, bv, activation), forward_tolerance(xv, wv, bv, activation, dtype))
+
+
+def backward_input_case(be, rng, shape, size, activation, dtype):
+    N, H, W, cin, cout = shape
+    (dy, dyv), (w, wv) = stored(rng, (N, H, W, cout), dtype), stored(rng, (size, size, cin, cout), dtype)
+    h, hv = stored(rng, (N, H, W, cin), dtype, activation)
+    dx = poisoned(be, (N, H, W, cin), dtype)
+    be.kernels.conv.conv2d_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
+    got = stored_values(be.to_host(dx))
+    expected = conv2d_backward_input(dyv, wv, hv, activation)
+    assert_within(got, expected, backward_input_tolerance(dyv, wv, hv, activation, dtype))
+
+
+def backward_weight_case(be, rng, shape, size, beta, dtype):
+    N, H, W, cin, cout = shape
+    (x, xv), (dy, dyv) = stored(rng, (N, H, W, cin), dtype), stored(rng, (N, H, W, cout), dtype)
+    old = rng.standard_normal((size, size, cin, cout)).astype(np.float32)
+    # beta 0 must not read dw: NaN there would leak into the result
+    dw = poisoned(be, old.shape, np.float32) if beta == 0.0 else be.to_device(old)
+    conv = be.kernels.conv
+    workspace = be.to_device(np.full(conv.conv2d_backward_weight_workspace(x.shape, old.shape), np.nan, np.float32))
+    conv.conv2d_backward_weight(be.to_device(x), be.to_device(dy), dw, beta, workspace)
+    expected = conv2d_backward_weight(xv, dyv, old, beta)
+    assert_within(be.to_host(dw), expected, backward_weight_tolerance(xv, dyv, old, beta))
+
+
+def bias_gradient_case(be, rng, shape, beta):
+    """With NHWC, dy viewed (N*H*W, Cout) is what reduce.bias_backward sums."""
+    dy = rng.standard_normal(shape).astype(np.float32)
+    old = rng.standard_normal(shape[3]).astype(np.float32)
+    db = be.to_device(np.full(shape[3], np.nan, np.float32)) if beta == 0.0 else be.to_device(old)
+    be.kernels.reduce.bias_backward(be.to_device(dy.reshape(-1, shape[3])), db, beta)
+    pixels = dy.size // shape[3]
+    expected = dy.astype(np.float64).sum(axis=(0, 1, 2)) + beta * old
+    bound = gamma(pixels + 1) * (np.abs(dy).sum(axis=(0, 1, 2)) + beta * np.abs(old))
+    assert_within(be.to_host(db), expected, bound + UNDERFLOW[np.dtype(np.float32)])

@@ -1,0 +1,266 @@
+"""Sweeps: what runs, what is recorded, what a re-run does, and how workers share a study.
+
+Most tests run the command in-process on a small learnable stand-in for MNIST
+(each class lights its own band of pixels), so a trial takes a fraction of a
+second on the CPU; the two-worker test runs real processes on the real data.
+"""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import optuna
+import pytest
+import typer
+import yaml
+
+import mlptrain.sweep as engine
+import mlptrain.train
+from mlptrain.cli.configs import builtin_configs
+from mlptrain.cli.sweep import builtin_sweeps, resolve_base, sweep
+from mlptrain.data import DATASETS, ImageDataset
+from mlptrain.errors import UserError
+from mlptrain.sweep_file import load_sweep
+from tests.cli.test_cli import REPO
+
+FAST = ["backend=cpu", "train.epochs=1", "model.hidden=[16]", "data.val_size=100", "train.batch_size=100",
+        "train.eval_batch_size=500"]
+
+
+def _banded(rng, n):
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    images = rng.integers(0, 60, (n, 784)).astype(np.uint8)
+    for c in range(10):
+        images[labels == c, c * 78:(c + 1) * 78] += 150
+    return images, labels
+
+
+@pytest.fixture
+def tiny_mnist(monkeypatch):
+    rng = np.random.default_rng(0)
+    (train_x, train_y), (test_x, test_y) = _banded(rng, 600), _banded(rng, 200)
+    dataset = ImageDataset("mnist", train_x, train_y, test_x, test_y, (1, 28, 28), 10, 0.3, 0.3)
+    monkeypatch.setitem(DATASETS, "mnist", lambda root=None: dataset)
+
+
+@pytest.fixture
+def trains(monkeypatch):
+    """The list of configs `train` was called with, in order."""
+    calls, real = [], mlptrain.train.train
+
+    def counting(config, *args, **kwargs):
+        calls.append(config)
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(mlptrain.train, "train", counting)
+    return calls
+
+
+def write_sweep(tmp_path, parameters, **fields):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": "adam_mnist", "metric": "val_acc", **fields, "parameters": parameters},
+                                   sort_keys=False))
+    return path
+
+
+def run_sweep(path, runs_dir, overrides=(), name="s", fast=FAST):
+    sweep(str(path), [*fast, *overrides], runs_dir, name, None, 1)
+    return json.loads((runs_dir / name / "results.json").read_text())
+
+
+def study_trials(sweep_dir):
+    storage = f"sqlite:///{sweep_dir / 'study.db'}"
+    return optuna.load_study(study_name=sweep_dir.name, storage=storage).get_trials()
+
+
+def test_grid_runs_exactly_its_product(tmp_path, tiny_mnist, trains):
+    lrs, activations = [1e-3, 3e-3, 1e-2], ["relu", "tanh"]
+    path = write_sweep(tmp_path, {"optim.lr": lrs, "model.activation": activations})
+    results = run_sweep(path, tmp_path / "runs")
+    points = [(t["params"]["optim.lr"], t["params"]["model.activation"]) for t in results["trials"]]
+    assert sorted(points) == sorted(itertools.product(lrs, activations))
+    assert len(trains) == 6 and len(study_trials(tmp_path / "runs" / "s")) == 6
+    assert {(c.optim.lr, c.model.activation) for c in trains} == set(points)
+    assert all(t["state"] == "complete" and t["value"] == t["metrics"]["val_acc"] for t in results["trials"])
+    best = max(results["trials"], key=lambda t: t["value"])
+    assert results["best"] == best["number"]
+    for trial in results["trials"]:
+        summary = json.loads((tmp_path / trial["run_dir"] / "summary.json").read_text())
+        assert summary["val_acc"] == trial["value"]
+    csv_lines = (tmp_path / "runs" / "s" / "results.csv").read_text().splitlines()
+    assert csv_lines[0] == "number,state,val_acc,optim.lr,model.activation,run_dir,error" and len(csv_lines) == 7
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_a_failing_trial_is_recorded_and_the_others_complete(tmp_path, tiny_mnist):
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3, 1e12, 3e-3]})
+    results = run_sweep(path, tmp_path / "runs", ["optim.name=sgd"])
+    states = {t["params"]["optim.lr"]: t["state"] for t in results["trials"]}
+    assert states == {1e-3: "complete", 1e12: "failed", 3e-3: "complete"}
+    failed = next(t for t in results["trials"] if t["state"] == "failed")
+    assert "optim.lr=1000000000000.0 is likely too high" in failed["error"] and failed["value"] is None
+
+
+def test_an_invalid_combination_fails_only_its_trial(tmp_path, tiny_mnist):
+    # cosine has no warmup: (cosine, 10) is rejected by the config, the three other points run
+    path = write_sweep(tmp_path, {"schedule.name": ["cosine", "warmup_cosine"], "schedule.warmup_steps": [0, 10]})
+    results = run_sweep(path, tmp_path / "runs")
+    failed = [t for t in results["trials"] if t["state"] == "failed"]
+    assert [t["params"] for t in failed] == [{"schedule.name": "cosine", "schedule.warmup_steps": 10}]
+    assert "has no warmup" in failed[0]["error"] and failed[0]["run_dir"] is None
+    assert sum(t["state"] == "complete" for t in results["trials"]) == 3
+
+
+def test_resume_after_ctrl_c_runs_only_what_is_missing(tmp_path, tiny_mnist, trains, monkeypatch):
+    real = mlptrain.train.train
+
+    def interrupted_third(config, *args, **kwargs):
+        if len(trains) == 2:
+            raise KeyboardInterrupt
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(mlptrain.train, "train", interrupted_third)
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]})
+    with pytest.raises(typer.Exit):
+        run_sweep(path, tmp_path / "runs")
+    half = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
+    assert [t["state"] for t in half["trials"]] == ["complete", "complete", "waiting", "waiting"]
+
+    monkeypatch.setattr(mlptrain.train, "train", real)
+    results = run_sweep(path, tmp_path / "runs")
+    assert sorted(c.optim.lr for c in trains[2:]) == [3e-3, 4e-3]
+    assert sorted(t["params"]["optim.lr"] for t in results["trials"]) == [1e-3, 2e-3, 3e-3, 4e-3]
+    assert all(t["state"] == "complete" for t in results["trials"])
+
+
+def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, monkeypatch):
+    monkeypatch.setattr(engine, "GRACE_S", 1)
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
+    spec = load_sweep(path, FAST, resolve_base)
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    study, storage = engine.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
+    trial, _ = engine._claim(study, storage, storage.get_study_id_from_name("s"))  # then the worker is killed
+    assert trial.number == 0
+    time.sleep(2.5)  # SQLite keeps heartbeats to the second
+
+    results = run_sweep(path, tmp_path / "runs")
+    assert sorted(c.optim.lr for c in trains) == [1e-3, 3e-3]
+    assert [(t["number"], t["state"]) for t in results["trials"]] == [(1, "complete"), (2, "complete")]
+    assert {t.number: t.state.name for t in study_trials(tmp_path / "runs" / "s")} == \
+        {0: "FAIL", 1: "COMPLETE", 2: "COMPLETE"}
+
+
+def test_a_live_trial_keeps_beating_and_a_dead_one_is_queued_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(engine, "GRACE_S", 2)
+    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), [], resolve_base)
+    study, storage = engine.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
+    trial, trial_id = engine._claim(study, storage, storage.get_study_id_from_name("s"))
+    with engine._Heartbeat(storage, trial_id):
+        time.sleep(4)  # twice the grace period, from a thread of its own
+        engine.requeue_stale(study)
+        assert [t.state.name for t in study.get_trials()] == ["RUNNING"]
+    time.sleep(3.5)  # silence: the worker is taken for dead
+    engine.requeue_stale(study)
+    first, retry = study.get_trials()
+    assert first.state.name == "FAIL" and retry.state.name == "WAITING"
+    assert retry.user_attrs == {"retry_of": 0} and retry.system_attrs["fixed_params"] == {"optim.lr": 1e-3}
+
+
+def test_random_and_tpe_run_their_trials_within_the_range(tmp_path, tiny_mnist):
+    for method in ("random", "tpe"):
+        path = write_sweep(tmp_path, {"optim.lr": {"low": 1e-4, "high": 1e-2, "log": True},
+                                      "model.hidden": [[8], [16, 8]]}, method=method, trials=3)
+        results = run_sweep(path, tmp_path / "runs", name=method, fast=[o for o in FAST if "hidden" not in o])
+        assert len(results["trials"]) == 3 and all(t["state"] == "complete" for t in results["trials"])
+        assert all(1e-4 <= t["params"]["optim.lr"] <= 1e-2 for t in results["trials"])
+        assert all(t["params"]["model.hidden"] in ([8], [16, 8]) for t in results["trials"])
+
+
+def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_mnist, monkeypatch):
+    monkeypatch.setattr(engine, "PRUNE_AFTER_TRIALS", 1)
+    path = write_sweep(tmp_path, {"optim.lr": [1e-2, 1e-7]}, prune=True)
+    results = run_sweep(path, tmp_path / "runs", ["train.epochs=3"])
+    good, bad = results["trials"]
+    assert good["state"] == "complete" and bad["state"] == "pruned"
+    records = (tmp_path / bad["run_dir"] / "metrics.jsonl").read_text().splitlines()
+    assert len(records) == 1 and bad["value"] == json.loads(records[0])["val_acc"]
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    for trial in (good, bad):  # the finished run logs its own session; the sweep writes the pruned one's
+        (events,) = (tmp_path / trial["run_dir"] / "hparams").glob("events.out.tfevents.*")
+        values = [v for e in EventFileLoader(str(events)).Load() for v in e.summary.value]
+        start = next(v for v in values if v.tag == "_hparams_/session_start_info")
+        data = HParamsPluginData.FromString(start.metadata.plugin_data.content)
+        assert data.session_start_info.hparams["optim.lr"].number_value == trial["params"]["optim.lr"]
+        assert any(v.tag == "hparam/val_acc" for v in values)
+
+
+def test_a_changed_sweep_is_not_continued(tmp_path, tiny_mnist):
+    run_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), tmp_path / "runs")
+    with pytest.raises(UserError, match="started with a different .*parameters"):
+        run_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 1e-2]}), tmp_path / "runs")
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"metrik": "val_acc"}, "unknown key 'metrik'; did you mean 'metric'?"),
+    ({"metric": "val_accuracy"}, "'val_accuracy' is not one of"),
+    ({"base": "nowhere.yaml"}, "base: 'nowhere.yaml' is neither a file"),
+    ({"method": "bayes"}, "method: 'bayes' is not one of grid, random, tpe"),
+    ({"method": "random"}, "trials: method random needs the number of trials"),
+    ({"parameters": {"optim.lrr": [1e-3]}}, "unknown key 'optim.lrr'; did you mean 'optim.lr'?"),
+    ({"parameters": {"optim.lr": [1e-3, -1]}}, "optim.lr: must be > 0"),
+    ({"parameters": {"optim.lr": {"low": 1e-3, "high": 1e-2}}}, "a grid needs a list of values, not a range"),
+    ({"method": "tpe", "trials": 4, "parameters": {"optim.lr": {"low": 1e-2, "high": 1e-3}}}, "must be below high"),
+    ({"method": "tpe", "trials": 4, "parameters": {"optim.lr": {"low": 0, "high": 1, "log": True}}}, "log range"),
+    ({"method": "tpe", "trials": 4, "parameters": {"optim.name": {"low": 0, "high": 1}}}, "needs a numeric key"),
+    ({"parameters": {"train.epochs": [1, 1]}}, "distinct values"),
+    ({"prune": True, "metric": "wall_s"}, "pruning needs a metric of every evaluation"),
+])
+def test_bad_sweep_files_are_one_clear_line(tmp_path, fields, fragment):
+    raw = {"base": "adam_mnist", "metric": "val_acc", "parameters": {"optim.lr": [1e-3]}, **fields}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(UserError, match=None) as err:
+        load_sweep(path, [], resolve_base)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_override_of_a_varied_key_is_refused(tmp_path):
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3]})
+    with pytest.raises(UserError, match="varies optim.lr"):
+        load_sweep(path, ["optim.lr=0.1"], resolve_base)
+
+
+def test_the_builtin_sweep_is_valid_and_not_a_config():
+    assert "sweep_lr_mnist" in builtin_sweeps() and "sweep_lr_mnist" not in builtin_configs()
+    spec = load_sweep(builtin_sweeps()["sweep_lr_mnist"], [], resolve_base)
+    assert spec.method == "grid" and spec.trials == len(spec.grid()) >= 3
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path, data_dir):
+    """Two processes run the same command at once: between them they finish the grid, each point once."""
+    lrs = [1e-3, 2e-3, 3e-3, 4e-3]
+    path = write_sweep(tmp_path, {"optim.lr": lrs})
+    command = [sys.executable, "-m", "mlptrain", "sweep", str(path), "backend=cpu", "train.epochs=1",
+               "model.hidden=[16]", "train.batch_size=1000", "data.val_size=1000", "train.eval_batch_size=5000",
+               "--runs-dir", str(tmp_path / "runs"), "--name", "shared"]
+    env = {**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)}
+    workers = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    results = json.loads((tmp_path / "runs" / "shared" / "results.json").read_text())
+    assert sorted(t["params"]["optim.lr"] for t in results["trials"]) == lrs
+    assert all(t["state"] == "complete" for t in results["trials"])
+    assert len(study_trials(tmp_path / "runs" / "shared")) == len(lrs)
+    ran = [sorted(int(line.split()[1].rstrip(":")) for line in out.splitlines() if line.startswith("trial ")
+                  and "optim.lr=" in line) for out in outputs]
+    assert sorted(ran[0] + ran[1]) == list(range(len(lrs))), ran
+    assert len(list((tmp_path / "runs" / "shared").glob("trial-*/summary.json"))) == len(lrs)
