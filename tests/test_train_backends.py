@@ -24,6 +24,17 @@ def tiny_dataset(rng, features=10, classes=3, train=40, test=9):
                         image_shape=(1, 1, features), num_classes=classes, mean=0.5, std=0.25)
 
 
+def one_epoch_on_both_backends(config, dataset):
+    """[(parameters, metric reads, validation (loss, acc))] after one epoch on the NumPy, then the CUDA backend."""
+    results = []
+    for backend in (CpuBackend(), CudaBackend()):
+        session = build_session(config, backend, dataset)
+        reads = []
+        train_epoch(session, 1, reads.append)
+        results.append((session.model.params.to_host_dict(), reads, evaluate(session, session.val)))
+    return results
+
+
 @pytest.mark.gpu
 # the simulator takes ~25 s per case: it checks the wiring once; the optimizer kernels have their own tests
 @pytest.mark.parametrize("optim", OPTIMIZERS[-1:] if ON_SIMULATOR else OPTIMIZERS)
@@ -31,13 +42,7 @@ def test_cuda_graph_matches_numpy_graph(rng, optim):
     dataset = tiny_dataset(rng)
     config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6, 5]}, "optim": optim,
                                "train": {"batch_size": 8, "eval_batch_size": 4, "log_every": 2}})
-    results = []
-    for backend in (CpuBackend(), CudaBackend()):
-        session = build_session(config, backend, dataset)
-        reads = []
-        train_epoch(session, 1, reads.append)
-        results.append((session.model.params.to_host_dict(), reads, evaluate(session, session.val)))
-    (cpu_params, cpu_reads, cpu_eval), (gpu_params, gpu_reads, gpu_eval) = results
+    (cpu_params, cpu_reads, cpu_eval), (gpu_params, gpu_reads, gpu_eval) = one_epoch_on_both_backends(config, dataset)
     for name in cpu_params:
         np.testing.assert_allclose(gpu_params[name], cpu_params[name], rtol=1e-4, atol=1e-5, err_msg=name)
     assert [r["step"] for r in gpu_reads] == [r["step"] for r in cpu_reads] == [2, 4, 5]

@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from mlptrain.activation import NONE, RELU
+from mlptrain.nn.graph import StaticGraph
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.precision import STORAGE
 
@@ -39,7 +40,7 @@ def autoencoder_convs(channels: list[int], image_channels: int = 3) -> list[tupl
     return encoder + decoder
 
 
-class ConvAutoencoder:
+class ConvAutoencoder(StaticGraph):
     task = "reconstruction"
 
     def __init__(self, backend, image_shape: tuple[int, int, int], channels: list[int], kernel_size: int,
@@ -114,21 +115,12 @@ class ConvAutoencoder:
             host[f"conv{i}.bias"] = np.zeros(cout, np.float32)
         self.load_parameters(host)
 
-    def load_parameters(self, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
-        """Set the float32 parameters (and refresh their compute copy) from host arrays by name."""
-        self.params.load_host_dict(arrays, prefix)
-        if self.compute is not self.params:
-            self.backend.kernels.precision.cast(self.params.flat, self.compute.flat)
+    def _make_views(self, rows: int):
+        """(inputs, outputs, argmax, input_grads, output_grads) of every convolution, cut to `rows`."""
+        def cut(arrays):
+            return [a[:rows] for a in arrays]
 
-    def views(self, rows: int):
-        """Row slices of every buffer for a batch of `rows`, cached so the step loop allocates nothing."""
-        if rows not in self._views:
-            if not 1 <= rows <= self.max_rows:
-                raise ValueError(f"batch of {rows} rows; the graph holds 1..{self.max_rows}")
-            cut = (lambda arrays: [a[:rows] for a in arrays])
-            self._views[rows] = (cut(self.inputs), cut(self.outputs), cut(self.argmax), cut(self.input_grads),
-                                 cut(self.output_grads))
-        return self._views[rows]
+        return cut(self.inputs), cut(self.outputs), cut(self.argmax), cut(self.input_grads), cut(self.output_grads)
 
     def batch(self, rows: int):
         """(input batch (rows, H*W*C), labels (rows,)): where the loader gathers a batch."""

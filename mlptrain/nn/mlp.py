@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlptrain.activation import ACTIVATIONS, NONE, RELU
+from mlptrain.nn.graph import StaticGraph
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.precision import STORAGE
 
@@ -30,7 +31,7 @@ def mlp_layout(widths: list[int]) -> Layout:
     return Layout(tuple(names), tuple(shapes))
 
 
-class MLP:
+class MLP(StaticGraph):
     def __init__(self, backend, in_features: int, hidden: list[int], num_classes: int,
                  activation: str, max_rows: int, precision: str = "fp32"):
         self.backend = backend
@@ -63,23 +64,9 @@ class MLP:
             host[f"fc{i}.bias"] = np.zeros(fan_out, np.float32)
         self.load_parameters(host)
 
-    def load_parameters(self, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
-        """Set the float32 parameters (and refresh their compute copy) from host arrays by name."""
-        self.params.load_host_dict(arrays, prefix)
-        if self.compute is not self.params:
-            self.backend.kernels.precision.cast(self.params.flat, self.compute.flat)
-
-    def views(self, rows: int):
-        """Row slices of every activation buffer for a batch of `rows`, cached so the step loop allocates nothing."""
-        if rows not in self._views:
-            if not 1 <= rows <= self.max_rows:
-                raise ValueError(f"batch of {rows} rows; the graph holds 1..{self.max_rows}")
-            self._views[rows] = (
-                [h[:rows] for h in self.h],
-                [None] + [g[:rows] for g in self.grad[1:]],
-                self.labels[:rows],
-            )
-        return self._views[rows]
+    def _make_views(self, rows: int):
+        """(h, grad, labels) cut to `rows`: activations, their gradients (grad[0] is None), labels."""
+        return [h[:rows] for h in self.h], [None] + [g[:rows] for g in self.grad[1:]], self.labels[:rows]
 
     task = "classification"
 

@@ -11,6 +11,7 @@ from mlptrain.nn.autoencoder import ConvAutoencoder, autoencoder_convs
 from mlptrain.train import build_session, evaluate, train_epoch
 from tests.conftest import ON_SIMULATOR
 from tests.nn.test_mlp_gradients import central_difference
+from tests.test_train_backends import one_epoch_on_both_backends
 
 
 def conv64(x, w, b):
@@ -100,13 +101,7 @@ def autoencoder_config(**train):
 @pytest.mark.skipif(ON_SIMULATOR, reason="a dozen convolution launches per step: minutes on the simulator")
 def test_cuda_graph_matches_numpy_graph(rng):
     dataset, config = tiny_images(rng, side=8, train=40), autoencoder_config()
-    results = []
-    for backend in (CpuBackend(), CudaBackend()):
-        session = build_session(config, backend, dataset)
-        reads = []
-        train_epoch(session, 1, reads.append)
-        results.append((session.model.params.to_host_dict(), reads, evaluate(session, session.val)))
-    (cpu_params, cpu_reads, cpu_eval), (gpu_params, gpu_reads, gpu_eval) = results
+    (cpu_params, cpu_reads, cpu_eval), (gpu_params, gpu_reads, gpu_eval) = one_epoch_on_both_backends(config, dataset)
     for name in cpu_params:
         np.testing.assert_allclose(gpu_params[name], cpu_params[name], rtol=1e-4, atol=1e-5, err_msg=name)
     np.testing.assert_allclose([r["loss"] for r in gpu_reads], [r["loss"] for r in cpu_reads], rtol=1e-4)
