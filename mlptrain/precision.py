@@ -50,7 +50,8 @@ def from_float32(values, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype == np.uint16:
         return bf16_from_float32(values)
-    return np.asarray(values, np.float32).astype(dtype)
+    with np.errstate(over="ignore"):  # beyond fp16's range is inf, as on the GPU: the loss scaler's signal
+        return np.asarray(values, np.float32).astype(dtype)
 
 
 def round_to_storage(values, dtype) -> np.ndarray:

@@ -47,8 +47,9 @@ def linear_forward(x, w, b, y, activation):
         y += b
         _apply_activation(y, activation)
         return
-    z = to_float32(x) @ to_float32(w)
-    z += to_float32(b)
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        z = to_float32(x) @ to_float32(w)
+        z += to_float32(b)
     if activation in (TANH, SIGMOID):  # the CUDA kernel rounds z before the squash: so do we
         z = round_to_storage(z, y.dtype)
     _apply_activation(z, activation)
@@ -62,7 +63,8 @@ def linear_backward_input(dy, w, h, dx, activation):
         if activation != NONE:
             dx *= _activation_grad(h, activation)
         return
-    grad = to_float32(dy) @ to_float32(w).T
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        grad = to_float32(dy) @ to_float32(w).T
     if activation != NONE:  # the CUDA kernel rounds the product before the activation's derivative
         grad = round_to_storage(grad, dx.dtype) * _activation_grad(to_float32(h), activation)
     dx[...] = from_float32(grad, dx.dtype)
@@ -71,8 +73,9 @@ def linear_backward_input(dy, w, h, dx, activation):
 def linear_backward_weight(x, dy, dw, beta):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32."""
     x, dy = to_float32(x), to_float32(dy)
-    if beta == 0.0:
-        np.matmul(x.T, dy, out=dw)
-    else:
-        dw *= beta
-        dw += x.T @ dy
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        if beta == 0.0:
+            np.matmul(x.T, dy, out=dw)
+        else:
+            dw *= beta
+            dw += x.T @ dy
