@@ -10,6 +10,9 @@ backward adding into the flat float32 gradient buffer; then ONE optimizer step
 update). Per-sample losses and hits land in device buffers indexed by
 position in the epoch; the host reads them, and the step state, every
 `train.log_every` optimizer steps: the loop's only synchronisation.
+
+Checkpoints record the position (epoch, window) and everything that evolves, so a run stopped by
+Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: see mlptrain.resume.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from mlptrain.checkpoint import save_checkpoint
 from mlptrain.config import Config, config_to_dict
 from mlptrain.data.loader import ResidentSplit, epoch_order, resident_splits
 from mlptrain.errors import UserError
+from mlptrain.interrupt import TrainingInterrupted
 from mlptrain.nn import make_model, model_dataset
 from mlptrain.precision import to_float32
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
+from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
+from mlptrain.runs import write_yaml
 from mlptrain.tracking import RunLogger, console, training_progress, write_json
 
 
@@ -54,6 +60,11 @@ class Session:
     eval_loss: object
     eval_correct: object
     unit_scale: object  # a loss scale of 1 for evaluation, whose gradient is discarded
+    stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop is not None and bool(self.stop.signum)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -136,17 +147,6 @@ def evaluate(s: Session, split: ResidentSplit) -> tuple[float, float]:
     return _mean_loss_and_accuracy(s, s.eval_loss, s.eval_correct, 0, split.size)
 
 
-def checkpoint_arrays(s: Session, epoch: int, best: float) -> dict[str, np.ndarray]:
-    arrays = s.model.params.to_host_dict(prefix="params/")
-    arrays.update(s.step.state_dict())
-    if s.plateau is not None:
-        arrays.update(s.plateau.state_dict())
-    arrays["meta/epoch"] = np.array(epoch, np.int64)
-    arrays["meta/seed"] = np.array(s.config.seed, np.int64)
-    arrays[f"meta/best_{s.selection[0]}"] = np.array(best, np.float64)
-    return arrays
-
-
 def _mean_loss_and_accuracy(s: Session, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
     """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64
     (the accuracy is NaN for a model without one)."""
@@ -155,14 +155,25 @@ def _mean_loss_and_accuracy(s: Session, row_loss, row_correct, lo: int, hi: int)
     return float(loss), float(acc)
 
 
-def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None) -> dict:
+def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None, resume: Resume | None = None,
+          stop=None) -> dict:
     """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json.
 
     `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
     written to metrics.jsonl (epoch, step, val_*/test_* metrics); an exception it raises stops the
-    run there (a sweep prunes a trial this way) after that epoch's checkpoint is written."""
+    run there (a sweep prunes a trial this way) after that epoch's checkpoint is written.
+    `resume` continues from a checkpoint of this run (mlptrain.resume.prepare_resume). When
+    `stop.signum` becomes set, the loop writes `last` after the current optimizer step and raises
+    TrainingInterrupted. On a resumed run the summary's timings cover the resumed part only."""
     t_start = time.perf_counter()
     s = build_session(config, backend, dataset)
+    s.stop = stop
+    start = Position()
+    if resume is not None:
+        start = restore(s, resume)  # before anything is written: a mismatched checkpoint changes nothing
+        write_yaml(run_dir / "config.yaml", config_to_dict(config))  # train.epochs may have grown
+        console.print(f"resuming {run_dir} after epoch {start.epoch}"
+                      f"{f' and {start.window} steps' if start.window else ''}")
     t = config.train
     console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {backend.device_name}, "
                   f"{t.precision}; {s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; "
@@ -170,7 +181,7 @@ def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None) -
                   f"accumulated), {s.steps_per_epoch} optimizer steps per epoch")
     logger = RunLogger(run_dir)
     try:
-        last, best, totals = fit(s, logger, run_dir, on_evaluation)
+        last, best, totals = fit(s, logger, run_dir, on_evaluation, start)
         state = s.step.read()
         summary = {
             "run": run_dir.name, "backend": backend.name, "device": backend.device_name,
@@ -199,35 +210,46 @@ def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None) -
     return summary
 
 
-def train_epoch(s: Session, epoch: int, on_read) -> None:
-    """Every optimizer step of one epoch. Each `train.log_every` steps, and at the epoch's end, the host
-    reads the per-sample losses since the last read and the step state (the loop's only
-    synchronisation) and hands `on_read` a dict of epoch, step_in_epoch, step (optimizer steps
-    applied), lr, grad_norm, loss_scale, skipped, loss, acc, samples and seconds."""
+def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
+    """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on. Each
+    `train.log_every` steps, and at the epoch's end, the host reads the per-sample losses since the
+    last read and the step state (the loop's only synchronisation) and hands `on_read` a dict of
+    epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
+    acc, samples and seconds. Returns the windows done: fewer than `s.steps_per_epoch` when a stop
+    was requested."""
     config, window = s.config, s.config.train.effective_batch_size
     s.backend.copy_from_host(s.order, epoch_order(s.train, config.seed, epoch))
     s.backend.synchronize()
-    t_window, read_from = time.perf_counter(), 0
-    for i, start in enumerate(range(0, s.train.size, window)):
+    t_window, read_from = time.perf_counter(), first_window * window
+    for i in range(first_window, s.steps_per_epoch):
+        start = i * window
         rows = min(window, s.train.size - start)
         train_step(s, start, rows)
-        if (i + 1) % config.train.log_every and i + 1 != s.steps_per_epoch:
-            continue
-        loss, acc = _mean_loss_and_accuracy(s, s.row_loss, s.row_correct, read_from, start + rows)
-        state = s.step.read()
-        on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": state["steps"], "lr": state["lr"],
-                 "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
-                 "loss": loss, "acc": acc, "samples": start + rows - read_from,
-                 "seconds": time.perf_counter() - t_window})
-        t_window, read_from = time.perf_counter(), start + rows
+        if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
+            t_window, read_from = _read(s, epoch, i, read_from, start + rows, t_window, on_read)
+        if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
+            return i + 1
+    return s.steps_per_epoch
 
 
-def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None):
-    """The epochs. Returns (last evaluation, best val acc, totals: seconds in training steps, samples
-    trained and the samples/s of each metric window)."""
+def _read(s: Session, epoch: int, i: int, read_from: int, read_to: int, t_window: float, on_read):
+    """Hand `on_read` the metrics of samples [read_from, read_to) of the epoch; returns the next
+    window's (start time, read_from)."""
+    loss, acc = _mean_loss_and_accuracy(s, s.row_loss, s.row_correct, read_from, read_to)
+    state = s.step.read()
+    on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": state["steps"], "lr": state["lr"],
+             "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
+             "loss": loss, "acc": acc, "samples": read_to - read_from, "seconds": time.perf_counter() - t_window})
+    return time.perf_counter(), read_to
+
+
+def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None, start: Position = Position()):
+    """The epochs after `start`. Returns (last evaluation, best val acc, totals: seconds in training
+    steps, samples trained and the samples/s of each metric window)."""
     totals = {"seconds": 0.0, "samples": 0, "rates": []}
     with training_progress() as progress:
-        task = progress.add_task("train", total=s.config.train.epochs * s.steps_per_epoch, epoch=1,
+        task = progress.add_task("train", total=s.config.train.epochs * s.steps_per_epoch, epoch=start.epoch + 1,
+                                 completed=start.epoch * s.steps_per_epoch + start.window,
                                  loss=float("nan"), acc="", rate=0.0)
 
         def on_read(w):
@@ -250,19 +272,28 @@ def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None):
                             epoch=w["epoch"], loss=w["loss"], acc=f"acc {w['acc']:.4f}" if s.classifies else "",
                             rate=rate)
 
-        best, last = None, {}
+        best, last = start.best, {}
         key, higher_is_better = s.selection
-        for epoch in range(1, s.config.train.epochs + 1):
-            train_epoch(s, epoch, on_read)
+        for epoch in range(start.epoch + 1, s.config.train.epochs + 1):
+            done = train_epoch(s, epoch, on_read, start.window if epoch == start.epoch + 1 else 0)
+            if done < s.steps_per_epoch:
+                _stop(s, run_dir, Position(epoch - 1, done, best))
             last = _end_of_epoch(s, logger, run_dir, epoch, best)
             if best is None or (last[key] > best if higher_is_better else last[key] < best):
                 best = last[key]
-            if s.plateau is not None:
-                metric = s.config.schedule.metric if s.classifies else "val_mse"
-                s.step.set_lr_factor(s.plateau.observe(last[metric]))
             if on_evaluation is not None:
                 on_evaluation(last)
+            if s.stop_requested and epoch < s.config.train.epochs:
+                _stop(s, run_dir, Position(epoch, 0, best))
     return last, best, totals
+
+
+def _stop(s: Session, run_dir: Path, position: Position) -> None:
+    """Write `last` at `position` (after the optimizer step just finished) and raise TrainingInterrupted."""
+    save_checkpoint(run_dir / "checkpoints" / "last.npz", checkpoint_arrays(s, position))
+    epoch = position.epoch + (1 if position.window else 0)
+    raise TrainingInterrupted(f"interrupted at epoch {epoch} step {s.step.read()['steps']}; "
+                              f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
 
 
 def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best: float | None) -> dict:
@@ -284,13 +315,16 @@ def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best
         console.print(f"epoch {epoch}: val mse {val_loss:.5f} | test mse {test_loss:.5f}")
     logger.evaluation(record)
     if not np.isfinite(val_loss) and s.val.size:
-        raise TrainingDiverged(f"the validation loss became {val_loss} after epoch {epoch}; "
-                               f"the learning rate optim.lr={s.config.optim.lr} is likely too high")
+        raise TrainingDiverged(f"the validation loss became {val_loss} after epoch {epoch} (optimizer step "
+                               f"{step}); the learning rate optim.lr={s.config.optim.lr} is likely too high")
+    if s.plateau is not None:  # before the checkpoint, which must hold the plateau's state after this epoch
+        metric = s.config.schedule.metric if s.classifies else "val_mse"
+        s.step.set_lr_factor(s.plateau.observe(record[metric]))
     key, higher_is_better = s.selection
     is_best = best is None or (record[key] > best if higher_is_better else record[key] < best)
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs
     if save_last or is_best:
-        arrays = checkpoint_arrays(s, epoch, record[key] if is_best else best)
+        arrays = checkpoint_arrays(s, Position(epoch, 0, record[key] if is_best else best))
         if save_last:
             save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
         if is_best:

@@ -90,3 +90,46 @@ def test_builtin_configs_validate():
     assert {"sgd_mnist", "momentum_mnist", "adam_mnist", "adamw_mnist"} <= set(names)
     for path in names.values():
         load_config(path)
+
+
+# Property: whatever a user writes, the config either validates or raises one clear UserError line.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SECTIONS = {key.split(".")[0] for key in valid_keys() if "." in key}
+FIELDS = sorted({key.split(".")[-1] for key in valid_keys()}) + ["lrr", "epoch", "", "1", "optimizer"]
+SCALARS = (st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True, allow_infinity=True)
+           | st.sampled_from(["adam", "sgd", "plateau", "fp16", "bf16", "cpu", "cuda", "relu", "1e-3", "", "nan",
+                              "mnist", "val_acc", "warmup_cosine", "inverse_sqrt"])
+           | st.text(max_size=8))
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.sampled_from(FIELDS), inner, max_size=3), max_leaves=6)
+SECTION = st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=5)
+RAW = st.dictionaries(st.sampled_from(sorted(SECTIONS) + ["seed", "backend", "description", "optimiser", "x"]),
+                      SECTION | VALUES, max_size=5)
+
+
+def validates_or_refuses(build):
+    try:
+        return build()
+    except UserError as err:
+        assert "\n" not in str(err) and str(err)
+
+
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(RAW)
+def test_random_configs_validate_or_raise_user_error(raw):
+    config = validates_or_refuses(lambda: config_from_dict(raw, source="random"))
+    if config is not None:
+        assert config_from_dict(config_to_dict(config)) == config
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.tuples(st.sampled_from(valid_keys() + ["optim.lrr", "train", "a.b.c", ""]),
+                          st.sampled_from(["", "=", "=1", "=-1", "=0", "=2.5", "=[1,2]", "=[", "=null", "=true",
+                                           "=adam", "=fp16", "=.inf", "={a: 1}", "=1e-3", "=[0.9, 0.99]"])),
+                max_size=4))
+def test_random_overrides_validate_or_raise_user_error(tmp_path_factory, overrides):
+    path = tmp_path_factory.mktemp("c") / "c.yaml"
+    path.write_text("optim: {name: adam}\n")
+    validates_or_refuses(lambda: load_config(path, [key + value for key, value in overrides]))

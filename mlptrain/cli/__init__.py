@@ -1,6 +1,7 @@
 """The `mlptrain` command: a thin Typer app over plain functions.
 
-Every `UserError` raised below becomes one red line on stderr and exit code 2.
+Every `UserError` raised below becomes one red line on stderr and exit code 2 (or its own
+`exit_code`: 130 for a run interrupted by Ctrl-C).
 """
 
 from __future__ import annotations
@@ -24,5 +25,7 @@ def main() -> None:
     try:
         app()
     except UserError as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        code = getattr(err, "exit_code", 2)
+        label = "error:" if code == 2 else "stopped:"
+        console.print(f"[bold red]{label}[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(code)

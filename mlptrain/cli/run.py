@@ -1,4 +1,6 @@
-"""`mlptrain run CONFIG [KEY=VALUE ...]`: validate everything, then create the run directory and train."""
+"""`mlptrain run CONFIG [KEY=VALUE ...]` or `mlptrain run --resume RUN_DIR [train.epochs=N]`: validate
+everything, then create (or reopen) the run directory and train. Ctrl-C or SIGTERM stops after the
+current optimizer step with a checkpoint to resume from."""
 
 from __future__ import annotations
 
@@ -10,27 +12,47 @@ from rich.table import Table
 
 from mlptrain.cli.configs import resolve_config
 from mlptrain.config import load_config
+from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, create_run
+from mlptrain.interrupt import StopOnSignal
+from mlptrain.resume import prepare_resume
 from mlptrain.runs import check_run_name
 from mlptrain.tracking import console
 
 
 def run(
-    config: str = typer.Argument(..., help="a YAML config file or a built-in config name"),
+    config: Optional[str] = typer.Argument(None, help="a YAML config file or a built-in config name "
+                                                      "(none with --resume)"),
     overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. optim.lr=3e-4"),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="folder that holds the run directories"),
     name: Optional[str] = typer.Option(None, "--name", help="run name (default: <config>-<timestamp>)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run directory from its last "
+                                                                 "checkpoint; overrides may only extend "
+                                                                 "train.epochs"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     from mlptrain.train import train
 
-    path = resolve_config(config)
-    cfg = load_config(path, overrides or [])
-    if name is not None:
-        check_run_name(name)
-    backend, dataset = Resources().prepare(cfg)
-    run_dir = create_run(cfg, runs_dir, name, path.stem)
-    summary = train(cfg, backend, dataset, run_dir)
+    overrides = overrides or []
+    start = None
+    if resume is not None:
+        if name is not None:
+            raise UserError("--resume continues a run in its own directory; drop --name")
+        # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
+        cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
+        backend, dataset = Resources().prepare(cfg)
+        run_dir = resume
+    else:
+        if config is None:
+            raise UserError("give a CONFIG (a YAML file or one of `mlptrain configs`) or --resume RUN_DIR")
+        path = resolve_config(config)
+        cfg = load_config(path, overrides)
+        if name is not None:
+            check_run_name(name)
+        backend, dataset = Resources().prepare(cfg)
+        run_dir = create_run(cfg, runs_dir, name, path.stem)
+    with StopOnSignal() as stop:
+        summary = train(cfg, backend, dataset, run_dir, resume=start, stop=stop)
     table = Table("metric", "value")
     for key in ("test_acc", "test_loss", "val_acc", "test_mse", "val_mse", "mean_image_mse", "epochs",
                 "optimizer_steps", "samples_per_s", "wall_s"):

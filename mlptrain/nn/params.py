@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlptrain.errors import UserError
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -55,6 +57,18 @@ class FlatBuffer:
         }
 
     def load_host_dict(self, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
+        """Fill every tensor from `arrays[prefix + name]`; raises UserError (a checkpoint of another model)
+        unless the names under `prefix` and their shapes are exactly the layout's."""
+        expected = {prefix + name: shape for name, shape in zip(self.layout.names, self.layout.shapes)}
+        extra = sorted(key for key in arrays if key.startswith(prefix) and key not in expected)
+        missing = [key for key in expected if key not in arrays]
+        if missing or extra:
+            raise UserError(f"the checkpoint's parameters do not match the model: "
+                            f"missing {', '.join(missing) or 'none'}; unexpected {', '.join(extra) or 'none'}")
+        for key, shape in expected.items():
+            if np.shape(arrays[key]) != tuple(shape):
+                raise UserError(f"the checkpoint's {key} has shape {np.shape(arrays[key])}, "
+                                f"the model's is {tuple(shape)}")
         host = np.empty(self.layout.size, np.float32)
         for name, shape, offset in zip(self.layout.names, self.layout.shapes, self.layout.offsets):
             host[offset:offset + math.prod(shape)] = np.asarray(arrays[prefix + name]).reshape(-1)

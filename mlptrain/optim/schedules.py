@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from mlptrain.errors import UserError
+
 Schedule = Callable[[int], float]
 
 
@@ -128,3 +130,11 @@ class Plateau:
         best = np.nan if self.best is None else self.best
         return {"plateau/best": np.array(best, np.float64), "plateau/bad_evaluations": np.array(self.bad_evaluations),
                 "plateau/multiplier": np.array(self.multiplier, np.float64)}
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        try:
+            best, bad, multiplier = (arrays[f"plateau/{k}"] for k in ("best", "bad_evaluations", "multiplier"))
+        except KeyError as err:
+            raise UserError(f"checkpoint: the plateau schedule's {err.args[0]} is missing") from None
+        self.best = None if math.isnan(float(best)) else float(best)
+        self.bad_evaluations, self.multiplier = int(bad), float(multiplier)

@@ -76,8 +76,13 @@ class OptimizerStep:
                 **self.optimizer.state_dict()}
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
-        for key, buf in (("step/state", self.state), ("step/grad_norms", self.grad_norms)):
-            if key not in arrays or arrays[key].shape != tuple(buf.shape):
-                raise UserError(f"checkpoint: '{key}' is missing or has the wrong shape")
-            self.backend.copy_from_host(buf, arrays[key].astype(np.float64))
+        """Step count, loss scale, growth tracker, skipped count, lr factor, grad-norm record, optimizer
+        state. The record may be shorter than this run's (a resumed run whose train.epochs grew)."""
+        state, norms = arrays.get("step/state"), arrays.get("step/grad_norms")
+        if state is None or state.shape != tuple(self.state.shape):
+            raise UserError("checkpoint: 'step/state' is missing or has the wrong shape")
+        if norms is None or norms.ndim != 1 or len(norms) > self.grad_norms.shape[0]:
+            raise UserError("checkpoint: 'step/grad_norms' is missing or longer than this run's")
+        self.backend.copy_from_host(self.state, state.astype(np.float64))
+        self.backend.copy_from_host(self.grad_norms[:len(norms)], norms.astype(np.float64))
         self.optimizer.load_state_dict(arrays)

@@ -47,6 +47,9 @@ def test_configs_show_prints_yaml(tmp_path):
     (["missing.yaml"], "no such config file"),
     (["adam_mnist", "--name", "../escape"], "--name '../escape'"),
     (["adam_mnist", "--name", ".hidden"], "--name '.hidden'"),
+    (["adam_mnist", "--name", "../x"], "--name '../x'"),
+    (["adam_mnist", "--name", "ok/../../x"], "--name 'ok/../../x'"),
+    (["adam_mnist", "--name", "/tmp/x"], "--name '/tmp/x'"),
     (["adam_mnist", "data.val_size=60000", "backend=cpu"], "data.val_size"),
     (["adam_mnist", "backend=cpu", "data.root=nowhere"], "MLPTRAIN_DATA_DIR"),
 ])
@@ -55,7 +58,7 @@ def test_bad_input_fails_cleanly_and_writes_nothing(tmp_path, data_dir, args, fr
                       env={"MLPTRAIN_DATA_DIR": str(data_dir)})
     assert_clean_failure(result, fragment)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    assert not (tmp_path / "escape").exists()
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "x").exists()
 
 
 @pytest.mark.skipif(not ON_SIMULATOR, reason="a real GPU is present")

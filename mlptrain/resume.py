@@ -1,0 +1,124 @@
+"""What a checkpoint holds about the run's progress, and `mlptrain run --resume RUN_DIR`.
+
+A run is a deterministic function of its config: the initial parameters and each epoch's order
+depend on (seed, epoch) only, and everything else that evolves lives in the checkpoint (parameters,
+optimizer state, the device step state: step count, loss scale, growth tracker, skipped windows, lr
+factor, grad-norm record; the plateau schedule; the epoch, the window reached in the next epoch and
+the best metric). So a resumed run refills the epoch's order, continues at the saved window and ends
+bitwise where the uninterrupted run ends.
+
+Overrides may only extend `train.epochs`. That changes the run's total steps and so the lr table of
+schedules that depend on it (cosine, warmup_linear, ...): from the resumed step on they follow the
+longer horizon, so such a run differs from one that never stopped; constant, step, inverse_sqrt and
+plateau do not. A run that checkpoints every k > 1 epochs resumes from its last checkpoint and
+redoes the epochs after it (their metrics.jsonl records appear twice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlptrain.checkpoint import load_checkpoint
+from mlptrain.config import Config, load_config, parse_override
+from mlptrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: `epoch` epochs complete, `window` optimizer steps of the next one done."""
+
+    epoch: int = 0
+    window: int = 0
+    best: float | None = None  # the best value so far of the metric that picks the `best` checkpoint
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A run directory's last checkpoint, checked against its config."""
+
+    path: Path
+    arrays: dict
+    position: Position
+
+
+def checkpoint_arrays(s, position: Position) -> dict[str, np.ndarray]:
+    """The checkpoint of session `s` at `position`. Raises TrainingDiverged rather than store non-finite
+    parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
+    from mlptrain.train import TrainingDiverged
+
+    arrays = s.model.params.to_host_dict(prefix="params/")
+    if not all(np.isfinite(value).all() for value in arrays.values()):
+        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {s.step.read()['steps']}; "
+                               f"the learning rate optim.lr={s.config.optim.lr} is likely too high")
+    arrays.update(s.step.state_dict())
+    if s.plateau is not None:
+        arrays.update(s.plateau.state_dict())
+    arrays["meta/epoch"] = np.array(position.epoch, np.int64)
+    arrays["meta/window"] = np.array(position.window, np.int64)
+    arrays["meta/seed"] = np.array(s.config.seed, np.int64)
+    best = np.nan if position.best is None else position.best
+    arrays[f"meta/best_{s.selection[0]}"] = np.array(best, np.float64)
+    return arrays
+
+
+def restore(s, resume: Resume) -> Position:
+    """Load a checkpoint into session `s`; raises UserError (naming the file) when it belongs to
+    another model or run."""
+    try:
+        s.model.load_parameters(resume.arrays, prefix="params/")  # also refreshes the fp16/bf16 compute copy
+        s.step.load_state_dict(resume.arrays)
+        if s.plateau is not None:
+            s.plateau.load_state_dict(resume.arrays)
+        key = f"meta/best_{s.selection[0]}"
+        if key not in resume.arrays:
+            raise UserError(f"checkpoint: '{key}' is missing")
+    except UserError as err:
+        raise UserError(f"{resume.path}: {err}; was it written by another model or config?") from None
+    if resume.position.window >= s.steps_per_epoch:
+        raise UserError(f"{resume.path}: meta/window {resume.position.window} is beyond the epoch's "
+                        f"{s.steps_per_epoch} optimizer steps")
+    best = float(resume.arrays[key])
+    return Position(resume.position.epoch, resume.position.window, None if math.isnan(best) else best)
+
+
+def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]:
+    """The run's config (train.epochs possibly extended) and its last checkpoint; raises UserError
+    before anything is written."""
+    if not run_dir.is_dir():
+        raise UserError(f"--resume {run_dir}: no such run directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"--resume {run_dir}: no config.yaml, so not a run directory")
+    for text in overrides:
+        key, _ = parse_override(text)
+        if key != "train.epochs":
+            raise UserError(f"--resume: override '{key}' would change the run; only train.epochs may be "
+                            "extended when resuming (start a new run for other changes)")
+    config = load_config(run_dir / "config.yaml", overrides)
+    path = run_dir / "checkpoints" / "last.npz"
+    if not path.is_file():
+        raise UserError(f"--resume {run_dir}: no checkpoints/last.npz (the run stopped before its first "
+                        "checkpoint); start it again")
+    arrays = load_checkpoint(path)
+    position = _position(path, arrays, config)
+    return config, Resume(path, arrays, position)
+
+
+def _position(path: Path, arrays: dict, config: Config) -> Position:
+    try:
+        epoch = int(arrays["meta/epoch"])
+        window = int(arrays.get("meta/window", 0))  # checkpoints from before mid-epoch saves: epoch ends
+        seed = int(arrays["meta/seed"])
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{path}: not a training checkpoint (no meta/epoch or meta/seed)") from None
+    if seed != config.seed or epoch < 0 or window < 0:
+        raise UserError(f"{path}: its meta/seed {seed} or position does not match the run's config.yaml")
+    reached = epoch + (1 if window else 0)
+    if config.train.epochs < reached or (config.train.epochs == epoch and not window):
+        raise UserError(f"--resume: the run has already trained {epoch} epochs"
+                        f"{f' and {window} steps' if window else ''} of train.epochs={config.train.epochs}; "
+                        f"to train longer, extend it with train.epochs=N (N > {epoch})")
+    return Position(epoch, window)
