@@ -35,6 +35,17 @@ def one_epoch_on_both_backends(config, dataset):
     return results
 
 
+def assert_one_epoch_is_bitwise_repeatable_on_the_gpu(config, dataset):
+    """Two sessions with one seed, one epoch each on the CUDA backend: every parameter bit equal."""
+    runs = []
+    for _ in range(2):
+        session = build_session(config, CudaBackend(), dataset)
+        train_epoch(session, 1, lambda window: None)
+        runs.append(session.model.params.to_host_dict())
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
+
+
 @pytest.mark.gpu
 # the simulator takes ~25 s per case: it checks the wiring once; the optimizer kernels have their own tests
 @pytest.mark.parametrize("optim", OPTIMIZERS[-1:] if ON_SIMULATOR else OPTIMIZERS)
@@ -77,10 +88,4 @@ def test_same_seed_gives_bitwise_identical_runs_on_the_gpu(rng):
     dataset = tiny_dataset(rng, features=784, classes=10, train=3000, test=500)
     config = config_from_dict({"seed": 5, "data": {"val_size": 500}, "model": {"hidden": [512, 512]},
                                "train": {"batch_size": 128}})
-    runs = []
-    for _ in range(2):
-        session = build_session(config, CudaBackend(), dataset)
-        train_epoch(session, 1, lambda window: None)
-        runs.append(session.model.params.to_host_dict())
-    for name in runs[0]:
-        np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
+    assert_one_epoch_is_bitwise_repeatable_on_the_gpu(config, dataset)

@@ -4,14 +4,14 @@ forward written here, the CUDA graph against the NumPy graph, and bitwise determ
 import numpy as np
 import pytest
 
-from mlptrain.backend import CpuBackend, CudaBackend
+from mlptrain.backend import CpuBackend
 from mlptrain.config import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.nn.autoencoder import ConvAutoencoder, autoencoder_convs
 from mlptrain.train import build_session, evaluate, train_epoch
 from tests.conftest import ON_SIMULATOR
 from tests.nn.test_mlp_gradients import central_difference
-from tests.test_train_backends import one_epoch_on_both_backends
+from tests.test_train_backends import assert_one_epoch_is_bitwise_repeatable_on_the_gpu, one_epoch_on_both_backends
 
 
 def conv64(x, w, b):
@@ -124,10 +124,4 @@ def test_same_seed_gives_bitwise_identical_autoencoders_on_the_gpu(rng, precisio
     config = config_from_dict({"seed": 5, "data": {"dataset": "cifar10", "val_size": 88},
                                "model": {"type": "conv_autoencoder", "channels": [256, 128]},
                                "train": {"batch_size": 64, "precision": precision}})
-    runs = []
-    for _ in range(2):
-        session = build_session(config, CudaBackend(), dataset)
-        train_epoch(session, 1, lambda window: None)
-        runs.append(session.model.params.to_host_dict())
-    for name in runs[0]:
-        np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
+    assert_one_epoch_is_bitwise_repeatable_on_the_gpu(config, dataset)
