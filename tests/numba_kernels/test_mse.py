@@ -2,7 +2,6 @@
 cases both backends run live there). Shapes stay tiny: on the simulator every
 thread is a Python thread."""
 
-import sys
 
 import numpy as np
 import pytest
@@ -16,16 +15,6 @@ pytestmark = pytest.mark.gpu
 
 BACKEND = kernel_cases.numba_backend()
 FORMATS = pytest.mark.parametrize("dtype", ref.STORAGE, ids=ref.STORAGE_IDS)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def quick_thread_switches():
-    """The simulator runs each CUDA thread as a Python thread and syncthreads as a
-    barrier; at Python's default 5 ms GIL switch interval most of a launch is waiting."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
 
 
 @FORMATS
