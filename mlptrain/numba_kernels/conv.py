@@ -31,7 +31,6 @@ import math
 
 from numba import config, cuda, float32
 
-from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.numba_kernels import gemm
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.gemm import Operand, dense_operand
@@ -160,9 +159,10 @@ def flipped_kernel_operand(load, size):
 
 @functools.cache
 def _make_conv2d_forward(tile, dtype, size, **jit_options):
-    BM, BN, TM, TN, TX, TY = gemm._tile_coords(tile)
+    BM, BN, TM, TN, _, _ = gemm._tile_coords(tile)
     load, store = codec(dtype)
     tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), dense_operand(load, False))
+    bias_activation, _ = gemm.make_epilogues(tile, load, store)
 
     # Block (by, bx) owns pixels by*BM:+BM and output channels bx*BN:+BN of
     # y: its K-split groups sum their shares of the taps x channels, group 0
@@ -173,27 +173,8 @@ def _make_conv2d_forward(tile, dtype, size, **jit_options):
         pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout)
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(x, w, acc, m0, n0, pixels, outputs, 0, w.shape[0]):
-            return
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
-        for i in range(TM):
-            m = m0 + ty + TY * i
-            for j in range(TN):
-                n = n0 + tx + TX * j
-                if m < pixels and n < outputs:
-                    z = acc[i, j] + load(b[n])
-                    if activation == RELU and z < float32(0):  # NaN stays NaN
-                        z = float32(0)
-                    y[m, n] = store(z)
-        # tanh and sigmoid in a second, rolled pass, as in gemm: inlined in
-        # the unrolled loop above they would push acc out of registers.
-        if activation == TANH or activation == SIGMOID:
-            for i in range(TM):
-                m = m0 + ty + TY * i
-                for j in range(TN):
-                    n = n0 + tx + TX * j
-                    if m < pixels and n < outputs:
-                        y[m, n] = store(gemm._squash(load(y[m, n]), activation))
+        if tile_product(x, w, acc, m0, n0, pixels, outputs, 0, w.shape[0]):
+            bias_activation(acc, b, y, m0, n0, pixels, outputs, activation)
 
     return conv2d_forward_kernel
 
@@ -222,9 +203,10 @@ def conv2d_forward(x, w, b, y, activation):
 
 @functools.cache
 def _make_conv2d_backward_input(tile, dtype, size, **jit_options):
-    BM, BN, TM, TN, TX, TY = gemm._tile_coords(tile)
+    BM, BN, TM, TN, _, _ = gemm._tile_coords(tile)
     load, store = codec(dtype)
     tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), flipped_kernel_operand(load, size))
+    _, activation_grad = gemm.make_epilogues(tile, load, store)
 
     # Block (by, bx) owns pixels by*BM:+BM and input channels bx*BN:+BN of
     # dx: as a gather over the flipped kernel, each dx[pixel, cin] collects
@@ -235,23 +217,8 @@ def _make_conv2d_backward_input(tile, dtype, size, **jit_options):
         pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); w (KS*KS, Cin, Cout)
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(dy, w, acc, m0, n0, pixels, inputs, 0, w.shape[0] * w.shape[2]):
-            return
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
-        for i in range(TM):
-            m = m0 + ty + TY * i
-            for j in range(TN):
-                c = n0 + tx + TX * j
-                if m < pixels and c < inputs:
-                    dx[m, c] = store(acc[i, j])
-        # act'(h) in a second, rolled pass, as in gemm, so acc stays in registers.
-        if activation != NONE:
-            for i in range(TM):
-                m = m0 + ty + TY * i
-                for j in range(TN):
-                    c = n0 + tx + TX * j
-                    if m < pixels and c < inputs:
-                        dx[m, c] = store(load(dx[m, c]) * gemm._activation_grad(load(h[m, c]), activation))
+        if tile_product(dy, w, acc, m0, n0, pixels, inputs, 0, w.shape[0] * w.shape[2]):
+            activation_grad(acc, h, dx, m0, n0, pixels, inputs, activation)
 
     return conv2d_backward_input_kernel
 

@@ -230,25 +230,21 @@ def _tile_coords(tile):
     return BM, BN, TM, TN, BN // TN, BM // TM
 
 
-# --- forward: y = act(x @ w + b) ------------------------------------------------
+def make_epilogues(tile, load, store):
+    """Device functions that write a thread's TM x TN block of sums (rows m0 + ty + TY*i, columns
+    n0 + tx + TX*j, clipped to M x N), shared by the dense and the convolution kernels:
 
-@functools.cache
-def _make_linear_forward(tile, dtype, **jit_options):
-    BM, BN, TM, TN, TX, TY = _tile_coords(tile)
-    load, store = codec(dtype)
-    tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, False))
+    bias_activation(acc, b, y, ...)   y = act(acc + b)        (the forward products)
+    activation_grad(acc, h, dx, ...)  dx = acc * act'(h)       (the input-gradient products)
 
-    # Block (by, bx) owns y[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
-    # their shares of K, group 0 adds them in order and each of its threads
-    # writes its own TM x TN outputs with bias and activation. No atomics.
-    @cuda.jit(**jit_options)
-    def linear_forward_kernel(x, w, b, y, activation):
-        M, K = x.shape
-        N = w.shape[1]
-        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(x, w, acc, m0, n0, M, N, 0, K):
-            return
+    tanh / sigmoid / act' run in a second, rolled pass over the thread's own outputs: inlined in the
+    unrolled first loop they would stop it unrolling and push acc out of registers. In fp16 / bf16 the
+    value is therefore rounded before that pass too: a second rounding of the same order as the first.
+    """
+    _, _, TM, TN, TX, TY = _tile_coords(tile)
+
+    @cuda.jit(device=True, inline="always")
+    def bias_activation(acc, b, y, m0, n0, M, N, activation):
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
             m = m0 + ty + TY * i
@@ -259,11 +255,6 @@ def _make_linear_forward(tile, dtype, **jit_options):
                     if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
                         z = float32(0)
                     y[m, n] = store(z)
-        # tanh and sigmoid in a second, rolled pass over this thread's own
-        # outputs: inlined 64 times they would stop the loop above from
-        # unrolling, and acc would leave registers for local memory. (In fp16 /
-        # bf16 z is thus rounded before the squash too: a second rounding of
-        # the same order as the first.)
         if activation == TANH or activation == SIGMOID:
             for i in range(TM):
                 m = m0 + ty + TY * i
@@ -271,6 +262,47 @@ def _make_linear_forward(tile, dtype, **jit_options):
                     n = n0 + tx + TX * j
                     if m < M and n < N:
                         y[m, n] = store(_squash(load(y[m, n]), activation))
+
+    @cuda.jit(device=True, inline="always")
+    def activation_grad(acc, h, dx, m0, n0, M, N, activation):
+        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
+        for i in range(TM):
+            m = m0 + ty + TY * i
+            for j in range(TN):
+                n = n0 + tx + TX * j
+                if m < M and n < N:
+                    dx[m, n] = store(acc[i, j])
+        if activation != NONE:
+            for i in range(TM):
+                m = m0 + ty + TY * i
+                for j in range(TN):
+                    n = n0 + tx + TX * j
+                    if m < M and n < N:
+                        dx[m, n] = store(load(dx[m, n]) * _activation_grad(load(h[m, n]), activation))
+
+    return bias_activation, activation_grad
+
+
+# --- forward: y = act(x @ w + b) ------------------------------------------------
+
+@functools.cache
+def _make_linear_forward(tile, dtype, **jit_options):
+    BM, BN, TM, TN, _, _ = _tile_coords(tile)
+    load, store = codec(dtype)
+    tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, False))
+    bias_activation, _ = make_epilogues(tile, load, store)
+
+    # Block (by, bx) owns y[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
+    # their shares of K, group 0 adds them in order and each of its threads
+    # writes its own TM x TN outputs with bias and activation. No atomics.
+    @cuda.jit(**jit_options)
+    def linear_forward_kernel(x, w, b, y, activation):
+        M, K = x.shape
+        N = w.shape[1]
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        acc = cuda.local.array((TM, TN), float32)
+        if tile_product(x, w, acc, m0, n0, M, N, 0, K):
+            bias_activation(acc, b, y, m0, n0, M, N, activation)
 
     return linear_forward_kernel
 
@@ -295,9 +327,10 @@ def linear_forward(x, w, b, y, activation):
 
 @functools.cache
 def _make_linear_backward_input(tile, dtype, **jit_options):
-    BM, BN, TM, TN, TX, TY = _tile_coords(tile)
+    BM, BN, TM, TN, _, _ = _tile_coords(tile)
     load, store = codec(dtype)
     tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, True))
+    _, activation_grad = make_epilogues(tile, load, store)
 
     # Block (by, bx) owns dx[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the N outputs, group 0 adds them in order and each of
@@ -308,24 +341,8 @@ def _make_linear_backward_input(tile, dtype, **jit_options):
         K = w.shape[0]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(dy, w, acc, m0, n0, M, K, 0, N):
-            return
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
-        for i in range(TM):
-            m = m0 + ty + TY * i
-            for j in range(TN):
-                k = n0 + tx + TX * j
-                if m < M and k < K:
-                    dx[m, k] = store(acc[i, j])
-        # act'(h) in a second, rolled pass over this thread's own outputs, so
-        # the loop above unrolls and acc stays in registers.
-        if activation != NONE:
-            for i in range(TM):
-                m = m0 + ty + TY * i
-                for j in range(TN):
-                    k = n0 + tx + TX * j
-                    if m < M and k < K:
-                        dx[m, k] = store(load(dx[m, k]) * _activation_grad(load(h[m, k]), activation))
+        if tile_product(dy, w, acc, m0, n0, M, K, 0, N):
+            activation_grad(acc, h, dx, m0, n0, M, K, activation)
 
     return linear_backward_input_kernel
 
