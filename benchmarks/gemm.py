@@ -19,19 +19,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-SHAPES = [(4096, 4096, 4096), (128, 784, 512), (128, 512, 512), (128, 512, 10)]
+SHAPES = [(4096, 4096, 4096), (128, 784, 512), (128, 512, 512), (128, 512, 10), (2048, 784, 128), (2048, 128, 128)]
 OPS = ["forward", "backward_input", "backward_weight"]
 # Candidate (BM, BN, BK, TM, TN, KSPLIT) tiles and extra
 # cuda.jit options, timed forced with --tiles.
 CANDIDATES = [
     ((128, 128, 8, 8, 8, 1), {}),
+    ((128, 128, 16, 8, 8, 1), {}),
+    ((128, 64, 16, 8, 4, 1), {}),
     ((128, 64, 8, 8, 4, 1), {}),
     ((64, 64, 16, 4, 4, 1), {}),
     ((64, 64, 8, 4, 4, 2), {}),
@@ -73,7 +77,9 @@ def our_launch(cuda, gemm, op, t, candidate=None):
             return lambda: gemm.linear_forward(a["x"], a["w"], a["b"], a["out"], 1)
         if op == "backward_input":
             return lambda: gemm.linear_backward_input(a["dy"], a["w"], a["h"], a["out"], 1)
-        return lambda: gemm.linear_backward_weight(a["x"], a["dy"], a["out"], 0.0)
+        (m, k), n = a["x"].shape, a["dy"].shape[1]
+        workspace = cuda.device_array(max(1, gemm.linear_backward_weight_workspace(m, k, n)), np.float32)
+        return lambda: gemm.linear_backward_weight(a["x"], a["dy"], a["out"], 0.0, workspace)
     factory = {"forward": gemm._make_linear_forward, "backward_input": gemm._make_linear_backward_input,
                "backward_weight": gemm._make_linear_backward_weight}[op]
     tile, options = candidate
@@ -104,9 +110,15 @@ def gpu_ms(cuda, sleep, launch, repeats, inner):
     for _ in range(3):
         launch()
     cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        launch()
+    queueing = time.perf_counter() - t0
+    cuda.synchronize()
+    rounds = max(40, math.ceil(2 * queueing / 100e-6))  # 100 µs a round: twice the time to queue them
     start, end, times = cuda.event(), cuda.event(), []
     for _ in range(repeats):
-        sleep[1, 1](40)  # ~4 ms: longer than queueing `inner` launches
+        sleep[1, 1](rounds)
         start.record()
         for _ in range(inner):
             launch()

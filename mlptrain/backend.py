@@ -40,6 +40,10 @@ class CpuBackend:
     def synchronize(self):
         pass
 
+    def capture(self, record):
+        """A replayable recording of the launches `record()` makes, or None where there is none (here)."""
+        return None
+
 
 class CudaBackend:
     name = "cuda"
@@ -74,6 +78,13 @@ class CudaBackend:
 
     def synchronize(self):
         self._cuda.synchronize()
+
+    def capture(self, record):
+        """The launches `record()` makes, captured (not run) as a CUDA graph whose `replay()` queues them all
+        at once; None on the simulator."""
+        from mlptrain.numba_kernels import streams
+
+        return streams.Graph(record) if streams.graphs_supported() else None
 
 
 def cuda_usable() -> bool:

@@ -28,7 +28,7 @@ from mlptrain.config import Config, config_to_dict
 from mlptrain.data.loader import ResidentSplit, epoch_order, resident_splits
 from mlptrain.errors import UserError
 from mlptrain.interrupt import TrainingInterrupted
-from mlptrain.nn import make_model, model_dataset
+from mlptrain.nn import input_scale_shift, make_model, model_dataset
 from mlptrain.precision import to_float32
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
@@ -60,7 +60,11 @@ class Session:
     eval_loss: object
     eval_correct: object
     unit_scale: object  # a loss scale of 1 for evaluation, whose gradient is discarded
+    cursor: object  # the window's start in the epoch's order (device int64[1]): a graph replay reads and advances it
     stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
+    cursor_at: int | None = None  # where the device cursor stands after the launches queued so far
+    graph: object = None  # the full window's launches as one CUDA graph (see train_step)
+    graph_tried: bool = False
 
     @property
     def stop_requested(self) -> bool:
@@ -97,9 +101,7 @@ def build_session(config: Config, backend, dataset) -> Session:
     per_epoch = steps_per_epoch(train.size, config.train)
     total_steps = config.train.epochs * per_epoch
     schedule = make_schedule(config.schedule, config.optim.lr, total_steps, per_epoch)
-    # The autoencoder reconstructs pixels / 255; classifiers see standardised pixels.
-    scale, shift = (1.0 / (255.0 * dataset.std), -dataset.mean / dataset.std) if model.task == "classification" \
-        else (1.0 / 255.0, 0.0)
+    scale, shift = input_scale_shift(model, dataset)
     loss_scaling = LossScaling(**vars(config.train.loss_scale)) if config.train.precision == "fp16" else None
     step = OptimizerStep(make_optimizer(config.optim, backend, model.params), backend,
                          lr_table(schedule, total_steps), total_steps, config.train.clip_grad_norm, loss_scaling)
@@ -112,23 +114,46 @@ def build_session(config: Config, backend, dataset) -> Session:
         row_loss=backend.empty((train.size,)), row_correct=backend.empty((train.size,), np.int32),
         eval_loss=backend.empty((max(eval_rows, 1),)), eval_correct=backend.empty((max(eval_rows, 1),), np.int32),
         unit_scale=backend.to_device(np.ones(1, np.float64)),
+        cursor=backend.zeros((1,), np.int64),
     )
 
 
 def train_step(s: Session, start: int, rows: int) -> None:
     """One optimizer step over the window of `rows` samples at `start` in the epoch's order: its
     micro-batches add up the gradient of the window's mean loss (so the update equals one batch of
-    `rows`), then one update."""
+    `rows`), then one update.
+
+    The window's position is read on the device from `s.cursor`, which the step advances on the device,
+    so consecutive windows need no host copy (a copy from pageable memory would wait for the GPU). On a
+    GPU, the first full window runs launch by launch (compiling the kernels), then its launches are
+    captured as one CUDA graph that every later full window replays: the same kernels with the same
+    arguments, so the results are bitwise those of launching them one by one."""
+    if s.cursor_at != start:
+        s.backend.copy_from_host(s.cursor, np.array([start], np.int64))
+    full = rows == s.config.train.effective_batch_size
+    if full and s.graph is not None:
+        s.graph.replay()
+    else:
+        _window_launches(s, rows)
+        if full and s.config.train.cuda_graphs and not s.graph_tried:
+            s.graph_tried = True
+            s.graph = s.backend.capture(lambda: _window_launches(s, rows))
+    s.cursor_at = start + rows
+
+
+def _window_launches(s: Session, rows: int) -> None:
+    """The launches of one window of `rows` samples at the device cursor, which the last one advances."""
     k = s.backend.kernels
     batch = s.config.train.batch_size
     for offset in range(0, rows, batch):
         n = min(batch, rows - offset)
         x, labels = s.model.batch(n)
-        k.data.gather_batch(s.train.images, s.train.labels, s.order, start + offset, x, labels, s.scale, s.shift)
+        k.data.gather_batch(s.train.images, s.train.labels, s.order, offset, x, labels, s.scale, s.shift, s.cursor)
         s.model.forward(n)
-        s.model.loss(n, s.row_loss, s.row_correct, start + offset, 1.0 / rows, s.step.loss_scale)
+        s.model.loss(n, s.row_loss, s.row_correct, offset, 1.0 / rows, s.step.loss_scale, s.cursor)
         s.model.backward(n, beta=0.0 if offset == 0 else 1.0)
     s.step(s.model.params.flat, s.model.grads.flat, s.model.compute.flat)
+    k.data.advance_cursor(s.cursor, rows)
 
 
 def evaluate(s: Session, split: ResidentSplit) -> tuple[float, float]:

@@ -93,14 +93,16 @@ def linear_backward_input(be, rng, shape, activation, dtype=np.float32):
                       ref.product_tolerance(dyv, wv.T) + 2 * ref.rounding_tolerance(dtype, magnitude))
 
 
-def linear_backward_weight(be, rng, shape, beta, dtype=np.float32):
-    """dw is float32 in every precision: only the inputs are in the storage format."""
+def linear_backward_weight(be, rng, shape, beta, dtype=np.float32, workspace=False):
+    """dw is float32 in every precision: only the inputs are in the storage format. With `workspace`, the
+    launch gets the workspace it asks for (a long batch is then summed in chunks), poisoned."""
     m, k, n = shape
     (x, xv), (dy, dyv) = stored(random(rng, m, k), dtype), stored(random(rng, m, n), dtype)
     old = random(rng, k, n)
     # beta 0 must not read dw: NaN there would leak into the result
     dw = be.poisoned((k, n)) if beta == 0.0 else be.to_device(old)
-    be.kernels.gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta)
+    space = be.poisoned(max(1, be.kernels.gemm.linear_backward_weight_workspace(m, k, n))) if workspace else None
+    be.kernels.gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta, space)
     expected = ref.linear_backward_weight(xv, dyv, old, beta)
     ref.assert_within(be.to_host(dw), expected, ref.product_tolerance(xv.T, dyv, extra=old))
 
@@ -308,3 +310,30 @@ def gather_batch(be, rng, index_dtype, rows, width, start, n, dtype=np.float32):
     labels = rng.integers(0, 10, rows, dtype=np.uint8)
     indices = rng.permutation(rows).astype(index_dtype)
     gather_batch_check(be, images, labels, indices, start, n, dtype)
+
+
+# the device cursor (a replayed CUDA graph's position in the epoch)
+
+
+def cursor_moves_every_windowed_launch(be, rng):
+    """A cursor adds cursor[0] to the host offset of gather_batch and of both losses, bit for bit, and
+    advance_cursor moves it on the device."""
+    images = rng.integers(0, 256, (20, 6), dtype=np.uint8)
+    labels = rng.integers(0, 4, 20, dtype=np.uint8)
+    d_images, d_labels, d_indices = be.to_device(images), be.to_device(labels), be.to_device(rng.permutation(20))
+    cursor = be.to_device(np.array([5], np.int64))
+    be.kernels.data.advance_cursor(cursor, 4)
+    assert be.to_host(cursor).tolist() == [9]
+    outputs = []
+    for start, given in ((11, None), (2, cursor)):
+        x, y = be.poisoned((6, 6)), be.poisoned(6, -7, np.int32)
+        be.kernels.data.gather_batch(d_images, d_labels, d_indices, start, x, y, 1 / 255, -0.5, given)
+        row_loss, row_correct, mse_loss = be.poisoned(20), be.poisoned(20, -7, np.int32), be.poisoned(20)
+        logits, target = be.to_device(be.to_host(x)[:, :4].copy()), be.to_device(np.zeros((6, 6), np.float32))
+        be.kernels.loss.softmax_cross_entropy(logits, y, be.poisoned((6, 4)), row_loss,
+                                              row_correct, start - 2, 0.5, be.to_device(np.ones(1)), given)
+        be.kernels.loss.mse(x, target, be.poisoned((6, 6)), mse_loss, start - 2, 0.5, be.to_device(np.ones(1)), given)
+        outputs.append([be.to_host(a) for a in (x, y, row_loss, row_correct, mse_loss)])
+    for got, want in zip(outputs[1], outputs[0]):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert not np.isnan(outputs[0][2][9:15]).any() and np.isnan(outputs[0][2][:9]).all()

@@ -41,3 +41,11 @@ def make_model(config, backend, dataset, max_rows: int):
         raise UserError(f"model.channels: {len(m.channels)} conv + max-pool stages need image sides divisible by "
                         f"{2 ** len(m.channels)}; {dataset.name} images are {h}x{w}")
     return ConvAutoencoder(backend, dataset.image_shape, list(m.channels), m.kernel_size, max_rows, precision)
+
+
+def input_scale_shift(model, dataset) -> tuple[float, float]:
+    """pixel -> model input as one multiply-add: standardised pixels for a classifier, pixels / 255 for
+    the autoencoder (which reconstructs them)."""
+    if model.task == "classification":
+        return 1.0 / (255.0 * dataset.std), -dataset.mean / dataset.std
+    return 1.0 / 255.0, 0.0

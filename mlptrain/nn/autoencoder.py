@@ -156,13 +156,14 @@ class ConvAutoencoder(StaticGraph):
             elif follow == "upsample":
                 k.pool.upsample2x_forward(outputs[i], inputs[i + 1])
 
-    def loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale) -> None:
-        """Per-sample MSE of the reconstruction into row_loss[offset:], and its gradient (scaled) into the
-        reconstruction's gradient buffer. row_correct is not written: there is no accuracy."""
+    def loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale,
+             cursor=None) -> None:
+        """Per-sample MSE of the reconstruction into row_loss[cursor[0] + offset:], and its gradient (scaled)
+        into the reconstruction's gradient buffer. row_correct is not written: there is no accuracy."""
         _, _, _, _, output_grads = self.views(rows)
         x, _ = self.batch(rows)
         self.backend.kernels.loss.mse(self.reconstruction(rows), x, output_grads[-1].reshape(rows, self.num_features),
-                                      row_loss, offset, grad_scale, loss_scale)
+                                      row_loss, offset, grad_scale, loss_scale, cursor)
 
     def backward(self, rows: int, beta: float = 0.0) -> None:
         """From the reconstruction's gradient, writes (beta=0) or adds to (beta=1) every parameter gradient."""

@@ -47,6 +47,10 @@ class MLP(StaticGraph):
         self.h = [backend.empty((max_rows, w), dtype) for w in self.widths]
         self.grad = [None] + [backend.empty((max_rows, w), dtype) for w in self.widths[1:]]
         self.labels = backend.empty((max_rows,), np.int32)
+        # lets a long batch's weight gradients be summed in chunks by more blocks (CUDA; NumPy needs none)
+        size = max(backend.kernels.gemm.linear_backward_weight_workspace(max_rows, a, b)
+                   for a, b in zip(self.widths[:-1], self.widths[1:]))
+        self.workspace = backend.empty((size,)) if size else None
         self._views = {}
 
     @property
@@ -75,12 +79,13 @@ class MLP(StaticGraph):
         h, _, labels = self.views(rows)
         return h[0], labels
 
-    def loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale) -> None:
-        """Per-sample cross-entropy and hits into row_loss/row_correct[offset:], and its gradient (scaled)
-        into dlogits."""
+    def loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale,
+             cursor=None) -> None:
+        """Per-sample cross-entropy and hits into row_loss/row_correct[cursor[0] + offset:], and its gradient
+        (scaled) into dlogits."""
         h, grad, labels = self.views(rows)
         self.backend.kernels.loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, row_correct, offset,
-                                                        grad_scale, loss_scale)
+                                                        grad_scale, loss_scale, cursor)
 
     def forward(self, rows: int):
         """Fills the logits h[-1][:rows] from the input h[0][:rows]; returns the logits view."""
@@ -91,12 +96,18 @@ class MLP(StaticGraph):
             gemm.linear_forward(h[i], self.compute[f"fc{i + 1}.weight"], self.compute[f"fc{i + 1}.bias"], h[i + 1], act)
         return h[-1]
 
+    def activations(self, rows: int, layer: int):
+        """h[layer][:rows] after `forward`: 0 is the input batch, 1..num_layers-1 the hidden layers (after
+        their activation), num_layers the logits."""
+        return self.views(rows)[0][layer]
+
     def backward(self, rows: int, beta: float = 0.0) -> None:
         """From dlogits in grad[-1][:rows], writes (beta=0) or adds to (beta=1) every parameter gradient."""
         kernels = self.backend.kernels
         h, grad, _ = self.views(rows)
         for i in reversed(range(self.num_layers)):
-            kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta)
+            kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta,
+                                                self.workspace)
             kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta)
             if i > 0:
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],

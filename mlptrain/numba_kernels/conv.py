@@ -31,7 +31,7 @@ import math
 
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import gemm
+from mlptrain.numba_kernels import gemm, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.gemm import Operand, dense_operand
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
@@ -47,17 +47,8 @@ from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 NARROW_TILE = (128, 8, 8, 8, 2, 4)
 TILES = {**gemm.TILES, "narrow": (NARROW_TILE, 0)}
 
-# Backward weight: pixels are cut into chunks so that pass 1's grid holds
-# about CHUNK_BLOCKS blocks (two waves of the one LARGE block an H100 SM
-# holds). A fixed number, not read off the GPU, so the summation order and
-# hence the result are the same on every device. A chunk holds at least
-# MIN_CHUNK pixels (32 K steps of LARGE) and a multiple of CHUNK_STEP
-# (BK * KSPLIT of every tile), so its K-split groups share it evenly.
-CHUNK_BLOCKS = 264
-MIN_CHUNK = 256
-CHUNK_STEP = 64
-SUM_THREADS = 256
-SUM_MAX_BLOCKS = 2048
+# Backward weight: pixels are cut into chunks summed by separate blocks (gemm.chunk_plan), a fixed
+# plan not read off the GPU, so the summation order and hence the result are the same on every device.
 MAX_PIXELS = 2**31 - 1  # the multiply-and-shift division holds below 2**31
 
 
@@ -195,7 +186,7 @@ def conv2d_forward(x, w, b, y, activation):
         return
     tile = TILES[_pick_tile(pixels, Cout)][0]
     grid, threads = gemm._grid(pixels, Cout, tile)
-    _make_conv2d_forward(tile, x.dtype, size)[grid, threads](
+    _make_conv2d_forward(tile, x.dtype, size)[grid, threads, streams.current()](
         x, w.reshape(size * size * Cin, Cout), b, y.reshape(pixels, Cout), activation)
 
 
@@ -241,7 +232,7 @@ def conv2d_backward_input(dy, w, h, dx, activation):
         return
     tile = TILES[_pick_tile(pixels, Cin)][0]
     grid, threads = gemm._grid(pixels, Cin, tile)
-    _make_conv2d_backward_input(tile, dy.dtype, size)[grid, threads](
+    _make_conv2d_backward_input(tile, dy.dtype, size)[grid, threads, streams.current()](
         dy, w.reshape(size * size, Cin, Cout), h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation)
 
 
@@ -249,46 +240,9 @@ def conv2d_backward_input(dy, w, h, dx, activation):
 
 @functools.cache
 def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
-    BM, BN, TM, TN, TX, TY = gemm._tile_coords(tile)
     load, _ = codec(dtype)
-    tile_product = gemm._make_tile_product(tile, image_columns_operand(load, size), dense_operand(load, False))
-
-    # Block (by, bx, bz) owns rows by*BM:+BM, columns bx*BN:+BN of chunk bz's
-    # partial sum (over pixels bz*chunk:+chunk); it alone writes that tile of
-    # partials[bz], so no atomics are needed.
-    @cuda.jit(**_launch_options(tile, jit_options))
-    def conv2d_weight_partials_kernel(x, dy, partials, chunk):
-        pixels, outputs = dy.shape  # dy viewed (N*H*W, Cout); partials (chunks, KS*KS*Cin, Cout)
-        rows = partials.shape[1]
-        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        begin = cuda.blockIdx.z * chunk
-        acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(x, dy, acc, m0, n0, rows, outputs, begin, min(begin + chunk, pixels)):
-            return
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
-        for i in range(TM):
-            r = m0 + ty + TY * i
-            for j in range(TN):
-                n = n0 + tx + TX * j
-                if r < rows and n < outputs:
-                    partials[cuda.blockIdx.z, r, n] = acc[i, j]
-
-    return conv2d_weight_partials_kernel
-
-
-# Thread t owns dw[t], dw[t + stride], ...: it adds the chunks' partial sums
-# in chunk order, so the order is fixed and no atomics are needed; beta == 0
-# never reads dw (it may hold garbage).
-@cuda.jit
-def conv2d_weight_sum_kernel(partials, dw, beta):
-    for e in range(cuda.grid(1), dw.shape[0], cuda.gridsize(1)):
-        total = float32(0)
-        for z in range(partials.shape[0]):
-            total += partials[z, e]
-        if beta == float32(0):
-            dw[e] = total
-        else:
-            dw[e] = beta * dw[e] + total
+    return gemm.make_weight_partials(tile, image_columns_operand(load, size), dense_operand(load, False),
+                                     **_launch_options(tile, jit_options))
 
 
 def _weight_plan(x_shape, w_shape):
@@ -301,10 +255,7 @@ def _weight_plan(x_shape, w_shape):
     size, _, _, Cout = w_shape
     pixels, rows = N * H * W, size * size * Cin
     name = _pick_tile(rows, Cout, fill=False)
-    grid, _ = gemm._grid(rows, Cout, TILES[name][0])
-    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, grid[0] * grid[1])), pixels // MIN_CHUNK))
-    chunk = max(1, math.ceil(pixels / most / CHUNK_STEP)) * CHUNK_STEP
-    return name, chunk, max(1, math.ceil(pixels / chunk)), most
+    return (name, *gemm.chunk_plan(pixels, rows, Cout, TILES[name][0]))
 
 
 def conv2d_backward_weight_workspace(x_shape, w_shape):
@@ -340,11 +291,9 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     tile = TILES[name][0]
     (gx, gy), threads = gemm._grid(rows, Cout, tile)
     partials = workspace[:needed].reshape(chunks, rows, Cout)
-    _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, chunks), threads](
+    _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, chunks), threads, streams.current()](
         x, dy.reshape(pixels, Cout), partials, chunk)
-    blocks = max(1, min(SUM_MAX_BLOCKS, math.ceil(rows * Cout / SUM_THREADS)))
-    conv2d_weight_sum_kernel[blocks, SUM_THREADS](
-        workspace[:needed].reshape(chunks, rows * Cout), dw.reshape(rows * Cout), float32(beta))
+    gemm.add_chunks(workspace[:needed].reshape(chunks, rows * Cout), dw.reshape(rows * Cout), beta)
 
 
 # --- launch helpers ---------------------------------------------------------------

@@ -3,8 +3,10 @@
 import functools
 import math
 
-from numba import cuda, float32, int32
+import numpy as np
+from numba import cuda, float32, int32, int64
 
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -20,10 +22,11 @@ def _make_gather_batch(dtype):
     # (threads of a block run along d, so the uint8 reads and the writes are
     # coalesced); thread 0 of the first block column owns y[i]. No atomics.
     @cuda.jit
-    def gather_batch_kernel(images, labels, indices, start, x, y, scale, shift):
+    def gather_batch_kernel(images, labels, indices, cursor, start, x, y, scale, shift):
         d = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        first = cursor[0] + start
         for i in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
-            r = indices[start + i]
+            r = indices[first + i]
             if d < x.shape[1]:
                 x[i, d] = store(float32(images[r, d]) * scale + shift)
             if d == 0:
@@ -32,11 +35,13 @@ def _make_gather_batch(dtype):
     return gather_batch_kernel
 
 
-def gather_batch(images, labels, indices, start, x, y, scale, shift):
-    """For i < x.shape[0]: r = indices[start + i];
+def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None):
+    """For i < x.shape[0]: r = indices[cursor[0] + start + i];
     x[i] = images[r] * scale + shift (computed in float32, stored in x's format), y[i] = labels[r] (int32).
 
-    indices must hold valid rows of images (they are not checked on device).
+    `cursor` (a 1-element int64 device array, read on the device; None reads as 0) lets a replayed CUDA
+    graph move through the epoch: see `advance_cursor`. indices must hold valid rows of images and
+    cursor[0] + start + x.shape[0] must not pass their end (neither is checked on the device).
     """
     require("images", images, "uint8", (None, None))
     rows, width = images.shape
@@ -50,4 +55,30 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift):
     if n == 0:
         return
     grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS))
-    _make_gather_batch(x.dtype)[grid, THREADS](images, labels, indices, start, x, y, float32(scale), float32(shift))
+    _make_gather_batch(x.dtype)[grid, THREADS, streams.current()](images, labels, indices, checked_cursor(cursor),
+                                                                  start, x, y, float32(scale), float32(shift))
+
+
+def checked_cursor(cursor):
+    """The cursor a launch reads: the one given (a 1-element int64 device array), or a shared zero for
+    launches given none (evaluation and tests walk through their arrays from the host)."""
+    if cursor is None:
+        return _zero_cursor()
+    require("cursor", cursor, "int64", (1,))
+    return cursor
+
+
+@functools.cache
+def _zero_cursor():
+    return cuda.to_device(np.zeros(1, np.int64))
+
+
+@cuda.jit
+def advance_cursor_kernel(cursor, by):
+    cursor[0] += by
+
+
+def advance_cursor(cursor, by):
+    """cursor[0] += by, on the device (so a graph replay can advance it)."""
+    require("cursor", cursor, "int64", (1,))
+    advance_cursor_kernel[1, 1, streams.current()](cursor, int64(by))

@@ -15,20 +15,22 @@ One kernel factory builds the main loop for each case; a transposed operand
 is loaded along its contiguous axis (so global loads stay coalesced) and
 transposed on its way into shared memory, padded so the stores do not
 conflict on banks. Each block owns a BM x BN tile of the output, each thread a
-TM x TN register block of it strided by the thread grid (conflict-free shared
+TM x TN register block of it in row and column pairs strided by the thread grid (conflict-free shared
 reads). Every output is summed inside one block: its K-split groups each sum
-a fixed share of K and group 0 adds their partials in group order. No
-cross-block split-K, no atomics: a fixed summation order, bitwise-reproducible
-results.
+a fixed share of K and group 0 adds their partials in group order; only a
+weight gradient given a workspace splits its batch across blocks, into
+partials a second launch adds in chunk order. No atomics: a fixed summation
+order, bitwise-reproducible results.
 """
 
 import functools
 import math
 from typing import NamedTuple
 
-from numba import cuda, float32
+from numba import complex64, config, cuda, float32, uint64
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -37,11 +39,13 @@ from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 # (BM/TM)(BN/TN) threads split the K range between them (group g takes every
 # KSPLIT-th BK-slice) and add their partial sums in shared memory in a fixed
 # order. A launch takes the first tile whose grid has at least its minimum of
-# blocks (about one wave of 132 SMs): LARGE (64 FMAs per 16 shared loads) for
-# big outputs; MEDIUM; SMALL (8-way K split) puts 8 warps on each 32 x 32
-# tile, for MLP-sized outputs with a long K (128 x 512, K = 784). Chosen from
-# the candidates timed on an H100 by `python benchmarks/gemm.py --tiles`.
-LARGE_TILE = (128, 128, 8, 8, 8, 1)
+# blocks (about one wave of 132 SMs): LARGE (32 FMAs per 6 shared loads, two
+# values a load) for big outputs; MEDIUM; SMALL (8-way K split) puts 8 warps on
+# each 32 x 32 tile, for MLP-sized outputs with a long K (128 x 512, K = 784).
+# Chosen from the candidates timed on an H100 by `python benchmarks/gemm.py
+# --tiles`: at 4096^3, 128 x 64 x 8 ran at 26.8 / 25.4 / 27.1 TFLOP/s (forward,
+# input and weight gradient) against 25.0 / 25.1 / 25.1 for 128 x 128 x 16.
+LARGE_TILE = (128, 64, 8, 8, 4, 1)
 MEDIUM_TILE = (64, 64, 8, 4, 4, 2)
 SMALL_TILE = (32, 32, 8, 4, 4, 8)
 TILES = {"large": (LARGE_TILE, 128), "medium": (MEDIUM_TILE, 96), "small": (SMALL_TILE, 0)}
@@ -79,41 +83,60 @@ def dense_operand(load, k_contiguous):
 
 
 def _make_operand_stage(operand, ROWS, BK, GROUP):
-    """(load, store, loads, slice shape): a group's share of one BK x ROWS
-    slice of an operand, fetched into `loads` registers per thread, then
-    stored to shared memory as [k, row]. Loaded along k, a slice is
-    transposed on its way in: the pad of 32 / BK floats puts the BK rows a
-    warp writes on distinct banks."""
+    """(load, store, loads, pitch): a group's share of one BK x ROWS slice of
+    an operand, fetched into registers, then stored to shared memory as
+    [g, k, row] of complex64 *pairs* of rows (flat, PITCH floats from one k to
+    the next), so each later read fetches two rows' values in one 8-byte load.
+    A thread handles pairs (row 2p and 2p + 1 at one k). Loaded along k, a
+    slice is transposed on its way in: a warp writes 32 / BK pairs (256 / BK
+    bytes) at each of BK k, and the pad of 64 / BK floats starts each k's run
+    that many bytes on, so the runs tile the 32 banks (two wavefronts for 256
+    bytes, the least)."""
     _, fetch, along_k = operand
-    LOADS = ROWS * BK // GROUP
+    PAIRS = ROWS * BK // 2
+    LOADS = -(-PAIRS // GROUP)
+    PITCH = ROWS + (64 // BK if along_k else 0)
+    HALF = PITCH // 2
+    if ROWS % 2 or PITCH % 2:
+        raise ValueError(f"a slice of {ROWS} rows (pitch {PITCH}) does not split into row pairs")
 
     @cuda.jit(device=True, inline="always")
     def load(array, geometry, regs, i0, k0, I, K, t):
         for l in range(LOADS):
             e = t + l * GROUP
-            if along_k:
-                i, k = i0 + e // BK, k0 + e % BK
-            else:
-                k, i = k0 + e // ROWS, i0 + e % ROWS
-            regs[l] = fetch(array, geometry, i, k, I, K)
+            if e < PAIRS:
+                if along_k:
+                    i, k = i0 + 2 * (e // BK), k0 + e % BK
+                else:
+                    k, i = k0 + e // (ROWS // 2), i0 + 2 * (e % (ROWS // 2))
+                regs[0, l] = fetch(array, geometry, i, k, I, K)
+                regs[1, l] = fetch(array, geometry, i + 1, k, I, K)
 
     @cuda.jit(device=True, inline="always")
     def store(shared, regs, g, t):
         for l in range(LOADS):
             e = t + l * GROUP
-            if along_k:
-                shared[g, e % BK, e // BK] = regs[l]
-            else:
-                shared[g, e // ROWS, e % ROWS] = regs[l]
+            if e < PAIRS:
+                if along_k:
+                    shared[(g * BK + e % BK) * HALF + e // BK] = complex(regs[0, l], regs[1, l])
+                else:
+                    shared[(g * BK + e // (ROWS // 2)) * HALF + e % (ROWS // 2)] = complex(regs[0, l], regs[1, l])
 
-    return load, store, LOADS, (BK, ROWS + (32 // BK if along_k else 0))
+    return load, store, LOADS, PITCH
+
+
+@cuda.jit(device=True, inline="always")
+def owned(first, t, T, i):
+    """The row (column) of a thread's i-th output row (column) in a tile: thread t of the T along that
+    side owns rows first + 2 (t + T q) and the next, q = 0, 1, ...: pairs, read as one complex64."""
+    return first + 2 * (t + T * (i >> 1)) + (i & 1)
 
 
 def _make_tile_product(tile, a_operand, b_operand):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN]
-    for this thread's TM x TN outputs (rows m0 + ty + TY*i, columns
-    n0 + tx + TX*j); returns True in the threads of group 0, which hold the
-    complete sums.
+    for this thread's TM x TN outputs (rows owned(m0, ty, TY, i), columns
+    owned(n0, tx, TX, j)); returns True in the threads of group 0, which hold
+    the complete sums.
 
     Each operand is an `Operand`: a stored matrix (`dense_operand`) or one
     computed on the fly (the convolutions' im2col, no buffer). Elements
@@ -123,42 +146,62 @@ def _make_tile_product(tile, a_operand, b_operand):
     BM, BN, BK, TM, TN, KSPLIT = tile
     TX, TY = BN // TN, BM // TM
     GROUP = TX * TY  # threads per K-split group
-    load_a, store_a, A_LOADS, a_slice = _make_operand_stage(a_operand, BM, BK, GROUP)
-    load_b, store_b, B_LOADS, b_slice = _make_operand_stage(b_operand, BN, BK, GROUP)
+    load_a, store_a, A_LOADS, A_PITCH = _make_operand_stage(a_operand, BM, BK, GROUP)
+    load_b, store_b, B_LOADS, B_PITCH = _make_operand_stage(b_operand, BN, BK, GROUP)
     prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
-    A_SHARED, B_SHARED = (KSPLIT, *a_slice), (KSPLIT, *b_slice)
+    A_HALF, B_HALF = A_PITCH // 2, B_PITCH // 2
+    A_SHARED, B_SHARED = KSPLIT * BK * A_HALF, KSPLIT * BK * B_HALF
     PARTIAL = (KSPLIT - 1, TM * TN, GROUP) if KSPLIT > 1 else (1, 1, 1)
+    if TM % 2 or TN % 2:
+        raise ValueError(f"tile {tile}: a thread's outputs must come in row and column pairs")
+
+    # 8-byte alignment lets a complex64 read be one 8-byte load; the simulator takes no alignment (and
+    # tells shared arrays apart by their source line: one a line)
+    if config.ENABLE_CUDASIM:
+        @cuda.jit(device=True, inline="always")
+        def pair_slices():
+            As = cuda.shared.array(A_SHARED, complex64)
+            Bs = cuda.shared.array(B_SHARED, complex64)
+            return As, Bs
+    else:
+        @cuda.jit(device=True, inline="always")
+        def pair_slices():
+            As = cuda.shared.array(A_SHARED, complex64, alignment=8)
+            Bs = cuda.shared.array(B_SHARED, complex64, alignment=8)
+            return As, Bs
 
     @cuda.jit(device=True, inline="always")
-    def multiply_slice(As, Bs, acc, g, tx, ty):
-        """acc += As[g] outer Bs[g], two k at a time: loads of k+1 are issued
-        before the FMAs of k, so shared-memory latency overlaps arithmetic."""
-        a0, b0 = cuda.local.array(TM, float32), cuda.local.array(TN, float32)
-        a1, b1 = cuda.local.array(TM, float32), cuda.local.array(TN, float32)
-        for kk in range(0, BK, 2):
-            for i in range(TM):
-                a0[i] = As[g, kk, ty + TY * i]
-                a1[i] = As[g, kk + 1, ty + TY * i]
-            for j in range(TN):
-                b0[j] = Bs[g, kk, tx + TX * j]
-                b1[j] = Bs[g, kk + 1, tx + TX * j]
-            for i in range(TM):
-                for j in range(TN):
-                    acc[i, j] += a0[i] * b0[j]
-            for i in range(TM):
-                for j in range(TN):
-                    acc[i, j] += a1[i] * b1[j]
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        """acc += A slice outer B slice, from this thread's first reads in its group's slices. Each read
+        is a complex64 pair of values, and every read of a k sits at a constant offset from that k's
+        row, so the loads carry their offsets and the loop computes one address per operand and k
+        (index arithmetic had cost more issue slots than the FMAs; two values per load halve the
+        shared-memory traffic, which otherwise matched the FMA rate)."""
+        a, b = cuda.local.array((2, TM), float32), cuda.local.array((2, TN), float32)
+        for kk in range(0, BK, 2):  # two k per trip: their reads share one address per operand
+            a_row, b_row = a_first + uint64(kk * A_HALF), b_first + uint64(kk * B_HALF)
+            for h in range(2):
+                for i in range(TM // 2):
+                    v = As[a_row + uint64(h * A_HALF + TY * i)]
+                    a[h, 2 * i], a[h, 2 * i + 1] = v.real, v.imag
+                for j in range(TN // 2):
+                    v = Bs[b_row + uint64(h * B_HALF + TX * j)]
+                    b[h, 2 * j], b[h, 2 * j + 1] = v.real, v.imag
+            for h in range(2):
+                for i in range(TM):
+                    for j in range(TN):
+                        acc[i, j] += a[h, i] * b[h, j]
 
     @cuda.jit(device=True, inline="always")
     def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
-        As = cuda.shared.array(A_SHARED, float32)
-        Bs = cuda.shared.array(B_SHARED, float32)
+        As, Bs = pair_slices()
         partial = cuda.shared.array(PARTIAL, float32)
-        a_regs = cuda.local.array(A_LOADS, float32)
-        b_regs = cuda.local.array(B_LOADS, float32)
+        a_regs = cuda.local.array((2, A_LOADS), float32)
+        b_regs = cuda.local.array((2, B_LOADS), float32)
         ga, gb = prepare_a(a), prepare_b(b)
         g, t = cuda.threadIdx.x // GROUP, cuda.threadIdx.x % GROUP
         tx, ty = t % TX, t // TX
+        a_first, b_first = uint64(g * BK * A_HALF + ty), uint64(g * BK * B_HALF + tx)
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = float32(0)
@@ -171,7 +214,7 @@ def _make_tile_product(tile, a_operand, b_operand):
             if k0 + KSPLIT * BK < k_end:
                 load_a(a, ga, a_regs, m0, k0 + (KSPLIT + g) * BK, M, k_end, t)
                 load_b(b, gb, b_regs, n0, k0 + (KSPLIT + g) * BK, N, k_end, t)
-            multiply_slice(As, Bs, acc, g, tx, ty)
+            multiply_slice(As, Bs, a_first, b_first, acc)
             cuda.syncthreads()
         if KSPLIT > 1:  # group 0 adds the other groups' sums, in group order
             if g > 0:
@@ -231,8 +274,8 @@ def _tile_coords(tile):
 
 
 def make_epilogues(tile, load, store):
-    """Device functions that write a thread's TM x TN block of sums (rows m0 + ty + TY*i, columns
-    n0 + tx + TX*j, clipped to M x N), shared by the dense and the convolution kernels:
+    """Device functions that write a thread's TM x TN block of sums (rows owned(m0, ty, TY, i), columns
+    owned(n0, tx, TX, j), clipped to M x N), shared by the dense and the convolution kernels:
 
     bias_activation(acc, b, y, ...)   y = act(acc + b)        (the forward products)
     activation_grad(acc, h, dx, ...)  dx = acc * act'(h)       (the input-gradient products)
@@ -247,9 +290,9 @@ def make_epilogues(tile, load, store):
     def bias_activation(acc, b, y, m0, n0, M, N, activation):
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            m = m0 + ty + TY * i
+            m = owned(m0, ty, TY, i)
             for j in range(TN):
-                n = n0 + tx + TX * j
+                n = owned(n0, tx, TX, j)
                 if m < M and n < N:
                     z = acc[i, j] + load(b[n])
                     if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
@@ -257,9 +300,9 @@ def make_epilogues(tile, load, store):
                     y[m, n] = store(z)
         if activation == TANH or activation == SIGMOID:
             for i in range(TM):
-                m = m0 + ty + TY * i
+                m = owned(m0, ty, TY, i)
                 for j in range(TN):
-                    n = n0 + tx + TX * j
+                    n = owned(n0, tx, TX, j)
                     if m < M and n < N:
                         y[m, n] = store(_squash(load(y[m, n]), activation))
 
@@ -267,16 +310,16 @@ def make_epilogues(tile, load, store):
     def activation_grad(acc, h, dx, m0, n0, M, N, activation):
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            m = m0 + ty + TY * i
+            m = owned(m0, ty, TY, i)
             for j in range(TN):
-                n = n0 + tx + TX * j
+                n = owned(n0, tx, TX, j)
                 if m < M and n < N:
                     dx[m, n] = store(acc[i, j])
         if activation != NONE:
             for i in range(TM):
-                m = m0 + ty + TY * i
+                m = owned(m0, ty, TY, i)
                 for j in range(TN):
-                    n = n0 + tx + TX * j
+                    n = owned(n0, tx, TX, j)
                     if m < M and n < N:
                         dx[m, n] = store(load(dx[m, n]) * _activation_grad(load(h[m, n]), activation))
 
@@ -320,7 +363,7 @@ def linear_forward(x, w, b, y, activation):
         return
     size = _pick_tile(M, N)
     grid, threads = _grid(M, N, TILES[size][0])
-    _make_linear_forward(TILES[size][0], x.dtype)[grid, threads](x, w, b, y, activation)
+    _make_linear_forward(TILES[size][0], x.dtype)[grid, threads, streams.current()](x, w, b, y, activation)
 
 
 # --- backward input: dx = (dy @ w.T) * act'(h) ----------------------------------
@@ -364,7 +407,7 @@ def linear_backward_input(dy, w, h, dx, activation):
         return
     size = _pick_tile(M, K)
     grid, threads = _grid(M, K, TILES[size][0])
-    _make_linear_backward_input(TILES[size][0], dy.dtype)[grid, threads](dy, w, h, dx, activation)
+    _make_linear_backward_input(TILES[size][0], dy.dtype)[grid, threads, streams.current()](dy, w, h, dx, activation)
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
@@ -389,9 +432,9 @@ def _make_linear_backward_weight(tile, dtype, **jit_options):
             return
         tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            k = m0 + ty + TY * i
+            k = owned(m0, ty, TY, i)
             for j in range(TN):
-                n = n0 + tx + TX * j
+                n = owned(n0, tx, TX, j)
                 if k < K and n < N:
                     if beta == float32(0):
                         dw[k, n] = acc[i, j]
@@ -401,9 +444,104 @@ def _make_linear_backward_weight(tile, dtype, **jit_options):
     return linear_backward_weight_kernel
 
 
-def linear_backward_weight(x, dy, dw, beta):
+# A weight gradient's output can be too small to fill the GPU however a block splits its sum (an MLP's
+# 128 x 128 layer is 16 SMALL blocks) while its sum over samples is long (a batch of 2048; every
+# pixel of a convolution's batch). Given a workspace, the samples are cut into chunks of at least
+# MIN_CHUNK (a multiple of CHUNK_STEP), enough for about CHUNK_BLOCKS blocks (two waves of one LARGE
+# block per H100 SM); each block writes its chunk's partial tile, and a second launch adds the
+# chunks in chunk order: a fixed plan and order, so the sums stay bitwise reproducible. A dense
+# layer splits only below SPLIT_BELOW blocks: on the H100, batch 2048, its 128 x 128 gradient went
+# from 1.5 to 3.7 TFLOP/s in chunks, while its 784 x 128 one (100 blocks) fell from 9.1 to 7.8.
+SPLIT_BELOW = 66
+CHUNK_BLOCKS = 264
+MIN_CHUNK = 256
+CHUNK_STEP = 64
+SUM_THREADS = 256
+SUM_MAX_BLOCKS = 2048
+
+
+def chunk_plan(samples, rows, columns, tile):
+    """(chunk, chunks, most chunks) for a rows x columns weight gradient summed over `samples`: `most
+    chunks` (what the workspace is sized for) grows with the samples; rounding the chunk up to
+    CHUNK_STEP may leave fewer in use."""
+    grid, _ = _grid(rows, columns, tile)
+    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, grid[0] * grid[1])), samples // MIN_CHUNK))
+    chunk = max(1, math.ceil(samples / most / CHUNK_STEP)) * CHUNK_STEP
+    return chunk, max(1, math.ceil(samples / chunk)), most
+
+
+def make_weight_partials(tile, a_operand, b_operand, **jit_options):
+    """Kernel (a, dy, partials, chunk): partials[z] = A[:, chunk z] @ dy[chunk z] for the
+    (chunks, rows, columns) partials, A the (rows, samples) operand (x.T, or a convolution's
+    im2col(x).T) and dy (samples, columns)."""
+    BM, BN, TM, TN, TX, TY = _tile_coords(tile)
+    tile_product = _make_tile_product(tile, a_operand, b_operand)
+
+    # Block (by, bx, bz) owns rows by*BM:+BM, columns bx*BN:+BN of chunk bz's
+    # partial sum (over samples bz*chunk:+chunk); it alone writes that tile of
+    # partials[bz], so no atomics are needed.
+    @cuda.jit(**jit_options)
+    def weight_partials_kernel(a, dy, partials, chunk):
+        samples, columns = dy.shape
+        rows = partials.shape[1]
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        begin = cuda.blockIdx.z * chunk
+        acc = cuda.local.array((TM, TN), float32)
+        if not tile_product(a, dy, acc, m0, n0, rows, columns, begin, min(begin + chunk, samples)):
+            return
+        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
+        for i in range(TM):
+            r = owned(m0, ty, TY, i)
+            for j in range(TN):
+                n = owned(n0, tx, TX, j)
+                if r < rows and n < columns:
+                    partials[cuda.blockIdx.z, r, n] = acc[i, j]
+
+    return weight_partials_kernel
+
+
+# Thread t owns dw[t], dw[t + stride], ...: it adds the chunks' partial sums
+# in chunk order, so the order is fixed and no atomics are needed; beta == 0
+# never reads dw (it may hold garbage).
+@cuda.jit
+def chunk_sum_kernel(partials, dw, beta):
+    for e in range(cuda.grid(1), dw.shape[0], cuda.gridsize(1)):
+        total = float32(0)
+        for z in range(partials.shape[0]):
+            total += partials[z, e]
+        if beta == float32(0):
+            dw[e] = total
+        else:
+            dw[e] = beta * dw[e] + total
+
+
+def add_chunks(partials, dw, beta):
+    """dw = beta * dw + partials summed over axis 0 in order; partials (chunks, E), dw (E,) float32."""
+    blocks = max(1, min(SUM_MAX_BLOCKS, math.ceil(dw.shape[0] / SUM_THREADS)))
+    chunk_sum_kernel[blocks, SUM_THREADS, streams.current()](partials, dw, float32(beta))
+
+
+@functools.cache
+def _make_linear_weight_partials(tile, dtype):
+    load, _ = codec(dtype)
+    return make_weight_partials(tile, dense_operand(load, False), dense_operand(load, False))
+
+
+def linear_backward_weight_workspace(batch, inputs, outputs):
+    """float32 elements of workspace linear_backward_weight can use for x (batch, inputs) and dy
+    (batch, outputs): 0 where one block per output tile already fills the GPU. Never smaller for a
+    smaller batch, so one workspace sized for the largest batch serves all."""
+    tile = TILES[_pick_tile(inputs, outputs)][0]
+    grid, _ = _grid(inputs, outputs, tile)
+    _, _, most = chunk_plan(batch, inputs, outputs, tile)
+    return most * inputs * outputs if most > 1 and grid[0] * grid[1] < SPLIT_BELOW else 0
+
+
+def linear_backward_weight(x, dy, dw, beta, workspace=None):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); x and dy in one storage
-    format, dw float32 (gradients are accumulated in float32 whatever the precision)."""
+    format, dw float32 (gradients are accumulated in float32 whatever the precision). With a float32
+    workspace of `linear_backward_weight_workspace(...)` elements, a long batch is summed in chunks
+    by more blocks (see CHUNK_BLOCKS)."""
     require_one_of("x", x, STORAGE_DTYPES, (None, None))
     B, K = x.shape
     require("dy", dy, x.dtype, (B, None))
@@ -413,9 +551,18 @@ def linear_backward_weight(x, dy, dw, beta):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
     if K == 0 or N == 0:
         return
-    size = _pick_tile(K, N)
-    grid, threads = _grid(K, N, TILES[size][0])
-    _make_linear_backward_weight(TILES[size][0], x.dtype)[grid, threads](x, dy, dw, float32(beta))
+    tile = TILES[_pick_tile(K, N)][0]
+    grid, threads = _grid(K, N, tile)
+    if workspace is not None and grid[0] * grid[1] < SPLIT_BELOW:
+        require("workspace", workspace, "float32", (None,))
+        chunk, chunks, most = chunk_plan(B, K, N, tile)
+        if chunks > 1 and workspace.shape[0] >= chunks * K * N:
+            partials = workspace[:chunks * K * N]
+            _make_linear_weight_partials(tile, x.dtype)[(*grid, chunks), threads, streams.current()](
+                x, dy, partials.reshape(chunks, K, N), chunk)
+            add_chunks(partials.reshape(chunks, K * N), dw.reshape(K * N), beta)
+            return
+    _make_linear_backward_weight(tile, x.dtype)[grid, threads, streams.current()](x, dy, dw, float32(beta))
 
 
 def _check_activation(activation):

@@ -5,7 +5,9 @@ import math
 
 from numba import cuda, float32, int32
 
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
+from mlptrain.numba_kernels.data import checked_cursor
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
 THREADS = 128
@@ -19,12 +21,13 @@ def _make_softmax_cross_entropy(dtype):
     # whole row dlogits[i], so no atomics. Rows are short (classes), three
     # passes over the row (max, sum of exp, gradient) stay in L1.
     @cuda.jit
-    def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
+    def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
                                      loss_scale):
         i = cuda.grid(1)
         rows, classes = logits.shape
         if i >= rows:
             return
+        offset += cursor[0]
         best, best_index = load(logits[i, 0]), 0
         for j in range(1, classes):
             if load(logits[i, j]) > best:  # strict: the first maximum wins, as np.argmax
@@ -48,7 +51,8 @@ def _make_softmax_cross_entropy(dtype):
     return softmax_cross_entropy_kernel
 
 
-def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale):
+def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
+                          cursor=None):
     """Per row i of logits (M, C) with integer label labels[i]:
 
     row_loss[offset + i]    = logsumexp(logits[i]) - logits[i, labels[i]]
@@ -77,8 +81,8 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     if rows == 0:
         return
     blocks = math.ceil(rows / THREADS)
-    _make_softmax_cross_entropy(logits.dtype)[blocks, THREADS](
-        logits, labels, dlogits, row_loss, row_correct, offset, float32(grad_scale), loss_scale
+    _make_softmax_cross_entropy(logits.dtype)[blocks, THREADS, streams.current()](
+        logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset, float32(grad_scale), loss_scale
     )
 
 
@@ -97,7 +101,7 @@ def _make_mse(dtype):
     # pairing depends only on blockDim then adds the threads' sums, so every
     # run adds in the same order.
     @cuda.jit
-    def mse_kernel(output, target, doutput, row_loss, offset, coefficient, loss_scale):
+    def mse_kernel(output, target, doutput, row_loss, cursor, offset, coefficient, loss_scale):
         partial = cuda.shared.array(MSE_THREADS, float32)
         i, t, threads = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
         width = output.shape[1]
@@ -116,12 +120,12 @@ def _make_mse(dtype):
             cuda.syncthreads()
             half //= 2
         if t == 0:
-            row_loss[offset + i] = partial[0] / float32(width)
+            row_loss[cursor[0] + offset + i] = partial[0] / float32(width)
 
     return mse_kernel
 
 
-def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale):
+def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale, cursor=None):
     """Per row i of output (M, D) against target (M, D):
 
     row_loss[offset + i] = mean over j of (output[i, j] - target[i, j])^2
@@ -149,4 +153,6 @@ def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale):
     # a power of two (the tree halves it), no more threads than a row has elements, at least a warp
     threads = min(MSE_THREADS, max(32, 1 << (width - 1).bit_length()))
     coefficient = float32(2.0 / width * grad_scale)
-    _make_mse(output.dtype)[rows, threads](output, target, doutput, row_loss, offset, coefficient, loss_scale)
+    _make_mse(output.dtype)[rows, threads, streams.current()](
+        output, target, doutput, row_loss, checked_cursor(cursor), offset, coefficient, loss_scale)
+

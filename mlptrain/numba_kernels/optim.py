@@ -14,6 +14,7 @@ import math
 from numba import cuda, float32
 
 from mlptrain import step_state
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 from mlptrain.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
@@ -42,7 +43,7 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
     require("grad_norms", grad_norms, "float64", (None,))
     if lr_schedule.shape[0] == 0:
         raise ValueError("lr_schedule must hold at least one step")
-    finish_step_kernel[1, 1](partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
+    finish_step_kernel[1, 1, streams.current()](partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
                              bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
                              float(growth_interval))
 
@@ -132,14 +133,14 @@ def sgd_update(param, grad, compute, state, weight_decay):
     """p -= lr * (g + wd * p), g the summed gradient times the step's multiplier."""
     _check_buffers(param, state, compute, grad=grad)
     kernel = _make_updates(compute.dtype)[0]
-    kernel[_grid(param.shape[0]), THREADS](param, grad, compute, state, float32(weight_decay), compute is not param)
+    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, compute, state, float32(weight_decay), compute is not param)
 
 
 def momentum_update(param, grad, velocity, compute, state, momentum, weight_decay, nesterov):
     """g' = g + wd p; v = mu v + g'; p -= lr * (g' + mu v if nesterov else v)"""
     _check_buffers(param, state, compute, grad=grad, velocity=velocity)
     kernel = _make_updates(compute.dtype)[1]
-    kernel[_grid(param.shape[0]), THREADS](param, grad, velocity, compute, state, float32(momentum),
+    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, velocity, compute, state, float32(momentum),
                                            float32(weight_decay), bool(nesterov), compute is not param)
 
 
@@ -149,6 +150,6 @@ def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_dec
     _check_buffers(param, state, compute, grad=grad, m=m, v=v)
     kernel = _make_updates(compute.dtype)[2]
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
-    kernel[_grid(param.shape[0]), THREADS](param, grad, m, v, compute, state, float32(beta1), float32(beta2),
+    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, m, v, compute, state, float32(beta1), float32(beta2),
                                            float32(1.0 - beta1), float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
                                            compute is not param)

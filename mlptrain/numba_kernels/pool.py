@@ -25,6 +25,7 @@ import math
 
 from numba import cuda, float32, uint8
 
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -124,7 +125,7 @@ def max_pool2x2_forward(x, y, argmax):
     if y.size == 0:
         return
     grid, block = _launch_shape(N * out[1], out[2], C)
-    _make_max_pool2x2_forward(x.dtype)[grid, block](x, y, argmax)
+    _make_max_pool2x2_forward(x.dtype)[grid, block, streams.current()](x, y, argmax)
 
 
 # --- max pool 2x2, backward --------------------------------------------------------
@@ -175,7 +176,7 @@ def max_pool2x2_backward(dy, argmax, dx):
     if dx.size == 0:
         return
     grid, block = _launch_shape(N * ((H + 1) // 2), (W + 1) // 2, C)
-    _make_max_pool2x2_backward(dx.dtype)[grid, block](dy, argmax, dx)
+    _make_max_pool2x2_backward(dx.dtype)[grid, block, streams.current()](dy, argmax, dx)
 
 
 # --- nearest upsample x2, forward ----------------------------------------------------
@@ -207,7 +208,7 @@ def upsample2x_forward(x, y):
     if y.size == 0:
         return
     grid, block = _launch_shape(N * H, W, C)
-    upsample2x_forward_kernel[grid, block](x, y)
+    upsample2x_forward_kernel[grid, block, streams.current()](x, y)
 
 
 # --- nearest upsample x2, backward ---------------------------------------------------
@@ -246,4 +247,4 @@ def upsample2x_backward(dy, dx):
     if dx.size == 0:
         return
     grid, block = _launch_shape(N * H, W, C)
-    _make_upsample2x_backward(dx.dtype)[grid, block](dy, dx)
+    _make_upsample2x_backward(dx.dtype)[grid, block, streams.current()](dy, dx)

@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numba import config, cuda, float32, int32, types, uint16, uint32
 
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 
 THREADS = 256
@@ -96,4 +97,4 @@ def cast(src, dst):
     require("src", src, "float32", (None,))
     require_one_of("dst", dst, STORAGE_DTYPES, src.shape)
     if src.shape[0]:
-        _CAST[dst.dtype][max(1, min(MAX_BLOCKS, math.ceil(src.shape[0] / THREADS))), THREADS](src, dst)
+        _CAST[dst.dtype][max(1, min(MAX_BLOCKS, math.ceil(src.shape[0] / THREADS))), THREADS, streams.current()](src, dst)

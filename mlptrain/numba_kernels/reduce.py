@@ -5,6 +5,7 @@ import math
 
 from numba import config, cuda, float32
 
+from mlptrain.numba_kernels import streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -58,7 +59,7 @@ def bias_backward(dy, db, beta):
     if dy.shape[1] == 0:
         return
     blocks = math.ceil(dy.shape[1] / COLUMNS)
-    _make_bias_backward(dy.dtype)[blocks, (COLUMNS, ROW_GROUPS)](dy, db, float32(beta))
+    _make_bias_backward(dy.dtype)[blocks, (COLUMNS, ROW_GROUPS), streams.current()](dy, db, float32(beta))
 
 
 # Block b sums the squares of elements t, t + stride, ... (t its global thread
@@ -91,4 +92,4 @@ def sum_of_squares(x, partials):
     """
     require("x", x, "float32", (None,))
     require("partials", partials, "float32", (PARTIALS,))
-    sum_of_squares_kernel[PARTIALS, SQUARES_THREADS](x, partials)
+    sum_of_squares_kernel[PARTIALS, SQUARES_THREADS, streams.current()](x, partials)

@@ -70,8 +70,13 @@ def linear_backward_input(dy, w, h, dx, activation):
     dx[...] = from_float32(grad, dx.dtype)
 
 
-def linear_backward_weight(x, dy, dw, beta):
-    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32."""
+def linear_backward_weight_workspace(batch, inputs, outputs):
+    """The NumPy twin sums through BLAS and needs no workspace: 0 elements."""
+    return 0
+
+
+def linear_backward_weight(x, dy, dw, beta, workspace=None):
+    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32; workspace is not used."""
     x, dy = to_float32(x), to_float32(dy)
     with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
         if beta == 0.0:

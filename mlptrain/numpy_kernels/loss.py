@@ -5,7 +5,8 @@ import numpy as np
 from mlptrain.precision import from_float32, to_float32
 
 
-def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale):
+def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
+                          cursor=None):
     """Per row i of logits (M, C) with integer label labels[i]:
 
     row_loss[offset + i]    = logsumexp(logits[i]) - logits[i, labels[i]]
@@ -14,9 +15,11 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
 
     grad_scale is 1 / (samples in the optimizer window), so summing the
     per-sample gradients gives the gradient of the mean loss; loss_scale is
-    fp16's dynamic loss scale (a 1-element float64 array, else 1).
+    fp16's dynamic loss scale (a 1-element float64 array, else 1). A `cursor` (1-element int64
+    array) adds cursor[0] to offset.
     """
     rows = logits.shape[0]
+    offset += 0 if cursor is None else int(cursor[0])
     logits = to_float32(logits)
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
@@ -30,7 +33,7 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     dlogits[...] = from_float32(grad, dlogits.dtype)
 
 
-def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale):
+def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale, cursor=None):
     """Per row i of output (M, D) against target (M, D):
 
     row_loss[offset + i] = mean over j of (output[i, j] - target[i, j])^2
@@ -38,9 +41,11 @@ def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale):
 
     Computed in float32 from the stored values, doutput rounded once to its
     format; 2 / D * grad_scale is rounded to float32 first, as the CUDA
-    launcher does, so both backends give the same gradient bits.
+    launcher does, so both backends give the same gradient bits. A `cursor` (1-element int64 array)
+    adds cursor[0] to offset.
     """
     rows, width = output.shape
+    offset += 0 if cursor is None else int(cursor[0])
     if width == 0:
         raise ValueError("output must have at least one column")
     if offset < 0 or offset + rows > row_loss.shape[0]:

@@ -54,8 +54,8 @@ def test_conv2d_backward_weight(rng, shape, size, beta, dtype):
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_backward_weight_in_several_chunks(rng, monkeypatch, beta):
     """105 pixels in chunks of 64: two pass-1 blocks, the second chunk ragged."""
-    monkeypatch.setattr(conv, "MIN_CHUNK", 32)
-    monkeypatch.setattr(conv, "CHUNK_BLOCKS", 10**6)
+    monkeypatch.setattr(gemm, "MIN_CHUNK", 32)
+    monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
     assert conv._weight_plan((3, 5, 7, 2), (3, 3, 2, 3))[1:] == (64, 2, 3)
     ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 3), 3, beta, FP32)
 
@@ -89,7 +89,7 @@ def test_workspace_fills_the_gpu_and_serves_smaller_batches():
         assert sizes == sorted(sizes) and sizes[0] == 9 * cin * cout
         name, chunk, chunks, _ = conv._weight_plan((256, H, W, cin), w_shape)
         grid, _ = gemm._grid(9 * cin, cout, conv.TILES[name][0])
-        assert grid[0] * grid[1] * chunks >= conv.CHUNK_BLOCKS // 2 and chunk % conv.CHUNK_STEP == 0
+        assert grid[0] * grid[1] * chunks >= gemm.CHUNK_BLOCKS // 2 and chunk % gemm.CHUNK_STEP == 0
 
 
 def test_launchers_reject_bad_arguments(rng):

@@ -55,3 +55,7 @@ LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FO
 @LOW_PRECISION
 def test_gather_into_low_precision(rng, dtype):
     cases.gather_batch(BACKEND, rng, np.int32, 11, 13, 3, 5, dtype)
+
+
+def test_cursor_moves_every_windowed_launch(rng):
+    cases.cursor_moves_every_windowed_launch(BACKEND, rng)

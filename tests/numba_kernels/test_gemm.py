@@ -133,3 +133,15 @@ def test_low_precision_mlp_sizes_on_the_gpu(rng, dtype):
         cases.linear_forward(BACKEND, rng, shape, RELU, dtype)
         cases.linear_backward_input(BACKEND, rng, shape, RELU, dtype)
         cases.linear_backward_weight(BACKEND, rng, shape, 0.0, dtype)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("shape", [(200, 7, 5), (131, 33, 9)])
+def test_backward_weight_summed_in_chunks(rng, monkeypatch, shape, beta):
+    """A long batch over a small output, given its workspace, is summed in chunks (chunks of 64 here,
+    the last one short) by separate blocks, then added in order."""
+    monkeypatch.setattr(gemm, "MIN_CHUNK", 64)
+    m, k, n = shape
+    chunk, chunks, _ = gemm.chunk_plan(m, k, n, gemm.TILES[gemm._pick_tile(k, n)][0])
+    assert chunks > 1 and gemm.linear_backward_weight_workspace(m, k, n) >= chunks * k * n
+    cases.linear_backward_weight(BACKEND, rng, shape, beta, workspace=True)

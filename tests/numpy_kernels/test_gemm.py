@@ -64,3 +64,8 @@ def test_low_precision_products(rng, dtype, shape, activation):
     cases.linear_forward(BACKEND, rng, shape, activation, dtype)
     cases.linear_backward_input(BACKEND, rng, shape, activation, dtype)
     cases.linear_backward_weight(BACKEND, rng, shape, 1.0, dtype)
+
+
+def test_backward_weight_takes_a_workspace_it_does_not_need(rng):
+    assert BACKEND.kernels.gemm.linear_backward_weight_workspace(4096, 128, 128) == 0
+    cases.linear_backward_weight(BACKEND, rng, (50, 7, 5), 1.0, workspace=True)
