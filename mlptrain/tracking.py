@@ -66,3 +66,17 @@ def training_progress() -> Progress:
         console=console,
         transient=False,
     )
+
+
+def pass_progress() -> Progress:
+    """A pass over a dataset outside training (feature extraction): images done per split."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("images"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )

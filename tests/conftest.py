@@ -43,3 +43,32 @@ def data_dir():
 @pytest.fixture
 def rng():
     return __import__("numpy").random.default_rng(1234)
+
+
+# name -> (built-in config, overrides): the smallest runs that still train on the real data, for the
+# feature extraction and SVM tests (a few seconds together on the CPU)
+TINY_RUNS = {
+    "ae": ("autoencoder_cifar10", ["model.channels=[4,4]", "train.batch_size=256"]),
+    "mlp": ("adam_mnist", ["model.hidden=[16]", "train.batch_size=256"]),
+    "mlp-bf16": ("adam_mnist", ["model.hidden=[16]", "train.batch_size=256", "train.precision=bf16"]),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory):
+    """Run directories (runs/<name>) of TINY_RUNS trained for one epoch on the CPU backend."""
+    if not (DATA_DIR / "mnist").is_dir():
+        pytest.skip(f"real datasets not found at {DATA_DIR} (set MLPTRAIN_DATA_DIR)")
+    from mlptrain.cli.configs import resolve_config
+    from mlptrain.config import load_config
+    from mlptrain.experiment import Resources, create_run
+    from mlptrain.train import train
+
+    runs_dir, resources, out = tmp_path_factory.mktemp("tiny") / "runs", Resources(), {}
+    for name, (config_name, overrides) in TINY_RUNS.items():
+        overrides = ["backend=cpu", "train.epochs=1", f"data.root={DATA_DIR}", *overrides]
+        config = load_config(resolve_config(config_name), overrides)
+        backend, dataset = resources.prepare(config)
+        out[name] = create_run(config, runs_dir, name, config_name)
+        train(config, backend, dataset, out[name])
+    return out

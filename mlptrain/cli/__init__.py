@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from mlptrain.cli import configs, run, sweep
+from mlptrain.cli import configs, features, run, svm, sweep
 from mlptrain.errors import UserError
 from mlptrain.tracking import console
 
@@ -18,6 +18,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train small neural networks on NVIDIA GPUs with hand-written Numba CUDA kernels.")
 app.command("run")(run.run)
 app.command("sweep")(sweep.sweep)
+app.command("extract-features")(features.extract_features)
+app.command("svm")(svm.svm)
 app.add_typer(configs.app, name="configs")
 
 

@@ -1,0 +1,39 @@
+"""`mlptrain extract-features RUN_DIR [--checkpoint best|last] [--layer NAME] [--out FILE] [--batch-size N]`:
+a trained run's encoder over its dataset's train and test parts, written to an .npz (see mlptrain.features)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mlptrain.cli.options import positive_int
+from mlptrain.tracking import console, pass_progress
+
+
+def extract_features(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run directory, e.g. runs/<name>"),
+    checkpoint: str = typer.Option("best", "--checkpoint", metavar="best|last", help="which checkpoint to load"),
+    layer: Optional[str] = typer.Option(None, "--layer", metavar="NAME",
+                                        help="latent (autoencoder; its default), hidden1..hiddenL (MLP; default "
+                                             "the last), input (the normalised pixels)"),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="default RUN_DIR/features.npz"),
+    batch_size: Optional[str] = typer.Option(None, "--batch-size", metavar="N",
+                                             help="images per batch (default: the run's train.eval_batch_size)"),
+) -> None:
+    """Run a trained model's encoder over its dataset; writes train_x, train_y, test_x, test_y to an .npz."""
+    from mlptrain.features import check_output, extract_features as extract, load_run, resolve_layer, save_features
+
+    config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
+    resolve_layer(config, layer)
+    out = check_output(out if out is not None else run_dir / "features.npz")
+    batch = positive_int(batch_size, "--batch-size") if batch_size is not None else None
+    with pass_progress() as progress:
+        extraction = extract(run_dir, checkpoint, layer, batch, progress=progress)
+    save_features(out, extraction)
+    f = extraction.features
+    console.print(f"{f.layer} features of {f.run} ({extraction.checkpoint} checkpoint): train {f.train_x.shape}, "
+                  f"test {f.test_x.shape}, float32, in {extraction.seconds:.2f} s on {extraction.device} "
+                  f"({extraction.images_per_s:,.0f} images/s)", highlight=False, soft_wrap=True)
+    console.print(f"written to {out}", highlight=False, soft_wrap=True)

@@ -1,0 +1,250 @@
+"""`mlptrain extract-features`: a trained run's encoder applied to the whole dataset, saved as an .npz.
+
+Layers (`--layer`):
+
+    conv_autoencoder  latent (default): the last encoder max-pool's output, flattened in NHWC order
+                      (8 x 8 x 128 = 8,192 values for the default model)
+    mlp               hidden1 ... hiddenL (default: the last): a hidden layer after its activation
+    both              input: the normalised pixels the model sees (pixels / 255 for the autoencoder, in
+                      its NHWC order; (pixels / 255 - mean) / std for the MLP): the raw-pixel baseline
+
+"Train" is the dataset's whole training part (the rows a run held out for validation included), "test"
+its test part, both in the dataset's order. Features are float32 whatever the run's precision (fp16 and
+bf16 activations are converted exactly on the host); labels are int64.
+
+The file holds `train_x` (N, D) float32, `train_y` (N,) int64, `test_x` (M, D) float32, `test_y` (M,)
+int64, and the strings `run`, `layer`, `checkpoint` (best or last) and `dataset`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlptrain.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.config import Config, load_config
+from mlptrain.data.loader import ResidentSplit
+from mlptrain.errors import UserError
+from mlptrain.precision import to_float32
+
+CHECKPOINTS = ("best", "last")
+ARRAYS = ("train_x", "train_y", "test_x", "test_y")
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    run: str
+    layer: str
+
+
+# ---- which run, which checkpoint, which layer: all checked before the dataset is read
+
+
+def load_run(run_dir: Path, checkpoint: str) -> tuple[Config, Path]:
+    """The run's config and the path of its `checkpoint` (best or last); raises UserError."""
+    if checkpoint not in CHECKPOINTS:
+        raise UserError(f"--checkpoint {checkpoint}: use best or last")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir}: no config.yaml, so not a run directory")
+    config = load_config(run_dir / "config.yaml")
+    path = run_dir / "checkpoints" / f"{checkpoint}.npz"
+    if not path.is_file():
+        others = [name for name in CHECKPOINTS if (run_dir / "checkpoints" / f"{name}.npz").is_file()]
+        hint = f"use --checkpoint {others[0]}" if others else "the run stopped before its first checkpoint"
+        raise UserError(f"{run_dir}: no checkpoints/{checkpoint}.npz ({hint})")
+    return config, path
+
+
+def layer_names(config: Config) -> list[str]:
+    if config.model.type == "conv_autoencoder":
+        return ["latent", "input"]
+    return [f"hidden{i}" for i in range(1, len(config.model.hidden) + 1)] + ["input"]
+
+
+def resolve_layer(config: Config, layer: str | None) -> str:
+    """`layer`, or the model's default one; raises UserError naming the valid layers."""
+    names = layer_names(config)
+    if layer is None:
+        if config.model.type == "mlp" and not config.model.hidden:
+            raise UserError("the run's MLP has no hidden layer; give --layer input (the pixels)")
+        return names[0] if config.model.type == "conv_autoencoder" else names[-2]
+    if layer not in names:
+        raise UserError(f"--layer {layer}: the run's {config.model.type} has no such layer; valid: {', '.join(names)}")
+    return layer
+
+
+def check_output(path: Path) -> Path:
+    """`path` may be (re)written: its folder exists and it is not itself a folder."""
+    if path.is_dir():
+        raise UserError(f"--out {path}: is a directory; name a file, e.g. {path / 'features.npz'}")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {path}: no such directory {path.parent}")
+    return path
+
+
+# ---- running the encoder
+
+
+def layer_width(model, layer: str) -> int:
+    if layer == "input":
+        return model.batch(1)[0].shape[1]
+    if layer == "latent":
+        return math.prod(model.latent_shape)
+    return model.widths[int(layer.removeprefix("hidden"))]
+
+
+def read_layer(model, rows: int, layer: str):
+    """Run what `layer` needs on the gathered input batch; its device array (rows, ...)."""
+    if layer == "input":
+        return model.batch(rows)[0]
+    if layer == "latent":
+        model.encode(rows)  # the encoder only: the decoder's work would be thrown away
+        return model.latent(rows)
+    model.forward(rows)
+    return model.activations(rows, int(layer.removeprefix("hidden")))
+
+
+def encode_split(model, backend, split: ResidentSplit, layer: str, batch: int, scale: float, shift: float,
+                 on_batch=None) -> np.ndarray:
+    """float32 (split.size, width) features of every image of `split`, in its order, `batch` rows at a time
+    (the pattern of mlptrain.train.evaluate: gather + normalise on the device, then the layers)."""
+    out = np.empty((split.size, layer_width(model, layer)), np.float32)
+    gather = backend.kernels.data.gather_batch
+    for start in range(0, split.size, batch):
+        rows = min(batch, split.size - start)
+        x, labels = model.batch(rows)
+        gather(split.images, split.labels, split.device_index, start, x, labels, scale, shift)
+        out[start:start + rows] = to_float32(backend.to_host(read_layer(model, rows, layer))).reshape(rows, -1)
+        if on_batch is not None:
+            on_batch(rows)
+    return out
+
+
+def resident(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSplit:
+    index = np.arange(len(images), dtype=np.int32)
+    return ResidentSplit(backend.to_device(images), backend.to_device(labels), index, backend.to_device(index))
+
+
+@dataclass(frozen=True)
+class Extraction:
+    features: FeatureSet
+    checkpoint: str
+    dataset: str
+    seconds: float  # the train and test passes, after one warm-up batch (kernel compilation)
+    images_per_s: float
+    device: str
+
+
+def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None = None,
+                     batch_size: int | None = None, progress=None) -> Extraction:
+    """The run's `layer` over its dataset's train and test parts, on the run's backend, `batch_size` images
+    at a time (default: its train.eval_batch_size). `progress` is a rich Progress to show the passes in, or
+    None. Raises UserError."""
+    from mlptrain.experiment import Resources
+    from mlptrain.nn import input_scale_shift, model_dataset
+
+    config, path = load_run(run_dir, checkpoint)
+    layer = resolve_layer(config, layer)
+    batch = batch_size or config.train.eval_batch_size
+    backend, dataset = Resources().prepare(config)
+    dataset = model_dataset(config, dataset)
+    model = load_model(config, path, backend, dataset, batch)
+    scale, shift = input_scale_shift(model, dataset)
+    splits = {"train": resident(backend, dataset.train_images, dataset.train_labels),
+              "test": resident(backend, dataset.test_images, dataset.test_labels)}
+    warm = resident(backend, dataset.test_images[:batch], dataset.test_labels[:batch])
+    encode_split(model, backend, warm, layer, batch, scale, shift)  # compiles the kernels outside the timing
+    backend.synchronize()
+    t0 = time.perf_counter()
+    x = {name: encode_split(model, backend, split, layer, batch, scale, shift, _bar(progress, name, split.size))
+         for name, split in splits.items()}
+    backend.synchronize()
+    seconds = max(time.perf_counter() - t0, 1e-9)
+    features = FeatureSet(x["train"], dataset.train_labels.astype(np.int64), x["test"],
+                          dataset.test_labels.astype(np.int64), run_dir.resolve().name, layer)
+    images = sum(split.size for split in splits.values())
+    return Extraction(features, checkpoint, dataset.name, seconds, images / seconds, backend.device_name)
+
+
+def _bar(progress, name: str, total: int):
+    """An on_batch callback that moves a new bar `name` of `progress` (None without a progress)."""
+    if progress is None:
+        return None
+    task = progress.add_task(name, total=total)
+    return lambda rows: progress.advance(task, rows)
+
+
+def load_model(config: Config, path: Path, backend, dataset, rows: int):
+    """The run's model, holding `rows` images at a time, with the parameters of checkpoint `path`; raises
+    UserError when they do not fit the config."""
+    from mlptrain.nn import make_model
+
+    arrays = load_checkpoint(path)
+    model = make_model(config, backend, dataset, rows)
+    try:
+        model.load_parameters(arrays, prefix="params/")  # also fills the fp16 / bf16 compute copy
+    except UserError as err:
+        raise UserError(f"{path}: {err}; was the config.yaml beside it changed?") from None
+    return model
+
+
+# ---- the .npz file
+
+
+def save_features(path: Path, extraction: Extraction) -> None:
+    """Atomically (temporary file, fsync, rename, as a checkpoint is written): never half a file."""
+    f = extraction.features
+    save_checkpoint(path, {"train_x": f.train_x, "train_y": f.train_y, "test_x": f.test_x, "test_y": f.test_y,
+                           "run": np.array(f.run), "layer": np.array(f.layer),
+                           "checkpoint": np.array(extraction.checkpoint), "dataset": np.array(extraction.dataset)})
+
+
+def load_features(path: Path) -> FeatureSet:
+    """A features file, checked: the four arrays present, numeric, finite, of matching lengths and widths.
+    Raises UserError naming the file."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such features file")
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise UserError(f"{path}: not a readable .npz features file ({err})") from None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise UserError(f"{path}: a single .npy array, not a features .npz file")
+    try:
+        with npz:
+            missing = [name for name in ARRAYS if name not in npz.files]
+            if missing:
+                raise UserError(f"{path}: no {', '.join(missing)} array (a features file holds "
+                                f"{', '.join(ARRAYS)}; mlptrain extract-features writes one)")
+            arrays = {name: npz[name] for name in ARRAYS}
+            names = {key: str(npz[key]) if key in npz.files and npz[key].ndim == 0 else "" for key in ("run", "layer")}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise UserError(f"{path}: not a readable .npz features file ({err})") from None
+    for split in ("train", "test"):
+        _check_split(path, split, arrays[f"{split}_x"], arrays[f"{split}_y"])
+    if arrays["train_x"].shape[1] != arrays["test_x"].shape[1]:
+        raise UserError(f"{path}: train_x has {arrays['train_x'].shape[1]} features per image, test_x "
+                        f"{arrays['test_x'].shape[1]}")
+    return FeatureSet(**arrays, run=names["run"] or path.stem, layer=names["layer"] or "?")
+
+
+def _check_split(path: Path, split: str, x: np.ndarray, y: np.ndarray) -> None:
+    if x.ndim != 2 or not x.size or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise UserError(f"{path}: {split}_x must be a non-empty 2-D array of numbers, got {x.dtype} {x.shape}")
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise UserError(f"{path}: {split}_y must be a 1-D array of integer labels, got {y.dtype} {y.shape}")
+    if len(x) != len(y):
+        raise UserError(f"{path}: {split}_x has {len(x)} rows but {split}_y {len(y)} labels")
+    if not np.isfinite(x).all():
+        raise UserError(f"{path}: {split}_x holds NaN or infinite values")

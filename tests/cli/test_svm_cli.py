@@ -1,0 +1,85 @@
+"""`mlptrain svm` refuses bad features files and flags with one line, exit code 2, and writes nothing."""
+
+import numpy as np
+import pytest
+
+from tests.cli.test_cli import assert_clean_failure, mlptrain
+
+
+def arrays(rng, n=40, m=12, d=5):
+    return {"train_x": rng.normal(size=(n, d)).astype(np.float32), "train_y": np.arange(n) % 3,
+            "test_x": rng.normal(size=(m, d)).astype(np.float32), "test_y": np.arange(m) % 3}
+
+
+def spoilt(rng, kind):
+    a = arrays(rng)
+    if kind == "missing":
+        del a["test_y"]
+    elif kind == "rows":
+        a["train_y"] = a["train_y"][:-1]
+    elif kind == "dims":
+        a["test_x"] = a["test_x"][:, :4]
+    elif kind == "nan":
+        a["train_x"][3, 2] = np.nan
+    elif kind == "float-labels":
+        a["test_y"] = a["test_y"].astype(np.float32)
+    elif kind == "flat":
+        a["train_x"] = a["train_x"].reshape(-1)
+    elif kind == "one-class":
+        a["train_y"] = np.zeros_like(a["train_y"])
+    return a
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("missing", "features.npz: no test_y array"),
+    ("rows", "train_x has 40 rows but train_y 39 labels"),
+    ("dims", "train_x has 5 features per image, test_x 4"),
+    ("nan", "train_x holds NaN or infinite values"),
+    ("float-labels", "test_y must be a 1-D array of integer labels"),
+    ("flat", "train_x must be a non-empty 2-D array"),
+    ("one-class", "train_y holds a single class"),
+])
+def test_a_bad_features_file_is_refused(rng, tmp_path, kind, fragment):
+    np.savez(tmp_path / "features.npz", **spoilt(rng, kind))
+    assert_clean_failure(mlptrain("svm", "features.npz", cwd=tmp_path), fragment)
+    assert [p.name for p in tmp_path.iterdir()] == ["features.npz"]
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("features.npz", None, "features.npz: no such features file"),
+    ("features.npz", b"train_x,train_y\n", "not a readable .npz features file"),
+    ("features.npz", b"PK\x03\x04 truncated", "not a readable .npz features file"),
+    ("features.npy", "npy", "a single .npy array, not a features .npz file"),
+])
+def test_a_file_that_is_not_a_features_npz_is_refused(tmp_path, name, content, fragment):
+    if content == "npy":
+        np.save(tmp_path / name, np.zeros(3))
+    elif content is not None:
+        (tmp_path / name).write_bytes(content)
+    assert_clean_failure(mlptrain("svm", name, cwd=tmp_path), fragment)
+    assert not (tmp_path / "svm.json").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--C", "abc"], "--C abc: 'abc' is not a number"),
+    (["--C", "0"], "--C 0: 0 is not a positive number"),
+    (["--C", "0.1,-1"], "-1 is not a positive number"),
+    (["--C", "nan"], "nan is not a positive number"),
+    (["--max-iter", "0"], "--max-iter 0: must be >= 1"),
+    (["--max-iter", "1.5"], "--max-iter 1.5: not an integer"),
+    (["--out", "nowhere/svm.json"], "no such directory nowhere"),
+    (["--out", "."], "is a directory"),
+])
+def test_bad_flags_are_refused(rng, tmp_path, args, fragment):
+    np.savez(tmp_path / "features.npz", **arrays(rng))
+    assert_clean_failure(mlptrain("svm", "features.npz", *args, cwd=tmp_path), fragment)
+    assert [p.name for p in tmp_path.iterdir()] == ["features.npz"]
+
+
+def test_c_selection_needs_every_class_in_the_held_out_part(rng, tmp_path):
+    a = arrays(rng)
+    a["train_y"][0] = 7  # a class with one training image cannot be stratified
+    np.savez(tmp_path / "features.npz", **a)
+    assert_clean_failure(mlptrain("svm", "features.npz", "--C", "0.1,1", cwd=tmp_path),
+                         "--C with several values holds out 20% of the training features")
+    assert [p.name for p in tmp_path.iterdir()] == ["features.npz"]
