@@ -56,27 +56,15 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def training_progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]epoch {task.fields[epoch]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  {task.fields[acc]}  {task.fields[rate]:,.0f} samples/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+    return _progress(TextColumn("[bold]epoch {task.fields[epoch]}"),
+                     TextColumn("loss {task.fields[loss]:.4f}  {task.fields[acc]}  {task.fields[rate]:,.0f} samples/s"))
 
 
 def pass_progress() -> Progress:
     """A pass over a dataset outside training (feature extraction): images done per split."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("images"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+    return _progress(TextColumn("[bold]{task.description}"), TextColumn("images"))
+
+
+def _progress(label: TextColumn, detail: TextColumn) -> Progress:
+    return Progress(label, BarColumn(), MofNCompleteColumn(), detail, TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=console, transient=False)
