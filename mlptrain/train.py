@@ -137,7 +137,10 @@ def train_step(s: Session, start: int, rows: int) -> None:
         _window_launches(s, rows)
         if full and s.config.train.cuda_graphs and not s.graph_tried:
             s.graph_tried = True
-            s.graph = s.backend.capture(lambda: _window_launches(s, rows))
+            try:
+                s.graph = s.backend.capture(lambda: _window_launches(s, rows))
+            except RuntimeError as err:  # the driver refused the capture: launch one by one, as without graphs
+                console.print(f"[yellow]warning:[/] no CUDA graph ({err}); launching kernels one by one")
     s.cursor_at = start + rows
 
 

@@ -7,6 +7,7 @@ import pytest
 from mlptrain.backend import CpuBackend, CudaBackend
 from mlptrain.config import config_from_dict
 from mlptrain.data.dataset import ImageDataset
+from mlptrain.tracking import console
 from mlptrain.train import build_session, evaluate, train_epoch
 from tests.conftest import ON_SIMULATOR
 
@@ -131,3 +132,26 @@ def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
         np.testing.assert_array_equal(arrays[name], eager_arrays[name], err_msg=name)
     assert reads == eager_reads and len(reads) > 4
     np.testing.assert_array_equal(val, eager_val)
+
+
+def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
+    """A driver that refuses the graph capture costs speed, not the run: a warning, then the same
+    results as without graphs."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "log_every": 2}})
+    results = []
+    for refuse in (True, False):
+        backend = CpuBackend()
+        if refuse:
+            def capture(record):
+                raise RuntimeError("cuStreamBeginCapture failed: CUDA_ERROR_NOT_SUPPORTED")
+            monkeypatch.setattr(backend, "capture", capture)
+        session = build_session(config, backend, dataset)
+        with console.capture() as printed:
+            train_epoch(session, 1, lambda window: None)
+        assert session.graph is None and session.graph_tried
+        assert ("no CUDA graph (cuStreamBeginCapture failed" in printed.get()) == refuse
+        results.append(session.model.params.to_host_dict())
+    for name in results[0]:
+        np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)

@@ -35,7 +35,10 @@ def graphs_supported() -> bool:
 
     if config.ENABLE_CUDASIM:
         return False
-    return importlib.util.find_spec("cuda.bindings") is not None
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ImportError:  # no `cuda` package at all
+        return False
 
 
 def _check(result, what):
