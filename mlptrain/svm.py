@@ -51,14 +51,6 @@ class Fit:
         return self.svm.predict(self.scaler.transform(x) if self.scaler is not None else x)
 
 
-def _dual(x: np.ndarray):
-    """'auto' (the primal when samples outnumber features, else the dual) where scikit-learn has it (>= 1.3)."""
-    import sklearn
-
-    major, minor = (int(part) for part in sklearn.__version__.split(".")[:2])
-    return "auto" if (major, minor) >= (1, 3) else x.shape[0] < x.shape[1]
-
-
 def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter: int) -> Fit:
     """Scaler (fitted on `x` only) and LinearSVC; `converged` is False when liblinear stopped at max_iter."""
     from sklearn.exceptions import ConvergenceWarning
@@ -67,7 +59,8 @@ def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter:
 
     t0 = time.perf_counter()
     scaler = StandardScaler().fit(x) if standardize else None
-    svm = LinearSVC(C=c, dual=_dual(x), max_iter=max_iter, random_state=SEED)
+    # dual='auto' (scikit-learn >= 1.3, the pinned floor): the primal when samples outnumber features
+    svm = LinearSVC(C=c, dual="auto", max_iter=max_iter, random_state=SEED)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         svm.fit(scaler.transform(x) if scaler is not None else x, y)
