@@ -28,7 +28,7 @@ import numpy as np
 
 from mlptrain.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.config import Config, load_config
-from mlptrain.data.loader import ResidentSplit
+from mlptrain.data.loader import ResidentSplit, whole_split
 from mlptrain.errors import UserError
 from mlptrain.precision import to_float32
 
@@ -131,11 +131,6 @@ def encode_split(model, backend, split: ResidentSplit, layer: str, batch: int, s
     return out
 
 
-def resident(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSplit:
-    index = np.arange(len(images), dtype=np.int32)
-    return ResidentSplit(backend.to_device(images), backend.to_device(labels), index, backend.to_device(index))
-
-
 @dataclass(frozen=True)
 class Extraction:
     features: FeatureSet
@@ -161,9 +156,9 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     dataset = model_dataset(config, dataset)
     model = load_model(config, path, backend, dataset, batch)
     scale, shift = input_scale_shift(model, dataset)
-    splits = {"train": resident(backend, dataset.train_images, dataset.train_labels),
-              "test": resident(backend, dataset.test_images, dataset.test_labels)}
-    warm = resident(backend, dataset.test_images[:batch], dataset.test_labels[:batch])
+    splits = {"train": whole_split(backend, dataset.train_images, dataset.train_labels),
+              "test": whole_split(backend, dataset.test_images, dataset.test_labels)}
+    warm = whole_split(backend, dataset.test_images[:batch], dataset.test_labels[:batch])
     encode_split(model, backend, warm, layer, batch, scale, shift)  # compiles the kernels outside the timing
     backend.synchronize()
     t0 = time.perf_counter()

@@ -13,7 +13,8 @@ from mlptrain.backend import CpuBackend
 from mlptrain.checkpoint import load_checkpoint
 from mlptrain.config import load_config
 from mlptrain.data import load_dataset
-from mlptrain.features import encode_split, extract_features, resident
+from mlptrain.data.loader import whole_split
+from mlptrain.features import encode_split, extract_features
 from mlptrain.nn import make_model, model_dataset
 from mlptrain.precision import float32_from_bf16, from_float32
 from tests.conftest import DATA_DIR
@@ -142,7 +143,7 @@ def test_cuda_extraction_matches_the_cpu_backend(rng):
         backend = get_backend(name)
         model = make_model(config, backend, dataset, 3)
         model.init_parameters(np.random.default_rng(4))
-        split = resident(backend, dataset.train_images, dataset.train_labels)
+        split = whole_split(backend, dataset.train_images, dataset.train_labels)
         out[name] = encode_split(model, backend, split, "latent", 3, 1.0 / 255.0, 0.0)
     assert out["cuda"].shape == (5, 2 * 2 * 2) and out["cuda"].dtype == np.float32
     np.testing.assert_allclose(out["cuda"], out["cpu"], rtol=1e-5, atol=1e-6)

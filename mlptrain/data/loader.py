@@ -2,7 +2,8 @@
 
 Training and validation share one uint8 image array on the device; a split is
 only an index array into it. Each step a kernel gathers and normalises the
-rows `order[start:start+rows]`, so no image crosses the bus inside the loop.
+rows `order[cursor + start:][:rows]` (the cursor on the device), so no image crosses the bus inside
+the loop.
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ def resident_splits(dataset, backend, val_size: int, seed: int):
     val_index = np.sort(held_out[:val_size]).astype(np.int32)
     train_index = np.sort(held_out[val_size:]).astype(np.int32)
     images, labels = backend.to_device(dataset.train_images), backend.to_device(dataset.train_labels)
-    test_index = np.arange(len(dataset.test_images), dtype=np.int32)
     return (
         ResidentSplit(images, labels, train_index, backend.to_device(train_index)),
         ResidentSplit(images, labels, val_index, backend.to_device(val_index)),
-        ResidentSplit(backend.to_device(dataset.test_images), backend.to_device(dataset.test_labels),
-                      test_index, backend.to_device(test_index)),
+        whole_split(backend, dataset.test_images, dataset.test_labels),
     )
+
+
+def whole_split(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSplit:
+    """Every row of `images`, in order, resident on the device."""
+    index = np.arange(len(images), dtype=np.int32)
+    return ResidentSplit(backend.to_device(images), backend.to_device(labels), index, backend.to_device(index))
 
 
 def epoch_order(split: ResidentSplit, seed: int, epoch: int) -> np.ndarray:
