@@ -181,13 +181,15 @@ def numerically_stable_for_large_logits(be, rng):
 # reduce
 
 
-def bias_backward(be, rng, rows, columns, beta, dtype=np.float32):
-    """db is float32 in every precision; dy may be in a storage format."""
+def bias_backward(be, rng, rows, columns, beta, dtype=np.float32, workspace=False):
+    """db is float32 in every precision; dy may be in a storage format. With `workspace`, the launcher
+    gets a (poisoned) workspace of the size it asks for, so long gradients are summed in chunks."""
     dy, dyv = stored(rng.standard_normal((rows, columns)).astype(np.float32), dtype)
     old = rng.standard_normal(columns).astype(np.float32)
     # beta 0 must not read db: NaN there would leak into the result
     db = be.poisoned(columns) if beta == 0.0 else be.to_device(old)
-    be.kernels.reduce.bias_backward(be.to_device(dy), db, beta)
+    space = be.poisoned(max(1, be.kernels.reduce.bias_backward_workspace(rows, columns))) if workspace else None
+    be.kernels.reduce.bias_backward(be.to_device(dy), db, beta, space)
     tolerance = 2e-6 * np.sqrt(rows) * (np.abs(dyv).sum(axis=0) + np.abs(old)) + 1e-7
     ref.assert_within(be.to_host(db), ref.bias_backward(dyv, old, beta), tolerance)
 

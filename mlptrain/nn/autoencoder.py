@@ -76,8 +76,10 @@ class ConvAutoencoder(StaticGraph):
         self.input_grads = [backend.empty(a.shape, dtype) for a in self.inputs]
         self.output_grads = [backend.empty(z.shape, dtype) for z in self.outputs]
         conv = backend.kernels.conv
-        workspace = max(conv.conv2d_backward_weight_workspace((max_rows, *self.sizes[i][0], cin),
-                                                              (kernel_size, kernel_size, cin, cout))
+        bias = backend.kernels.reduce.bias_backward_workspace
+        workspace = max(max(conv.conv2d_backward_weight_workspace((max_rows, *self.sizes[i][0], cin),
+                                                                  (kernel_size, kernel_size, cin, cout)),
+                            bias(max_rows * math.prod(self.sizes[i][0]), cout))
                         for i, (cin, cout) in enumerate(self.convs))
         self.workspace = backend.empty((max(workspace, 1),))
         self._views = {}
@@ -173,7 +175,8 @@ class ConvAutoencoder(StaticGraph):
             dz = output_grads[i]
             (h, w), _ = self.sizes[i]
             k.conv.conv2d_backward_weight(inputs[i], dz, self.grads[f"conv{i + 1}.weight"], beta, self.workspace)
-            k.reduce.bias_backward(dz.reshape(rows * h * w, dz.shape[3]), self.grads[f"conv{i + 1}.bias"], beta)
+            k.reduce.bias_backward(dz.reshape(rows * h * w, dz.shape[3]), self.grads[f"conv{i + 1}.bias"], beta,
+                                   self.workspace)
             if i == 0:
                 break
             k.conv.conv2d_backward_input(dz, self.compute[f"conv{i + 1}.weight"], inputs[i], input_grads[i], RELU)

@@ -47,8 +47,11 @@ class MLP(StaticGraph):
         self.h = [backend.empty((max_rows, w), dtype) for w in self.widths]
         self.grad = [None] + [backend.empty((max_rows, w), dtype) for w in self.widths[1:]]
         self.labels = backend.empty((max_rows,), np.int32)
-        # lets a long batch's weight gradients be summed in chunks by more blocks (CUDA; NumPy needs none)
-        size = max(backend.kernels.gemm.linear_backward_weight_workspace(max_rows, a, b)
+        # lets a long batch's weight and bias gradients be summed in chunks by more blocks (CUDA; NumPy
+        # needs none)
+        kernels = backend.kernels
+        size = max(max(kernels.gemm.linear_backward_weight_workspace(max_rows, a, b),
+                       kernels.reduce.bias_backward_workspace(max_rows, b))
                    for a, b in zip(self.widths[:-1], self.widths[1:]))
         self.workspace = backend.empty((size,)) if size else None
         self._views = {}
@@ -108,7 +111,7 @@ class MLP(StaticGraph):
         for i in reversed(range(self.num_layers)):
             kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta,
                                                 self.workspace)
-            kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta)
+            kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta, self.workspace)
             if i > 0:
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
                                                    self.activation)

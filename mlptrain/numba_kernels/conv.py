@@ -23,13 +23,15 @@ in a fixed order, so results are bitwise reproducible.
 
 Pixel and column indices are split into (n, h, w) and (tap, channel) by
 divisions by H, W and C, known only at run time: each thread derives
-multiply-and-shift constants for them once, so the loaders never divide.
+multiply-and-shift constants for them once, decodes the pixels it loads once
+per tile and its columns once per K slice into packed codes, so the loaders
+never divide and an element's fetch only unpacks fields.
 """
 
 import functools
 import math
 
-from numba import config, cuda, float32
+from numba import config, cuda, float32, uint64
 
 from mlptrain.numba_kernels import gemm, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
@@ -50,6 +52,7 @@ TILES = {**gemm.TILES, "narrow": (NARROW_TILE, 0)}
 # Backward weight: pixels are cut into chunks summed by separate blocks (gemm.chunk_plan), a fixed
 # plan not read off the GPU, so the summation order and hence the result are the same on every device.
 MAX_PIXELS = 2**31 - 1  # the multiply-and-shift division holds below 2**31
+MAX_SIDE = 2**16 - 1  # a pixel's code holds h and w in 16 bits each
 
 
 # --- im2col addressing -------------------------------------------------------------
@@ -85,21 +88,46 @@ def _kernel_geometry(w):
     return _divider(w.shape[2])
 
 
+# A pixel and a column of im2col are decoded once into int64 codes (a thread's pixels once per tile, its
+# column once per K slice), so a fetch only unpacks fields: pixel (n, h, w) as n << 32 | h << 16 | w and
+# column (tap, c) as dh << 48 | dw << 32 | c; -1 outside the matrix. Decoding both per element had
+# made the convolutions' tile loads cost as much as their products (11-15 TFLOP/s against the dense
+# products' 25-27 on an H100).
+@cuda.jit(device=True, inline="always")
+def pixel_code(x, geometry, pixel, pixels):
+    by_width, by_height, _ = geometry
+    if pixel >= pixels:
+        return -1
+    row, w = _divmod(pixel, by_width)
+    n, h = _divmod(row, by_height)
+    return (n << 32) | (h << 16) | w
+
+
+def _make_tap_code(size):
+    @cuda.jit(device=True, inline="always")
+    def tap_code(x, geometry, column, columns):
+        if column >= columns:
+            return -1
+        tap, c = _divmod(column, geometry[2])
+        return ((tap // size) << 48) | ((tap % size) << 32) | c
+
+    return tap_code
+
+
 def _make_image_element(load, size):
-    """Device function: im2col(x)[pixel, column] for a size x size kernel,
-    i.e. x[n, h + dh - P, w + dw - P, c] for pixel (n, h, w) and column
-    (dh, dw, c), zero in the padding."""
+    """Device function: im2col(x)[pixel, column] for a size x size kernel from their codes, i.e.
+    x[n, h + dh - P, w + dw - P, c] for pixel (n, h, w) and column (dh, dw, c), zero in the padding."""
     PAD = size // 2
 
     @cuda.jit(device=True, inline="always")
     def element(x, geometry, pixel, column):
-        by_width, by_height, by_channels = geometry
-        row, w = _divmod(pixel, by_width)
-        n, h = _divmod(row, by_height)
-        tap, c = _divmod(column, by_channels)
-        hh, ww = h + tap // size - PAD, w + tap % size - PAD
+        by_width, by_height, _ = geometry
+        if (pixel | column) < 0:
+            return float32(0)
+        hh = ((pixel >> 16) & 0xFFFF) + (column >> 48) - PAD
+        ww = (pixel & 0xFFFF) + ((column >> 32) & 0xFFFF) - PAD
         if 0 <= hh < by_height[0] and 0 <= ww < by_width[0]:
-            return load(x[n, hh, ww, c])
+            return load(x[uint64(pixel >> 32), uint64(hh), uint64(ww), uint64(column & 0xFFFFFFFF)])
         return float32(0)
 
     return element
@@ -112,38 +140,45 @@ def image_rows_operand(load, size):
     element = _make_image_element(load, size)
 
     @cuda.jit(device=True, inline="always")
-    def fetch(x, geometry, pixel, column, pixels, columns):
-        return element(x, geometry, pixel, column) if column < columns and pixel < pixels else float32(0)
+    def fetch(x, geometry, pixel, column):
+        return element(x, geometry, pixel, column)
 
-    return Operand(_image_geometry, fetch, True)
+    return Operand(_image_geometry, pixel_code, _make_tap_code(size), fetch, True)
 
 
 def image_columns_operand(load, size):
-    """im2col(x).T as the A operand of the weight gradient: rows are
-    (tap, channel), contiguous along the channel; the summed index is the pixel."""
+    """im2col(x).T as the A operand of the weight gradient: rows are (tap, channel), contiguous along
+    the channel; the summed index is the pixel."""
     element = _make_image_element(load, size)
 
     @cuda.jit(device=True, inline="always")
-    def fetch(x, geometry, column, pixel, columns, pixels):
-        return element(x, geometry, pixel, column) if pixel < pixels and column < columns else float32(0)
+    def fetch(x, geometry, column, pixel):
+        return element(x, geometry, pixel, column)
 
-    return Operand(_image_geometry, fetch, False)
+    return Operand(_image_geometry, _make_tap_code(size), pixel_code, fetch, False)
 
 
 def flipped_kernel_operand(load, size):
     """w' as the B operand of the input gradient: element ((tap, cout), cin)
     is w[T-1-tap, cin, cout] of w viewed (T, Cin, Cout), T = size * size
-    (flipping dh and dw reverses the tap index); contiguous along cout."""
+    (flipping dh and dw reverses the tap index); contiguous along cout. Column code: the flipped
+    tap << 32 | cout."""
     LAST_TAP = size * size - 1
 
     @cuda.jit(device=True, inline="always")
-    def fetch(w, by_outputs, cin, k, inputs, K):
-        if k < K and cin < inputs:
-            tap, cout = _divmod(k, by_outputs)
-            return load(w[LAST_TAP - tap, cin, cout])
-        return float32(0)
+    def column(w, by_outputs, k, K):
+        if k >= K:
+            return -1
+        tap, cout = _divmod(k, by_outputs)
+        return ((LAST_TAP - tap) << 32) | cout
 
-    return Operand(_kernel_geometry, fetch, True)
+    @cuda.jit(device=True, inline="always")
+    def fetch(w, by_outputs, cin, k):
+        if (cin | k) < 0:
+            return float32(0)
+        return load(w[uint64(k >> 32), uint64(cin), uint64(k & 0xFFFFFFFF)])
+
+    return Operand(_kernel_geometry, gemm.index_code, column, fetch, True)
 
 
 # --- forward: y = act(conv(x, w) + b) --------------------------------------------
@@ -331,6 +366,8 @@ def _image_shape(name, array):
     N, H, W, C = array.shape
     if H < 1 or W < 1 or C < 1:
         raise ValueError(f"{name} has shape {tuple(array.shape)}: height, width and channels must be at least 1")
+    if H > MAX_SIDE or W > MAX_SIDE:
+        raise ValueError(f"{name} has shape {tuple(array.shape)}: height and width must be at most {MAX_SIDE}")
     if N * H * W > MAX_PIXELS:
         raise ValueError(f"{name} has {N * H * W} pixels, more than {MAX_PIXELS}: split the batch")
     return N, H, W, C

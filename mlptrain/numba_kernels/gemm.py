@@ -27,7 +27,7 @@ import functools
 import math
 from typing import NamedTuple
 
-from numba import complex64, config, cuda, float32, uint64
+from numba import complex64, config, cuda, float32, int64, uint64
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.numba_kernels import streams
@@ -52,14 +52,19 @@ TILES = {"large": (LARGE_TILE, 128), "medium": (MEDIUM_TILE, 96), "small": (SMAL
 
 
 class Operand(NamedTuple):
-    """How a tile product reads one operand. `fetch(array, geometry, i, k, I, K)`
-    returns element (i, k) as float32, zero outside [0, I) x [0, K); i is the
-    output row (for A) or column (for B) the element feeds, k the summed index.
-    `prepare(array)` computes, once per thread, the `geometry` constants fetch
-    needs. k_contiguous: adjacent k are adjacent in memory (else adjacent i),
-    so a warp loads along that axis and global loads stay coalesced."""
+    """How a tile product reads one operand, element (i, k): i the output row (for A) or column (for
+    B) it feeds, k the summed index. A thread's rows stay the same from one K slice to the next while
+    its k move on, so what an index costs to decode is split by axis: `row(array, geometry, i, I)`
+    runs once per tile and `column(array, geometry, k, K)` once per k a thread loads (shared by the
+    row pair it loads there); each returns an int64 code, negative outside [0, I) or [0, K), and
+    `fetch(array, geometry, row_code, column_code)` returns the element as float32, zero where either
+    code is negative. `prepare(array)` computes, once per thread, the `geometry` constants they need.
+    k_contiguous: adjacent k are adjacent in memory (else adjacent i), so a warp loads along that axis
+    and global loads stay coalesced."""
 
     prepare: object
+    row: object
+    column: object
     fetch: object
     k_contiguous: bool
 
@@ -69,30 +74,36 @@ def _no_geometry(array):
     return 0
 
 
+@cuda.jit(device=True, inline="always")
+def index_code(array, geometry, i, I):
+    """i itself, or -1 at and past I."""
+    return i if i < I else -1
+
+
 def dense_operand(load, k_contiguous):
     """A stored matrix: array[i, k] when k_contiguous, else array[k, i]."""
     if k_contiguous:
         @cuda.jit(device=True, inline="always")
-        def fetch(array, geometry, i, k, I, K):
-            return load(array[i, k]) if k < K and i < I else float32(0)
+        def fetch(array, geometry, i, k):
+            return load(array[uint64(i), uint64(k)]) if (i | k) >= 0 else float32(0)
     else:
         @cuda.jit(device=True, inline="always")
-        def fetch(array, geometry, i, k, I, K):
-            return load(array[k, i]) if k < K and i < I else float32(0)
-    return Operand(_no_geometry, fetch, k_contiguous)
+        def fetch(array, geometry, i, k):
+            return load(array[uint64(k), uint64(i)]) if (i | k) >= 0 else float32(0)
+    return Operand(_no_geometry, index_code, index_code, fetch, k_contiguous)
 
 
 def _make_operand_stage(operand, ROWS, BK, GROUP):
-    """(load, store, loads, pitch): a group's share of one BK x ROWS slice of
-    an operand, fetched into registers, then stored to shared memory as
-    [g, k, row] of complex64 *pairs* of rows (flat, PITCH floats from one k to
-    the next), so each later read fetches two rows' values in one 8-byte load.
+    """(rows, load, store, loads, pitch): a group's share of one BK x ROWS slice of an operand: the
+    codes of the rows a thread loads (once per tile), its elements fetched into registers, then
+    stored to shared memory as [g, k, row] of complex64 *pairs* of rows (flat, PITCH floats from one
+    k to the next), so each later read fetches two rows' values in one 8-byte load.
     A thread handles pairs (row 2p and 2p + 1 at one k). Loaded along k, a
     slice is transposed on its way in: a warp writes 32 / BK pairs (256 / BK
     bytes) at each of BK k, and the pad of 64 / BK floats starts each k's run
     that many bytes on, so the runs tile the 32 banks (two wavefronts for 256
     bytes, the least)."""
-    _, fetch, along_k = operand
+    _, row, column, fetch, along_k = operand
     PAIRS = ROWS * BK // 2
     LOADS = -(-PAIRS // GROUP)
     PITCH = ROWS + (64 // BK if along_k else 0)
@@ -101,16 +112,21 @@ def _make_operand_stage(operand, ROWS, BK, GROUP):
         raise ValueError(f"a slice of {ROWS} rows (pitch {PITCH}) does not split into row pairs")
 
     @cuda.jit(device=True, inline="always")
-    def load(array, geometry, regs, i0, k0, I, K, t):
+    def rows(array, geometry, codes, i0, I, t):
+        for l in range(LOADS):
+            e = t + l * GROUP
+            i = i0 + 2 * (e // BK) if along_k else i0 + 2 * (e % (ROWS // 2))
+            codes[0, l] = row(array, geometry, i, I)
+            codes[1, l] = row(array, geometry, i + 1, I)
+
+    @cuda.jit(device=True, inline="always")
+    def load(array, geometry, codes, regs, k0, K, t):
         for l in range(LOADS):
             e = t + l * GROUP
             if e < PAIRS:
-                if along_k:
-                    i, k = i0 + 2 * (e // BK), k0 + e % BK
-                else:
-                    k, i = k0 + e // (ROWS // 2), i0 + 2 * (e % (ROWS // 2))
-                regs[0, l] = fetch(array, geometry, i, k, I, K)
-                regs[1, l] = fetch(array, geometry, i + 1, k, I, K)
+                k = column(array, geometry, k0 + e % BK if along_k else k0 + e // (ROWS // 2), K)
+                regs[0, l] = fetch(array, geometry, codes[0, l], k)
+                regs[1, l] = fetch(array, geometry, codes[1, l], k)
 
     @cuda.jit(device=True, inline="always")
     def store(shared, regs, g, t):
@@ -122,7 +138,7 @@ def _make_operand_stage(operand, ROWS, BK, GROUP):
                 else:
                     shared[(g * BK + e // (ROWS // 2)) * HALF + e % (ROWS // 2)] = complex(regs[0, l], regs[1, l])
 
-    return load, store, LOADS, PITCH
+    return rows, load, store, LOADS, PITCH
 
 
 @cuda.jit(device=True, inline="always")
@@ -146,8 +162,8 @@ def _make_tile_product(tile, a_operand, b_operand):
     BM, BN, BK, TM, TN, KSPLIT = tile
     TX, TY = BN // TN, BM // TM
     GROUP = TX * TY  # threads per K-split group
-    load_a, store_a, A_LOADS, A_PITCH = _make_operand_stage(a_operand, BM, BK, GROUP)
-    load_b, store_b, B_LOADS, B_PITCH = _make_operand_stage(b_operand, BN, BK, GROUP)
+    rows_a, load_a, store_a, A_LOADS, A_PITCH = _make_operand_stage(a_operand, BM, BK, GROUP)
+    rows_b, load_b, store_b, B_LOADS, B_PITCH = _make_operand_stage(b_operand, BN, BK, GROUP)
     prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
     A_HALF, B_HALF = A_PITCH // 2, B_PITCH // 2
     A_SHARED, B_SHARED = KSPLIT * BK * A_HALF, KSPLIT * BK * B_HALF
@@ -198,6 +214,8 @@ def _make_tile_product(tile, a_operand, b_operand):
         partial = cuda.shared.array(PARTIAL, float32)
         a_regs = cuda.local.array((2, A_LOADS), float32)
         b_regs = cuda.local.array((2, B_LOADS), float32)
+        a_codes = cuda.local.array((2, A_LOADS), int64)
+        b_codes = cuda.local.array((2, B_LOADS), int64)
         ga, gb = prepare_a(a), prepare_b(b)
         g, t = cuda.threadIdx.x // GROUP, cuda.threadIdx.x % GROUP
         tx, ty = t % TX, t // TX
@@ -205,15 +223,17 @@ def _make_tile_product(tile, a_operand, b_operand):
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = float32(0)
-        load_a(a, ga, a_regs, m0, k_begin + g * BK, M, k_end, t)
-        load_b(b, gb, b_regs, n0, k_begin + g * BK, N, k_end, t)
+        rows_a(a, ga, a_codes, m0, M, t)
+        rows_b(b, gb, b_codes, n0, N, t)
+        load_a(a, ga, a_codes, a_regs, k_begin + g * BK, k_end, t)
+        load_b(b, gb, b_codes, b_regs, k_begin + g * BK, k_end, t)
         for k0 in range(k_begin, k_end, KSPLIT * BK):  # the same trip count in every group
             store_a(As, a_regs, g, t)
             store_b(Bs, b_regs, g, t)
             cuda.syncthreads()
             if k0 + KSPLIT * BK < k_end:
-                load_a(a, ga, a_regs, m0, k0 + (KSPLIT + g) * BK, M, k_end, t)
-                load_b(b, gb, b_regs, n0, k0 + (KSPLIT + g) * BK, N, k_end, t)
+                load_a(a, ga, a_codes, a_regs, k0 + (KSPLIT + g) * BK, k_end, t)
+                load_b(b, gb, b_codes, b_regs, k0 + (KSPLIT + g) * BK, k_end, t)
             multiply_slice(As, Bs, a_first, b_first, acc)
             cuda.syncthreads()
         if KSPLIT > 1:  # group 0 adds the other groups' sums, in group order

@@ -7,8 +7,13 @@ from mlptrain.precision import to_float32
 PARTIALS = 256
 
 
-def bias_backward(dy, db, beta):
-    """db = beta * db + sum over rows of dy; dy in any storage format, db float32."""
+def bias_backward_workspace(rows, columns):
+    """The NumPy twin needs no workspace."""
+    return 0
+
+
+def bias_backward(dy, db, beta, workspace=None):
+    """db = beta * db + sum over rows of dy; dy in any storage format, db float32 (workspace unused)."""
     total = to_float32(dy).sum(axis=0, dtype=np.float32)
     if beta == 0.0:
         db[...] = total

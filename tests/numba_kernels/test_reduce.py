@@ -20,6 +20,30 @@ def test_bias_backward(rng, rows, columns, beta):
     cases.bias_backward(BACKEND, rng, rows, columns, beta)
 
 
+@pytest.mark.parametrize("rows, columns", [(37, 3), (40, 40), (9, 1)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_bias_backward_in_chunks(rng, monkeypatch, rows, columns, beta):
+    """Chunks of 8 rows: several pass-1 blocks per column block, the last chunk ragged (37, 9 rows)."""
+    monkeypatch.setattr(reduce, "CHUNK_ROWS", 8)
+    assert reduce.bias_backward_workspace(rows, columns) == -(-rows // 8) * columns
+    cases.bias_backward(BACKEND, rng, rows, columns, beta, workspace=True)
+
+
+def test_chunked_bias_gradient_is_bitwise_deterministic(rng, monkeypatch):
+    monkeypatch.setattr(reduce, "CHUNK_ROWS", 8)
+    dy = cuda.to_device(rng.standard_normal((30, 5)).astype(np.float32))
+    results = []
+    for _ in range(2):
+        db = cuda.to_device(np.full(5, np.nan, np.float32))
+        reduce.bias_backward(dy, db, 0.0, cuda.to_device(np.full(20, np.nan, np.float32)))
+        results.append(db.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(*results)
+
+
+def test_column_width_shrinks_for_narrow_gradients():
+    assert [reduce._column_width(c) for c in (1, 3, 5, 32, 40, 256)] == [1, 4, 8, 32, 32, 32]
+
+
 def test_row_slice_of_a_larger_buffer(rng):
     dy = rng.standard_normal((30, 7)).astype(np.float32)
     db = cuda.to_device(np.full(7, np.nan, np.float32))
@@ -43,6 +67,10 @@ def test_launcher_rejects_bad_arguments():
         reduce.bias_backward(dy, cuda.to_device(np.zeros(4, np.float32)), 0.0)
     with pytest.raises(ValueError, match="beta"):
         reduce.bias_backward(dy, cuda.to_device(np.zeros(3, np.float32)), 2.0)
+    long = cuda.to_device(np.zeros((reduce.CHUNK_ROWS + 1, 3), np.float32))
+    with pytest.raises(ValueError, match="workspace has 5 elements, needs 6"):
+        reduce.bias_backward(long, cuda.to_device(np.zeros(3, np.float32)), 0.0,
+                             cuda.to_device(np.zeros(5, np.float32)))
 
 
 @pytest.mark.real_gpu
@@ -51,7 +79,7 @@ def test_large_batch_on_the_gpu(rng):
     d_dy, results = cuda.to_device(dy), []
     for _ in range(2):
         db = cuda.to_device(np.full(512, np.nan, np.float32))
-        reduce.bias_backward(d_dy, db, 0.0)
+        reduce.bias_backward(d_dy, db, 0.0, cuda.device_array(reduce.bias_backward_workspace(*dy.shape), np.float32))
         results.append(db.copy_to_host())
     ref.assert_within(results[0], ref.bias_backward(dy, None, 0.0), 2e-6 * 64 * np.abs(dy).sum(axis=0))
     np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
