@@ -33,21 +33,32 @@ import math
 
 from numba import config, cuda, float32, uint64
 
-from mlptrain.numba_kernels import gemm, streams
+from mlptrain.numba_kernels import conv_narrow, gemm, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.gemm import Operand, dense_operand
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
-# gemm's tiles, plus NARROW for outputs a few channels wide (the decoder's
-# 3-channel output and its weight gradient), which SMALL pads to 32 columns.
-# Of seven narrow candidates timed on an H100 (fp32, 256 x 32 x 32 images,
-# 256 -> 3 and 512 -> 8 channels, forward and weight gradient), this one was
-# within 12% of the fastest in all four: at 256 -> 3, 4.7 and 6.1 ms against
-# SMALL's 6.5 and 8.2 (in bf16 its weight gradient was slower than SMALL's:
-# 12.6 against 10.7 ms). Less than 4x less padding promises: at 8 columns a
-# block, each im2col element fetched feeds few FMAs and its addressing rules.
+# gemm's tiles, plus NARROW for outputs a few channels wide, which SMALL pads
+# to 32 columns. Of seven narrow candidates timed on an H100 (fp32, 256 x 32 x
+# 32 images, 256 -> 3 and 512 -> 8 channels, forward and weight gradient), this
+# one was within 12% of the fastest in all four: at 256 -> 3, 4.7 and 6.1 ms
+# against SMALL's 6.5 and 8.2 (in bf16 its weight gradient was slower than
+# SMALL's: 12.6 against 10.7 ms). Less than 4x less padding promises: at 8
+# columns a block, each im2col element fetched feeds few FMAs and its
+# addressing rules. Outputs of up to conv_narrow.NARROW_OUT channels (the
+# decoder's 3) now take conv_narrow's direct kernels instead; NARROW still
+# serves 5-8 output channels, and input gradients of inputs that narrow.
 NARROW_TILE = (128, 8, 8, 8, 2, 4)
-TILES = {**gemm.TILES, "narrow": (NARROW_TILE, 0)}
+# Two more for the big layers, from `benchmarks/conv.py --tiles` on an H100 (fp32, batch 256, the
+# 16 x 16 256 <-> 128 layers; ms forward / input gradient / weight gradient): LARGE 2.14 / 2.33 / 2.99,
+# WIDE 1.77 / 2.08-2.10 / 2.55, SQUARE 1.82-1.84 / 2.09-2.18 / 2.39. An im2col element costs more to
+# fetch than a stored one, so tiles that feed more FMAs per fetch win here though not in gemm: WIDE
+# for the pixel-row passes, SQUARE (and its 16-deep slices) for the weight gradient.
+WIDE_TILE = (64, 128, 8, 4, 8, 1)
+SQUARE_TILE = (128, 128, 16, 8, 8, 1)
+TILES = {"wide": (WIDE_TILE, 128), "square": (SQUARE_TILE, 128), **gemm.TILES, "narrow": (NARROW_TILE, 0)}
+PIXEL_TILES = ("wide", "large", "medium", "small", "narrow")
+WEIGHT_TILES = ("square", "large", "medium", "small", "narrow")
 
 # Backward weight: pixels are cut into chunks summed by separate blocks (gemm.chunk_plan), a fixed
 # plan not read off the GPU, so the summation order and hence the result are the same on every device.
@@ -219,6 +230,9 @@ def conv2d_forward(x, w, b, y, activation):
     pixels = N * H * W
     if pixels == 0 or Cout == 0:
         return
+    if conv_narrow.fits(size, Cout):
+        conv_narrow.narrow_forward(x, w, b, y, activation)
+        return
     tile = TILES[_pick_tile(pixels, Cout)][0]
     grid, threads = gemm._grid(pixels, Cout, tile)
     _make_conv2d_forward(tile, x.dtype, size)[grid, threads, streams.current()](
@@ -289,7 +303,7 @@ def _weight_plan(x_shape, w_shape):
     N, H, W, Cin = x_shape
     size, _, _, Cout = w_shape
     pixels, rows = N * H * W, size * size * Cin
-    name = _pick_tile(rows, Cout, fill=False)
+    name = _pick_tile(rows, Cout, weight=True)
     return (name, *gemm.chunk_plan(pixels, rows, Cout, TILES[name][0]))
 
 
@@ -298,6 +312,8 @@ def conv2d_backward_weight_workspace(x_shape, w_shape):
     shapes (x (N, H, W, Cin), w (KS, KS, Cin, Cout)); never smaller for a
     smaller batch, so one workspace sized for the largest batch serves all."""
     size, _, Cin, Cout = w_shape
+    if conv_narrow.fits(size, Cout):
+        return conv_narrow.weight_workspace(x_shape, w_shape)
     return _weight_plan(x_shape, w_shape)[3] * size * size * Cin * Cout
 
 
@@ -315,11 +331,16 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     require("workspace", workspace, "float32", (None,))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
+    least = conv2d_backward_weight_workspace(x.shape, dw.shape)
+    if workspace.shape[0] < least:
+        raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {least} "
+                         "(conv2d_backward_weight_workspace(x.shape, dw.shape))")
+    if conv_narrow.fits(size, Cout):
+        partials = conv_narrow.narrow_weight_partials(x, dy, size, workspace)
+        gemm.add_chunks(partials, dw.reshape(size * size * Cin * Cout), beta)
+        return
     name, chunk, chunks, most = _weight_plan(x.shape, dw.shape)
     pixels, rows = N * H * W, size * size * Cin
-    if workspace.shape[0] < most * rows * Cout:
-        raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {most * rows * Cout} "
-                         "(conv2d_backward_weight_workspace(x.shape, dw.shape))")
     needed = chunks * rows * Cout
     if needed == 0:
         return
@@ -344,12 +365,13 @@ def _launch_options(tile, jit_options):
     return {"launch_bounds": ((BM // TM) * (BN // TN) * KSPLIT,), **jit_options}
 
 
-def _pick_tile(rows, columns, fill=True):
+def _pick_tile(rows, columns, weight=False):
     """The tile that reads the fewest shared-memory values for a rows x
     columns output, padding included (a thread reads TM + TN values for
     TM x TN FMAs; a 3-channel output pads LARGE 43-fold, SMALL 11-fold,
-    NARROW under 3-fold). With `fill`, only tiles whose grid has gemm's minimum of
-    blocks compete (the weight gradient fills the GPU with pixel chunks)."""
+    NARROW under 3-fold); ties go to the first listed. The pixel-row passes choose among
+    PIXEL_TILES whose grid has the tile's minimum of blocks; a `weight` gradient among all of
+    WEIGHT_TILES (it fills the GPU with pixel chunks)."""
     def reads(name):
         BM, BN, _, TM, TN, _ = TILES[name][0]
         return math.ceil(rows / BM) * BM * math.ceil(columns / BN) * BN * (TM + TN) / (TM * TN)
@@ -359,7 +381,9 @@ def _pick_tile(rows, columns, fill=True):
         grid, _ = gemm._grid(rows, columns, tile)
         return grid[0] * grid[1] >= min_blocks
 
-    return min((name for name in TILES if not fill or fills(name)), key=reads)
+    if weight:
+        return min(WEIGHT_TILES, key=reads)
+    return min((name for name in PIXEL_TILES if fills(name)), key=reads)
 
 
 def _image_shape(name, array):

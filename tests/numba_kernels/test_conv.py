@@ -4,16 +4,20 @@ Shapes are (N, H, W, Cin, Cout): tiny and awkward (odd H x W like 5 x 7,
 channels that are no multiple of any tile, N from 1 to 3) because on CI the
 kernels run under the CUDA simulator, a Python thread per CUDA thread: each
 case here launches one or two blocks. Tiny outputs pick the SMALL or
-NARROW tile; `test_every_tile` forces each. The `real_gpu` tests run the
-autoencoder's layers at real sizes. Cases live in `tests.reference_conv`.
+NARROW tile; `test_every_tile` forces each. Outputs of at most
+conv_narrow.NARROW_OUT channels take the direct kernels of conv_narrow
+(the `narrow` cases). The `real_gpu` tests run the autoencoder's layers at
+real sizes. Cases live in `tests.reference_conv`.
 """
+
+import math
 
 import numpy as np
 import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import conv, gemm
+from mlptrain.numba_kernels import conv, conv_narrow, gemm
 from tests import kernel_cases
 from tests import reference_conv as ref
 
@@ -56,18 +60,83 @@ def test_backward_weight_in_several_chunks(rng, monkeypatch, beta):
     """105 pixels in chunks of 64: two pass-1 blocks, the second chunk ragged."""
     monkeypatch.setattr(gemm, "MIN_CHUNK", 32)
     monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
-    assert conv._weight_plan((3, 5, 7, 2), (3, 3, 2, 3))[1:] == (64, 2, 3)
-    ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 3), 3, beta, FP32)
+    assert conv._weight_plan((3, 5, 7, 2), (3, 3, 2, 5))[1:] == (64, 2, 3)
+    ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 5), 3, beta, FP32)
 
 
 @pytest.mark.parametrize("tile", list(conv.TILES))
 def test_every_tile(rng, monkeypatch, tile):
-    """Each tile, forced, on one layer's three passes: 27 and 36 summed
-    columns span several K steps of each (SMALL's 64-column step aside)."""
-    monkeypatch.setattr(conv, "_pick_tile", lambda rows, columns, fill=True: tile)
-    ref.forward_case(BACKEND, rng, (1, 3, 5, 3, 4), 3, RELU, FP32)
-    ref.backward_input_case(BACKEND, rng, (1, 3, 5, 3, 4), 3, RELU, BF16)
-    ref.backward_weight_case(BACKEND, rng, (1, 3, 5, 3, 4), 3, 1.0, FP32)
+    """Each tile, forced, on one layer's three passes: 27 and 45 summed
+    columns span several K steps of each (SMALL's 64-column step aside).
+    Five output channels: past conv_narrow's."""
+    monkeypatch.setattr(conv, "_pick_tile", lambda rows, columns, weight=False: tile)
+    assert not conv_narrow.fits(3, 5)
+    ref.forward_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, RELU, FP32)
+    ref.backward_input_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, RELU, BF16)
+    ref.backward_weight_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, 1.0, FP32)
+
+
+# --- narrow outputs: conv_narrow's direct kernels ----------------------------------------------
+# Segments of up to 32 // Cout pixels (forward) or 8 (weight gradient), split evenly: W = 9 and 11
+# leave a ragged last segment, Cin = 33 to 64 takes lanes (threads) round the channels twice, Cin =
+# 230 stages the forward's weights in two blocks of channels and Cin = 260 is two weight-gradient
+# blocks of channels.
+
+@pytest.mark.parametrize("shape, size, activation, dtype", [
+    ((1, 3, 5, 5, 3), 3, RELU, FP32),
+    ((2, 2, 11, 37, 3), 3, TANH, BF16),
+    ((1, 3, 9, 33, 4), 3, SIGMOID, FP16),
+    ((1, 4, 3, 6, 1), 5, NONE, FP32),
+    ((2, 3, 4, 40, 2), 1, RELU, BF16),
+    ((1, 2, 7, 64, 1), 3, SIGMOID, FP16),
+    ((1, 2, 3, 230, 4), 3, TANH, FP32),
+    ((1, 3, 9, 7, 2), 3, NONE, FP16),
+])
+def test_narrow_forward(rng, shape, size, activation, dtype):
+    assert conv_narrow.fits(size, shape[4])
+    ref.forward_case(BACKEND, rng, shape, size, activation, dtype)
+
+
+@pytest.mark.parametrize("shape, size, beta, dtype", [
+    ((1, 3, 5, 5, 3), 3, 0.0, FP32),
+    ((2, 3, 11, 37, 2), 3, 1.0, FP16),
+    ((1, 4, 9, 33, 4), 3, 0.0, BF16),
+    ((2, 3, 4, 6, 1), 5, 1.0, FP32),
+    ((1, 2, 3, 260, 1), 3, 0.0, BF16),
+    ((2, 2, 5, 40, 3), 1, 1.0, FP32),
+])
+def test_narrow_backward_weight(rng, shape, size, beta, dtype):
+    assert conv_narrow.fits(size, shape[4])
+    ref.backward_weight_case(BACKEND, rng, shape, size, beta, dtype)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_narrow_backward_weight_in_several_chunks(rng, monkeypatch, beta):
+    """10 image rows of 7 pixels in chunks of 4 rows: three pass-1 blocks, the second straddling
+    the two images, the third ragged."""
+    monkeypatch.setattr(gemm, "MIN_CHUNK", 15)
+    monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
+    assert conv_narrow.weight_plan((2, 5, 7, 37), (3, 3, 37, 3)) == (4, 3, 3)
+    ref.backward_weight_case(BACKEND, rng, (2, 5, 7, 37, 3), 3, beta, BF16)
+
+
+def test_narrow_results_are_bitwise_reproducible(rng, monkeypatch):
+    """Two launches on the same inputs give the same bits: the forward's butterfly and the weight
+    gradient's chunks (three here) sum in fixed orders."""
+    monkeypatch.setattr(gemm, "MIN_CHUNK", 15)
+    x, w, b = (cuda.to_device(ref.stored(rng, s, FP32)[0]) for s in ((2, 5, 7, 37), (3, 3, 37, 3), (3,)))
+    dy = cuda.to_device(ref.stored(rng, (2, 5, 7, 3), FP32)[0])
+    y, dw = ref.poisoned(BACKEND, (2, 5, 7, 3), FP32), ref.poisoned(BACKEND, (3, 3, 37, 3), np.float32)
+    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape), np.float32)
+    assert conv_narrow.weight_plan(x.shape, w.shape)[1] == 3
+    twice(lambda: conv.conv2d_forward(x, w, b, y, TANH), y)
+    twice(lambda: conv.conv2d_backward_weight(x, dy, dw, 0.0, workspace), dw)
+
+
+def test_narrow_kernels_take_a_few_output_channels():
+    assert conv_narrow.fits(3, 3) and conv_narrow.fits(3, conv_narrow.NARROW_OUT) and conv_narrow.fits(5, 1)
+    assert not conv_narrow.fits(3, conv_narrow.NARROW_OUT + 1) and not conv_narrow.fits(5, 2)
+    assert conv_narrow._segment(32, 32 // 3) == 8 and conv_narrow._segment(11, 10) == 6
 
 
 def test_bias_gradient_is_reduce_bias_backward(rng):
@@ -75,10 +144,11 @@ def test_bias_gradient_is_reduce_bias_backward(rng):
 
 
 def test_tile_choice_avoids_padding_narrow_outputs():
-    assert conv._pick_tile(256 * 32 * 32, 256) == "large"
-    assert conv._pick_tile(256 * 32 * 32, 3) == "narrow"  # the decoder's last layer
-    assert conv._pick_tile(3 * 3 * 256, 3, fill=False) == "narrow"  # and its weight gradient
-    assert conv._pick_tile(3 * 3 * 3, 256, fill=False) == "small"  # the first layer's weight gradient
+    assert conv._pick_tile(256 * 32 * 32, 256) == "wide"
+    assert conv._pick_tile(3 * 3 * 256, 128, weight=True) == "square"
+    assert conv._pick_tile(256 * 32 * 32, 8) == "narrow"  # 8 channels, past conv_narrow's
+    assert conv._pick_tile(3 * 3 * 512, 8, weight=True) == "narrow"  # and its weight gradient
+    assert conv._pick_tile(3 * 3 * 3, 256, weight=True) == "small"  # the first layer's weight gradient
 
 
 def test_workspace_fills_the_gpu_and_serves_smaller_batches():
@@ -87,6 +157,11 @@ def test_workspace_fills_the_gpu_and_serves_smaller_batches():
         w_shape = (3, 3, cin, cout)
         sizes = [conv.conv2d_backward_weight_workspace((n, H, W, cin), w_shape) for n in range(0, 257)]
         assert sizes == sorted(sizes) and sizes[0] == 9 * cin * cout
+        if conv_narrow.fits(3, cout):  # a block per chunk and 256 input channels
+            _, chunks, most = conv_narrow.weight_plan((256, H, W, cin), w_shape)
+            assert chunks * math.ceil(cin / conv_narrow.WEIGHT_THREADS) >= gemm.CHUNK_BLOCKS // 2
+            assert sizes[-1] == most * 9 * cin * cout
+            continue
         name, chunk, chunks, _ = conv._weight_plan((256, H, W, cin), w_shape)
         grid, _ = gemm._grid(9 * cin, cout, conv.TILES[name][0])
         assert grid[0] * grid[1] * chunks >= gemm.CHUNK_BLOCKS // 2 and chunk % gemm.CHUNK_STEP == 0

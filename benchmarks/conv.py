@@ -1,0 +1,125 @@
+"""GPU time of each pass of each autoencoder convolution: mlptrain's kernels against cuDNN, one GPU, one run.
+
+The layers of `configs/autoencoder_cifar10.yaml` at batch 256 (3x3, NHWC for mlptrain, NCHW for cuDNN
+with TF32 off), passes forward (with ReLU), input gradient and weight gradient, float32. Each launch
+queues behind a sleep kernel (see gemm.py's `gpu_ms`), median of --repeats after a warm-up. Each of our
+outputs is compared with cuDNN's (max |difference| / max |cuDNN|). `--tiles` also times each candidate
+tile forced on the implicit-GEMM passes: the measurements behind conv.py's tile choice.
+
+    python benchmarks/conv.py [--repeats 9] [--tiles] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemm import gpu_ms  # noqa: E402
+
+BATCH = 256
+LAYERS = [(32, 3, 256), (16, 256, 128), (8, 128, 128), (16, 128, 256), (32, 256, 3)]  # (side, Cin, Cout)
+OPS = ["forward", "backward_input", "backward_weight"]
+CANDIDATES = [(128, 64, 8, 8, 4, 1), (128, 128, 8, 8, 8, 1), (64, 128, 8, 4, 8, 1), (128, 128, 16, 8, 8, 1)]
+
+
+def tensors(torch, side, cin, cout):
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape):
+        return torch.rand(*shape, device="cuda", generator=g) * 2 - 1
+
+    x = rand(BATCH, side, side, cin)
+    return {"x": x, "w": rand(3, 3, cin, cout) * 0.1, "b": rand(cout), "dy": rand(BATCH, side, side, cout),
+            "h": rand(BATCH, side, side, cin), "y": torch.empty(BATCH, side, side, cout, device="cuda"),
+            "dx": torch.empty(BATCH, side, side, cin, device="cuda"), "dw": torch.empty(3, 3, cin, cout, device="cuda")}
+
+
+def our_launch(cuda, conv, op, t):
+    from mlptrain.activation import RELU
+
+    a = {k: cuda.as_cuda_array(v) for k, v in t.items()}
+    if op == "forward":
+        return "y", lambda: conv.conv2d_forward(a["x"], a["w"], a["b"], a["y"], RELU)
+    if op == "backward_input":
+        return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU)
+    space = cuda.device_array(max(1, conv.conv2d_backward_weight_workspace(a["x"].shape, a["dw"].shape)), np.float32)
+    return "dw", lambda: conv.conv2d_backward_weight(a["x"], a["dy"], a["dw"], 0.0, space)
+
+
+def cudnn_launch(torch, op, t):
+    """cuDNN's pass and its result, laid out as ours."""
+    F = torch.nn.functional
+    x, dy, h = (t[k].permute(0, 3, 1, 2).contiguous() for k in ("x", "dy", "h"))
+    w = t["w"].permute(3, 2, 0, 1).contiguous()
+    if op == "forward":
+        return lambda: F.relu(F.conv2d(x, w, t["b"], padding=1)), lambda r: r.permute(0, 2, 3, 1)
+    if op == "backward_input":
+        return (lambda: torch.nn.grad.conv2d_input(h.shape, w, dy, padding=1) * (h > 0),
+                lambda r: r.permute(0, 2, 3, 1))
+    return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, padding=1), lambda r: r.permute(2, 3, 1, 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--tiles", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    import torch
+    from numba import cuda
+
+    from mlptrain.numba_kernels import conv
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+
+    @cuda.jit
+    def sleep(rounds):
+        for _ in range(rounds):
+            cuda.nanosleep(100000)
+
+    rows = []
+    for side, cin, cout in LAYERS:
+        for op in OPS:
+            t = tensors(torch, side, cin, cout)
+            flops = 2.0 * BATCH * side * side * 9 * cin * cout
+            run, finish = cudnn_launch(torch, op, t)
+            theirs = gpu_ms(cuda, sleep, run, args.repeats, 5)
+            expected = finish(run()).contiguous()
+            versions = [("ours", None)] + ([(c, c) for c in CANDIDATES] if args.tiles and min(cin, cout) > 8 else [])
+            for name, tile in versions:
+                if tile is not None:
+                    conv.TILES["forced"] = (tile, 0)
+                    original, conv._pick_tile = conv._pick_tile, lambda rows, columns, weight=False: "forced"
+                try:
+                    out, launch = our_launch(cuda, conv, op, t)
+                    t[out].fill_(float("nan"))
+                    ms = gpu_ms(cuda, sleep, launch, args.repeats, 5)
+                    launch()
+                    torch.cuda.synchronize()
+                finally:
+                    if tile is not None:
+                        conv._pick_tile = original
+                        del conv.TILES["forced"]
+                error = float((t[out] - expected).abs().max() / expected.abs().max())
+                rows.append({"layer": f"{side}x{side} {cin}->{cout}", "op": op,
+                             "version": name if tile is None else "x".join(map(str, tile)),
+                             "ms": ms, "cudnn_ms": theirs, "tflops": flops / ms / 1e9,
+                             "cudnn_tflops": flops / theirs / 1e9, "rel_error": error})
+    print("\n| layer | pass | version | ms | cuDNN ms | TFLOP/s | cuDNN TFLOP/s | ratio | rel. error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['layer']} | {r['op']} | {r['version']} | {r['ms']:.3f} | {r['cudnn_ms']:.3f} | {r['tflops']:.1f} | "
+              f"{r['cudnn_tflops']:.1f} | {r['cudnn_ms'] / r['ms']:.2f} | {r['rel_error']:.1e} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
