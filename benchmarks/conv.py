@@ -45,8 +45,9 @@ def our_launch(cuda, conv, op, t):
     a = {k: cuda.as_cuda_array(v) for k, v in t.items()}
     if op == "forward":
         return "y", lambda: conv.conv2d_forward(a["x"], a["w"], a["b"], a["y"], RELU)
-    if op == "backward_input":
-        return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU)
+    if op == "backward_input":  # with the buffer the autoencoder gives it
+        flipped = cuda.device_array(a["w"].size, np.float32)
+        return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU, flipped)
     space = cuda.device_array(max(1, conv.conv2d_backward_weight_workspace(a["x"].shape, a["dw"].shape)), np.float32)
     return "dw", lambda: conv.conv2d_backward_weight(a["x"], a["dy"], a["dw"], 0.0, space)
 

@@ -37,6 +37,7 @@ CANDIDATES = [
     ((128, 128, 16, 8, 8, 1), {}),
     ((128, 64, 16, 8, 4, 1), {}),
     ((128, 64, 8, 8, 4, 1), {}),
+    ((64, 128, 8, 4, 8, 1), {}),
     ((64, 64, 16, 4, 4, 1), {}),
     ((64, 64, 8, 4, 4, 2), {}),
     ((32, 32, 16, 4, 4, 4), {}),
@@ -139,6 +140,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--inner", type=int, default=20)
     parser.add_argument("--tiles", action="store_true", help="also time every candidate tile, forced")
+    parser.add_argument("--tile", action="append", default=[],
+                        help="time only these candidates (BMxBNxBKxTMxTNxKSPLIT; repeatable); implies --tiles")
+    parser.add_argument("--shapes", type=lambda v: [tuple(map(int, s.split("x"))) for s in v.split(",")],
+                        default=SHAPES, help="MxKxN,... (default: all of SHAPES)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -156,7 +161,9 @@ def main() -> int:
             cuda.nanosleep(100000)
 
     rows, failed = [], False
-    for m, k, n in SHAPES:
+    candidates = [c for c in CANDIDATES if not args.tile or "x".join(map(str, c[0])) in args.tile]
+    args.tiles = args.tiles or bool(args.tile)
+    for m, k, n in args.shapes:
         big = m * k * n >= 4096**3
         repeats, inner = (max(3, args.repeats // 3), 3) if big else (args.repeats, args.inner)
         for op in OPS:
@@ -164,7 +171,7 @@ def main() -> int:
             versions = [("ours", None)]
             if args.tiles:
                 versions += [(" ".join(["x".join(map(str, c[0]))] + [f"{k}={v}" for k, v in c[1].items()]), c)
-                             for c in CANDIDATES]
+                             for c in candidates]
             t["out"].fill_(float("nan"))
             cublas = gpu_ms(cuda, sleep, cublas_launch(torch, op, t), repeats, inner)
             for name, candidate in versions:

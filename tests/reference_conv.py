@@ -167,12 +167,14 @@ def forward_case(be, rng, shape, size, activation, dtype):
     assert_within(got, conv2d_forward(xv, wv, bv, activation), forward_tolerance(xv, wv, bv, activation, dtype))
 
 
-def backward_input_case(be, rng, shape, size, activation, dtype):
+def backward_input_case(be, rng, shape, size, activation, dtype, flipped=False):
+    """With `flipped`, the launcher gets a (poisoned, oversized) buffer to rearrange the kernel into."""
     N, H, W, cin, cout = shape
     (dy, dyv), (w, wv) = stored(rng, (N, H, W, cout), dtype), stored(rng, (size, size, cin, cout), dtype)
     h, hv = stored(rng, (N, H, W, cin), dtype, activation)
     dx = poisoned(be, (N, H, W, cin), dtype)
-    be.kernels.conv.conv2d_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
+    buffer = poisoned(be, (size * size * cin * cout + 3,), dtype) if flipped else None
+    be.kernels.conv.conv2d_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation, buffer)
     got = stored_values(be.to_host(dx))
     expected = conv2d_backward_input(dyv, wv, hv, activation)
     assert_within(got, expected, backward_input_tolerance(dyv, wv, hv, activation, dtype))

@@ -82,6 +82,8 @@ class ConvAutoencoder(StaticGraph):
                             bias(max_rows * math.prod(self.sizes[i][0]), cout))
                         for i, (cin, cout) in enumerate(self.convs))
         self.workspace = backend.empty((max(workspace, 1),))
+        # the input gradients read each kernel rearranged into this, as a dense matrix
+        self.flipped = backend.empty((max(kernel_size**2 * cin * cout for cin, cout in self.convs),), dtype)
         self._views = {}
 
     def _spatial_sizes(self):
@@ -179,7 +181,8 @@ class ConvAutoencoder(StaticGraph):
                                    self.workspace)
             if i == 0:
                 break
-            k.conv.conv2d_backward_input(dz, self.compute[f"conv{i + 1}.weight"], inputs[i], input_grads[i], RELU)
+            k.conv.conv2d_backward_input(dz, self.compute[f"conv{i + 1}.weight"], inputs[i], input_grads[i], RELU,
+                                         self.flipped)
             if self.sizes[i - 1][1] == "pool":
                 k.pool.max_pool2x2_backward(input_grads[i], argmax[i - 1], output_grads[i - 1])
             else:

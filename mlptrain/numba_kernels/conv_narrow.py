@@ -1,4 +1,4 @@
-"""Direct convolutions for outputs a few channels wide (CUDA backend).
+"""Direct convolutions to a few output channels (CUDA backend).
 
 conv.py's implicit GEMMs tile the output by channels; at Cout = 3 (an
 autoencoder's RGB output) even the narrowest tile pads most of its columns
@@ -44,13 +44,13 @@ def fits(size, outputs):
     return outputs <= NARROW_OUT and size * size * outputs <= MAX_TAP_OUTPUTS
 
 
-def _launch_bounds(threads, blocks):
+def launch_bounds(threads, blocks):
     """cuda.jit options capping registers so that `blocks` blocks of `threads` fit an SM; the
     simulator takes no such option."""
     return {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, blocks)}
 
 
-def _segment(width, most):
+def even_segment(width, most):
     """Pixels per row segment: the row cut into the fewest segments of at most `most` pixels, as
     even as they come (32 = 4 x 8, not 3 x 10 + 2)."""
     return math.ceil(width / math.ceil(width / most))
@@ -173,7 +173,7 @@ def _make_narrow_forward(dtype, size, outputs, segment, channels):
     # channels l, l + 32, ... and the butterfly leaves lane l the total of the segment's l-th output,
     # y viewed (pixels, Cout) being contiguous along it. Every thread of the block reaches every
     # barrier and exchange (warps past the end compute zeros), as the simulator's exchange needs.
-    @cuda.jit(**_launch_bounds(WARPS * LANES, blocks))
+    @cuda.jit(**launch_bounds(WARPS * LANES, blocks))
     def narrow_forward_kernel(x, w, b, y, rows, height, width, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); rows = N*H
         lane = cuda.threadIdx.x % LANES
@@ -213,7 +213,7 @@ def narrow_forward(x, w, b, y, activation):
     Cout), Cout <= NARROW_OUT; one warp per row segment of up to 32 // Cout pixels."""
     N, H, W, Cin = x.shape
     size, Cout = w.shape[0], w.shape[3]
-    segment = _segment(W, LANES // Cout)
+    segment = even_segment(W, LANES // Cout)
     segments = N * H * math.ceil(W / segment)
     warps = min(WARPS, segments)
     kernel = _make_narrow_forward(x.dtype, size, Cout, segment, Cin)
@@ -319,7 +319,7 @@ def narrow_weight_partials(x, dy, size, workspace):
     threads, groups = _weight_threads(Cin)
     elements = size * size * Cin * Cout
     partials = workspace[:chunks * elements].reshape(chunks, elements)
-    segment = _segment(W, min(WEIGHT_SEGMENT, WEIGHT_VALUES // Cout))
+    segment = even_segment(W, min(WEIGHT_SEGMENT, WEIGHT_VALUES // Cout))
     kernel = _make_narrow_weight_partials(x.dtype, size, Cout, segment, Cin)
     kernel[(chunks, groups), threads, streams.current()](
         x.reshape(x.size), dy.reshape(dy.size), partials, N * H, H, W, chunk)

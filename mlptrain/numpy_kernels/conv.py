@@ -50,9 +50,17 @@ def conv2d_forward(x, w, b, y, activation):
         gemm.linear_forward(_columns(x[images], size), weight, b, _rows(y[images]), activation)
 
 
-def conv2d_backward_input(dy, w, h, dx, activation):
+def flip_kernel(w, flipped):
+    """flipped[(tap, cout), cin] = w[KS-1-dh, KS-1-dw, cin, cout]: the transposed convolution's kernel
+    as a dense (KS*KS*Cout, Cin) matrix."""
+    size, _, inputs, outputs = w.shape
+    flipped[...] = w[::-1, ::-1].transpose(0, 1, 3, 2).reshape(size * size * outputs, inputs)
+
+
+def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     """dx = conv_transpose(dy, w) * act'(h): with stride 1, a convolution of
-    dy with the kernel flipped in space and Cin/Cout swapped."""
+    dy with the kernel flipped in space and Cin/Cout swapped (`flipped`, the CUDA twin's buffer, is
+    not used)."""
     size, _, inputs, _ = w.shape
     flipped = np.ascontiguousarray(w[::-1, ::-1].transpose(2, 0, 1, 3)).reshape(inputs, -1)  # (Cin, (tap, Cout))
     for images in _image_chunks(dy, size):

@@ -6,7 +6,9 @@ kernels run under the CUDA simulator, a Python thread per CUDA thread: each
 case here launches one or two blocks. Tiny outputs pick the SMALL or
 NARROW tile; `test_every_tile` forces each. Outputs of at most
 conv_narrow.NARROW_OUT channels take the direct kernels of conv_narrow
-(the `narrow` cases). The `real_gpu` tests run the autoencoder's layers at
+(the `narrow` cases), passes that sum at most conv_wide.WIDE_IN channels
+a tap (a forward's Cin, an input gradient's Cout) its wide kernels (the
+`wide` cases). The `real_gpu` tests run the autoencoder's layers at
 real sizes. Cases live in `tests.reference_conv`.
 """
 
@@ -17,7 +19,8 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import conv, conv_narrow, gemm
+from mlptrain.numba_kernels import conv, conv_narrow, conv_wide, gemm
+from mlptrain.numpy_kernels import conv as numpy_conv
 from tests import kernel_cases
 from tests import reference_conv as ref
 
@@ -28,7 +31,7 @@ FP32, FP16, BF16 = np.float32, np.float16, np.uint16
 
 
 @pytest.mark.parametrize("shape, size, activation, dtype", [
-    ((1, 5, 7, 3, 5), 3, RELU, FP32),
+    ((1, 5, 7, 5, 6), 3, RELU, FP32),
     ((2, 3, 4, 6, 9), 1, NONE, FP16),
     ((1, 4, 5, 2, 7), 5, TANH, BF16),
     ((3, 2, 3, 4, 3), 3, SIGMOID, FP32),
@@ -44,6 +47,19 @@ def test_conv2d_forward(rng, shape, size, activation, dtype):
 ])
 def test_conv2d_backward_input(rng, shape, size, activation, dtype):
     ref.backward_input_case(BACKEND, rng, shape, size, activation, dtype)
+    ref.backward_input_case(BACKEND, rng, shape, size, activation, dtype, flipped=True)
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_flip_kernel(rng, dtype):
+    w = (rng.standard_normal((3, 3, 5, 7)) * 100).astype(np.float32).astype(dtype)
+    flipped = cuda.to_device(np.zeros((63, 5), dtype))
+    conv.flip_kernel(cuda.to_device(w), flipped)
+    expected = np.zeros((63, 5), dtype)
+    numpy_conv.flip_kernel(w, expected)
+    np.testing.assert_array_equal(flipped.copy_to_host(), expected)
+    for dh, dw, cin, cout in [(0, 0, 0, 0), (2, 1, 4, 6), (1, 2, 3, 0)]:
+        assert expected[(dh * 3 + dw) * 7 + cout, cin] == w[2 - dh, 2 - dw, cin, cout]
 
 
 @pytest.mark.parametrize("shape, size, beta, dtype", [
@@ -66,13 +82,15 @@ def test_backward_weight_in_several_chunks(rng, monkeypatch, beta):
 
 @pytest.mark.parametrize("tile", list(conv.TILES))
 def test_every_tile(rng, monkeypatch, tile):
-    """Each tile, forced, on one layer's three passes: 27 and 45 summed
+    """Each tile, forced, on one layer's three passes: 54, 45 and 27 summed
     columns span several K steps of each (SMALL's 64-column step aside).
-    Five output channels: past conv_narrow's."""
+    Five output channels, and six input channels in the forward: past
+    conv_narrow's narrow and wide kernels."""
     monkeypatch.setattr(conv, "_pick_tile", lambda rows, columns, weight=False: tile)
-    assert not conv_narrow.fits(3, 5)
-    ref.forward_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, RELU, FP32)
+    assert not conv_narrow.fits(3, 5) and not conv_wide.wide_fits(3, 6) and not conv_wide.wide_fits(3, 5)
+    ref.forward_case(BACKEND, rng, (1, 3, 5, 6, 5), 3, RELU, FP32)
     ref.backward_input_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, RELU, BF16)
+    ref.backward_input_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, RELU, FP32, flipped=True)
     ref.backward_weight_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, 1.0, FP32)
 
 
@@ -136,7 +154,89 @@ def test_narrow_results_are_bitwise_reproducible(rng, monkeypatch):
 def test_narrow_kernels_take_a_few_output_channels():
     assert conv_narrow.fits(3, 3) and conv_narrow.fits(3, conv_narrow.NARROW_OUT) and conv_narrow.fits(5, 1)
     assert not conv_narrow.fits(3, conv_narrow.NARROW_OUT + 1) and not conv_narrow.fits(5, 2)
-    assert conv_narrow._segment(32, 32 // 3) == 8 and conv_narrow._segment(11, 10) == 6
+    assert conv_narrow.even_segment(32, 32 // 3) == 8 and conv_narrow.even_segment(11, 10) == 6
+
+
+# --- few summed channels: conv_narrow's wide kernels -------------------------------------------
+# Rows cut into stretches of up to WIDE_STRETCH pixels (a block each), those into segments of up to
+# WIDE_SEGMENT: W = 11 is a stretch of segments 6 + 5, W = 69 stretches of 35 and 34 pixels (segments
+# of 7, the last one 6), W = 3 one short segment. Wide channels 5, 37 and 70 leave part of a warp idle, 33 all of a
+# second warp but one thread, 300 two blocks of channels (256 + 44).
+
+@pytest.mark.parametrize("shape, size, activation, dtype", [
+    ((1, 3, 5, 3, 37), 3, RELU, FP32),
+    ((2, 2, 11, 1, 5), 5, TANH, BF16),
+    ((1, 3, 9, 4, 70), 3, SIGMOID, FP16),
+    ((1, 2, 7, 2, 33), 1, NONE, FP32),
+    ((1, 2, 69, 3, 6), 3, RELU, BF16),
+    ((1, 2, 3, 2, 300), 3, TANH, FP32),
+    ((2, 3, 4, 4, 9), 1, SIGMOID, BF16),
+    ((1, 4, 6, 1, 32), 3, NONE, FP16),
+])
+def test_wide_forward(rng, shape, size, activation, dtype):
+    assert conv_wide.wide_fits(size, shape[3]) and not conv_narrow.fits(size, shape[4])
+    ref.forward_case(BACKEND, rng, shape, size, activation, dtype)
+
+
+@pytest.mark.parametrize("shape, size, activation, dtype", [
+    ((1, 3, 5, 37, 3), 3, RELU, FP32),
+    ((2, 2, 11, 5, 1), 5, TANH, BF16),
+    ((1, 3, 9, 70, 4), 3, SIGMOID, FP16),
+    ((1, 2, 7, 33, 2), 1, NONE, FP32),
+    ((1, 2, 69, 6, 3), 3, RELU, BF16),
+    ((1, 2, 3, 300, 2), 3, TANH, FP32),
+    ((2, 3, 4, 9, 4), 1, SIGMOID, BF16),
+    ((1, 4, 6, 32, 1), 3, NONE, FP16),
+    ((1, 3, 4, 3, 3), 3, RELU, FP16),  # narrow on both sides
+])
+def test_wide_backward_input(rng, shape, size, activation, dtype):
+    assert conv_wide.wide_fits(size, shape[4])
+    ref.backward_input_case(BACKEND, rng, shape, size, activation, dtype)
+
+
+@pytest.mark.parametrize("dtype", [FP32, FP16, BF16])
+@pytest.mark.parametrize("activation", [NONE, RELU, TANH, SIGMOID])
+def test_wide_kernels_in_every_activation_and_format(rng, activation, dtype):
+    """Both passes of a 3 -> 7 channel layer, W = 9 in segments 5 + 4; the input gradient is given
+    a buffer for the flipped kernel, which the wide kernel does not need."""
+    ref.forward_case(BACKEND, rng, (1, 2, 9, 3, 7), 3, activation, dtype)
+    ref.backward_input_case(BACKEND, rng, (1, 2, 9, 7, 3), 3, activation, dtype, flipped=True)
+
+
+def test_wide_results_are_bitwise_reproducible(rng):
+    """Two launches on the same inputs give the same bits (each output is one thread's sum in a
+    fixed order)."""
+    (x, _), (w, _), (b, _) = (ref.stored(rng, s, FP32) for s in ((2, 5, 7, 3), (3, 3, 3, 37), (37,)))
+    (dy, _), (h, _) = ref.stored(rng, (2, 5, 7, 3), FP32), ref.stored(rng, (2, 5, 7, 37), FP32, TANH)
+    x, w, b, dy, h = (cuda.to_device(a) for a in (x, w, b, dy, h))
+    y, dx = ref.poisoned(BACKEND, (2, 5, 7, 37), FP32), ref.poisoned(BACKEND, (2, 5, 7, 37), FP32)
+    flipped = cuda.to_device(ref.stored(rng, (3, 3, 37, 3), FP32)[0])  # w of the 37 -> 3 layer
+    twice(lambda: conv.conv2d_forward(x, w, b, y, TANH), y)
+    twice(lambda: conv.conv2d_backward_input(dy, flipped, h, dx, TANH), dx)
+
+
+def test_wide_kernels_take_a_few_summed_channels():
+    assert conv_wide.wide_fits(3, 3) and conv_wide.wide_fits(3, conv_wide.WIDE_IN) and conv_wide.wide_fits(5, 1)
+    assert not conv_wide.wide_fits(3, conv_wide.WIDE_IN + 1) and not conv_wide.wide_fits(5, 2)
+    assert not conv_wide.wide_fits(7, 1)
+    assert conv_wide._wide_plan(32, 256) == (32, 8, 256, 1)  # the autoencoder's RGB layers
+    assert conv_wide._wide_plan(69, 37) == (35, 7, 64, 1) and conv_wide._wide_plan(11, 300) == (11, 6, 256, 2)
+
+
+def test_direct_kernels_are_dispatched_by_channels(monkeypatch):
+    """The forward takes the narrow kernel when Cout is narrow, else the wide one when Cin is (a
+    3 -> 3 layer stays narrow); the input gradient the wide one when Cout is narrow."""
+    calls = []
+    for module, name in ((conv_narrow, "narrow_forward"), (conv_wide, "wide_forward"),
+                         (conv_wide, "wide_backward_input")):
+        monkeypatch.setattr(module, name, lambda *args, name=name: calls.append(name))
+    device = lambda *shape: cuda.to_device(np.zeros(shape, FP32))  # noqa: E731
+    x3, x256 = device(1, 2, 3, 3), device(1, 2, 3, 256)
+    conv.conv2d_forward(x3, device(3, 3, 3, 256), device(256), x256, RELU)
+    conv.conv2d_forward(x3, device(3, 3, 3, 3), device(3), device(1, 2, 3, 3), RELU)
+    conv.conv2d_forward(x256, device(3, 3, 256, 3), device(3), x3, NONE)
+    conv.conv2d_backward_input(x3, device(3, 3, 256, 3), x256, device(1, 2, 3, 256), RELU)
+    assert calls == ["wide_forward", "narrow_forward", "narrow_forward", "wide_backward_input"]
 
 
 def test_bias_gradient_is_reduce_bias_backward(rng):
@@ -184,6 +284,10 @@ def test_launchers_reject_bad_arguments(rng):
         conv.conv2d_forward(x, w, b, y, 7)
     with pytest.raises(ValueError, match="h has shape"):
         conv.conv2d_backward_input(y, w, y, x, RELU)
+    with pytest.raises(ValueError, match="flipped has 134 elements, needs 135"):
+        conv.conv2d_backward_input(y, w, x, x, RELU, device(134))
+    with pytest.raises(ValueError, match="flipped must be"):
+        conv.conv2d_backward_input(y, w, x, x, RELU, device(135, dtype=FP16))
     with pytest.raises(ValueError, match="beta"):
         conv.conv2d_backward_weight(x, y, device(3, 3, 3, 5), 0.5, device(10**5))
     with pytest.raises(ValueError, match="workspace has 3 elements"):
