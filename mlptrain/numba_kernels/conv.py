@@ -54,7 +54,7 @@ from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 NARROW_TILE = (128, 8, 8, 8, 2, 4)
 # Two more for the big layers, from `benchmarks/conv.py --tiles` on an H100 (fp32, batch 256, the
 # 16 x 16 256 <-> 128 layers; ms forward / input gradient / weight gradient): LARGE 2.14 / 2.33 / 2.99,
-# WIDE 1.77 / 2.08-2.10 / 2.55, SQUARE 1.82-1.84 / 2.09-2.18 / 2.39. An im2col element costs more to
+# WIDE 1.77 / 2.07-2.10 / 2.55, SQUARE 1.82-1.84 / 2.09-2.18 / 2.39. An im2col element costs more to
 # fetch than a stored one, so tiles that feed more FMAs per fetch win here though not in gemm: WIDE
 # for the pixel-row passes, SQUARE (and its 16-deep slices) for the weight gradient.
 WIDE_TILE = (64, 128, 8, 4, 8, 1)
@@ -302,7 +302,7 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
 
     flipped: an optional 1-D buffer of at least KS*KS*Cin*Cout elements in that format. Given, w is
     first rearranged into it (flip_kernel) and the product reads it as a dense matrix instead of
-    flipping each element it fetches: on an H100, 2.06-2.09 ms -> 1.81-1.83 for the 256 <-> 128
+    flipping each element it fetches: on an H100, 2.06-2.09 ms -> 1.80-1.83 for the 256 <-> 128
     layers at batch 256 x 16 x 16. Where conv_wide takes the pass (Cout <= its WIDE_IN), the buffer is
     checked but not used."""
     require_one_of("dy", dy, STORAGE_DTYPES, (None, None, None, None))
