@@ -77,7 +77,7 @@ def bias_backward_workspace(rows, columns):
 def bias_backward(dy, db, beta, workspace=None):
     """db = beta * db + sum over rows of dy (beta 0 overwrites, 1 accumulates); dy in any
     storage format, db float32. Given a float32 workspace of `bias_backward_workspace(...)` elements,
-    rows beyond CHUNK_ROWS are summed in chunks by separate blocks; without, by one block per columns."""
+    rows beyond CHUNK_ROWS are summed in chunks by separate blocks; without, each column group by one block."""
     require_one_of("dy", dy, STORAGE_DTYPES, (None, None))
     rows, columns = dy.shape
     require("db", db, "float32", (columns,))

@@ -62,9 +62,9 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     dy with the kernel flipped in space and Cin/Cout swapped (`flipped`, the CUDA twin's buffer, is
     not used)."""
     size, _, inputs, _ = w.shape
-    flipped = np.ascontiguousarray(w[::-1, ::-1].transpose(2, 0, 1, 3)).reshape(inputs, -1)  # (Cin, (tap, Cout))
+    kernel = np.ascontiguousarray(w[::-1, ::-1].transpose(2, 0, 1, 3)).reshape(inputs, -1)  # (Cin, (tap, Cout))
     for images in _image_chunks(dy, size):
-        gemm.linear_backward_input(_columns(dy[images], size), flipped, _rows(h[images]), _rows(dx[images]),
+        gemm.linear_backward_input(_columns(dy[images], size), kernel, _rows(h[images]), _rows(dx[images]),
                                    activation)
 
 
