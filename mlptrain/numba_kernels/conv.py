@@ -21,24 +21,21 @@ a chunk of the pixels and writes its partial tile to a float32 workspace,
 pass 2 adds the chunks in chunk order. No atomics anywhere; every sum runs
 in a fixed order, so results are bitwise reproducible.
 
-Pixel and column indices are split into (n, h, w) and (tap, channel) by
-divisions by H, W and C, known only at run time: each thread derives
-multiply-and-shift constants for them once, decodes the pixels it loads once
-per tile and its columns once per K slice into packed codes, so the loaders
-never divide and an element's fetch only unpacks fields.
-
-Layers with at most four channels on one side skip the GEMMs: conv_narrow
-computes outputs that narrow directly, conv_wide sums inputs that narrow.
+The im2col operands live in im2col.py. In bf16 / fp16 the three passes run
+on tensor cores (conv_mma) where the summed channels pair up; layers with at
+most four channels on one side skip the GEMMs: conv_narrow computes outputs
+that narrow directly, conv_wide sums inputs that narrow.
 """
 
 import functools
 import math
 
-from numba import config, cuda, float32, uint64
+from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import conv_narrow, conv_wide, gemm, streams
+from mlptrain.numba_kernels import conv_mma, conv_narrow, conv_wide, gemm, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
-from mlptrain.numba_kernels.gemm import Operand, dense_operand
+from mlptrain.numba_kernels.gemm import dense_operand
+from mlptrain.numba_kernels.im2col import flipped_kernel_operand, image_columns_operand, image_rows_operand
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
 # gemm's tiles, plus NARROW for outputs a few channels wide, which SMALL pads
@@ -69,132 +66,6 @@ MAX_PIXELS = 2**31 - 1  # the multiply-and-shift division holds below 2**31
 MAX_SIDE = 2**16 - 1  # a pixel's code holds h and w in 16 bits each
 
 
-# --- im2col addressing -------------------------------------------------------------
-
-@cuda.jit(device=True, inline="always")
-def _divider(d):
-    """(d, multiplier, shift) with n // d == (n * multiplier) >> shift for
-    0 <= n < 2**31, 1 <= d < 2**31: multiplier = ceil(2**(31+l) / d) with
-    2**l >= d, below 2**32, so the product fits int64 (division by invariant
-    integers using multiplication: Granlund & Montgomery, PLDI 1994)."""
-    l = 0
-    while (1 << l) < d:
-        l += 1
-    return d, ((1 << (31 + l)) + d - 1) // d, 31 + l
-
-
-@cuda.jit(device=True, inline="always")
-def _divmod(n, divider):
-    d, multiplier, shift = divider
-    q = (n * multiplier) >> shift
-    return q, n - q * d
-
-
-@cuda.jit(device=True, inline="always")
-def _image_geometry(x):
-    """Dividers by W, H and C of an NHWC image."""
-    return _divider(x.shape[2]), _divider(x.shape[1]), _divider(x.shape[3])
-
-
-@cuda.jit(device=True, inline="always")
-def _kernel_geometry(w):
-    """The divider by Cout of a (KS*KS, Cin, Cout) kernel."""
-    return _divider(w.shape[2])
-
-
-# A pixel and a column of im2col are decoded once into int64 codes (a thread's pixels once per tile, its
-# column once per K slice), so a fetch only unpacks fields: pixel (n, h, w) as n << 32 | h << 16 | w and
-# column (tap, c) as dh << 48 | dw << 32 | c; -1 outside the matrix. Decoding both per element had
-# made the convolutions' tile loads cost as much as their products (11-15 TFLOP/s against the dense
-# products' 25-27 on an H100).
-@cuda.jit(device=True, inline="always")
-def pixel_code(x, geometry, pixel, pixels):
-    by_width, by_height, _ = geometry
-    if pixel >= pixels:
-        return -1
-    row, w = _divmod(pixel, by_width)
-    n, h = _divmod(row, by_height)
-    return (n << 32) | (h << 16) | w
-
-
-def _make_tap_code(size):
-    @cuda.jit(device=True, inline="always")
-    def tap_code(x, geometry, column, columns):
-        if column >= columns:
-            return -1
-        tap, c = _divmod(column, geometry[2])
-        return ((tap // size) << 48) | ((tap % size) << 32) | c
-
-    return tap_code
-
-
-def _make_image_element(load, size):
-    """Device function: im2col(x)[pixel, column] for a size x size kernel from their codes, i.e.
-    x[n, h + dh - P, w + dw - P, c] for pixel (n, h, w) and column (dh, dw, c), zero in the padding."""
-    PAD = size // 2
-
-    @cuda.jit(device=True, inline="always")
-    def element(x, geometry, pixel, column):
-        by_width, by_height, _ = geometry
-        if (pixel | column) < 0:
-            return float32(0)
-        hh = ((pixel >> 16) & 0xFFFF) + (column >> 48) - PAD
-        ww = (pixel & 0xFFFF) + ((column >> 32) & 0xFFFF) - PAD
-        if 0 <= hh < by_height[0] and 0 <= ww < by_width[0]:
-            return load(x[uint64(pixel >> 32), uint64(hh), uint64(ww), uint64(column & 0xFFFFFFFF)])
-        return float32(0)
-
-    return element
-
-
-def image_rows_operand(load, size):
-    """im2col(x) as the A operand of the pixel-row products (forward,
-    backward input): rows are pixels, the summed index is (tap, channel),
-    contiguous along the channel."""
-    element = _make_image_element(load, size)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(x, geometry, pixel, column):
-        return element(x, geometry, pixel, column)
-
-    return Operand(_image_geometry, pixel_code, _make_tap_code(size), fetch, True)
-
-
-def image_columns_operand(load, size):
-    """im2col(x).T as the A operand of the weight gradient: rows are (tap, channel), contiguous along
-    the channel; the summed index is the pixel."""
-    element = _make_image_element(load, size)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(x, geometry, column, pixel):
-        return element(x, geometry, pixel, column)
-
-    return Operand(_image_geometry, _make_tap_code(size), pixel_code, fetch, False)
-
-
-def flipped_kernel_operand(load, size):
-    """w' as the B operand of the input gradient: element ((tap, cout), cin)
-    is w[T-1-tap, cin, cout] of w viewed (T, Cin, Cout), T = size * size
-    (flipping dh and dw reverses the tap index); contiguous along cout. Column code: the flipped
-    tap << 32 | cout."""
-    LAST_TAP = size * size - 1
-
-    @cuda.jit(device=True, inline="always")
-    def column(w, by_outputs, k, K):
-        if k >= K:
-            return -1
-        tap, cout = _divmod(k, by_outputs)
-        return ((LAST_TAP - tap) << 32) | cout
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(w, by_outputs, cin, k):
-        if (cin | k) < 0:
-            return float32(0)
-        return load(w[uint64(k >> 32), uint64(cin), uint64(k & 0xFFFFFFFF)])
-
-    return Operand(_kernel_geometry, gemm.index_code, column, fetch, True)
-
-
 # --- forward: y = act(conv(x, w) + b) --------------------------------------------
 
 @functools.cache
@@ -202,7 +73,7 @@ def _make_conv2d_forward(tile, dtype, size, **jit_options):
     BM, BN, TM, TN, _, _ = gemm._tile_coords(tile)
     load, store = codec(dtype)
     tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), dense_operand(load, False))
-    bias_activation, _ = gemm.make_epilogues(tile, load, store)
+    bias_activation, _ = gemm.make_epilogues(gemm.tile_layout(tile), load, store)
 
     # Block (by, bx) owns pixels by*BM:+BM and output channels bx*BN:+BN of
     # y: its K-split groups sum their shares of the taps x channels, group 0
@@ -239,6 +110,9 @@ def conv2d_forward(x, w, b, y, activation):
     if conv_wide.wide_fits(size, Cin):
         conv_wide.wide_forward(x, w, b, y, activation)
         return
+    if conv_mma.fits(x.dtype, Cin):
+        conv_mma.forward(x, w, b, y, activation)
+        return
     tile = TILES[_pick_tile(pixels, Cout)][0]
     grid, threads = gemm._grid(pixels, Cout, tile)
     _make_conv2d_forward(tile, x.dtype, size)[grid, threads, streams.current()](
@@ -255,7 +129,7 @@ def _make_conv2d_backward_input(tile, dtype, size, dense=False, **jit_options):
     load, store = codec(dtype)
     kernel = dense_operand(load, False) if dense else flipped_kernel_operand(load, size)
     tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), kernel)
-    _, activation_grad = gemm.make_epilogues(tile, load, store)
+    _, activation_grad = gemm.make_epilogues(gemm.tile_layout(tile), load, store)
 
     # Block (by, bx) owns pixels by*BM:+BM and input channels bx*BN:+BN of
     # dx: as a gather over the flipped kernel, each dx[pixel, cin] collects
@@ -329,6 +203,9 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     if flipped is not None:
         kernel = flipped[:K * Cin].reshape(K, Cin)
         flip_kernel(w, kernel)
+        if conv_mma.fits(dy.dtype, Cout):
+            conv_mma.backward_input(dy, kernel, h, dx, activation)
+            return
     else:
         kernel = w.reshape(size * size, Cin, Cout)
     _make_conv2d_backward_input(tile, dy.dtype, size, flipped is not None)[grid, threads, streams.current()](
@@ -340,8 +217,8 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
 @functools.cache
 def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
     load, _ = codec(dtype)
-    return gemm.make_weight_partials(tile, image_columns_operand(load, size), dense_operand(load, False),
-                                     **_launch_options(tile, jit_options))
+    product = gemm._make_tile_product(tile, image_columns_operand(load, size), dense_operand(load, False))
+    return gemm.make_weight_partials(product, gemm.tile_layout(tile), tile[:2], **_launch_options(tile, jit_options))
 
 
 def _weight_plan(x_shape, w_shape):
@@ -364,7 +241,8 @@ def conv2d_backward_weight_workspace(x_shape, w_shape):
     size, _, Cin, Cout = w_shape
     if conv_narrow.fits(size, Cout):
         return conv_narrow.weight_workspace(x_shape, w_shape)
-    return _weight_plan(x_shape, w_shape)[3] * size * size * Cin * Cout
+    most = max(_weight_plan(x_shape, w_shape)[3], conv_mma.weight_plan(x_shape, w_shape)[2])
+    return most * size * size * Cin * Cout
 
 
 def conv2d_backward_weight(x, dy, dw, beta, workspace):
@@ -387,6 +265,10 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
                          "(conv2d_backward_weight_workspace(x.shape, dw.shape))")
     if conv_narrow.fits(size, Cout):
         partials = conv_narrow.narrow_weight_partials(x, dy, size, workspace)
+        gemm.add_chunks(partials, dw.reshape(size * size * Cin * Cout), beta)
+        return
+    if conv_mma.fits(x.dtype):
+        partials = conv_mma.weight_partials(x, dy, size, workspace)
         gemm.add_chunks(partials, dw.reshape(size * size * Cin * Cout), beta)
         return
     name, chunk, chunks, most = _weight_plan(x.shape, dw.shape)

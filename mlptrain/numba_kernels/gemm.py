@@ -80,16 +80,22 @@ def index_code(array, geometry, i, I):
     return i if i < I else -1
 
 
-def dense_operand(load, k_contiguous):
-    """A stored matrix: array[i, k] when k_contiguous, else array[k, i]."""
+@cuda.jit(device=True, inline="always")
+def float_zero():
+    return float32(0)
+
+
+def dense_operand(load, k_contiguous, zero=float_zero):
+    """A stored matrix: array[i, k] when k_contiguous, else array[k, i]; load(element), or zero()
+    outside the matrix."""
     if k_contiguous:
         @cuda.jit(device=True, inline="always")
         def fetch(array, geometry, i, k):
-            return load(array[uint64(i), uint64(k)]) if (i | k) >= 0 else float32(0)
+            return load(array[uint64(i), uint64(k)]) if (i | k) >= 0 else zero()
     else:
         @cuda.jit(device=True, inline="always")
         def fetch(array, geometry, i, k):
-            return load(array[uint64(k), uint64(i)]) if (i | k) >= 0 else float32(0)
+            return load(array[uint64(k), uint64(i)]) if (i | k) >= 0 else zero()
     return Operand(_no_geometry, index_code, index_code, fetch, k_contiguous)
 
 
@@ -293,9 +299,34 @@ def _tile_coords(tile):
     return BM, BN, TM, TN, BN // TN, BM // TM
 
 
-def make_epilogues(tile, load, store):
-    """Device functions that write a thread's TM x TN block of sums (rows owned(m0, ty, TY, i), columns
-    owned(n0, tx, TX, j), clipped to M x N), shared by the dense and the convolution kernels:
+class Layout(NamedTuple):
+    """Which outputs a thread of a tile product holds: acc (TM, TN), acc[i, j] the sum for output row
+    row_of(m0, i) and column col_of(n0, j) of the tile at (m0, n0) (device functions of the thread)."""
+
+    TM: int
+    TN: int
+    row_of: object
+    col_of: object
+
+
+def tile_layout(tile):
+    """The Layout of _make_tile_product's threads (group 0's, which hold the sums)."""
+    _, _, TM, TN, TX, TY = _tile_coords(tile)
+
+    @cuda.jit(device=True, inline="always")
+    def row_of(m0, i):
+        return owned(m0, cuda.threadIdx.x // TX, TY, i)
+
+    @cuda.jit(device=True, inline="always")
+    def col_of(n0, j):
+        return owned(n0, cuda.threadIdx.x % TX, TX, j)
+
+    return Layout(TM, TN, row_of, col_of)
+
+
+def make_epilogues(layout, load, store):
+    """Device functions that write a thread's TM x TN block of sums (rows row_of(m0, i), columns
+    col_of(n0, j) of the Layout, clipped to M x N), shared by the dense and the convolution kernels:
 
     bias_activation(acc, b, y, ...)   y = act(acc + b)        (the forward products)
     activation_grad(acc, h, dx, ...)  dx = acc * act'(h)       (the input-gradient products)
@@ -304,15 +335,14 @@ def make_epilogues(tile, load, store):
     unrolled first loop they would stop it unrolling and push acc out of registers. In fp16 / bf16 the
     value is therefore rounded before that pass too: a second rounding of the same order as the first.
     """
-    _, _, TM, TN, TX, TY = _tile_coords(tile)
+    TM, TN, row_of, col_of = layout
 
     @cuda.jit(device=True, inline="always")
     def bias_activation(acc, b, y, m0, n0, M, N, activation):
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            m = owned(m0, ty, TY, i)
+            m = row_of(m0, i)
             for j in range(TN):
-                n = owned(n0, tx, TX, j)
+                n = col_of(n0, j)
                 if m < M and n < N:
                     z = acc[i, j] + load(b[n])
                     if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
@@ -320,26 +350,25 @@ def make_epilogues(tile, load, store):
                     y[m, n] = store(z)
         if activation == TANH or activation == SIGMOID:
             for i in range(TM):
-                m = owned(m0, ty, TY, i)
+                m = row_of(m0, i)
                 for j in range(TN):
-                    n = owned(n0, tx, TX, j)
+                    n = col_of(n0, j)
                     if m < M and n < N:
                         y[m, n] = store(_squash(load(y[m, n]), activation))
 
     @cuda.jit(device=True, inline="always")
     def activation_grad(acc, h, dx, m0, n0, M, N, activation):
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            m = owned(m0, ty, TY, i)
+            m = row_of(m0, i)
             for j in range(TN):
-                n = owned(n0, tx, TX, j)
+                n = col_of(n0, j)
                 if m < M and n < N:
                     dx[m, n] = store(acc[i, j])
         if activation != NONE:
             for i in range(TM):
-                m = owned(m0, ty, TY, i)
+                m = row_of(m0, i)
                 for j in range(TN):
-                    n = owned(n0, tx, TX, j)
+                    n = col_of(n0, j)
                     if m < M and n < N:
                         dx[m, n] = store(load(dx[m, n]) * _activation_grad(load(h[m, n]), activation))
 
@@ -353,7 +382,7 @@ def _make_linear_forward(tile, dtype, **jit_options):
     BM, BN, TM, TN, _, _ = _tile_coords(tile)
     load, store = codec(dtype)
     tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, False))
-    bias_activation, _ = make_epilogues(tile, load, store)
+    bias_activation, _ = make_epilogues(tile_layout(tile), load, store)
 
     # Block (by, bx) owns y[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of K, group 0 adds them in order and each of its threads
@@ -393,7 +422,7 @@ def _make_linear_backward_input(tile, dtype, **jit_options):
     BM, BN, TM, TN, _, _ = _tile_coords(tile)
     load, store = codec(dtype)
     tile_product = _make_tile_product(tile, dense_operand(load, True), dense_operand(load, True))
-    _, activation_grad = make_epilogues(tile, load, store)
+    _, activation_grad = make_epilogues(tile_layout(tile), load, store)
 
     # Block (by, bx) owns dx[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the N outputs, group 0 adds them in order and each of
@@ -434,9 +463,10 @@ def linear_backward_input(dy, w, h, dx, activation):
 
 @functools.cache
 def _make_linear_backward_weight(tile, dtype, **jit_options):
-    BM, BN, TM, TN, TX, TY = _tile_coords(tile)
+    BM, BN, TM, TN, _, _ = _tile_coords(tile)
     load, _ = codec(dtype)
     tile_product = _make_tile_product(tile, dense_operand(load, False), dense_operand(load, False))
+    _, _, row_of, col_of = tile_layout(tile)
 
     # Block (by, bx) owns dw[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the batch, group 0 adds them in order and each of its
@@ -450,11 +480,10 @@ def _make_linear_backward_weight(tile, dtype, **jit_options):
         acc = cuda.local.array((TM, TN), float32)
         if not tile_product(x, dy, acc, m0, n0, K, N, 0, B):
             return
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            k = owned(m0, ty, TY, i)
+            k = row_of(m0, i)
             for j in range(TN):
-                n = owned(n0, tx, TX, j)
+                n = col_of(n0, j)
                 if k < K and n < N:
                     if beta == float32(0):
                         dw[k, n] = acc[i, j]
@@ -485,17 +514,22 @@ def chunk_plan(samples, rows, columns, tile):
     chunks` (what the workspace is sized for) grows with the samples; rounding the chunk up to
     CHUNK_STEP may leave fewer in use."""
     grid, _ = _grid(rows, columns, tile)
-    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, grid[0] * grid[1])), samples // MIN_CHUNK))
+    return blocks_chunk_plan(samples, grid[0] * grid[1])
+
+
+def blocks_chunk_plan(samples, blocks):
+    """chunk_plan for an output of `blocks` tiles."""
+    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, blocks)), samples // MIN_CHUNK))
     chunk = max(1, math.ceil(samples / most / CHUNK_STEP)) * CHUNK_STEP
     return chunk, max(1, math.ceil(samples / chunk)), most
 
 
-def make_weight_partials(tile, a_operand, b_operand, **jit_options):
+def make_weight_partials(tile_product, layout, block, **jit_options):
     """Kernel (a, dy, partials, chunk): partials[z] = A[:, chunk z] @ dy[chunk z] for the
     (chunks, rows, columns) partials, A the (rows, samples) operand (x.T, or a convolution's
-    im2col(x).T) and dy (samples, columns)."""
-    BM, BN, TM, TN, TX, TY = _tile_coords(tile)
-    tile_product = _make_tile_product(tile, a_operand, b_operand)
+    im2col(x).T) and dy (samples, columns), by a tile product of that Layout over BM x BN blocks."""
+    BM, BN = block
+    TM, TN, row_of, col_of = layout
 
     # Block (by, bx, bz) owns rows by*BM:+BM, columns bx*BN:+BN of chunk bz's
     # partial sum (over samples bz*chunk:+chunk); it alone writes that tile of
@@ -509,11 +543,10 @@ def make_weight_partials(tile, a_operand, b_operand, **jit_options):
         acc = cuda.local.array((TM, TN), float32)
         if not tile_product(a, dy, acc, m0, n0, rows, columns, begin, min(begin + chunk, samples)):
             return
-        tx, ty = cuda.threadIdx.x % TX, cuda.threadIdx.x // TX
         for i in range(TM):
-            r = owned(m0, ty, TY, i)
+            r = row_of(m0, i)
             for j in range(TN):
-                n = owned(n0, tx, TX, j)
+                n = col_of(n0, j)
                 if r < rows and n < columns:
                     partials[cuda.blockIdx.z, r, n] = acc[i, j]
 
@@ -544,7 +577,8 @@ def add_chunks(partials, dw, beta):
 @functools.cache
 def _make_linear_weight_partials(tile, dtype):
     load, _ = codec(dtype)
-    return make_weight_partials(tile, dense_operand(load, False), dense_operand(load, False))
+    product = _make_tile_product(tile, dense_operand(load, False), dense_operand(load, False))
+    return make_weight_partials(product, tile_layout(tile), tile[:2])
 
 
 def linear_backward_weight_workspace(batch, inputs, outputs):

@@ -1,0 +1,150 @@
+"""The convolutions' implicit GEMMs on tensor cores, for bf16 / fp16 storage (CUDA backend).
+
+conv.py's three passes with gemm_mma's tile product in place of gemm's: the
+same im2col operands read as raw 16-bit bits, summed in float32 by mma
+instructions, and the same epilogues and two-pass weight gradient. conv.py
+dispatches here for 16-bit storage when `fits`: the pixel-row passes read
+their im2col side in channel pairs (one uint32 load each), so the channels
+summed must be even; the weight gradient sums pixels and takes any shape.
+
+    forward          y  = act(im2col(x) @ w + b)        A: x viewed (N, H, W, Cin / 2) uint32    B: w (K, Cout)
+    backward input   dx = (im2col(dy) @ w') * act'(h)    A: dy viewed as uint32 pairs             B: flipped w (K, Cin)
+    backward weight  partials = im2col(x).T @ dy         A: x (16-bit)                             B: dy (pixels, Cout)
+
+No atomics: each output is summed by one warp in a fixed order, and the
+weight gradient's chunks are added in chunk order, so results are bitwise
+reproducible. The launchers are the second half of conv's, which have checked
+every argument.
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import config, cuda, float32
+
+from mlptrain.numba_kernels import gemm, gemm_mma, streams
+from mlptrain.numba_kernels.gemm import dense_operand
+from mlptrain.numba_kernels.gemm_mma import bits, bits_zero
+from mlptrain.numba_kernels.im2col import image_columns_operand, image_rows_operand
+from mlptrain.numba_kernels.precision import codec
+
+KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
+TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
+
+
+def fits(dtype, summed=0):
+    """Whether a pass over `dtype` storage runs here: 16-bit storage, and for the pixel-row passes an
+    even number of `summed` channels a tap (the forward's Cin, the input gradient's Cout)."""
+    return np.dtype(dtype) in KINDS and summed % 2 == 0
+
+
+def _grid(rows, columns, tile):
+    BM, BN = tile[:2]
+    return math.ceil(columns / BN), math.ceil(rows / BM)
+
+
+def _options(tile):
+    return {} if config.ENABLE_CUDASIM else {"launch_bounds": (gemm_mma.threads(tile),)}
+
+
+def _pairs(array):
+    """A C-contiguous 16-bit array viewed as uint32 pairs along its last axis."""
+    return array.view(np.uint32)
+
+
+# --- forward: y = act(conv(x, w) + b) --------------------------------------------
+
+@functools.cache
+def _make_forward(tile, dtype, size):
+    BM, BN = tile[:2]
+    layout = gemm_mma.layout(tile)
+    load, store = codec(dtype)
+    tile_product = gemm_mma.make_tile_product(
+        tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    bias_activation, _ = gemm.make_epilogues(layout, load, store)
+
+    # Block (by, bx) owns pixels by*BM:+BM and output channels bx*BN:+BN of y; each warp sums its
+    # part over every (tap, cin) and writes it with bias and activation. No atomics.
+    @cuda.jit(**_options(tile))
+    def conv2d_forward_mma_kernel(x, w, b, y, activation):
+        pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout) as uint16
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        acc = cuda.local.array((layout.TM, layout.TN), float32)
+        if tile_product(x, w, acc, m0, n0, pixels, outputs, 0, w.shape[0]):
+            bias_activation(acc, b, y, m0, n0, pixels, outputs, activation)
+
+    return conv2d_forward_mma_kernel
+
+
+def forward(x, w, b, y, activation):
+    """conv.conv2d_forward on tensor cores; x's Cin even."""
+    N, H, W, Cin = x.shape
+    size, _, _, Cout = w.shape
+    pixels = N * H * W
+    _make_forward(TILE, x.dtype, size)[_grid(pixels, Cout, TILE), gemm_mma.threads(TILE), streams.current()](
+        _pairs(x), w.reshape(size * size * Cin, Cout).view(np.uint16), b, y.reshape(pixels, Cout), activation)
+
+
+# --- backward input: dx = conv(dy, flipped w) * act'(h) ----------------------------
+
+@functools.cache
+def _make_backward_input(tile, dtype, size):
+    BM, BN = tile[:2]
+    layout = gemm_mma.layout(tile)
+    load, store = codec(dtype)
+    tile_product = gemm_mma.make_tile_product(
+        tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    _, activation_grad = gemm.make_epilogues(layout, load, store)
+
+    # Block (by, bx) owns pixels by*BM:+BM and input channels bx*BN:+BN of dx: a gather over the
+    # flipped kernel, each dx[pixel, cin] summed by one warp. No atomics.
+    @cuda.jit(**_options(tile))
+    def conv2d_backward_input_mma_kernel(dy, w, h, dx, activation):
+        pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); w the flipped (KS*KS*Cout, Cin)
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        acc = cuda.local.array((layout.TM, layout.TN), float32)
+        if tile_product(dy, w, acc, m0, n0, pixels, inputs, 0, w.shape[0]):
+            activation_grad(acc, h, dx, m0, n0, pixels, inputs, activation)
+
+    return conv2d_backward_input_mma_kernel
+
+
+def backward_input(dy, flipped, h, dx, activation):
+    """conv.conv2d_backward_input on tensor cores, from the kernel rearranged by conv.flip_kernel
+    into a (KS*KS*Cout, Cin) matrix; dy's Cout even."""
+    N, H, W, Cin = dx.shape
+    size = math.isqrt(flipped.shape[0] // dy.shape[3])
+    pixels = N * H * W
+    _make_backward_input(TILE, dy.dtype, size)[_grid(pixels, Cin, TILE), gemm_mma.threads(TILE), streams.current()](
+        _pairs(dy), flipped.view(np.uint16), h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation)
+
+
+# --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
+
+def weight_plan(x_shape, w_shape):
+    """(chunk, chunks, most chunks) of the pixel chunks (gemm.blocks_chunk_plan)."""
+    N, H, W, Cin = x_shape
+    size, _, _, Cout = w_shape
+    return gemm.blocks_chunk_plan(N * H * W, math.prod(_grid(size * size * Cin, Cout, TILE)))
+
+
+@functools.cache
+def _make_weight_partials(tile, dtype, size):
+    product = gemm_mma.make_tile_product(
+        tile, image_columns_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    return gemm.make_weight_partials(product, gemm_mma.layout(tile), tile[:2], **_options(tile))
+
+
+def weight_partials(x, dy, size, workspace):
+    """The (chunks, KS*KS*Cin * Cout) partial sums of the weight gradient in `workspace`, each over one
+    pixel chunk of weight_plan, for gemm.add_chunks to add."""
+    N, H, W, Cin = x.shape
+    Cout = dy.shape[3]
+    pixels, rows = N * H * W, size * size * Cin
+    chunk, chunks, _ = weight_plan(x.shape, (size, size, Cin, Cout))
+    partials = workspace[:chunks * rows * Cout].reshape(chunks, rows, Cout)
+    gx, gy = _grid(rows, Cout, TILE)
+    _make_weight_partials(TILE, x.dtype, size)[(gx, gy, chunks), gemm_mma.threads(TILE), streams.current()](
+        x.view(np.uint16), dy.reshape(pixels, Cout).view(np.uint16), partials, chunk)
+    return partials.reshape(chunks, rows * Cout)

@@ -1,0 +1,95 @@
+"""One warp-wide tensor-core product, mma.sync m16n8k16 with float32 accumulators (CUDA backend).
+
+Numba emits no mma instruction, so `mma(kind)` returns a device function that
+inlines it as PTX assembly into the kernel's LLVM IR: no nvcc, no NVRTC and no
+linked file, and the fragments stay in registers (a call into linked PTX would
+pass them through local memory). `kind` is "bf16" or "fp16", the format of the
+16-bit inputs, passed as their raw bits two to a uint32.
+
+    d = mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   D (16 x 8) = A (16 x 16) @ B (16 x 8) + C
+
+The 32 lanes of a warp hold the fragments (PTX ISA, "mma.m16n8k16"): with
+g = lane // 4 and t = lane % 4, a0 holds A[g, 2t:2t+2], a1 A[g+8, 2t:2t+2],
+a2 A[g, 2t+8:2t+10], a3 A[g+8, 2t+8:2t+10]; b0 holds B[2t:2t+2, g], b1
+B[2t+8:2t+10, g] (the lower k in the low half-word); c0, c1 are C[g, 2t:2t+2]
+and c2, c3 C[g+8, 2t:2t+2], and d likewise. Every lane of the warp must call
+it together.
+
+On the CUDA simulator the same function trades the fragments through shared
+memory and sums each product in float64 before rounding to float32 (the GPU
+sums a product's 16 terms with its own internal rounding, so results agree to
+float32 rounding, not bit for bit). There every thread of the block must call
+it together: it synchronises the block.
+"""
+
+import numpy as np
+from numba import config, cuda, types
+
+KINDS = ("bf16", "fp16")
+_SHAPE = "m16n8k16.row.col.f32.{0}.{0}.f32"
+_PTX_TYPE = {"bf16": "bf16", "fp16": "f16"}
+
+
+def _decode(bits, kind):
+    """float64 values of the two 16-bit numbers in each uint32 of `bits` (low half first)."""
+    bits = np.asarray(bits, np.uint32)
+    halves = np.stack([bits & 0xFFFF, bits >> 16], axis=-1).astype(np.uint16)
+    if kind == "bf16":
+        return (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return halves.view(np.float16).astype(np.float64)
+
+
+def _simulated(kind):
+    MAX_WARPS = 32  # 1,024 threads a block
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    pair = 2 * t[:, None] + np.arange(2)  # the two k (A) or columns (C) of a register, per lane
+    rows = g[:, None]
+
+    @cuda.jit(device=True)
+    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        lanes = cuda.shared.array((MAX_WARPS, 32, 6), np.uint32)
+        warp, me = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
+        lanes[warp, me, :] = (a0, a1, a2, a3, b0, b1)
+        cuda.syncthreads()
+        values = _decode(lanes[warp], kind)  # (lane, register, half)
+        cuda.syncthreads()
+        a, b = np.zeros((16, 16)), np.zeros((16, 8))
+        a[rows, pair], a[rows + 8, pair] = values[:, 0], values[:, 1]
+        a[rows, pair + 8], a[rows + 8, pair + 8] = values[:, 2], values[:, 3]
+        b[pair, rows], b[pair + 8, rows] = values[:, 4], values[:, 5]
+        d = a[[g[me], g[me] + 8]] @ b[:, pair[me]]
+        return (np.float32(d[0, 0] + c0), np.float32(d[0, 1] + c1),
+                np.float32(d[1, 0] + c2), np.float32(d[1, 1] + c3))
+
+    return mma
+
+
+def _inline(kind):
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    instruction = ("mma.sync.aligned." + _SHAPE.format(_PTX_TYPE[kind])
+                   + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+    @intrinsic
+    def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        signature = types.UniTuple(types.float32, 4)(*([types.uint32] * 6), *([types.float32] * 4))
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            function = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(function, instruction, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            d = builder.call(asm, args)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(d, i) for i in range(4)])
+
+        return signature, codegen
+
+    return mma
+
+
+def mma(kind):
+    """The m16n8k16 tensor-core product for 16-bit inputs of `kind` ("bf16" or "fp16")."""
+    if kind not in KINDS:
+        raise ValueError(f"no tensor-core product for {kind!r} (expected one of {KINDS})")
+    return _simulated(kind) if config.ENABLE_CUDASIM else _inline(kind)
