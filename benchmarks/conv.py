@@ -1,12 +1,14 @@
 """GPU time of each pass of each autoencoder convolution: mlptrain's kernels against cuDNN, one GPU, one run.
 
 The layers of `configs/autoencoder_cifar10.yaml` at batch 256 (3x3, NHWC for mlptrain, NCHW for cuDNN
-with TF32 off), passes forward (with ReLU), input gradient and weight gradient, float32. Each launch
-queues behind a sleep kernel (see gemm.py's `gpu_ms`), median of --repeats after a warm-up. Each of our
-outputs is compared with cuDNN's (max |difference| / max |cuDNN|). `--tiles` also times each candidate
-tile forced on the implicit-GEMM passes: the measurements behind conv.py's tile choice.
+with TF32 off), passes forward (with ReLU), input gradient and weight gradient, in float32 or with
+--precision bf16 / fp16 storage (cuDNN then runs in that format; our weight gradients stay float32).
+Each launch queues behind a sleep kernel (see gemm.py's `gpu_ms`), median of --repeats after a
+warm-up. Each of our outputs is compared with cuDNN's (max |difference| / max |cuDNN|). `--tiles`
+also times each candidate tile forced on the implicit-GEMM passes (the tensor-core tiles of
+MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices.
 
-    python benchmarks/conv.py [--repeats 9] [--tiles] [--json FILE]
+    python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,28 +27,37 @@ BATCH = 256
 LAYERS = [(32, 3, 256), (16, 256, 128), (8, 128, 128), (16, 128, 256), (32, 256, 3)]  # (side, Cin, Cout)
 OPS = ["forward", "backward_input", "backward_weight"]
 CANDIDATES = [(128, 64, 8, 8, 4, 1), (128, 128, 8, 8, 8, 1), (64, 128, 8, 4, 8, 1), (128, 128, 16, 8, 8, 1)]
+MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64, 4, 2), (256, 128, 4, 2)]
 
 
-def tensors(torch, side, cin, cout):
+def tensors(torch, side, cin, cout, dtype):
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape):
-        return torch.rand(*shape, device="cuda", generator=g) * 2 - 1
+        return (torch.rand(*shape, device="cuda", generator=g) * 2 - 1).to(dtype)
 
     x = rand(BATCH, side, side, cin)
     return {"x": x, "w": rand(3, 3, cin, cout) * 0.1, "b": rand(cout), "dy": rand(BATCH, side, side, cout),
-            "h": rand(BATCH, side, side, cin), "y": torch.empty(BATCH, side, side, cout, device="cuda"),
-            "dx": torch.empty(BATCH, side, side, cin, device="cuda"), "dw": torch.empty(3, 3, cin, cout, device="cuda")}
+            "h": rand(BATCH, side, side, cin), "y": torch.empty(BATCH, side, side, cout, device="cuda", dtype=dtype),
+            "dx": torch.empty(BATCH, side, side, cin, device="cuda", dtype=dtype),
+            "dw": torch.empty(3, 3, cin, cout, device="cuda")}
 
 
-def our_launch(cuda, conv, op, t):
+def as_ours(cuda, torch, tensor):
+    """A torch tensor as the numba device array our kernels take (bf16 as its bits in uint16)."""
+    if tensor.dtype == torch.bfloat16:
+        return cuda.as_cuda_array(tensor.view(torch.int16)).view(np.uint16)
+    return cuda.as_cuda_array(tensor)
+
+
+def our_launch(cuda, torch, conv, op, t):
     from mlptrain.activation import RELU
 
-    a = {k: cuda.as_cuda_array(v) for k, v in t.items()}
+    a = {k: as_ours(cuda, torch, v) for k, v in t.items()}
     if op == "forward":
         return "y", lambda: conv.conv2d_forward(a["x"], a["w"], a["b"], a["y"], RELU)
     if op == "backward_input":  # with the buffer the autoencoder gives it
-        flipped = cuda.device_array(a["w"].size, np.float32)
+        flipped = cuda.device_array(a["w"].size, a["w"].dtype)
         return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU, flipped)
     space = cuda.device_array(max(1, conv.conv2d_backward_weight_workspace(a["x"].shape, a["dw"].shape)), np.float32)
     return "dw", lambda: conv.conv2d_backward_weight(a["x"], a["dy"], a["dw"], 0.0, space)
@@ -69,13 +80,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tiles", action="store_true")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     import torch
     from numba import cuda
 
-    from mlptrain.numba_kernels import conv
+    from mlptrain.numba_kernels import conv, conv_mma
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    mma = args.precision != "fp32"
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
@@ -88,27 +103,38 @@ def main() -> None:
     rows = []
     for side, cin, cout in LAYERS:
         for op in OPS:
-            t = tensors(torch, side, cin, cout)
+            t = tensors(torch, side, cin, cout, dtype)
             flops = 2.0 * BATCH * side * side * 9 * cin * cout
             run, finish = cudnn_launch(torch, op, t)
             theirs = gpu_ms(cuda, sleep, run, args.repeats, 5)
-            expected = finish(run()).contiguous()
-            versions = [("ours", None)] + ([(c, c) for c in CANDIDATES] if args.tiles and min(cin, cout) > 8 else [])
+            expected = finish(run()).contiguous().float()
+            candidates = MMA_CANDIDATES if mma else CANDIDATES
+            versions = [("ours", None)] + ([(c, c) for c in candidates] if args.tiles and min(cin, cout) > 8 else [])
             for name, tile in versions:
                 if tile is not None:
-                    conv.TILES["forced"] = (tile, 0)
-                    original, conv._pick_tile = conv._pick_tile, lambda rows, columns, weight=False: "forced"
+                    if mma:
+                        original, conv_mma.TILE = conv_mma.TILE, tile
+                    else:
+                        conv.TILES["forced"] = (tile, 0)
+                        original, conv._pick_tile = conv._pick_tile, lambda rows, columns, weight=False: "forced"
                 try:
-                    out, launch = our_launch(cuda, conv, op, t)
+                    out, launch = our_launch(cuda, torch, conv, op, t)
                     t[out].fill_(float("nan"))
                     ms = gpu_ms(cuda, sleep, launch, args.repeats, 5)
                     launch()
                     torch.cuda.synchronize()
+                except Exception as error:  # a candidate tile that does not build: say so, time the rest
+                    if tile is None:
+                        raise
+                    print(f"{side}x{side} {cin}->{cout} {op} tile {tile}: {str(error).splitlines()[0]}")
+                    continue
                 finally:
-                    if tile is not None:
+                    if tile is not None and mma:
+                        conv_mma.TILE = original
+                    elif tile is not None:
                         conv._pick_tile = original
                         del conv.TILES["forced"]
-                error = float((t[out] - expected).abs().max() / expected.abs().max())
+                error = float((t[out].float() - expected).abs().max() / expected.abs().max())
                 rows.append({"layer": f"{side}x{side} {cin}->{cout}", "op": op,
                              "version": name if tile is None else "x".join(map(str, tile)),
                              "ms": ms, "cudnn_ms": theirs, "tflops": flops / ms / 1e9,

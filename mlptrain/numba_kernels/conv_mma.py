@@ -59,6 +59,7 @@ def _pairs(array):
 def _make_forward(tile, dtype, size):
     BM, BN = tile[:2]
     layout = gemm_mma.layout(tile)
+    TM, TN = layout.TM, layout.TN
     load, store = codec(dtype)
     tile_product = gemm_mma.make_tile_product(
         tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
@@ -70,7 +71,7 @@ def _make_forward(tile, dtype, size):
     def conv2d_forward_mma_kernel(x, w, b, y, activation):
         pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout) as uint16
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        acc = cuda.local.array((layout.TM, layout.TN), float32)
+        acc = cuda.local.array((TM, TN), float32)
         if tile_product(x, w, acc, m0, n0, pixels, outputs, 0, w.shape[0]):
             bias_activation(acc, b, y, m0, n0, pixels, outputs, activation)
 
@@ -92,6 +93,7 @@ def forward(x, w, b, y, activation):
 def _make_backward_input(tile, dtype, size):
     BM, BN = tile[:2]
     layout = gemm_mma.layout(tile)
+    TM, TN = layout.TM, layout.TN
     load, store = codec(dtype)
     tile_product = gemm_mma.make_tile_product(
         tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
@@ -103,7 +105,7 @@ def _make_backward_input(tile, dtype, size):
     def conv2d_backward_input_mma_kernel(dy, w, h, dx, activation):
         pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); w the flipped (KS*KS*Cout, Cin)
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        acc = cuda.local.array((layout.TM, layout.TN), float32)
+        acc = cuda.local.array((TM, TN), float32)
         if tile_product(dy, w, acc, m0, n0, pixels, inputs, 0, w.shape[0]):
             activation_grad(acc, h, dx, m0, n0, pixels, inputs, activation)
 

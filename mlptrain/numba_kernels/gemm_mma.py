@@ -132,18 +132,19 @@ def make_tile_product(tile, a_operand, b_operand, kind):
     prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
     product = mma(kind)
     ROW_STEP = 8 * PITCH  # a fragment's rows g and g + 8
+    A_WORDS, B_WORDS = BM * PITCH, BN * PITCH
 
     if config.ENABLE_CUDASIM:  # the simulator takes no alignment, and tells shared arrays apart by line
         @cuda.jit(device=True, inline="always")
         def slices():
-            As = cuda.shared.array(BM * PITCH, uint32)
-            Bs = cuda.shared.array(BN * PITCH, uint32)
+            As = cuda.shared.array(A_WORDS, uint32)
+            Bs = cuda.shared.array(B_WORDS, uint32)
             return As, Bs
     else:
         @cuda.jit(device=True, inline="always")
         def slices():
-            As = cuda.shared.array(BM * PITCH, uint32, alignment=16)
-            Bs = cuda.shared.array(BN * PITCH, uint32, alignment=16)
+            As = cuda.shared.array(A_WORDS, uint32, alignment=16)
+            Bs = cuda.shared.array(B_WORDS, uint32, alignment=16)
             return As, Bs
 
     @cuda.jit(device=True, inline="always")
