@@ -33,10 +33,18 @@ KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
 TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
 
 
+@functools.cache
+def available():
+    """Whether this GPU has the m16n8k16 bf16 / fp16 mma (compute capability 8.0 on); the simulator
+    emulates it. Older GPUs keep conv's CUDA-core tiles."""
+    return config.ENABLE_CUDASIM or cuda.get_current_device().compute_capability >= (8, 0)
+
+
 def fits(dtype, summed=0):
-    """Whether a pass over `dtype` storage runs here: 16-bit storage, and for the pixel-row passes an
-    even number of `summed` channels a tap (the forward's Cin, the input gradient's Cout)."""
-    return np.dtype(dtype) in KINDS and summed % 2 == 0
+    """Whether a pass over `dtype` storage runs here: 16-bit storage on a GPU with tensor cores, and
+    for the pixel-row passes an even number of `summed` channels a tap (the forward's Cin, the input
+    gradient's Cout)."""
+    return np.dtype(dtype) in KINDS and summed % 2 == 0 and available()
 
 
 def _grid(rows, columns, tile):

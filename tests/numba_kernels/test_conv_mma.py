@@ -144,6 +144,13 @@ def test_tensor_cores_take_16_bit_passes_that_pair_up(monkeypatch):
         calls.clear()
 
 
+def test_gpus_without_tensor_cores_keep_the_cuda_core_tiles(monkeypatch):
+    monkeypatch.setattr(conv_mma, "available", lambda: False)
+    assert not conv_mma.fits(BF16, 2) and not conv_mma.fits(FP16)
+    monkeypatch.undo()
+    assert conv_mma.fits(BF16, 2) and conv_mma.fits(FP16) and not conv_mma.fits(BF16, 3) and not conv_mma.fits(FP32)
+
+
 def test_tiles_must_cover_fragments():
     assert gemm_mma.threads(conv_mma.TILE) == 256 and gemm_mma.threads(MINI_TILE) == 128
     with pytest.raises(ValueError, match="16 x 8 fragments"):
