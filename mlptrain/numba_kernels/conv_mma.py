@@ -61,29 +61,34 @@ def _pairs(array):
     return array.view(np.uint32)
 
 
-# --- forward: y = act(conv(x, w) + b) --------------------------------------------
+# --- the pixel-row passes: forward and backward input ---------------------------------
 
 @functools.cache
-def _make_forward(tile, dtype, size):
+def _make_pixel_rows(tile, dtype, size, backward):
+    """The forward's kernel (x, w, b, y, activation): y = act(im2col(x) @ w + b); with `backward`,
+    the input gradient's (dy, flipped, h, dx, activation): dx = (im2col(dy) @ flipped) * act'(h).
+    The two differ only in their epilogue, which takes the same arguments."""
     BM, BN = tile[:2]
     layout = gemm_mma.layout(tile)
     TM, TN = layout.TM, layout.TN
     load, store = codec(dtype)
     tile_product = gemm_mma.make_tile_product(
         tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
-    bias_activation, _ = gemm.make_epilogues(layout, load, store)
+    bias_activation, activation_grad = gemm.make_epilogues(layout, load, store)
+    epilogue = activation_grad if backward else bias_activation
 
-    # Block (by, bx) owns pixels by*BM:+BM and output channels bx*BN:+BN of y; each warp sums its
-    # part over every (tap, cin) and writes it with bias and activation. No atomics.
+    # Block (by, bx) owns pixels by*BM:+BM and channels bx*BN:+BN of the output; each warp sums its
+    # part over every (tap, summed channel) and writes it through the epilogue. The input gradient
+    # is a gather over the flipped kernel: each dx[pixel, cin] summed by one warp. No atomics.
     @cuda.jit(**_options(tile))
-    def conv2d_forward_mma_kernel(x, w, b, y, activation):
-        pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout) as uint16
+    def conv2d_pixel_rows_mma_kernel(a, w, c, out, activation):
+        pixels, columns = out.shape  # out viewed (N*H*W, C); w (KS*KS*C_summed, C) as uint16
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
-        if tile_product(x, w, acc, m0, n0, pixels, outputs, 0, w.shape[0]):
-            bias_activation(acc, b, y, m0, n0, pixels, outputs, activation)
+        if tile_product(a, w, acc, m0, n0, pixels, columns, 0, w.shape[0]):
+            epilogue(acc, c, out, m0, n0, pixels, columns, activation)
 
-    return conv2d_forward_mma_kernel
+    return conv2d_pixel_rows_mma_kernel
 
 
 def forward(x, w, b, y, activation):
@@ -91,33 +96,8 @@ def forward(x, w, b, y, activation):
     N, H, W, Cin = x.shape
     size, _, _, Cout = w.shape
     pixels = N * H * W
-    _make_forward(TILE, x.dtype, size)[_grid(pixels, Cout, TILE), gemm_mma.threads(TILE), streams.current()](
+    _make_pixel_rows(TILE, x.dtype, size, False)[_grid(pixels, Cout, TILE), gemm_mma.threads(TILE), streams.current()](
         _pairs(x), w.reshape(size * size * Cin, Cout).view(np.uint16), b, y.reshape(pixels, Cout), activation)
-
-
-# --- backward input: dx = conv(dy, flipped w) * act'(h) ----------------------------
-
-@functools.cache
-def _make_backward_input(tile, dtype, size):
-    BM, BN = tile[:2]
-    layout = gemm_mma.layout(tile)
-    TM, TN = layout.TM, layout.TN
-    load, store = codec(dtype)
-    tile_product = gemm_mma.make_tile_product(
-        tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
-    _, activation_grad = gemm.make_epilogues(layout, load, store)
-
-    # Block (by, bx) owns pixels by*BM:+BM and input channels bx*BN:+BN of dx: a gather over the
-    # flipped kernel, each dx[pixel, cin] summed by one warp. No atomics.
-    @cuda.jit(**_options(tile))
-    def conv2d_backward_input_mma_kernel(dy, w, h, dx, activation):
-        pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); w the flipped (KS*KS*Cout, Cin)
-        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        acc = cuda.local.array((TM, TN), float32)
-        if tile_product(dy, w, acc, m0, n0, pixels, inputs, 0, w.shape[0]):
-            activation_grad(acc, h, dx, m0, n0, pixels, inputs, activation)
-
-    return conv2d_backward_input_mma_kernel
 
 
 def backward_input(dy, flipped, h, dx, activation):
@@ -126,7 +106,7 @@ def backward_input(dy, flipped, h, dx, activation):
     N, H, W, Cin = dx.shape
     size = math.isqrt(flipped.shape[0] // dy.shape[3])
     pixels = N * H * W
-    _make_backward_input(TILE, dy.dtype, size)[_grid(pixels, Cin, TILE), gemm_mma.threads(TILE), streams.current()](
+    _make_pixel_rows(TILE, dy.dtype, size, True)[_grid(pixels, Cin, TILE), gemm_mma.threads(TILE), streams.current()](
         _pairs(dy), flipped.view(np.uint16), h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation)
 
 
