@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from mlptrain import step_state
+from mlptrain.optim import step_state
 from mlptrain.precision import from_float32, to_float32
 from tests import reference as ref
 

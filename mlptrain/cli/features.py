@@ -1,5 +1,5 @@
 """`mlptrain extract-features RUN_DIR [--checkpoint best|last] [--layer NAME] [--out FILE] [--batch-size N]`:
-a trained run's encoder over its dataset's train and test parts, written to an .npz (see mlptrain.features)."""
+a trained run's encoder over its dataset's train and test parts, written to an .npz (see mlptrain.probe.features)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def extract_features(
                                              help="images per batch (default: the run's train.eval_batch_size)"),
 ) -> None:
     """Run a trained model's encoder over its dataset; writes train_x, train_y, test_x, test_y to an .npz."""
-    from mlptrain.features import check_output, extract_features as extract, load_run, resolve_layer, save_features
+    from mlptrain.probe.features import (check_output, extract_features as extract, load_run, resolve_layer,
+                                         save_features)
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     resolve_layer(config, layer)

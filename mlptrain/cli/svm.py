@@ -26,8 +26,8 @@ def svm(
     out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="default: svm.json beside FEATURES"),
 ) -> None:
     """Train a linear SVM on train_x/train_y of a features file and evaluate it on test_x/test_y."""
-    from mlptrain.features import check_output, load_features
-    from mlptrain.svm import parse_c_values, svm_report
+    from mlptrain.probe.features import check_output, load_features
+    from mlptrain.probe.svm import parse_c_values, svm_report
 
     cs = parse_c_values(c)
     iterations = positive_int(max_iter, "--max-iter")

@@ -16,7 +16,7 @@ from mlptrain.config import config_from_dict
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, check_inputs
 from mlptrain.runs import check_run_name
-from mlptrain.sweep_file import load_sweep
+from mlptrain.sweep.spec import load_sweep
 from mlptrain.tracking import console
 
 
@@ -60,9 +60,9 @@ def sweep(
                                 "are several)"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
-    from mlptrain import sweep as engine  # Optuna takes half a second to import: only this command pays
-    from mlptrain.sweep_report import results_table, trial_rows, write_results
-    from mlptrain.sweep_workers import run_workers
+    from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
+    from mlptrain.sweep.report import results_table, trial_rows, write_results
+    from mlptrain.sweep.workers import run_workers
 
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [], resolve_base)

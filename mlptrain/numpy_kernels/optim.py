@@ -2,20 +2,20 @@
 
 The same three calls as the CUDA backend: `reduce.sum_of_squares`,
 `finish_step` (the very rules the CUDA kernel compiles, from
-`mlptrain.step_state`) and one in-place update that reads its scalars from the
+`mlptrain.optim.step_state`) and one in-place update that reads its scalars from the
 step state. The formulas are documented in `mlptrain.optim.optimizers`.
 """
 
 import numpy as np
 
-from mlptrain import step_state
+from mlptrain.optim import step_state
 from mlptrain.precision import from_float32
-from mlptrain.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
+from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
 
 def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                 dynamic_scaling, growth_factor, backoff_factor, growth_interval):
-    """See `mlptrain.step_state.finish_step`."""
+    """See `mlptrain.optim.step_state.finish_step`."""
     step_state.finish_step(partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
                            bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
                            float(growth_interval))

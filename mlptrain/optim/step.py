@@ -2,7 +2,7 @@
 
 Three launches: the gradient's sum of squares, `finish_step` (loss scaling,
 skipping, clipping, the schedule's lr, bias corrections: see
-`mlptrain.step_state.finish_step`) and the optimizer's fused update. Their
+`mlptrain.optim.step_state.finish_step`) and the optimizer's fused update. Their
 scalars travel through the step state on the device, so the loop never
 waits for the host; the host reads the state where it synchronises anyway.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlptrain import step_state as slots
+from mlptrain.optim import step_state as slots
 from mlptrain.errors import UserError
 from mlptrain.optim.optimizers import Optimizer
 

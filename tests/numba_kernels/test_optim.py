@@ -7,7 +7,7 @@ from numba import cuda
 
 from mlptrain import numpy_kernels
 from mlptrain.numba_kernels import optim, reduce
-from mlptrain.step_state import LOSS_SCALE, LR_FACTOR, SIZE
+from mlptrain.optim.step_state import LOSS_SCALE, LR_FACTOR, SIZE
 from tests import kernel_cases as cases
 from tests import reference as ref
 from tests.kernel_cases import buffers, close

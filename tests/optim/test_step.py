@@ -7,7 +7,7 @@ Mostly on the CPU backend; the CUDA backend (simulator in CI) runs the same rule
 import numpy as np
 import pytest
 
-from mlptrain import step_state as slots
+from mlptrain.optim import step_state as slots
 from mlptrain.backend import CpuBackend
 from mlptrain.config import LossScaleConfig
 from mlptrain.nn.params import FlatBuffer, Layout

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.errors import UserError
-from mlptrain.features import FeatureSet
+from mlptrain.probe.features import FeatureSet
 
 SEED = 0  # the held-out split and liblinear's coordinate order
 HELD_OUT = 0.2

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.table import Table
 
 from mlptrain.config import config_to_dict
-from mlptrain.sweep_file import PER_EPOCH_METRICS
+from mlptrain.sweep.spec import PER_EPOCH_METRICS
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
 _ORDER = {"complete": 0, "pruned": 1, "running": 2, "waiting": 3, "failed": 4}

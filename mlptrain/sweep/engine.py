@@ -33,8 +33,8 @@ from optuna.trial import TrialState
 
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, create_run
-from mlptrain.sweep_file import METRICS, Sweep
-from mlptrain.sweep_report import format_metric, format_params, log_hparams
+from mlptrain.sweep.spec import METRICS, Sweep
+from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.tracking import console
 
 HEARTBEAT_S = 10  # how often a running trial says it is alive

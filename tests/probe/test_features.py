@@ -14,7 +14,7 @@ from mlptrain.checkpoint import load_checkpoint
 from mlptrain.config import load_config
 from mlptrain.data import load_dataset
 from mlptrain.data.loader import whole_split
-from mlptrain.features import encode_split, extract_features
+from mlptrain.probe.features import encode_split, extract_features
 from mlptrain.nn import make_model, model_dataset
 from mlptrain.precision import float32_from_bf16, from_float32
 from tests.conftest import DATA_DIR

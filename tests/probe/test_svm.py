@@ -13,8 +13,8 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from mlptrain.features import extract_features, load_features
-from mlptrain.svm import parse_c_values, svm_report
+from mlptrain.probe.features import extract_features, load_features
+from mlptrain.probe.svm import parse_c_values, svm_report
 
 
 def direct_fit(x, y, c, standardize=True, max_iter=1000):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mlptrain.backend import cuda_usable
-from mlptrain.sweep_report import format_metric, format_params, trial_rows
+from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.tracking import console
 
 POLL_S = 2

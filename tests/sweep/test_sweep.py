@@ -18,13 +18,13 @@ import pytest
 import typer
 import yaml
 
-import mlptrain.sweep as engine
+from mlptrain.sweep import engine
 import mlptrain.train
 from mlptrain.cli.configs import builtin_configs
 from mlptrain.cli.sweep import builtin_sweeps, resolve_base, sweep
 from mlptrain.data import DATASETS, ImageDataset
 from mlptrain.errors import UserError
-from mlptrain.sweep_file import load_sweep
+from mlptrain.sweep.spec import load_sweep
 from tests.cli.test_cli import REPO
 
 FAST = ["backend=cpu", "train.epochs=1", "model.hidden=[16]", "data.val_size=100", "train.batch_size=100",
