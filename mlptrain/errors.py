@@ -1,5 +1,18 @@
-"""The one exception type a user should ever see: a clear, one-line message."""
+"""The exceptions a user may see, each printed by the CLI as one clear line (no traceback)."""
 
 
 class UserError(Exception):
     """Bad input (config, flags, data, checkpoints): printed as one line, exit code 2."""
+
+
+class TrainingDiverged(UserError):
+    """The loss or the parameters became NaN or infinite; the last good checkpoint is kept."""
+
+
+class TrainingInterrupted(UserError):
+    """Training stopped on a signal after writing a resumable checkpoint; exits 128 + the signal number
+    (130 for Ctrl-C), as a shell reports a process killed by it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum

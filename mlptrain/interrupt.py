@@ -13,18 +13,7 @@ import signal
 import sys
 import threading
 
-from mlptrain.errors import UserError
-
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class TrainingInterrupted(UserError):
-    """Training stopped on a signal after writing a resumable checkpoint; exits 128 + the signal number
-    (130 for Ctrl-C), as a shell reports a process killed by it."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_code = 128 + signum
 
 
 class StopOnSignal:

@@ -24,7 +24,7 @@ import numpy as np
 
 from mlptrain.checkpoint import load_checkpoint
 from mlptrain.config import Config, load_config, parse_override
-from mlptrain.errors import UserError
+from mlptrain.errors import TrainingDiverged, UserError
 
 
 @dataclass(frozen=True)
@@ -45,42 +45,43 @@ class Resume:
     position: Position
 
 
-def checkpoint_arrays(s, position: Position) -> dict[str, np.ndarray]:
-    """The checkpoint of session `s` at `position`. Raises TrainingDiverged rather than store non-finite
-    parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
-    from mlptrain.train import TrainingDiverged
-
-    arrays = s.model.params.to_host_dict(prefix="params/")
+def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
+                      best_metric: str) -> dict[str, np.ndarray]:
+    """The checkpoint at `position` of the parts of a run that evolve: the model's parameters, the
+    optimizer step (its device state and the optimizer's), the plateau schedule (or None); `best_metric`
+    names the metric that picks the `best` checkpoint. Raises TrainingDiverged rather than store
+    non-finite parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
+    arrays = model.params.to_host_dict(prefix="params/")
     if not all(np.isfinite(value).all() for value in arrays.values()):
-        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {s.step.read()['steps']}; "
-                               f"the learning rate optim.lr={s.config.optim.lr} is likely too high")
-    arrays.update(s.step.state_dict())
-    if s.plateau is not None:
-        arrays.update(s.plateau.state_dict())
+        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {step.read()['steps']}; "
+                               f"the learning rate optim.lr={config.optim.lr} is likely too high")
+    arrays.update(step.state_dict())
+    if plateau is not None:
+        arrays.update(plateau.state_dict())
     arrays["meta/epoch"] = np.array(position.epoch, np.int64)
     arrays["meta/window"] = np.array(position.window, np.int64)
-    arrays["meta/seed"] = np.array(s.config.seed, np.int64)
+    arrays["meta/seed"] = np.array(config.seed, np.int64)
     best = np.nan if position.best is None else position.best
-    arrays[f"meta/best_{s.selection[0]}"] = np.array(best, np.float64)
+    arrays[f"meta/best_{best_metric}"] = np.array(best, np.float64)
     return arrays
 
 
-def restore(s, resume: Resume) -> Position:
-    """Load a checkpoint into session `s`; raises UserError (naming the file) when it belongs to
-    another model or run."""
+def restore(resume: Resume, model, step, plateau, best_metric: str, steps_per_epoch: int) -> Position:
+    """Load a checkpoint into the parts `checkpoint_arrays` saves; raises UserError (naming the file)
+    when it belongs to another model or run."""
     try:
-        s.model.load_parameters(resume.arrays, prefix="params/")  # also refreshes the fp16/bf16 compute copy
-        s.step.load_state_dict(resume.arrays)
-        if s.plateau is not None:
-            s.plateau.load_state_dict(resume.arrays)
-        key = f"meta/best_{s.selection[0]}"
+        model.load_parameters(resume.arrays, prefix="params/")  # also refreshes the fp16/bf16 compute copy
+        step.load_state_dict(resume.arrays)
+        if plateau is not None:
+            plateau.load_state_dict(resume.arrays)
+        key = f"meta/best_{best_metric}"
         if key not in resume.arrays:
             raise UserError(f"checkpoint: '{key}' is missing")
     except UserError as err:
         raise UserError(f"{resume.path}: {err}; was it written by another model or config?") from None
-    if resume.position.window >= s.steps_per_epoch:
+    if resume.position.window >= steps_per_epoch:
         raise UserError(f"{resume.path}: meta/window {resume.position.window} is beyond the epoch's "
-                        f"{s.steps_per_epoch} optimizer steps")
+                        f"{steps_per_epoch} optimizer steps")
     best = float(resume.arrays[key])
     return Position(resume.position.epoch, resume.position.window, None if math.isnan(best) else best)
 

@@ -26,18 +26,13 @@ import numpy as np
 from mlptrain.checkpoint import save_checkpoint
 from mlptrain.config import Config, config_to_dict
 from mlptrain.data.loader import ResidentSplit, epoch_order, resident_splits
-from mlptrain.errors import UserError
-from mlptrain.interrupt import TrainingInterrupted
+from mlptrain.errors import TrainingDiverged, TrainingInterrupted
 from mlptrain.nn import input_scale_shift, make_model, model_dataset
 from mlptrain.precision import to_float32
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.runs import write_yaml
 from mlptrain.tracking import RunLogger, console, training_progress, write_json
-
-
-class TrainingDiverged(UserError):
-    """The loss became NaN or infinite."""
 
 
 @dataclass
@@ -198,7 +193,8 @@ def train(config: Config, backend, dataset, run_dir: Path, on_evaluation=None, r
     s.stop = stop
     start = Position()
     if resume is not None:
-        start = restore(s, resume)  # before anything is written: a mismatched checkpoint changes nothing
+        # before anything is written: a mismatched checkpoint changes nothing
+        start = restore(resume, s.model, s.step, s.plateau, s.selection[0], s.steps_per_epoch)
         write_yaml(run_dir / "config.yaml", config_to_dict(config))  # train.epochs may have grown
         console.print(f"resuming {run_dir} after epoch {start.epoch}"
                       f"{f' and {start.window} steps' if start.window else ''}")
@@ -318,10 +314,15 @@ def fit(s: Session, logger: RunLogger, run_dir: Path, on_evaluation=None, start:
 
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished) and raise TrainingInterrupted."""
-    save_checkpoint(run_dir / "checkpoints" / "last.npz", checkpoint_arrays(s, position))
+    save_checkpoint(run_dir / "checkpoints" / "last.npz", _checkpoint(s, position))
     epoch = position.epoch + (1 if position.window else 0)
     raise TrainingInterrupted(f"interrupted at epoch {epoch} step {s.step.read()['steps']}; "
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
+
+
+def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint of `s` at `position` (see mlptrain.resume.checkpoint_arrays)."""
+    return checkpoint_arrays(s.model, s.step, s.plateau, position, s.config, s.selection[0])
 
 
 def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best: float | None) -> dict:
@@ -352,7 +353,7 @@ def _end_of_epoch(s: Session, logger: RunLogger, run_dir: Path, epoch: int, best
     is_best = best is None or (record[key] > best if higher_is_better else record[key] < best)
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs
     if save_last or is_best:
-        arrays = checkpoint_arrays(s, Position(epoch, 0, record[key] if is_best else best))
+        arrays = _checkpoint(s, Position(epoch, 0, record[key] if is_best else best))
         if save_last:
             save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
         if is_best:

@@ -14,13 +14,12 @@ import mlptrain.train as train_module
 from mlptrain.backend import CpuBackend
 from mlptrain.checkpoint import load_checkpoint
 from mlptrain.config import config_to_dict
-from mlptrain.errors import UserError
-from mlptrain.interrupt import TrainingInterrupted
+from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim import Plateau
 from mlptrain.resume import prepare_resume
 from mlptrain.runs import write_yaml
-from mlptrain.train import TrainingDiverged, train
+from mlptrain.train import train
 from tests.test_accumulation import make_config, synthetic_dataset
 
 STEPS_PER_EPOCH = 4  # 900 training images in windows of 64 x 4
