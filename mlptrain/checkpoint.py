@@ -7,24 +7,23 @@ load with `np.load(path, allow_pickle=False)`.
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from mlptrain.atomic import atomic_write
 from mlptrain.errors import UserError
 
 
 def save_checkpoint(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Temporary file, flush, fsync, rename: a kill at any instant leaves the previous file intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    """Written atomically (mlptrain.atomic): a kill at any instant leaves the previous file intact."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{path.parent}: cannot create it ({err.strerror or err})") from None
+    with atomic_write(path, binary=True) as f:
         np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from mlptrain.atomic import write_text
 from mlptrain.errors import UserError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -43,6 +44,4 @@ def create_run_dir(runs_dir: Path, name: str | None, stem: str) -> Path:
 
 
 def write_yaml(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_text(path, yaml.safe_dump(data, sort_keys=False))

@@ -9,6 +9,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from mlptrain.atomic import write_text
+
 console = Console(stderr=True)
 
 
@@ -50,9 +52,8 @@ class RunLogger:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
-    tmp.replace(path)
+    """Top-level non-finite floats become null (JSON has no NaN); written atomically."""
+    write_text(path, json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
 
 
 def training_progress() -> Progress:

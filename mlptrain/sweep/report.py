@@ -6,11 +6,11 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 from rich.table import Table
 
+from mlptrain.atomic import write_text
 from mlptrain.config import config_to_dict
 from mlptrain.sweep.spec import PER_EPOCH_METRICS
 
@@ -56,17 +56,11 @@ def _plain(value):
     return value
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several workers may write at once
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_results(sweep_dir: Path, sweep, rows: list[dict]) -> None:
     top = best(rows, sweep.direction)
     results = {"sweep": sweep_dir.name, "method": sweep.method, "metric": sweep.metric,
                "direction": sweep.direction, "best": top["number"] if top else None, "trials": rows}
-    _write_atomically(sweep_dir / "results.json", json.dumps(_plain(results), indent=2) + "\n")
+    write_text(sweep_dir / "results.json", json.dumps(_plain(results), indent=2) + "\n")
     names = [p.name for p in sweep.parameters]
     out = io.StringIO()
     writer = csv.writer(out)
@@ -75,7 +69,7 @@ def write_results(sweep_dir: Path, sweep, rows: list[dict]) -> None:
         params = [_csv_value(row["params"].get(n)) for n in names]
         writer.writerow([row["number"], row["state"], _csv_value(row["value"]), *params, row["run_dir"] or "",
                          row["error"] or ""])
-    _write_atomically(sweep_dir / "results.csv", out.getvalue())
+    write_text(sweep_dir / "results.csv", out.getvalue())
 
 
 def _csv_value(value) -> str:

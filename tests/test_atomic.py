@@ -1,0 +1,58 @@
+"""mlptrain.atomic: a file is replaced whole or not at all, and its data reach the disk before the rename."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from mlptrain import atomic
+from mlptrain.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.errors import UserError
+from mlptrain.runs import write_yaml
+from mlptrain.tracking import write_json
+
+
+def test_the_new_content_replaces_the_file_after_an_fsync(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    path.write_text("old")
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append("fsync") or real_fsync(fd))
+    monkeypatch.setattr(atomic.os, "replace", lambda a, b: events.append("replace") or real_replace(a, b))
+    write_json(path, {"test_acc": 0.5, "val_loss": float("nan")})
+    assert events == ["fsync", "replace"]
+    assert path.read_text() == '{\n  "test_acc": 0.5,\n  "val_loss": null\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_an_error_while_writing_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("old")
+    with pytest.raises(KeyError):
+        with atomic.atomic_write(path) as file:
+            file.write("half a file")
+            raise KeyError("boom")
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_checkpoint_survives(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.npz"
+    save_checkpoint(path, {"params/w": np.arange(3.0)})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    with pytest.raises(UserError, match=r"last\.npz: cannot write it \(No space left on device\)"):
+        save_checkpoint(path, {"params/w": np.zeros(3)})
+    np.testing.assert_array_equal(load_checkpoint(path)["params/w"], np.arange(3.0))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.npz"]
+
+
+def test_an_unwritable_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="not-a-folder/config.yaml: cannot write it"):
+        write_yaml(blocker / "config.yaml", {"seed": 0})
