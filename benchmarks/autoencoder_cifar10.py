@@ -4,7 +4,7 @@ Both train the model of `configs/autoencoder_cifar10.yaml` (conv3x3 3-256-128 + 
 decoder with nearest 2x upsampling, MSE on pixels / 255) with Adam (lr 1e-3) on the CIFAR-10 training
 images found under $MLPTRAIN_DATA_DIR (the shared subset: 4,585 after the validation split), the whole
 set resident on the GPU as uint8 and each batch gathered and scaled on the device. mlptrain runs its own
-optimizer steps (`mlptrain.train.train_step`); PyTorch the plain eager loop, NCHW, cuDNN autotuning on,
+optimizer steps (`mlptrain.window.TrainingWindow.run`); PyTorch the plain eager loop, NCHW, cuDNN autotuning on,
 TF32 off, with autocast (+ GradScaler for fp16) for the mixed-precision rows. Each is warmed up for one
 epoch, then timed over --epochs epochs; the table shows the median epoch's images/s.
 
@@ -41,7 +41,7 @@ def mlptrain_rates(dataset, args, batch, precision) -> list[float]:
     from mlptrain.backend import get_backend
     from mlptrain.config import config_from_dict
     from mlptrain.data.loader import epoch_order
-    from mlptrain.train import build_session, train_step
+    from mlptrain.session import build_session
 
     config = config_from_dict({
         "backend": "cuda", "seed": 0, "data": {"dataset": "cifar10", "val_size": 500},
@@ -53,11 +53,11 @@ def mlptrain_rates(dataset, args, batch, precision) -> list[float]:
     s = build_session(config, backend, dataset)
     rates = []
     for epoch in range(args.epochs + 1):
-        backend.copy_from_host(s.order, epoch_order(s.train, config.seed, epoch + 1))
+        backend.copy_from_host(s.window.order, epoch_order(s.train, config.seed, epoch + 1))
         backend.synchronize()
         t0 = time.perf_counter()
         for start in range(0, s.train.size, batch):
-            train_step(s, start, min(batch, s.train.size - start))
+            s.window.run(start, min(batch, s.train.size - start))
         backend.synchronize()
         rates.append(s.train.size / (time.perf_counter() - t0))
     loss = float(backend.to_host(s.row_loss).astype(np.float64).mean())

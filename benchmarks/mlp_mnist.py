@@ -27,7 +27,8 @@ import numpy as np
 def mlptrain_epochs(dataset, args, precision) -> list[float]:
     from mlptrain.backend import get_backend
     from mlptrain.config import config_from_dict
-    from mlptrain.train import build_session, train_epoch
+    from mlptrain.session import build_session
+    from mlptrain.train import train_epoch
 
     config = config_from_dict({
         "backend": "cuda", "seed": 0,

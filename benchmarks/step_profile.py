@@ -85,7 +85,7 @@ def main() -> None:
     from mlptrain.config import config_from_dict
     from mlptrain.data import load_dataset
     from mlptrain.data.loader import epoch_order
-    from mlptrain.train import build_session, train_step
+    from mlptrain.session import build_session
 
     config = config_from_dict({
         "backend": "cuda", "seed": 0, "data": {"dataset": "cifar10", "val_size": 500},
@@ -96,7 +96,7 @@ def main() -> None:
     })
     backend = get_backend("cuda")
     s = build_session(config, backend, load_dataset("cifar10"))
-    backend.copy_from_host(s.order, epoch_order(s.train, config.seed, 1))
+    backend.copy_from_host(s.window.order, epoch_order(s.train, config.seed, 1))
 
     @cuda.jit
     def sleep(rounds):
@@ -104,10 +104,10 @@ def main() -> None:
             cuda.nanosleep(100000)
 
     for _ in range(3):
-        train_step(s, 0, args.batch)
+        s.window.run(0, args.batch)
     backend.synchronize()
     t0 = time.perf_counter()
-    train_step(s, 0, args.batch)
+    s.window.run(0, args.batch)
     queueing = time.perf_counter() - t0
     backend.synchronize()
     rounds = max(40, int(2 * queueing / 100e-6))
@@ -120,7 +120,7 @@ def main() -> None:
             sleep[1, 1](rounds)
             first, last = cuda.event(), cuda.event()
             first.record()
-            train_step(s, 0, args.batch)
+            s.window.run(0, args.batch)
             last.record()
             last.synchronize()
         finally:

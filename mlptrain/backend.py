@@ -16,11 +16,12 @@ from mlptrain.errors import UserError
 class CpuBackend:
     name = "cpu"
 
-    def __init__(self):
+    def __init__(self, fallback: str | None = None):
         from mlptrain import numpy_kernels
 
         self.kernels = numpy_kernels
         self.device_name = "cpu (NumPy)"
+        self.fallbacks = [fallback] if fallback else []  # why this backend runs instead of the one asked for
 
     def empty(self, shape, dtype=np.float32):
         return np.empty(shape, dtype)
@@ -44,6 +45,10 @@ class CpuBackend:
         """A replayable recording of the launches `record()` makes, or None where there is none (here)."""
         return None
 
+    def graphs_unavailable(self) -> str | None:
+        """Why `capture` records nothing (None: it records)."""
+        return "the cpu backend launches no CUDA kernels"
+
 
 class CudaBackend:
     name = "cuda"
@@ -58,6 +63,7 @@ class CudaBackend:
         numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
         self._cuda = cuda
         self.kernels = numba_kernels
+        self.fallbacks = []
         raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
         self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -86,22 +92,46 @@ class CudaBackend:
 
         return streams.Graph(record) if streams.graphs_supported() else None
 
+    def graphs_unavailable(self) -> str | None:
+        """Why `capture` records nothing (None: it records)."""
+        from numba import config
 
-def cuda_usable() -> bool:
+        from mlptrain.numba_kernels import streams
+
+        if streams.graphs_supported():
+            return None
+        if config.ENABLE_CUDASIM:
+            return "the CUDA simulator cannot capture graphs"
+        return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
+
+
+def cuda_unusable_reason() -> str | None:
+    """None when a GPU is usable, else why not, on one line (the driver's own words where it has some)."""
     try:
         from numba import cuda
 
-        return bool(cuda.is_available())
-    except Exception:  # a broken driver or toolkit means: not usable
-        return False
+        if cuda.is_available():
+            return None
+        len(cuda.gpus)  # raises the driver's reason, which is_available() swallows
+        return "numba found no CUDA GPU"
+    except Exception as err:  # a missing or broken driver or toolkit means: not usable, and this is why
+        return " ".join(str(err).split()).rstrip(" :") or type(err).__name__
+
+
+def cuda_usable() -> bool:
+    return cuda_unusable_reason() is None
 
 
 def get_backend(name: str):
-    """`auto` picks CUDA when a GPU is usable, else the CPU."""
+    """`auto` picks CUDA when a GPU is usable, else the CPU, noting why in the backend's `fallbacks` (a
+    run warns of them once it starts, after every refusal, and records them in summary.json)."""
     if name == "cpu":
         return CpuBackend()
     if name == "auto":
-        return CudaBackend() if cuda_usable() else CpuBackend()
+        reason = cuda_unusable_reason()
+        if reason is None:
+            return CudaBackend()
+        return CpuBackend(fallback=f"backend auto: no usable GPU ({reason}); running on the CPU")
     if name == "cuda":
         if not cuda_usable():
             raise UserError("backend=cuda: no usable NVIDIA GPU or CUDA driver was found; use backend=cpu or backend=auto")

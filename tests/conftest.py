@@ -62,13 +62,14 @@ def tiny_runs(tmp_path_factory):
     from mlptrain.cli.configs import resolve_config
     from mlptrain.config import load_config
     from mlptrain.experiment import Resources, create_run
+    from mlptrain.session import build_session
     from mlptrain.train import train
 
     runs_dir, resources, out = tmp_path_factory.mktemp("tiny") / "runs", Resources(), {}
     for name, (config_name, overrides) in TINY_RUNS.items():
         overrides = ["backend=cpu", "train.epochs=1", f"data.root={DATA_DIR}", *overrides]
         config = load_config(resolve_config(config_name), overrides)
-        backend, dataset = resources.prepare(config)
+        session = build_session(config, *resources.prepare(config))
         out[name] = create_run(config, runs_dir, name, config_name)
-        train(config, backend, dataset, out[name])
+        train(session, out[name])
     return out

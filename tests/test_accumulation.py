@@ -16,7 +16,8 @@ from mlptrain.backend import CpuBackend, CudaBackend
 from mlptrain.config import config_from_dict
 from mlptrain.data import ImageDataset
 from mlptrain.data.loader import epoch_order
-from mlptrain.train import build_session, steps_per_epoch, train, train_epoch, train_step
+from mlptrain.session import build_session, steps_per_epoch
+from mlptrain.train import train, train_epoch
 
 TRAIN, VAL, SIDE, CLASSES = 1000, 100, 8, 4
 TRAIN_SIZE = TRAIN - VAL  # 900 = 3 x 256 + 132
@@ -81,9 +82,9 @@ def test_window_gradient_is_the_large_batch_gradient(start, rows):
         config = make_config(batch_size, accum)
         session = build_session(config, CpuBackend(), dataset)
         order = epoch_order(session.train, config.seed, 1)
-        session.backend.copy_from_host(session.order, order)
+        session.window.start_epoch(order)
         params = session.model.params.to_host_dict()
-        train_step(session, start, rows)
+        session.window.run(start, rows)
         grads[batch_size, accum] = session.model.grads.to_host_dict()
     expected = reference_gradient(params, dataset, order[start:start + rows], session.model.widths)
     large = grads[256, 1]
@@ -181,7 +182,7 @@ def test_train_writes_the_step_bookkeeping_to_summary_json(tmp_path, precision, 
     config = make_config(64, 4, **options)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    returned = train(config, CpuBackend(), synthetic_dataset(), run_dir)
+    returned = train(build_session(config, CpuBackend(), synthetic_dataset()), run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary == json.loads(json.dumps(returned))
     windows = 3 * 4

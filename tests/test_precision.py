@@ -8,7 +8,8 @@ import pytest
 from mlptrain.backend import CpuBackend
 from mlptrain.precision import (STORAGE, bf16_from_float32, float32_from_bf16, from_float32, precision_of,
                                 round_to_storage, to_float32)
-from mlptrain.train import build_session, evaluate, train_epoch
+from mlptrain.session import build_session
+from mlptrain.train import train_epoch
 from tests.test_accumulation import make_config, synthetic_dataset
 
 ALL_BF16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -188,11 +189,11 @@ def test_cuda_cast_launcher_checks():
 def train_run(precision, epochs=3):
     config = make_config(64, 2, optim={"name": "adamw", "lr": 0.01, "weight_decay": 0.01}, precision=precision)
     session = build_session(config, CpuBackend(), synthetic_dataset())
-    before = evaluate(session, session.val)[0]
+    before = session.evaluator.evaluate(session.val)[0]
     reads = []
     for epoch in range(1, epochs + 1):
         train_epoch(session, epoch, reads.append)
-    return session, before, evaluate(session, session.val)[0], reads
+    return session, before, session.evaluator.evaluate(session.val)[0], reads
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -10,7 +10,6 @@ import signal
 import numpy as np
 import pytest
 
-import mlptrain.train as train_module
 from mlptrain.backend import CpuBackend
 from mlptrain.checkpoint import load_checkpoint
 from mlptrain.config import config_to_dict
@@ -19,7 +18,9 @@ from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim import Plateau
 from mlptrain.resume import prepare_resume
 from mlptrain.runs import write_yaml
+from mlptrain.session import build_session
 from mlptrain.train import train
+from mlptrain.window import TrainingWindow
 from tests.test_accumulation import make_config, synthetic_dataset
 
 STEPS_PER_EPOCH = 4  # 900 training images in windows of 64 x 4
@@ -49,15 +50,15 @@ class StopAfterSteps:
 
     def __init__(self, monkeypatch, steps):
         self.signum, self.steps = None, steps
-        step = train_module.train_step
+        step = TrainingWindow.run
 
-        def counting_step(*args):
-            step(*args)
+        def counting_step(window, *args):
+            step(window, *args)
             self.steps -= 1
             if self.steps == 0:
                 self.signum = signal.SIGINT
 
-        monkeypatch.setattr(train_module, "train_step", counting_step)
+        monkeypatch.setattr(TrainingWindow, "run", counting_step)
 
 
 def new_run(tmp_path, name, config):
@@ -84,13 +85,13 @@ def test_a_stopped_and_resumed_run_ends_bitwise_where_an_uninterrupted_one_does(
     stop_after = stop_epoch * STEPS_PER_EPOCH + (2 if mid_epoch else 0)
     dataset = synthetic_dataset()
     whole = new_run(tmp_path, "whole", config_for(case))
-    expected = train(config_for(case), CpuBackend(), dataset, whole)
+    expected = train(build_session(config_for(case), CpuBackend(), dataset), whole)
 
     stopped = new_run(tmp_path, "stopped", config_for(case))
     with monkeypatch.context() as patch:
         stop = StopAfterSteps(patch, stop_after)
         with pytest.raises(TrainingInterrupted) as info:
-            train(config_for(case), CpuBackend(), dataset, stopped, stop=stop)
+            train(build_session(config_for(case), CpuBackend(), dataset), stopped, stop=stop)
     assert info.value.exit_code == 130
     epoch = stop_epoch + mid_epoch
     assert f"interrupted at epoch {epoch} step" in str(info.value) and f"--resume {stopped}" in str(info.value)
@@ -98,7 +99,7 @@ def test_a_stopped_and_resumed_run_ends_bitwise_where_an_uninterrupted_one_does(
     assert (int(saved["meta/epoch"]), int(saved["meta/window"])) == (stop_epoch, 2 if mid_epoch else 0)
 
     config, resume = prepare_resume(stopped, [])
-    resumed = train(config, CpuBackend(), dataset, stopped, resume=resume)
+    resumed = train(build_session(config, CpuBackend(), dataset), stopped, resume=resume)
     assert_same_checkpoint(stopped / "checkpoints" / "last.npz", whole / "checkpoints" / "last.npz")
     if "plateau" in case:  # so the plateau's state mattered
         assert load_checkpoint(whole / "checkpoints" / "last.npz")["plateau/multiplier"] < 1
@@ -115,13 +116,13 @@ def test_extending_train_epochs_continues_a_finished_run(tmp_path):
     """A constant schedule does not depend on the run's length: 2 epochs then 2 more equal 4."""
     dataset = synthetic_dataset()
     whole = new_run(tmp_path, "whole", make_config(64, 4, epochs=4))
-    train(make_config(64, 4, epochs=4), CpuBackend(), dataset, whole)
+    train(build_session(make_config(64, 4, epochs=4), CpuBackend(), dataset), whole)
     short = new_run(tmp_path, "short", make_config(64, 4, epochs=2))
-    train(make_config(64, 4, epochs=2), CpuBackend(), dataset, short)
+    train(build_session(make_config(64, 4, epochs=2), CpuBackend(), dataset), short)
     with pytest.raises(UserError, match="already trained 2 epochs"):
         prepare_resume(short, [])
     config, resume = prepare_resume(short, ["train.epochs=4"])
-    summary = train(config, CpuBackend(), dataset, short, resume=resume)
+    summary = train(build_session(config, CpuBackend(), dataset), short, resume=resume)
     assert summary["optimizer_steps"] == 4 * STEPS_PER_EPOCH and len(summary["grad_norm_history"]) == 16
     assert_same_checkpoint(short / "checkpoints" / "last.npz", whole / "checkpoints" / "last.npz")
     assert "epochs: 4" in (short / "config.yaml").read_text()
@@ -152,14 +153,14 @@ def test_resume_needs_a_run_with_a_checkpoint(tmp_path):
 def test_a_checkpoint_of_another_model_is_one_clear_error(tmp_path):
     dataset = synthetic_dataset()
     run_dir = new_run(tmp_path, "run", make_config(64, 4, epochs=1))
-    train(make_config(64, 4, epochs=1), CpuBackend(), dataset, run_dir)
+    train(build_session(make_config(64, 4, epochs=1), CpuBackend(), dataset), run_dir)
     other = config_to_dict(make_config(64, 4, epochs=2))
     other["model"]["hidden"] = [16, 8]
     write_yaml(run_dir / "config.yaml", other)
     config, resume = prepare_resume(run_dir, [])
     before = (run_dir / "metrics.jsonl").read_text()
     with pytest.raises(UserError) as info:
-        train(config, CpuBackend(), dataset, run_dir, resume=resume)
+        train(build_session(config, CpuBackend(), dataset), run_dir, resume=resume)
     message = str(info.value)
     assert "last.npz" in message and "fc2.weight has shape (16, 12)" in message and "\n" not in message
     assert (run_dir / "metrics.jsonl").read_text() == before  # nothing written
@@ -200,7 +201,7 @@ def test_a_diverging_run_names_the_step_and_keeps_its_last_good_checkpoint(tmp_p
                          epochs=3)
     run_dir = new_run(tmp_path, "run", config)
     with pytest.raises(TrainingDiverged) as info:
-        train(config, CpuBackend(), synthetic_dataset(), run_dir)
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run_dir)
     message = str(info.value)
     assert "optimizer step" in message and "optim.lr=0.05 is likely too high" in message
     last = load_checkpoint(run_dir / "checkpoints" / "last.npz")
@@ -214,7 +215,8 @@ def test_an_interrupt_after_divergence_does_not_checkpoint_nan_parameters(tmp_pa
     config = make_config(64, 4, {"name": "sgd", "lr": 1e6}, epochs=2, log_every=1000)
     run_dir = new_run(tmp_path, "run", config)
     with pytest.raises(TrainingDiverged, match="non-finite by optimizer step 3"):
-        train(config, CpuBackend(), synthetic_dataset(), run_dir, stop=StopAfterSteps(monkeypatch, 3))
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run_dir,
+              stop=StopAfterSteps(monkeypatch, 3))
     assert not (run_dir / "checkpoints" / "last.npz").exists()
 
 

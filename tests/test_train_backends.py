@@ -8,7 +8,8 @@ from mlptrain.backend import CpuBackend, CudaBackend
 from mlptrain.config import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.tracking import console
-from mlptrain.train import build_session, evaluate, train_epoch
+from mlptrain.session import build_session
+from mlptrain.train import train_epoch
 from tests.conftest import ON_SIMULATOR
 
 OPTIMIZERS = [{"name": "sgd", "lr": 0.1}, {"name": "momentum", "lr": 0.05},
@@ -32,7 +33,7 @@ def one_epoch_on_both_backends(config, dataset):
         session = build_session(config, backend, dataset)
         reads = []
         train_epoch(session, 1, reads.append)
-        results.append((session.model.params.to_host_dict(), reads, evaluate(session, session.val)))
+        results.append((session.model.params.to_host_dict(), reads, session.evaluator.evaluate(session.val)))
     return results
 
 
@@ -124,9 +125,9 @@ def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
         reads = []
         for epoch in (1, 2):
             train_epoch(session, epoch, reads.append)
-        assert (session.graph is not None) == graphs
+        assert (session.window.graph is not None) == graphs
         runs.append(({**session.model.params.to_host_dict(), **session.step.state_dict()},
-                     [(r["step"], r["loss"], r["grad_norm"]) for r in reads], evaluate(session, session.val)))
+                     [(r["step"], r["loss"], r["grad_norm"]) for r in reads], session.evaluator.evaluate(session.val)))
     (arrays, reads, val), (eager_arrays, eager_reads, eager_val) = runs
     for name in eager_arrays:
         np.testing.assert_array_equal(arrays[name], eager_arrays[name], err_msg=name)
@@ -150,7 +151,7 @@ def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
         session = build_session(config, backend, dataset)
         with console.capture() as printed:
             train_epoch(session, 1, lambda window: None)
-        assert session.graph is None and session.graph_tried
+        assert session.window.graph is None and session.window.graph_tried
         assert ("no CUDA graph (cuStreamBeginCapture failed" in printed.get()) == refuse
         results.append(session.model.params.to_host_dict())
     for name in results[0]:

@@ -1,5 +1,6 @@
-"""`mlptrain run CONFIG [KEY=VALUE ...]` or `mlptrain run --resume RUN_DIR [train.epochs=N]`: validate
-everything, then create (or reopen) the run directory and train. Ctrl-C or SIGTERM stops after the
+"""`mlptrain run CONFIG [KEY=VALUE ...]` or `mlptrain run --resume RUN_DIR [train.epochs=N]`: build the
+config, the data and the model (every refusal happens there), then create (or reopen) the run directory
+and train. Ctrl-C or SIGTERM stops after the
 current optimizer step with a checkpoint to resume from."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def run(
                                                                  "train.epochs"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
+    from mlptrain.session import build_session
     from mlptrain.train import train
 
     overrides = overrides or []
@@ -40,7 +42,7 @@ def run(
             raise UserError("--resume continues a run in its own directory; drop --name")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
-        backend, dataset = Resources().prepare(cfg)
+        session = build_session(cfg, *Resources().prepare(cfg))
         run_dir = resume
     else:
         if config is None:
@@ -49,10 +51,10 @@ def run(
         cfg = load_config(path, overrides)
         if name is not None:
             check_run_name(name)
-        backend, dataset = Resources().prepare(cfg)
+        session = build_session(cfg, *Resources().prepare(cfg))  # before anything is written
         run_dir = create_run(cfg, runs_dir, name, path.stem)
     with StopOnSignal() as stop:
-        summary = train(cfg, backend, dataset, run_dir, resume=start, stop=stop)
+        summary = train(session, run_dir, resume=start, stop=stop)
     table = Table("metric", "value")
     for key in ("test_acc", "test_loss", "val_acc", "test_mse", "val_mse", "mean_image_mse", "epochs",
                 "optimizer_steps", "samples_per_s", "wall_s"):

@@ -30,6 +30,7 @@ from mlptrain.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.config import Config, load_config
 from mlptrain.data.loader import ResidentSplit, whole_split
 from mlptrain.errors import UserError
+from mlptrain.fallbacks import warn
 from mlptrain.precision import to_float32
 
 CHECKPOINTS = ("best", "last")
@@ -155,6 +156,8 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     backend, dataset = Resources().prepare(config)
     dataset = model_dataset(config, dataset)
     model = load_model(config, path, backend, dataset, batch)
+    for note in backend.fallbacks:  # after every refusal: an error stays one line
+        warn(note)
     scale, shift = input_scale_shift(model, dataset)
     splits = {"train": whole_split(backend, dataset.train_images, dataset.train_labels),
               "test": whole_split(backend, dataset.test_images, dataset.test_labels)}

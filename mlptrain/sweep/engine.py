@@ -253,10 +253,11 @@ def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Pa
 
 
 def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources) -> dict:
+    from mlptrain.session import build_session
     from mlptrain.train import train
 
     attempt.config = sweep.trial_config(attempt.params, "its config")
-    backend, dataset = resources.prepare(attempt.config)
+    session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder
     attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial")
     trial.set_user_attr("run_dir", str(attempt.run_dir))
     worse = "below" if sweep.direction == "maximize" else "above"
@@ -270,7 +271,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
                 raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} is {worse} "
                                          "the other trials' median")
 
-    summary = train(attempt.config, backend, dataset, attempt.run_dir, on_evaluation)
+    summary = train(session, attempt.run_dir, on_evaluation)
     value = summary.get(sweep.metric)
     if sweep.metric not in summary:
         raise UserError(f"the run reports no {sweep.metric} (its metrics: "

@@ -52,6 +52,8 @@ def test_configs_show_prints_yaml(tmp_path):
     (["adam_mnist", "--name", "/tmp/x"], "--name '/tmp/x'"),
     (["adam_mnist", "data.val_size=60000", "backend=cpu"], "data.val_size"),
     (["adam_mnist", "backend=cpu", "data.root=nowhere"], "MLPTRAIN_DATA_DIR"),
+    # refused when the model is built, after the config and the data: still before the run directory
+    (["autoencoder_cifar10", "backend=cpu", "model.channels=[4,4,4,4,4,4]"], "model.channels: 6 conv"),
 ])
 def test_bad_input_fails_cleanly_and_writes_nothing(tmp_path, data_dir, args, fragment):
     result = mlptrain("run", *args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path,
@@ -69,6 +71,23 @@ def test_cuda_without_gpu_says_so(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert_clean_failure(result, "backend=cuda")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not ON_SIMULATOR, reason="a real GPU is present")
+def test_auto_without_gpu_warns_once_and_records_it(tmp_path, data_dir):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    result = subprocess.run([sys.executable, "-m", "mlptrain", "run", "adam_mnist", "train.epochs=1",
+                             "model.hidden=[8]", "train.batch_size=500", "--name", "auto",
+                             "--runs-dir", str(tmp_path / "runs")],
+                            cwd=tmp_path, env={**env, "MLPTRAIN_DATA_DIR": str(data_dir)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: backend auto: no usable GPU ("), result.stderr
+    summary = json.loads((tmp_path / "runs" / "auto" / "summary.json").read_text())
+    assert summary["backend"] == "cpu" and summary["device"] == "cpu (NumPy)"
+    assert summary["fallbacks"] == [warnings[0].removeprefix("warning: ")]
+    assert summary["dataset"] == {"name": "mnist", "train": 55000, "val": 5000, "test": 10000, "subset": False}
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from mlptrain.backend import CpuBackend
 from mlptrain.config import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.nn.autoencoder import ConvAutoencoder, autoencoder_convs
-from mlptrain.train import build_session, evaluate, train_epoch
+from mlptrain.session import build_session
+from mlptrain.train import train_epoch
 from tests.conftest import ON_SIMULATOR
 from tests.nn.test_mlp_gradients import central_difference
 from tests.test_train_backends import assert_one_epoch_is_bitwise_repeatable_on_the_gpu, one_epoch_on_both_backends
@@ -111,10 +112,10 @@ def test_cuda_graph_matches_numpy_graph(rng):
 def test_training_lowers_the_reconstruction_error(rng):
     dataset = tiny_images(rng, side=8, train=64)
     session = build_session(autoencoder_config(), CpuBackend(), dataset)
-    before = evaluate(session, session.val)[0]
+    before = session.evaluator.evaluate(session.val)[0]
     for epoch in range(1, 4):
         train_epoch(session, epoch, lambda window: None)
-    assert evaluate(session, session.val)[0] < 0.7 * before
+    assert session.evaluator.evaluate(session.val)[0] < 0.7 * before
 
 
 @pytest.mark.real_gpu

@@ -52,9 +52,9 @@ def trains(monkeypatch):
     """The list of configs `train` was called with, in order."""
     calls, real = [], mlptrain.train.train
 
-    def counting(config, *args, **kwargs):
-        calls.append(config)
-        return real(config, *args, **kwargs)
+    def counting(session, *args, **kwargs):
+        calls.append(session.config)
+        return real(session, *args, **kwargs)
 
     monkeypatch.setattr(mlptrain.train, "train", counting)
     return calls
@@ -118,10 +118,10 @@ def test_an_invalid_combination_fails_only_its_trial(tmp_path, tiny_mnist):
 def test_resume_after_ctrl_c_runs_only_what_is_missing(tmp_path, tiny_mnist, trains, monkeypatch):
     real = mlptrain.train.train
 
-    def interrupted_third(config, *args, **kwargs):
+    def interrupted_third(session, *args, **kwargs):
         if len(trains) == 2:
             raise KeyboardInterrupt
-        return real(config, *args, **kwargs)
+        return real(session, *args, **kwargs)
 
     monkeypatch.setattr(mlptrain.train, "train", interrupted_third)
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]})

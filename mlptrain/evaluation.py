@@ -1,0 +1,84 @@
+"""Evaluation: a model's mean loss and accuracy over a whole split (the autoencoder's reconstruction
+MSE), each epoch's evaluation record, and the autoencoder's reconstruction grid and mean-image baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlptrain.precision import to_float32
+from mlptrain.tracking import console
+
+
+class Evaluator:
+    """Per-sample result buffers for the largest split evaluated, allocated once, and the passes over a
+    split in `eval_batch_size` batches."""
+
+    def __init__(self, backend, model, eval_batch_size: int, rows: int, scale: float, shift: float):
+        self.backend, self.model, self.batch_size = backend, model, eval_batch_size
+        self.scale, self.shift = scale, shift
+        self.classifies = model.task == "classification"
+        self.row_loss = backend.empty((max(rows, 1),))
+        self.row_correct = backend.empty((max(rows, 1),), np.int32)
+        self.unit_scale = backend.to_device(np.ones(1, np.float64))  # a loss scale of 1: the gradient is discarded
+
+    def evaluate(self, split) -> tuple[float, float]:
+        """(mean loss, accuracy) over a whole split, in eval-sized batches; for the autoencoder the loss
+        is the reconstruction MSE and the accuracy NaN."""
+        gather = self.backend.kernels.data.gather_batch
+        for start in range(0, split.size, self.batch_size):
+            rows = min(self.batch_size, split.size - start)
+            x, labels = self.model.batch(rows)
+            gather(split.images, split.labels, split.device_index, start, x, labels, self.scale, self.shift)
+            self.model.forward(rows)
+            self.model.loss(rows, self.row_loss, self.row_correct, start, 0.0, self.unit_scale)
+        if split.size == 0:
+            return float("nan"), float("nan")
+        return self.mean_loss_and_accuracy(self.row_loss, self.row_correct, 0, split.size)
+
+    def mean_loss_and_accuracy(self, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
+        """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64
+        (the accuracy is NaN for a model without one)."""
+        loss = self.backend.to_host(row_loss[lo:hi]).astype(np.float64).mean()
+        acc = self.backend.to_host(row_correct[lo:hi]).mean() if self.classifies else np.nan
+        return float(loss), float(acc)
+
+    def epoch_record(self, val, test, epoch: int, step: int, logger) -> dict:
+        """Evaluate on val and test; log the metrics (TensorBoard, metrics.jsonl, one console line, and
+        the autoencoder's reconstructions) and return the record."""
+        val_loss, val_acc = self.evaluate(val)
+        test_loss, test_acc = self.evaluate(test)
+        if self.classifies:
+            record = {"epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
+                      "test_loss": test_loss, "test_acc": test_acc}
+            logger.scalars(step, {"val/loss": val_loss, "val/acc": val_acc, "test/loss": test_loss,
+                                  "test/acc": test_acc})
+            console.print(f"epoch {epoch}: val loss {val_loss:.4f} acc {val_acc:.4f} | test loss {test_loss:.4f} "
+                          f"acc {test_acc:.4f}")
+        else:
+            record = {"epoch": epoch, "step": step, "val_mse": val_loss, "test_mse": test_loss}
+            logger.scalars(step, {"val/mse": val_loss, "test/mse": test_loss})
+            logger.image("test/reconstructions", self.reconstruction_grid(test), step)
+            console.print(f"epoch {epoch}: val mse {val_loss:.5f} | test mse {test_loss:.5f}")
+        logger.evaluation(record)
+        return record
+
+    def reconstruction_grid(self, split, count: int = 8) -> np.ndarray:
+        """The first `count` images of `split` (top row) above their reconstructions, (2H, count*W, C) in
+        [0, 1]."""
+        rows = min(count, split.size)
+        x, labels = self.model.batch(rows)
+        self.backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, 0, x, labels,
+                                               self.scale, self.shift)
+        self.model.forward(rows)
+        h, w, c = self.model.height, self.model.width, self.model.image_channels
+        images = to_float32(self.backend.to_host(x)).reshape(rows, h, w, c)
+        recon = to_float32(self.backend.to_host(self.model.reconstruction(rows))).reshape(rows, h, w, c)
+        grid = np.concatenate([np.concatenate(list(images), axis=1), np.concatenate(list(recon), axis=1)], axis=0)
+        return np.clip(grid, 0.0, 1.0)
+
+
+def mean_image_mse(dataset) -> float:
+    """The baseline a reconstruction must beat: the test MSE (pixels / 255) of predicting the mean training
+    image for every test image."""
+    mean = dataset.train_images.mean(axis=0, dtype=np.float64) / 255.0
+    return float(np.mean((dataset.test_images / 255.0 - mean) ** 2))

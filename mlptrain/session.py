@@ -1,0 +1,97 @@
+"""What a training run works on, built once before anything is written: the model, its optimizer step,
+the data resident on the device, and the buffers of the training window and of evaluation.
+
+Building it is where a config meets its data and its model, so every refusal of that meeting (a model
+the dataset cannot feed, a validation split too large, ...) happens here, before a run directory exists.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlptrain.config import Config
+from mlptrain.data.loader import ResidentSplit, resident_splits
+from mlptrain.evaluation import Evaluator
+from mlptrain.fallbacks import subset_note
+from mlptrain.nn import input_scale_shift, make_model, model_dataset
+from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
+from mlptrain.window import TrainingWindow
+
+
+@dataclass
+class Session:
+    """Everything the loop works on, allocated once before the first step."""
+
+    config: Config
+    backend: object
+    dataset: object  # the ImageDataset as loaded (the summary's dataset record and baselines read it)
+    model: object  # mlptrain.nn.MLP or ConvAutoencoder
+    step: OptimizerStep
+    plateau: Plateau | None
+    train: ResidentSplit
+    val: ResidentSplit
+    test: ResidentSplit
+    window: TrainingWindow
+    evaluator: Evaluator
+    started: float = field(default_factory=time.perf_counter)  # when building began: wall_s counts from here
+    stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """What runs instead of what was asked, known before the first step: the backend's (auto on the
+        CPU) and the dataset's (a subset). mlptrain.fallbacks says which others there are."""
+        return [note for note in (*self.backend.fallbacks, subset_note(self.dataset)) if note]
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop is not None and bool(self.stop.signum)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps (windows) per epoch: ceil(micro-batches / grad_accum_steps)."""
+        return steps_per_epoch(self.train.size, self.config.train)
+
+    @property
+    def classifies(self) -> bool:
+        """A classifier reports loss and accuracy; the autoencoder its reconstruction MSE."""
+        return self.model.task == "classification"
+
+    @property
+    def selection(self) -> tuple[str, bool]:
+        """The validation metric that picks the `best` checkpoint, and whether higher is better."""
+        return ("val_acc", True) if self.classifies else ("val_mse", False)
+
+
+def steps_per_epoch(train_size: int, train_config) -> int:
+    micro_batches = -(-train_size // train_config.batch_size)
+    return -(-micro_batches // train_config.grad_accum_steps)
+
+
+def build_session(config: Config, backend, dataset) -> Session:
+    """The session of `config` on `backend`; raises UserError where the config, the data and the model
+    do not fit together."""
+    started = time.perf_counter()
+    loaded, dataset = dataset, model_dataset(config, dataset)
+    train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)
+    rows = max(config.train.batch_size, config.train.eval_batch_size)
+    model = make_model(config, backend, dataset, rows)
+    model.init_parameters(np.random.default_rng(config.seed))
+    per_epoch = steps_per_epoch(train.size, config.train)
+    total_steps = config.train.epochs * per_epoch
+    schedule = make_schedule(config.schedule, config.optim.lr, total_steps, per_epoch)
+    # pixel -> (pixel / 255 - mean) / std (classifiers) or pixel / 255 (autoencoder), one multiply-add
+    scale, shift = input_scale_shift(model, dataset)
+    loss_scaling = LossScaling(**vars(config.train.loss_scale)) if config.train.precision == "fp16" else None
+    step = OptimizerStep(make_optimizer(config.optim, backend, model.params), backend,
+                         lr_table(schedule, total_steps), total_steps, config.train.clip_grad_norm, loss_scaling)
+    return Session(
+        config=config, backend=backend, dataset=loaded, model=model, step=step,
+        plateau=Plateau(config.schedule, config.optim.lr) if config.schedule.name == "plateau" else None,
+        train=train, val=val, test=test,
+        window=TrainingWindow(backend, model, step, train, scale, shift, config.train),
+        evaluator=Evaluator(backend, model, config.train.eval_batch_size, max(val.size, test.size), scale, shift),
+        started=started,
+    )
