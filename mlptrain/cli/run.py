@@ -1,7 +1,6 @@
 """`mlptrain run CONFIG [KEY=VALUE ...]` or `mlptrain run --resume RUN_DIR [train.epochs=N]`: build the
 config, the data and the model (every refusal happens there), then create (or reopen) the run directory
-and train. Ctrl-C or SIGTERM stops after the
-current optimizer step with a checkpoint to resume from."""
+and train. Ctrl-C or SIGTERM stops after the current optimizer step with a checkpoint to resume from."""
 
 from __future__ import annotations
 
