@@ -59,7 +59,7 @@ def our_launch(cuda, torch, conv, op, t):
     if op == "backward_input":  # with the buffer the autoencoder gives it
         flipped = cuda.device_array(a["w"].size, a["w"].dtype)
         return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU, flipped)
-    space = cuda.device_array(max(1, conv.conv2d_backward_weight_workspace(a["x"].shape, a["dw"].shape)), np.float32)
+    space = cuda.device_array(max(1, conv.conv2d_backward_weight_workspace(a["x"].shape, a["dw"].shape, a["x"].dtype)), np.float32)
     return "dw", lambda: conv.conv2d_backward_weight(a["x"], a["dy"], a["dw"], 0.0, space)
 
 
@@ -87,7 +87,7 @@ def main() -> None:
     import torch
     from numba import cuda
 
-    from mlptrain.numba_kernels import conv, conv_mma
+    from mlptrain.numba_kernels import conv, conv_mma, conv_plan
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     mma = args.precision != "fp32"
@@ -115,8 +115,8 @@ def main() -> None:
                     if mma:
                         original, conv_mma.TILE = conv_mma.TILE, tile
                     else:
-                        conv.TILES["forced"] = (tile, 0)
-                        original, conv._pick_tile = conv._pick_tile, lambda rows, columns, weight=False: "forced"
+                        conv_plan.TILES["forced"] = (tile, 0)
+                        original, conv_plan.pick_tile = conv_plan.pick_tile, lambda rows, columns, weight=False: "forced"
                 try:
                     out, launch = our_launch(cuda, torch, conv, op, t)
                     t[out].fill_(float("nan"))
@@ -132,8 +132,8 @@ def main() -> None:
                     if tile is not None and mma:
                         conv_mma.TILE = original
                     elif tile is not None:
-                        conv._pick_tile = original
-                        del conv.TILES["forced"]
+                        conv_plan.pick_tile = original
+                        del conv_plan.TILES["forced"]
                 error = float((t[out].float() - expected).abs().max() / expected.abs().max())
                 rows.append({"layer": f"{side}x{side} {cin}->{cout}", "op": op,
                              "version": name if tile is None else "x".join(map(str, tile)),

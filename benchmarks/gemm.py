@@ -89,7 +89,7 @@ def our_launch(cuda, gemm, op, t, candidate=None):
         _KERNELS[key] = factory(tile, np.dtype(np.float32), **options)
     kernel = _KERNELS[key]
     rows, columns = a["out"].shape
-    grid, threads = gemm._grid(rows, columns, tile)
+    grid, threads = gemm.launch_grid(rows, columns, tile)
     if op == "forward":
         return lambda: kernel[grid, threads](a["x"], a["w"], a["b"], a["out"], 1)
     if op == "backward_input":

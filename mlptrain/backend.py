@@ -49,6 +49,9 @@ class CpuBackend:
         """Why `capture` records nothing (None: it records)."""
         return "the cpu backend launches no CUDA kernels"
 
+    def start_compilers(self):
+        """NumPy needs no compiling."""
+
 
 class CudaBackend:
     name = "cuda"
@@ -84,6 +87,13 @@ class CudaBackend:
 
     def synchronize(self):
         self._cuda.synchronize()
+
+    def start_compilers(self):
+        """On a machine with no compiled kernels yet, start the processes that will compile them, so that
+        they start while the data loads (numba_kernels.kernel_cache)."""
+        from mlptrain.numba_kernels import kernel_cache
+
+        kernel_cache.start_workers_if_cold()
 
     def capture(self, record):
         """The launches `record()` makes, captured (not run) as a CUDA graph whose `replay()` queues them all

@@ -24,16 +24,19 @@ class Evaluator:
     def evaluate(self, split) -> tuple[float, float]:
         """(mean loss, accuracy) over a whole split, in eval-sized batches; for the autoencoder the loss
         is the reconstruction MSE and the accuracy NaN."""
-        gather = self.backend.kernels.data.gather_batch
         for start in range(0, split.size, self.batch_size):
-            rows = min(self.batch_size, split.size - start)
-            x, labels = self.model.batch(rows)
-            gather(split.images, split.labels, split.device_index, start, x, labels, self.scale, self.shift)
-            self.model.forward(rows)
-            self.model.loss(rows, self.row_loss, self.row_correct, start, 0.0, self.unit_scale)
+            self.launch_batch(split, start, min(self.batch_size, split.size - start))
         if split.size == 0:
             return float("nan"), float("nan")
         return self.mean_loss_and_accuracy(self.row_loss, self.row_correct, 0, split.size)
+
+    def launch_batch(self, split, start: int, rows: int) -> None:
+        """Gather, forward and per-sample loss of split rows [start, start + rows)."""
+        x, labels = self.model.batch(rows)
+        self.backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, start, x, labels,
+                                               self.scale, self.shift)
+        self.model.forward(rows)
+        self.model.loss(rows, self.row_loss, self.row_correct, start, 0.0, self.unit_scale)
 
     def mean_loss_and_accuracy(self, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
         """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64

@@ -32,10 +32,13 @@ class Resources:
         check_val_size(self._datasets[key], config.data.val_size)
         return self._datasets[key]
 
-    def prepare(self, config: Config):
-        """(backend, dataset) for `config`; raises UserError."""
+    def prepare(self, config: Config, start_compilers: bool = False):
+        """(backend, dataset) for `config`; raises UserError. start_compilers: on a GPU with no compiled
+        kernels yet, start the compile workers before loading the data (a run that will train)."""
         if config.backend not in self._backends:
             self._backends[config.backend] = get_backend(config.backend)
+            if start_compilers:
+                self._backends[config.backend].start_compilers()
         return self._backends[config.backend], self.dataset(config)
 
 

@@ -45,7 +45,7 @@ def run_summary(s: Session, run_name: str, last: dict, best: float | None, throu
 
 def fallbacks(s: Session) -> list[str]:
     """The warning line of every fallback this run took (see mlptrain.fallbacks)."""
-    return [*s.fallbacks, *([s.window.fallback] if s.window.fallback else [])]
+    return [*s.fallbacks, *s.notes, *([s.window.fallback] if s.window.fallback else [])]
 
 
 def hparams(config: Config, summary: dict, classifies: bool) -> tuple[dict, dict]:

@@ -38,6 +38,7 @@ class Session:
     evaluator: Evaluator
     started: float = field(default_factory=time.perf_counter)  # when building began: wall_s counts from here
     stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
+    notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.compilation)
 
     @property
     def fallbacks(self) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.checkpoint import save_checkpoint
+from mlptrain.compilation import compile_kernels, kernel_records
 from mlptrain.config import config_to_dict
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted
@@ -45,6 +46,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     s.stop = stop
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
+    records = {**compile_kernels(s), **(records or {})}
     logger = RunLogger(run_dir)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window) as monitor:
@@ -59,7 +61,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                     on_evaluation(last)
                 if s.stop_requested and epoch < s.config.train.epochs:
                     _stop(s, run_dir, Position(epoch, 0, best))
-        summary = run_summary(s, run_dir.name, last, best, monitor.throughput(), records or {})
+        summary = run_summary(s, run_dir.name, last, best, monitor.throughput(), {**records, **kernel_records(s, run_dir.name)})
         logger.hparams(*hparams(s.config, summary, s.classifies))
     finally:
         logger.close()

@@ -17,6 +17,8 @@ go one by one; on a CUDA backend that is a fallback (one warning line, recorded 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from mlptrain.fallbacks import warn
@@ -39,6 +41,7 @@ class TrainingWindow:
         self.graph_tried = not train_config.cuda_graphs  # nothing to try when they are off
         self.graphs_off = None if train_config.cuda_graphs else "train.cuda_graphs is false"
         self.fallback: str | None = None  # the warning line when a CUDA backend runs without a graph
+        self.first_step_at: float | None = None  # time.time() when the first step was queued (summary.json)
 
     def start_epoch(self, order: np.ndarray) -> None:
         """Load the epoch's order (a host copy, then a synchronisation: the loop's clock starts after it)."""
@@ -60,6 +63,13 @@ class TrainingWindow:
                 self.graph_tried = True
                 self._capture(rows)
         self.cursor_at = start + rows
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+
+    def plan(self, rows: int) -> None:
+        """The launches of a window of `rows` samples, for kernel_cache.planning to record (they do not run
+        there, and nothing here changes)."""
+        self._launches(rows)
 
     def _launches(self, rows: int) -> None:
         """The launches of one window of `rows` samples at the device cursor, which the last one advances."""

@@ -193,7 +193,7 @@ def backward_weight_case(be, rng, shape, size, beta, dtype):
     # beta 0 must not read dw: NaN there would leak into the result
     dw = poisoned(be, old.shape, np.float32) if beta == 0.0 else be.to_device(old)
     conv = be.kernels.conv
-    workspace = be.to_device(np.full(conv.conv2d_backward_weight_workspace(x.shape, old.shape), np.nan, np.float32))
+    workspace = be.to_device(np.full(conv.conv2d_backward_weight_workspace(x.shape, old.shape, x.dtype), np.nan, np.float32))
     conv.conv2d_backward_weight(be.to_device(x), be.to_device(dy), dw, beta, workspace)
     expected = conv2d_backward_weight(xv, dyv, old, beta)
     assert_within(be.to_host(dw), expected, backward_weight_tolerance(xv, dyv, old, beta, dtype))

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from mlptrain.cli import configs, features, run, svm, sweep
+from mlptrain.cli import cache, configs, features, run, svm, sweep, warmup
 from mlptrain.errors import UserError
 from mlptrain.tracking import console
 
@@ -20,7 +20,9 @@ app.command("run")(run.run)
 app.command("sweep")(sweep.sweep)
 app.command("extract-features")(features.extract_features)
 app.command("svm")(svm.svm)
+app.command("warmup")(warmup.warmup)
 app.add_typer(configs.app, name="configs")
+app.add_typer(cache.app, name="cache")
 
 
 def main() -> None:

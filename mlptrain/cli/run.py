@@ -41,7 +41,7 @@ def run(
             raise UserError("--resume continues a run in its own directory; drop --name")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
-        session = build_session(cfg, *Resources().prepare(cfg))
+        session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))
         run_dir = resume
     else:
         if config is None:
@@ -50,7 +50,7 @@ def run(
         cfg = load_config(path, overrides)
         if name is not None:
             check_run_name(name)
-        session = build_session(cfg, *Resources().prepare(cfg))  # before anything is written
+        session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))  # before anything is written
         run_dir = create_run(cfg, runs_dir, name, path.stem)
     with StopOnSignal() as stop:
         summary = train(session, run_dir, resume=start, stop=stop)

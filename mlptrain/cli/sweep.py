@@ -62,6 +62,8 @@ def sweep(
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
     from mlptrain.sweep.report import results_table, trial_rows, write_results
+    from mlptrain.backend import cuda_usable
+    from mlptrain.cli.warmup import warm_in_child
     from mlptrain.sweep.workers import run_workers
 
     path = resolve_sweep(sweep_file)
@@ -89,6 +91,8 @@ def sweep(
         else:
             command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
                        str(runs_dir), "--name", name, "--storage", url, "--workers", "1"]
+            if base_config.backend != "cpu" and cuda_usable():
+                warm_in_child(spec.raw, sweep_dir / "warmup.log")
             problems = run_workers(command, workers, base_config.backend, sweep_dir, study, spec)
     except KeyboardInterrupt:
         save()

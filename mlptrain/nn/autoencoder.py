@@ -78,13 +78,25 @@ class ConvAutoencoder(StaticGraph):
         conv = backend.kernels.conv
         bias = backend.kernels.reduce.bias_backward_workspace
         workspace = max(max(conv.conv2d_backward_weight_workspace((max_rows, *self.sizes[i][0], cin),
-                                                                  (kernel_size, kernel_size, cin, cout)),
+                                                                  (kernel_size, kernel_size, cin, cout), dtype),
                             bias(max_rows * math.prod(self.sizes[i][0]), cout))
                         for i, (cin, cout) in enumerate(self.convs))
         self.workspace = backend.empty((max(workspace, 1),))
         # the input gradients read each kernel rearranged into this, as a dense matrix
         self.flipped = backend.empty((max(kernel_size**2 * cin * cout for cin, cout in self.convs),), dtype)
         self._views = {}
+
+    def kernel_plan(self, rows: int) -> dict:
+        """The kernel variant each convolution's passes run at a batch of `rows` (the first layer computes no
+        input gradient), from the backend's plan: what summary.json records."""
+        conv, dtype = self.backend.kernels.conv, self.compute.flat.dtype
+        plan = {}
+        for i, (cin, cout) in enumerate(self.convs):
+            (h, w), _ = self.sizes[i]
+            shape = (self.kernel_size, self.kernel_size, cin, cout)
+            passes = conv.conv2d_variants((rows, h, w, cin), shape, dtype)
+            plan[f"conv{i + 1}"] = {p: v for p, v in passes.items() if i > 0 or p != "backward_input"}
+        return plan
 
     def _spatial_sizes(self):
         """((H, W) of convolution i's input and output, what follows it: 'pool', 'upsample' or None)."""

@@ -60,6 +60,15 @@ class MLP(StaticGraph):
     def num_layers(self) -> int:
         return len(self.widths) - 1
 
+    def kernel_plan(self, rows: int) -> dict:
+        """The kernel each dense layer's passes run at a batch of `rows` (the first layer computes no input
+        gradient), from the backend: what summary.json records."""
+        gemm, plan = self.backend.kernels.gemm, {}
+        for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:])):
+            passes = gemm.linear_variants(rows, a, b, self.workspace is not None)
+            plan[f"fc{i + 1}"] = {p: v for p, v in passes.items() if i > 0 or p != "backward_input"}
+        return plan
+
     def init_parameters(self, rng: np.random.Generator) -> None:
         """Weights U(-a, a): He et al. (2015) a = sqrt(6 / fan_in) into a ReLU, Glorot & Bengio (2010)
         a = sqrt(6 / (fan_in + fan_out)) into tanh, sigmoid or the logits; biases zero."""

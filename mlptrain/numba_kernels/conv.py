@@ -32,33 +32,12 @@ import math
 
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import conv_mma, conv_narrow, conv_wide, gemm, streams
+from mlptrain.numba_kernels import conv_mma, conv_narrow, conv_wide, gemm, kernel_cache, streams
+from mlptrain.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.gemm import dense_operand
 from mlptrain.numba_kernels.im2col import flipped_kernel_operand, image_columns_operand, image_rows_operand
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
-
-# gemm's tiles, plus NARROW for outputs a few channels wide, which SMALL pads
-# to 32 columns. Of seven narrow candidates timed on an H100 (fp32, 256 x 32 x
-# 32 images, 256 -> 3 and 512 -> 8 channels, forward and weight gradient), this
-# one was within 12% of the fastest in all four: at 256 -> 3, 4.7 and 6.1 ms
-# against SMALL's 6.5 and 8.2 (in bf16 its weight gradient was slower than
-# SMALL's: 12.6 against 10.7 ms). Less than 4x less padding promises: at 8
-# columns a block, each im2col element fetched feeds few FMAs and its
-# addressing rules. Outputs of up to conv_narrow.NARROW_OUT channels (the
-# decoder's 3) now take conv_narrow's direct kernels instead; NARROW still
-# serves 5-8 output channels, and input gradients of inputs that narrow.
-NARROW_TILE = (128, 8, 8, 8, 2, 4)
-# Two more for the big layers, from `benchmarks/conv.py --tiles` on an H100 (fp32, batch 256, the
-# 16 x 16 256 <-> 128 layers; ms forward / input gradient / weight gradient): LARGE 2.14 / 2.33 / 2.99,
-# WIDE 1.77 / 2.07-2.10 / 2.55, SQUARE 1.82-1.84 / 2.09-2.18 / 2.39. An im2col element costs more to
-# fetch than a stored one, so tiles that feed more FMAs per fetch win here though not in gemm: WIDE
-# for the pixel-row passes, SQUARE (and its 16-deep slices) for the weight gradient.
-WIDE_TILE = (64, 128, 8, 4, 8, 1)
-SQUARE_TILE = (128, 128, 16, 8, 8, 1)
-TILES = {"wide": (WIDE_TILE, 128), "square": (SQUARE_TILE, 128), **gemm.TILES, "narrow": (NARROW_TILE, 0)}
-PIXEL_TILES = ("wide", "large", "medium", "small", "narrow")
-WEIGHT_TILES = ("square", "large", "medium", "small", "narrow")
 
 # Backward weight: pixels are cut into chunks summed by separate blocks (gemm.chunk_plan), a fixed
 # plan not read off the GPU, so the summation order and hence the result are the same on every device.
@@ -79,7 +58,7 @@ def _make_conv2d_forward(tile, dtype, size, **jit_options):
     # y: its K-split groups sum their shares of the taps x channels, group 0
     # adds them in order and each of its threads writes its own TM x TN
     # outputs with bias and activation. No atomics.
-    @cuda.jit(**_launch_options(tile, jit_options))
+    @kernel_cache.jit(**_launch_options(tile, jit_options))
     def conv2d_forward_kernel(x, w, b, y, activation):
         pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout)
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
@@ -104,19 +83,18 @@ def conv2d_forward(x, w, b, y, activation):
     pixels = N * H * W
     if pixels == 0 or Cout == 0:
         return
-    if conv_narrow.fits(size, Cout):
+    chosen = plan("forward", x.shape, w.shape, x.dtype, conv_mma.capability())
+    if chosen.variant == "narrow":
         conv_narrow.narrow_forward(x, w, b, y, activation)
-        return
-    if conv_wide.wide_fits(size, Cin):
+    elif chosen.variant == "wide":
         conv_wide.wide_forward(x, w, b, y, activation)
-        return
-    if conv_mma.fits(x.dtype, Cin):
+    elif chosen.variant == "tensor_cores":
         conv_mma.forward(x, w, b, y, activation)
-        return
-    tile = TILES[_pick_tile(pixels, Cout)][0]
-    grid, threads = gemm._grid(pixels, Cout, tile)
-    _make_conv2d_forward(tile, x.dtype, size)[grid, threads, streams.current()](
-        x, w.reshape(size * size * Cin, Cout), b, y.reshape(pixels, Cout), activation)
+    else:
+        tile = TILES[chosen.tile][0]
+        grid, threads = gemm.launch_grid(pixels, Cout, tile)
+        _make_conv2d_forward(tile, x.dtype, size)[grid, threads, streams.current()](
+            x, w.reshape(size * size * Cin, Cout), b, y.reshape(pixels, Cout), activation)
 
 
 # --- backward input: dx = conv(dy, flipped w) * act'(h) ----------------------------
@@ -135,7 +113,7 @@ def _make_conv2d_backward_input(tile, dtype, size, dense=False, **jit_options):
     # dx: as a gather over the flipped kernel, each dx[pixel, cin] collects
     # every (tap, cout) contribution itself, so no two threads write one
     # element and no atomics are needed.
-    @cuda.jit(**_launch_options(tile, jit_options))
+    @kernel_cache.jit(**_launch_options(tile, jit_options))
     def conv2d_backward_input_kernel(dy, w, h, dx, activation, K):
         pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); K = KS*KS*Cout summed values
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
@@ -147,7 +125,7 @@ def _make_conv2d_backward_input(tile, dtype, size, dense=False, **jit_options):
 
 
 # Thread t copies elements t, t + stride, ... of the flipped kernel: one writer per element.
-@cuda.jit
+@kernel_cache.jit
 def flip_kernel_kernel(w, flipped):
     taps, inputs, outputs = w.shape
     for e in range(cuda.grid(1), taps * inputs * outputs, cuda.gridsize(1)):
@@ -195,19 +173,21 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     pixels = N * H * W
     if pixels == 0 or Cin == 0:
         return
-    if conv_wide.wide_fits(size, Cout):
+    chosen = plan("backward_input", dy.shape[:3] + (Cin,), w.shape, dy.dtype, conv_mma.capability(),
+                  flipped is not None)
+    if chosen.variant == "wide":
         conv_wide.wide_backward_input(dy, w, h, dx, activation)
         return
-    tile = TILES[_pick_tile(pixels, Cin)][0]
-    grid, threads = gemm._grid(pixels, Cin, tile)
     if flipped is not None:
         kernel = flipped[:K * Cin].reshape(K, Cin)
         flip_kernel(w, kernel)
-        if conv_mma.fits(dy.dtype, Cout):
-            conv_mma.backward_input(dy, kernel, h, dx, activation)
-            return
     else:
         kernel = w.reshape(size * size, Cin, Cout)
+    if chosen.variant == "tensor_cores":
+        conv_mma.backward_input(dy, kernel, h, dx, activation)
+        return
+    tile = TILES[chosen.tile][0]
+    grid, threads = gemm.launch_grid(pixels, Cin, tile)
     _make_conv2d_backward_input(tile, dy.dtype, size, flipped is not None)[grid, threads, streams.current()](
         dy, kernel, h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation, K)
 
@@ -221,28 +201,17 @@ def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
     return gemm.make_weight_partials(product, gemm.tile_layout(tile), tile[:2], **_launch_options(tile, jit_options))
 
 
-def _weight_plan(x_shape, w_shape):
-    """(tile name, chunk, chunks, most chunks) of the weight gradient: the tile
-    for its (KS*KS*Cin, Cout) output, then at most enough pixel chunks for
-    about CHUNK_BLOCKS blocks, each of at least MIN_CHUNK pixels. `most
-    chunks` grows with the batch; rounding the chunk up to CHUNK_STEP may
-    leave fewer in use."""
-    N, H, W, Cin = x_shape
-    size, _, _, Cout = w_shape
-    pixels, rows = N * H * W, size * size * Cin
-    name = _pick_tile(rows, Cout, weight=True)
-    return (name, *gemm.chunk_plan(pixels, rows, Cout, TILES[name][0]))
+def conv2d_variants(x_shape, w_shape, dtype, flipped=True):
+    """The variant each pass of this convolution runs on this GPU (conv_plan's labels: narrow, wide,
+    tensor_cores, tiled/<tile>), for the run's record."""
+    return {p: plan(p, x_shape, w_shape, dtype, conv_mma.capability(), flipped).label() for p in PASSES}
 
 
-def conv2d_backward_weight_workspace(x_shape, w_shape):
-    """float32 elements of workspace conv2d_backward_weight needs for these
-    shapes (x (N, H, W, Cin), w (KS, KS, Cin, Cout)); never smaller for a
-    smaller batch, so one workspace sized for the largest batch serves all."""
-    size, _, Cin, Cout = w_shape
-    if conv_narrow.fits(size, Cout):
-        return conv_narrow.weight_workspace(x_shape, w_shape)
-    most = max(_weight_plan(x_shape, w_shape)[3], conv_mma.weight_plan(x_shape, w_shape)[2])
-    return most * size * size * Cin * Cout
+def conv2d_backward_weight_workspace(x_shape, w_shape, dtype):
+    """float32 elements of workspace conv2d_backward_weight needs for x (N, H, W, Cin), w (KS, KS,
+    Cin, Cout) in `dtype` storage on this GPU (conv_plan.plan's); never smaller for a smaller batch,
+    so one workspace sized for the largest batch serves all."""
+    return plan("backward_weight", x_shape, w_shape, dtype, conv_mma.capability()).workspace
 
 
 def conv2d_backward_weight(x, dy, dw, beta, workspace):
@@ -259,29 +228,26 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     require("workspace", workspace, "float32", (None,))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    least = conv2d_backward_weight_workspace(x.shape, dw.shape)
-    if workspace.shape[0] < least:
-        raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {least} "
-                         "(conv2d_backward_weight_workspace(x.shape, dw.shape))")
-    if conv_narrow.fits(size, Cout):
-        partials = conv_narrow.narrow_weight_partials(x, dy, size, workspace)
-        gemm.add_chunks(partials, dw.reshape(size * size * Cin * Cout), beta)
-        return
-    if conv_mma.fits(x.dtype):
-        partials = conv_mma.weight_partials(x, dy, size, workspace)
-        gemm.add_chunks(partials, dw.reshape(size * size * Cin * Cout), beta)
-        return
-    name, chunk, chunks, most = _weight_plan(x.shape, dw.shape)
+    chosen = plan("backward_weight", x.shape, dw.shape, x.dtype, conv_mma.capability())
+    if workspace.shape[0] < chosen.workspace:
+        raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chosen.workspace} "
+                         "(conv2d_backward_weight_workspace(x.shape, dw.shape, x.dtype))")
     pixels, rows = N * H * W, size * size * Cin
-    needed = chunks * rows * Cout
-    if needed == 0:
+    if pixels == 0 or rows * Cout == 0:
         return
-    tile = TILES[name][0]
-    (gx, gy), threads = gemm._grid(rows, Cout, tile)
-    partials = workspace[:needed].reshape(chunks, rows, Cout)
-    _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, chunks), threads, streams.current()](
-        x, dy.reshape(pixels, Cout), partials, chunk)
-    gemm.add_chunks(workspace[:needed].reshape(chunks, rows * Cout), dw.reshape(rows * Cout), beta)
+    if chosen.variant == "narrow":
+        partials = conv_narrow.narrow_weight_partials(x, dy, size, workspace)
+    elif chosen.variant == "tensor_cores":
+        partials = conv_mma.weight_partials(x, dy, size, workspace)
+    else:
+        _, chunk, chunks, _ = tiled_weight_chunks(x.shape, dw.shape)
+        tile = TILES[chosen.tile][0]
+        (gx, gy), threads = gemm.launch_grid(rows, Cout, tile)
+        partials = workspace[:chunks * rows * Cout].reshape(chunks, rows, Cout)
+        _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, chunks), threads, streams.current()](
+            x, dy.reshape(pixels, Cout), partials, chunk)
+        partials = partials.reshape(chunks, rows * Cout)
+    gemm.add_chunks(partials, dw.reshape(rows * Cout), beta)
 
 
 # --- launch helpers ---------------------------------------------------------------
@@ -295,27 +261,6 @@ def _launch_options(tile, jit_options):
         return jit_options
     BM, BN, _, TM, TN, KSPLIT = tile
     return {"launch_bounds": ((BM // TM) * (BN // TN) * KSPLIT,), **jit_options}
-
-
-def _pick_tile(rows, columns, weight=False):
-    """The tile that reads the fewest shared-memory values for a rows x
-    columns output, padding included (a thread reads TM + TN values for
-    TM x TN FMAs; a 3-channel output pads LARGE 43-fold, SMALL 11-fold,
-    NARROW under 3-fold); ties go to the first listed. The pixel-row passes choose among
-    PIXEL_TILES whose grid has the tile's minimum of blocks; a `weight` gradient among all of
-    WEIGHT_TILES (it fills the GPU with pixel chunks)."""
-    def reads(name):
-        BM, BN, _, TM, TN, _ = TILES[name][0]
-        return math.ceil(rows / BM) * BM * math.ceil(columns / BN) * BN * (TM + TN) / (TM * TN)
-
-    def fills(name):
-        tile, min_blocks = TILES[name]
-        grid, _ = gemm._grid(rows, columns, tile)
-        return grid[0] * grid[1] >= min_blocks
-
-    if weight:
-        return min(WEIGHT_TILES, key=reads)
-    return min((name for name in PIXEL_TILES if fills(name)), key=reads)
 
 
 def _image_shape(name, array):

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import gemm, gemm_mma, streams
+from mlptrain.numba_kernels import gemm, gemm_mma, kernel_cache, streams
 from mlptrain.numba_kernels.gemm import dense_operand
 from mlptrain.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.numba_kernels.im2col import image_columns_operand, image_rows_operand
@@ -33,18 +33,14 @@ KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
 TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
 
 
+SIMULATED_CAPABILITY = (8, 0)  # the simulator emulates the mma as a GPU of compute capability 8.0 runs it
+
+
 @functools.cache
-def available():
-    """Whether this GPU has the m16n8k16 bf16 / fp16 mma (compute capability 8.0 on); the simulator
-    emulates it. Older GPUs keep conv's CUDA-core tiles."""
-    return config.ENABLE_CUDASIM or cuda.get_current_device().compute_capability >= (8, 0)
-
-
-def fits(dtype, summed=0):
-    """Whether a pass over `dtype` storage runs here: 16-bit storage on a GPU with tensor cores, and
-    for the pixel-row passes an even number of `summed` channels a tap (the forward's Cin, the input
-    gradient's Cout)."""
-    return np.dtype(dtype) in KINDS and summed % 2 == 0 and available()
+def capability():
+    """This GPU's compute capability, which decides whether the passes run here (conv_plan); older
+    GPUs keep conv's CUDA-core tiles."""
+    return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else tuple(cuda.get_current_device().compute_capability)
 
 
 def _grid(rows, columns, tile):
@@ -80,7 +76,7 @@ def _make_pixel_rows(tile, dtype, size, backward):
     # Block (by, bx) owns pixels by*BM:+BM and channels bx*BN:+BN of the output; each warp sums its
     # part over every (tap, summed channel) and writes it through the epilogue. The input gradient
     # is a gather over the flipped kernel: each dx[pixel, cin] summed by one warp. No atomics.
-    @cuda.jit(**_options(tile))
+    @kernel_cache.jit(**_options(tile))
     def conv2d_pixel_rows_mma_kernel(a, w, c, out, activation):
         pixels, columns = out.shape  # out viewed (N*H*W, C); w (KS*KS*C_summed, C) as uint16
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN

@@ -26,7 +26,7 @@ import math
 from numba import config, cuda, float32, uint64
 
 from mlptrain.activation import RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import gemm, streams
+from mlptrain.numba_kernels import gemm, kernel_cache, streams
 from mlptrain.numba_kernels.precision import codec
 
 NARROW_OUT = 4  # outputs of at most this many channels take these kernels...
@@ -72,7 +72,7 @@ def _make_exchange(COUNT):
                 values[j] = lanes[t ^ mask, j]
             cuda.syncthreads()
     else:
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def exchange(values, mask):
             for j in range(COUNT):
                 values[j] = cuda.shfl_xor_sync(0xFFFFFFFF, values[j], mask)
@@ -87,7 +87,7 @@ def _make_halving(HALF):
     the kept half. Indices stay constants (a select picks the half), so acc stays in registers."""
     exchange = _make_exchange(HALF)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def halve(acc, lane):
         upper = (lane & HALF) != 0
         sent = cuda.local.array(HALF, float32)
@@ -105,7 +105,7 @@ def _make_halving(HALF):
 _halve16, _halve8, _halve4, _halve2, _halve1 = (_make_halving(half) for half in (16, 8, 4, 2, 1))
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _reduce_scatter(acc, lane):
     """acc[0] = value `lane` of acc (32 values) summed over the warp's 32 lanes, in a fixed tree:
     31 shuffles where a butterfly of every value would take 160."""
@@ -126,7 +126,7 @@ def _make_row_product(load, size, outputs, segment, channels, block):
     so the loads' offsets from `first` are too (one address a row, not one a load)."""
     PAD, SPAN = size // 2, segment + size - 1
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def row_product(x, weights, acc, first, w0, width, staged):
         v = cuda.local.array(SPAN, float32)
         for j in range(SPAN):
@@ -146,7 +146,7 @@ def _make_stage(load, size, outputs, channels, block):
     shared memory as float32 [tap, o, channel], the channel contiguous."""
     TAP_OUTPUTS = size * size * outputs
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def stage(w, weights, c0):
         count = min(block, channels - c0)
         for e in range(cuda.threadIdx.x, TAP_OUTPUTS * count, cuda.blockDim.x):
@@ -173,7 +173,7 @@ def _make_narrow_forward(dtype, size, outputs, segment, channels):
     # channels l, l + 32, ... and the butterfly leaves lane l the total of the segment's l-th output,
     # y viewed (pixels, Cout) being contiguous along it. Every thread of the block reaches every
     # barrier and exchange (warps past the end compute zeros), as the simulator's exchange needs.
-    @cuda.jit(**launch_bounds(WARPS * LANES, blocks))
+    @kernel_cache.jit(**launch_bounds(WARPS * LANES, blocks))
     def narrow_forward_kernel(x, w, b, y, rows, height, width, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); rows = N*H
         lane = cuda.threadIdx.x % LANES
@@ -230,7 +230,7 @@ def _make_tap_products(load, size, outputs, segment, channels):
     loads of x feed KS^2 * segment * Cout FMAs. The loops unroll, so acc stays in registers."""
     PAD, SPAN = size // 2, segment + size - 1
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def tap_products(x, acc, d, first, h, w0, height, width):
         v = cuda.local.array(SPAN, float32)
         for dh in range(size):
@@ -258,7 +258,7 @@ def _make_narrow_weight_partials(dtype, size, outputs, segment, channels):
     # rows bx * chunk:+chunk): it walks those rows a segment at a time, all threads loading the same
     # dy values (a broadcast) and adjacent channels of x (coalesced), and writes its KS^2 * Cout sums
     # to partials[bx] alone. No atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def narrow_weight_partials_kernel(x, dy, partials, rows, height, width, chunk):
         # x (N*H*W*Cin,), dy (N*H*W*Cout,), partials (chunks, KS*KS*Cin*Cout); rows = N*H
         c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x

@@ -20,7 +20,7 @@ import math
 from numba import cuda, float32, uint64
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import gemm, streams
+from mlptrain.numba_kernels import gemm, kernel_cache, streams
 from mlptrain.numba_kernels.conv_narrow import LANES, launch_bounds, even_segment
 from mlptrain.numba_kernels.precision import codec
 
@@ -50,7 +50,7 @@ def _make_wide_stage(load, size, summed, columns):
     zero outside the image. Each staged row is contiguous in the image too (coalesced loads)."""
     PAD, ROW = size // 2, columns * summed
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def stage(small, window, row, h, w0, height, width):
         for e in range(cuda.threadIdx.x, size * ROW, cuda.blockDim.x):
             dh, k = e // ROW, e % ROW  # k = column * C + c
@@ -70,7 +70,7 @@ def _make_wide_sums(size, summed, segment, columns):
     registers."""
     SPAN = segment + size - 1
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def sums(window, weights, acc, s0):
         v = cuda.local.array(SPAN, float32)
         for p in range(segment):
@@ -111,7 +111,7 @@ def _make_wide_forward(dtype, size, summed, stretch, segment):
     # Block (bx, by) owns pixels (row, w0:w0 + stretch) of output channels by * blockDim:+blockDim,
     # thread t one channel cout of them: a warp's 32 threads write 32 adjacent channels of a pixel
     # (coalesced). One writer per output: no atomics, and each sum runs in the fixed order of `sums`.
-    @cuda.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
+    @kernel_cache.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
     def wide_forward_kernel(x, w, b, y, height, width, channels, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); channels = Cout
         per_row = (width + stretch - 1) // stretch
@@ -153,7 +153,7 @@ def _make_wide_backward_input(dtype, size, summed, stretch, segment):
     # As the forward, with dy for x and the flipped kernel w'[dh, dw, cout, cin] = w[KS-1-dh,
     # KS-1-dw, cin, cout] for w: thread t owns input channel cin, a gather of every (tap, cout)
     # contribution to dx[pixel, cin], so again one writer per output and no atomics.
-    @cuda.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
+    @kernel_cache.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
     def wide_backward_input_kernel(dy, w, h, dx, height, width, channels, activation):
         # dy (N*H*W*Cout,), w (KS*KS*Cin*Cout,), h and dx (N*H*W*Cin,); channels = Cin
         per_row = (width + stretch - 1) // stretch

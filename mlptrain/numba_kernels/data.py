@@ -6,7 +6,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, int64
 
-from mlptrain.numba_kernels import streams
+from mlptrain.numba_kernels import kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -21,7 +21,7 @@ def _make_gather_batch(dtype):
     # Thread d of block row by owns x[i, d] for rows i = by, by + gridDim.y, ...
     # (threads of a block run along d, so the uint8 reads and the writes are
     # coalesced); thread 0 of the first block column owns y[i]. No atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def gather_batch_kernel(images, labels, indices, cursor, start, x, y, scale, shift):
         d = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         first = cursor[0] + start
@@ -73,7 +73,7 @@ def _zero_cursor():
     return cuda.to_device(np.zeros(1, np.int64))
 
 
-@cuda.jit
+@kernel_cache.jit
 def advance_cursor_kernel(cursor, by):
     cursor[0] += by
 

@@ -30,7 +30,7 @@ from typing import NamedTuple
 from numba import complex64, config, cuda, float32, int64, uint64
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import streams
+from mlptrain.numba_kernels import kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -69,18 +69,18 @@ class Operand(NamedTuple):
     k_contiguous: bool
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _no_geometry(array):
     return 0
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def index_code(array, geometry, i, I):
     """i itself, or -1 at and past I."""
     return i if i < I else -1
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def float_zero():
     return float32(0)
 
@@ -89,11 +89,11 @@ def dense_operand(load, k_contiguous, zero=float_zero):
     """A stored matrix: array[i, k] when k_contiguous, else array[k, i]; load(element), or zero()
     outside the matrix."""
     if k_contiguous:
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def fetch(array, geometry, i, k):
             return load(array[uint64(i), uint64(k)]) if (i | k) >= 0 else zero()
     else:
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def fetch(array, geometry, i, k):
             return load(array[uint64(k), uint64(i)]) if (i | k) >= 0 else zero()
     return Operand(_no_geometry, index_code, index_code, fetch, k_contiguous)
@@ -117,7 +117,7 @@ def _make_operand_stage(operand, ROWS, BK, GROUP):
     if ROWS % 2 or PITCH % 2:
         raise ValueError(f"a slice of {ROWS} rows (pitch {PITCH}) does not split into row pairs")
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def rows(array, geometry, codes, i0, I, t):
         for l in range(LOADS):
             e = t + l * GROUP
@@ -125,7 +125,7 @@ def _make_operand_stage(operand, ROWS, BK, GROUP):
             codes[0, l] = row(array, geometry, i, I)
             codes[1, l] = row(array, geometry, i + 1, I)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def load(array, geometry, codes, regs, k0, K, t):
         for l in range(LOADS):
             e = t + l * GROUP
@@ -134,7 +134,7 @@ def _make_operand_stage(operand, ROWS, BK, GROUP):
                 regs[0, l] = fetch(array, geometry, codes[0, l], k)
                 regs[1, l] = fetch(array, geometry, codes[1, l], k)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def store(shared, regs, g, t):
         for l in range(LOADS):
             e = t + l * GROUP
@@ -147,7 +147,7 @@ def _make_operand_stage(operand, ROWS, BK, GROUP):
     return rows, load, store, LOADS, PITCH
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def owned(first, t, T, i):
     """The row (column) of a thread's i-th output row (column) in a tile: thread t of the T along that
     side owns rows first + 2 (t + T q) and the next, q = 0, 1, ...: pairs, read as one complex64."""
@@ -180,19 +180,19 @@ def _make_tile_product(tile, a_operand, b_operand):
     # 8-byte alignment lets a complex64 read be one 8-byte load; the simulator takes no alignment (and
     # tells shared arrays apart by their source line: one a line)
     if config.ENABLE_CUDASIM:
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def pair_slices():
             As = cuda.shared.array(A_SHARED, complex64)
             Bs = cuda.shared.array(B_SHARED, complex64)
             return As, Bs
     else:
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def pair_slices():
             As = cuda.shared.array(A_SHARED, complex64, alignment=8)
             Bs = cuda.shared.array(B_SHARED, complex64, alignment=8)
             return As, Bs
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
         """acc += A slice outer B slice, from this thread's first reads in its group's slices. Each read
         is a complex64 pair of values, and every read of a k sits at a constant offset from that k's
@@ -214,7 +214,7 @@ def _make_tile_product(tile, a_operand, b_operand):
                     for j in range(TN):
                         acc[i, j] += a[h, i] * b[h, j]
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
         As, Bs = pair_slices()
         partial = cuda.shared.array(PARTIAL, float32)
@@ -258,7 +258,7 @@ def _make_tile_product(tile, a_operand, b_operand):
     return tile_product
 
 
-def _grid(M, N, tile):
+def launch_grid(M, N, tile):
     BM, BN, _, TM, TN, KSPLIT = tile
     return (math.ceil(N / BN), math.ceil(M / BM)), (BM // TM) * (BN // TN) * KSPLIT
 
@@ -267,13 +267,13 @@ def _pick_tile(M, N):
     """The name of the first tile in TILES whose grid for an M x N output
     has at least that tile's minimum number of blocks."""
     for name, (tile, min_blocks) in TILES.items():
-        grid, _ = _grid(M, N, tile)
+        grid, _ = launch_grid(M, N, tile)
         if grid[0] * grid[1] >= min_blocks:
             return name
     return name
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _squash(z, activation):
     """tanh or sigmoid (ReLU is applied where the sum is written)."""
     if activation == TANH:
@@ -281,7 +281,7 @@ def _squash(z, activation):
     return float32(1) / (float32(1) + math.exp(-z))
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _activation_grad(h, activation):
     """d act / d z expressed through the activation's output h."""
     if activation == RELU:
@@ -313,11 +313,11 @@ def tile_layout(tile):
     """The Layout of _make_tile_product's threads (group 0's, which hold the sums)."""
     _, _, TM, TN, TX, TY = _tile_coords(tile)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def row_of(m0, i):
         return owned(m0, cuda.threadIdx.x // TX, TY, i)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def col_of(n0, j):
         return owned(n0, cuda.threadIdx.x % TX, TX, j)
 
@@ -337,7 +337,7 @@ def make_epilogues(layout, load, store):
     """
     TM, TN, row_of, col_of = layout
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def bias_activation(acc, b, y, m0, n0, M, N, activation):
         for i in range(TM):
             m = row_of(m0, i)
@@ -356,7 +356,7 @@ def make_epilogues(layout, load, store):
                     if m < M and n < N:
                         y[m, n] = store(_squash(load(y[m, n]), activation))
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def activation_grad(acc, h, dx, m0, n0, M, N, activation):
         for i in range(TM):
             m = row_of(m0, i)
@@ -387,7 +387,7 @@ def _make_linear_forward(tile, dtype, **jit_options):
     # Block (by, bx) owns y[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of K, group 0 adds them in order and each of its threads
     # writes its own TM x TN outputs with bias and activation. No atomics.
-    @cuda.jit(**jit_options)
+    @kernel_cache.jit(**jit_options)
     def linear_forward_kernel(x, w, b, y, activation):
         M, K = x.shape
         N = w.shape[1]
@@ -411,7 +411,7 @@ def linear_forward(x, w, b, y, activation):
     if M == 0 or N == 0:
         return
     size = _pick_tile(M, N)
-    grid, threads = _grid(M, N, TILES[size][0])
+    grid, threads = launch_grid(M, N, TILES[size][0])
     _make_linear_forward(TILES[size][0], x.dtype)[grid, threads, streams.current()](x, w, b, y, activation)
 
 
@@ -427,7 +427,7 @@ def _make_linear_backward_input(tile, dtype, **jit_options):
     # Block (by, bx) owns dx[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the N outputs, group 0 adds them in order and each of
     # its threads writes its own TM x TN input gradients. No atomics.
-    @cuda.jit(**jit_options)
+    @kernel_cache.jit(**jit_options)
     def linear_backward_input_kernel(dy, w, h, dx, activation):
         M, N = dy.shape
         K = w.shape[0]
@@ -455,7 +455,7 @@ def linear_backward_input(dy, w, h, dx, activation):
     if M == 0 or K == 0:
         return
     size = _pick_tile(M, K)
-    grid, threads = _grid(M, K, TILES[size][0])
+    grid, threads = launch_grid(M, K, TILES[size][0])
     _make_linear_backward_input(TILES[size][0], dy.dtype)[grid, threads, streams.current()](dy, w, h, dx, activation)
 
 
@@ -472,7 +472,7 @@ def _make_linear_backward_weight(tile, dtype, **jit_options):
     # their shares of the batch, group 0 adds them in order and each of its
     # threads writes its own TM x TN weights. No atomics; beta == 0 never
     # reads dw (it may hold garbage).
-    @cuda.jit(**jit_options)
+    @kernel_cache.jit(**jit_options)
     def linear_backward_weight_kernel(x, dy, dw, beta):
         B, K = x.shape
         N = dy.shape[1]
@@ -513,7 +513,7 @@ def chunk_plan(samples, rows, columns, tile):
     """(chunk, chunks, most chunks) for a rows x columns weight gradient summed over `samples`: `most
     chunks` (what the workspace is sized for) grows with the samples; rounding the chunk up to
     CHUNK_STEP may leave fewer in use."""
-    grid, _ = _grid(rows, columns, tile)
+    grid, _ = launch_grid(rows, columns, tile)
     return blocks_chunk_plan(samples, grid[0] * grid[1])
 
 
@@ -534,7 +534,7 @@ def make_weight_partials(tile_product, layout, block, **jit_options):
     # Block (by, bx, bz) owns rows by*BM:+BM, columns bx*BN:+BN of chunk bz's
     # partial sum (over samples bz*chunk:+chunk); it alone writes that tile of
     # partials[bz], so no atomics are needed.
-    @cuda.jit(**jit_options)
+    @kernel_cache.jit(**jit_options)
     def weight_partials_kernel(a, dy, partials, chunk):
         samples, columns = dy.shape
         rows = partials.shape[1]
@@ -556,7 +556,7 @@ def make_weight_partials(tile_product, layout, block, **jit_options):
 # Thread t owns dw[t], dw[t + stride], ...: it adds the chunks' partial sums
 # in chunk order, so the order is fixed and no atomics are needed; beta == 0
 # never reads dw (it may hold garbage).
-@cuda.jit
+@kernel_cache.jit
 def chunk_sum_kernel(partials, dw, beta):
     for e in range(cuda.grid(1), dw.shape[0], cuda.gridsize(1)):
         total = float32(0)
@@ -586,9 +586,20 @@ def linear_backward_weight_workspace(batch, inputs, outputs):
     (batch, outputs): 0 where one block per output tile already fills the GPU. Never smaller for a
     smaller batch, so one workspace sized for the largest batch serves all."""
     tile = TILES[_pick_tile(inputs, outputs)][0]
-    grid, _ = _grid(inputs, outputs, tile)
+    grid, _ = launch_grid(inputs, outputs, tile)
     _, _, most = chunk_plan(batch, inputs, outputs, tile)
     return most * inputs * outputs if most > 1 and grid[0] * grid[1] < SPLIT_BELOW else 0
+
+
+def linear_variants(rows, inputs, outputs, workspace=True):
+    """The kernel each pass of an (inputs -> outputs) dense layer over `rows` samples runs, for the run's
+    record: the tile of the forward, input gradient and weight gradient (`+chunks` where the weight
+    gradient sums the batch in chunks, given a workspace)."""
+    tile = TILES[_pick_tile(inputs, outputs)][0]
+    grid, _ = launch_grid(inputs, outputs, tile)
+    chunked = workspace and grid[0] * grid[1] < SPLIT_BELOW and chunk_plan(rows, inputs, outputs, tile)[1] > 1
+    return {"forward": f"tiled/{_pick_tile(rows, outputs)}", "backward_input": f"tiled/{_pick_tile(rows, inputs)}",
+            "backward_weight": f"tiled/{_pick_tile(inputs, outputs)}{'+chunks' if chunked else ''}"}
 
 
 def linear_backward_weight(x, dy, dw, beta, workspace=None):
@@ -606,11 +617,14 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None):
     if K == 0 or N == 0:
         return
     tile = TILES[_pick_tile(K, N)][0]
-    grid, threads = _grid(K, N, tile)
+    grid, threads = launch_grid(K, N, tile)
     if workspace is not None and grid[0] * grid[1] < SPLIT_BELOW:
         require("workspace", workspace, "float32", (None,))
         chunk, chunks, most = chunk_plan(B, K, N, tile)
-        if chunks > 1 and workspace.shape[0] >= chunks * K * N:
+        if chunks > 1 and workspace.shape[0] < chunks * K * N:  # as conv and reduce do: never a silent slower path
+            raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chunks * K * N} "
+                             "(linear_backward_weight_workspace(batch, inputs, outputs))")
+        if chunks > 1:
             partials = workspace[:chunks * K * N]
             _make_linear_weight_partials(tile, x.dtype)[(*grid, chunks), threads, streams.current()](
                 x, dy, partials.reshape(chunks, K, N), chunk)

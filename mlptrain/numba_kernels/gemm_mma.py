@@ -28,7 +28,7 @@ k), with no atomics, so results are bitwise reproducible on one GPU model.
 
 from numba import config, cuda, float32, int64, uint32, uint64
 
-from mlptrain.numba_kernels import gemm
+from mlptrain.numba_kernels import gemm, kernel_cache
 from mlptrain.numba_kernels.tensor_core import mma
 
 BK = 32  # k a slice: two m16n8k16 steps
@@ -36,13 +36,13 @@ PAIRS = BK // 2
 PITCH = PAIRS + 4  # uint32 words a staged row
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def bits(v):
     """A stored 16-bit value (or a uint32 pair of them) as uint32 bits."""
     return uint32(v)
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def bits_zero():
     return uint32(0)
 
@@ -69,19 +69,19 @@ def _make_stage(operand, ROWS, THREADS):
     if UNITS % THREADS:
         raise ValueError(f"{UNITS} units of a slice do not split over {THREADS} threads")
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def unit(e):
         if along_k:
             return e // PAIRS, e % PAIRS
         return (e // (8 * PAIRS)) * 8 + e % 8, (e // 8) % PAIRS
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def rows(array, geometry, codes, i0, I, t):
         for l in range(LOADS):
             r, _ = unit(t + l * THREADS)
             codes[l] = row(array, geometry, i0 + r, I)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def load(array, geometry, codes, regs, k0, K, t):
         for l in range(LOADS):
             _, p = unit(t + l * THREADS)
@@ -93,7 +93,7 @@ def _make_stage(operand, ROWS, THREADS):
                 high = fetch(array, geometry, codes[l], column(array, geometry, k + 1, K))
                 regs[l] = low | (high << uint32(16))
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def store(shared, regs, t):
         for l in range(LOADS):
             r, p = unit(t + l * THREADS)
@@ -108,12 +108,12 @@ def layout(tile):
     8 j + 2 (lane % 4) + c."""
     BM, BN, WM, WN, FM, FN, _ = _tile_shape(tile)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def row_of(m0, i):
         warp, lane = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
         return m0 + (warp // WN) * (BM // WM) + 16 * (i >> 1) + 8 * (i & 1) + lane // 4
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def col_of(n0, j):
         warp, lane = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
         return n0 + (warp % WN) * (BN // WN) + 8 * (j >> 1) + 2 * (lane % 4) + (j & 1)
@@ -135,19 +135,19 @@ def make_tile_product(tile, a_operand, b_operand, kind):
     A_WORDS, B_WORDS = BM * PITCH, BN * PITCH
 
     if config.ENABLE_CUDASIM:  # the simulator takes no alignment, and tells shared arrays apart by line
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def slices():
             As = cuda.shared.array(A_WORDS, uint32)
             Bs = cuda.shared.array(B_WORDS, uint32)
             return As, Bs
     else:
-        @cuda.jit(device=True, inline="always")
+        @kernel_cache.device
         def slices():
             As = cuda.shared.array(A_WORDS, uint32, alignment=16)
             Bs = cuda.shared.array(B_WORDS, uint32, alignment=16)
             return As, Bs
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
         a = cuda.local.array((FM, 4), uint32)
         b = cuda.local.array((FN, 2), uint32)
@@ -166,7 +166,7 @@ def make_tile_product(tile, a_operand, b_operand, kind):
                         a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
                         acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
         As, Bs = slices()
         a_regs = cuda.local.array(A_LOADS, uint32)

@@ -11,10 +11,10 @@ never divide and an element's fetch only unpacks fields.
 
 from numba import cuda, float32, uint64
 
-from mlptrain.numba_kernels import gemm
+from mlptrain.numba_kernels import gemm, kernel_cache
 from mlptrain.numba_kernels.gemm import Operand
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _divider(d):
     """(d, multiplier, shift) with n // d == (n * multiplier) >> shift for
     0 <= n < 2**31, 1 <= d < 2**31: multiplier = ceil(2**(31+l) / d) with
@@ -26,20 +26,20 @@ def _divider(d):
     return d, ((1 << (31 + l)) + d - 1) // d, 31 + l
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _divmod(n, divider):
     d, multiplier, shift = divider
     q = (n * multiplier) >> shift
     return q, n - q * d
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _image_geometry(x):
     """Dividers by W, H and C of an NHWC image."""
     return _divider(x.shape[2]), _divider(x.shape[1]), _divider(x.shape[3])
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _kernel_geometry(w):
     """The divider by Cout of a (KS*KS, Cin, Cout) kernel."""
     return _divider(w.shape[2])
@@ -50,7 +50,7 @@ def _kernel_geometry(w):
 # column (tap, c) as dh << 48 | dw << 32 | c; -1 outside the matrix. Decoding both per element had
 # made the convolutions' tile loads cost as much as their products (11-15 TFLOP/s against the dense
 # products' 25-27 on an H100).
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def pixel_code(x, geometry, pixel, pixels):
     by_width, by_height, _ = geometry
     if pixel >= pixels:
@@ -61,7 +61,7 @@ def pixel_code(x, geometry, pixel, pixels):
 
 
 def _make_tap_code(size):
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def tap_code(x, geometry, column, columns):
         if column >= columns:
             return -1
@@ -77,7 +77,7 @@ def _make_image_element(load, size, zero):
     padding."""
     PAD = size // 2
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def element(x, geometry, pixel, column):
         by_width, by_height, _ = geometry
         if (pixel | column) < 0:
@@ -103,7 +103,7 @@ def image_columns_operand(load, size, zero=gemm.float_zero):
     the channel; the summed index is the pixel."""
     element = _make_image_element(load, size, zero)
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def fetch(x, geometry, column, pixel):
         return element(x, geometry, pixel, column)
 
@@ -117,14 +117,14 @@ def flipped_kernel_operand(load, size):
     tap << 32 | cout."""
     LAST_TAP = size * size - 1
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def column(w, by_outputs, k, K):
         if k >= K:
             return -1
         tap, cout = _divmod(k, by_outputs)
         return ((LAST_TAP - tap) << 32) | cout
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def fetch(w, by_outputs, cin, k):
         if (cin | k) < 0:
             return float32(0)

@@ -5,7 +5,7 @@ import math
 
 from numba import cuda, float32, int32
 
-from mlptrain.numba_kernels import streams
+from mlptrain.numba_kernels import kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.data import checked_cursor
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
@@ -20,7 +20,7 @@ def _make_softmax_cross_entropy(dtype):
     # One thread per row: it owns row_loss/row_correct[offset + i] and the
     # whole row dlogits[i], so no atomics. Rows are short (classes), three
     # passes over the row (max, sum of exp, gradient) stay in L1.
-    @cuda.jit
+    @kernel_cache.jit
     def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
                                      loss_scale):
         i = cuda.grid(1)
@@ -100,7 +100,7 @@ def _make_mse(dtype):
     # gradients and sums their squares in order; a shared-memory tree whose
     # pairing depends only on blockDim then adds the threads' sums, so every
     # run adds in the same order.
-    @cuda.jit
+    @kernel_cache.jit
     def mse_kernel(output, target, doutput, row_loss, cursor, offset, coefficient, loss_scale):
         partial = cuda.shared.array(MSE_THREADS, float32)
         i, t, threads = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x

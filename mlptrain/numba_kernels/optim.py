@@ -13,11 +13,11 @@ import math
 
 from numba import cuda, float32
 
-from mlptrain import step_state
-from mlptrain.numba_kernels import streams
+from mlptrain.numba_kernels import kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
-from mlptrain.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
+from mlptrain.optim import step_state
+from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
 THREADS = 256
 MAX_BLOCKS = 2048  # grid-stride beyond this: enough to fill any current GPU
@@ -26,7 +26,7 @@ _finish_step_device = cuda.jit(device=True)(step_state.finish_step)
 
 
 # One thread: the decisions are a handful of scalars; a launch is cheaper than a round-trip.
-@cuda.jit
+@kernel_cache.jit
 def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                        dynamic_scaling, growth_factor, backoff_factor, growth_interval):
     if cuda.grid(1) == 0:
@@ -36,7 +36,7 @@ def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1
 
 def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                 dynamic_scaling, growth_factor, backoff_factor, growth_interval):
-    """See `mlptrain.step_state.finish_step`; partials float32, the rest float64 device arrays."""
+    """See `mlptrain.optim.step_state.finish_step`; partials float32, the rest float64 device arrays."""
     require("partials", partials, "float32", (None,))
     require("state", state, "float64", (step_state.SIZE,))
     require("lr_schedule", lr_schedule, "float64", (None,))
@@ -67,7 +67,7 @@ def _make_updates(dtype):
     _, store = codec(dtype)
 
     # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def sgd_update_kernel(param, grad, compute, state, weight_decay, write_compute):
         if state[APPLY] == 0:
             return
@@ -82,7 +82,7 @@ def _make_updates(dtype):
                 compute[i] = store(p)
 
     # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def momentum_update_kernel(param, grad, velocity, compute, state, momentum, weight_decay, nesterov,
                                write_compute):
         if state[APPLY] == 0:
@@ -101,7 +101,7 @@ def _make_updates(dtype):
                 compute[i] = store(p)
 
     # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def adam_update_kernel(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
                            weight_decay, decoupled, write_compute):
         if state[APPLY] == 0:

@@ -25,7 +25,7 @@ import math
 
 from numba import cuda, float32, uint8
 
-from mlptrain.numba_kernels import streams
+from mlptrain.numba_kernels import kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -52,7 +52,7 @@ def _launch_shape(rows, width, channels):
     return (grid_x, grid_y, grid_z), (tc, tw)
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _row_walk(rows):
     """(n, i) of this block's first row of an N x rows grid of rows, and the
     block's stride gridDim.z as (whole images, rows): divided once per thread,
@@ -61,7 +61,7 @@ def _row_walk(rows):
     return first // rows, first % rows, stride // rows, stride % rows
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _advance(n, i, step_n, step_i, rows):
     """Row (n, i) moved on by step_n images and step_i rows."""
     n, i = n + step_n, i + step_i
@@ -85,7 +85,7 @@ def _make_max_pool2x2_forward(dtype):
     # argmax[n, oh, ow, c]: it reads the window's four inputs in row-major
     # order and keeps the first maximum; the first NaN beats any number and
     # is never replaced (np.argmax's rule). y gets the winner's stored bits.
-    @cuda.jit
+    @kernel_cache.jit
     def max_pool2x2_forward_kernel(x, y, argmax):
         N, OH, OW, C = y.shape
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -139,7 +139,7 @@ def _make_max_pool2x2_backward(dtype):
     # winner, zero to the other three. Cells are ceil(H/2) x ceil(W/2): the odd
     # trailing row and column are cells of their own, with no window, all zero.
     # Every dx element has one owner, so no zeroing launch and no atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def max_pool2x2_backward_kernel(dy, argmax, dx):
         N, H, W, C = dx.shape
         OH, OW = dy.shape[1], dy.shape[2]
@@ -184,7 +184,7 @@ def max_pool2x2_backward(dy, argmax, dx):
 # Thread (c, w) of block row n*H + h reads x[n, h, w, c] once and owns its 2x2
 # cell of y, writing the stored bits to all four: no element of y has two
 # writers. One kernel serves every storage format: it only copies.
-@cuda.jit
+@kernel_cache.jit
 def upsample2x_forward_kernel(x, y):
     N, H, W, C = x.shape
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -220,7 +220,7 @@ def _make_upsample2x_backward(dtype):
     # Thread (c, w) of block row n*H + h owns dx[n, h, w, c]: it gathers the
     # four dy it was copied to and adds them in float32, always in the order
     # (0,0) (0,1) (1,0) (1,1), rounding once. A gather, not a scatter: no atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def upsample2x_backward_kernel(dy, dx):
         N, H, W, C = dx.shape
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

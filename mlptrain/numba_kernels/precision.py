@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import config, cuda, float32, int32, types, uint16, uint32
 
-from mlptrain.numba_kernels import streams
+from mlptrain.numba_kernels import kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 
 THREADS = 256
@@ -27,36 +27,36 @@ if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: t
 else:
     from numba.cuda import libdevice
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def float_bits(v):
         return uint32(libdevice.float_as_int(v))
 
-    @cuda.jit(device=True, inline="always")
+    @kernel_cache.device
     def bits_float(u):
         return libdevice.int_as_float(int32(u))
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _identity(v):
     return v
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _load_fp16(x):
     return float32(x)
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _store_fp16(v):
     return types.float16(v)
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _load_bf16(x):
     return bits_float(uint32(x) << 16)
 
 
-@cuda.jit(device=True, inline="always")
+@kernel_cache.device
 def _store_bf16(v):
     u = float_bits(v)
     if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN: keep it a quiet NaN rather than round it to inf
@@ -81,7 +81,7 @@ def _make_cast(dtype):
     _, store = codec(dtype)
 
     # Thread t owns elements t, t + stride, ...: no atomics.
-    @cuda.jit
+    @kernel_cache.jit
     def cast_kernel(src, dst):
         for i in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
             dst[i] = store(src[i])

@@ -5,7 +5,7 @@ import math
 
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import gemm, streams
+from mlptrain.numba_kernels import gemm, kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -41,7 +41,7 @@ def _make_bias_backward(dtype, width):
     # sums rows g, g + GROUPS, ... of its column in that chunk in order, then thread (c, 0) adds
     # the GROUPS partials in order g = 0, 1, ... and writes out[by, column]: a fixed order, no atomics.
     # With one chunk, out is db itself and beta applies; with several, out holds the chunks' partials.
-    @cuda.jit
+    @kernel_cache.jit
     def bias_backward_kernel(dy, out, chunk, beta):
         partial = cuda.shared.array((GROUPS, width), float32)
         c, g = cuda.threadIdx.x, cuda.threadIdx.y
@@ -105,7 +105,7 @@ def bias_backward(dy, db, beta, workspace=None):
 # index, stride the fixed grid's size) thread by thread, then a shared-memory
 # tree adds them in a fixed pairing and thread 0 writes partials[b]: no atomics,
 # the same order on every run and every GPU.
-@cuda.jit
+@kernel_cache.jit
 def sum_of_squares_kernel(x, partials):
     cache = cuda.shared.array(SQUARES_THREADS, float32)
     t = cuda.threadIdx.x

@@ -19,7 +19,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import conv, conv_mma, conv_narrow, conv_wide, gemm
+from mlptrain.numba_kernels import conv, conv_mma, conv_narrow, conv_plan, conv_wide, gemm
 from mlptrain.numpy_kernels import conv as numpy_conv
 from tests import kernel_cases
 from tests import reference_conv as ref
@@ -86,17 +86,17 @@ def test_backward_weight_in_several_chunks(rng, monkeypatch, beta):
     """105 pixels in chunks of 64: two pass-1 blocks, the second chunk ragged."""
     monkeypatch.setattr(gemm, "MIN_CHUNK", 32)
     monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
-    assert conv._weight_plan((3, 5, 7, 2), (3, 3, 2, 5))[1:] == (64, 2, 3)
+    assert conv_plan.tiled_weight_chunks((3, 5, 7, 2), (3, 3, 2, 5))[1:] == (64, 2, 3)
     ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 5), 3, beta, FP32)
 
 
-@pytest.mark.parametrize("tile", list(conv.TILES))
+@pytest.mark.parametrize("tile", list(conv_plan.TILES))
 def test_every_tile(rng, monkeypatch, tile):
     """Each tile, forced, on one layer's three passes: 54, 45 and 27 summed
     columns span several K steps of each (SMALL's 64-column step aside).
     Five output channels, and six input channels in the forward: past
     conv_narrow's narrow and wide kernels."""
-    monkeypatch.setattr(conv, "_pick_tile", lambda rows, columns, weight=False: tile)
+    monkeypatch.setattr(conv_plan, "pick_tile", lambda rows, columns, weight=False: tile)
     assert not conv_narrow.fits(3, 5) and not conv_wide.wide_fits(3, 6) and not conv_wide.wide_fits(3, 5)
     ref.forward_case(BACKEND, rng, (1, 3, 5, 6, 5), 3, RELU, FP32)
     ref.backward_input_case(BACKEND, rng, (1, 3, 5, 3, 5), 3, RELU, BF16)
@@ -155,7 +155,7 @@ def test_narrow_results_are_bitwise_reproducible(rng, monkeypatch):
     x, w, b = (cuda.to_device(ref.stored(rng, s, FP32)[0]) for s in ((2, 5, 7, 37), (3, 3, 37, 3), (3,)))
     dy = cuda.to_device(ref.stored(rng, (2, 5, 7, 3), FP32)[0])
     y, dw = ref.poisoned(BACKEND, (2, 5, 7, 3), FP32), ref.poisoned(BACKEND, (3, 3, 37, 3), np.float32)
-    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape), np.float32)
+    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape, x.dtype), np.float32)
     assert conv_narrow.weight_plan(x.shape, w.shape)[1] == 3
     twice(lambda: conv.conv2d_forward(x, w, b, y, TANH), y)
     twice(lambda: conv.conv2d_backward_weight(x, dy, dw, 0.0, workspace), dw)
@@ -254,26 +254,26 @@ def test_bias_gradient_is_reduce_bias_backward(rng):
 
 
 def test_tile_choice_avoids_padding_narrow_outputs():
-    assert conv._pick_tile(256 * 32 * 32, 256) == "wide"
-    assert conv._pick_tile(3 * 3 * 256, 128, weight=True) == "square"
-    assert conv._pick_tile(256 * 32 * 32, 8) == "narrow"  # 8 channels, past conv_narrow's
-    assert conv._pick_tile(3 * 3 * 512, 8, weight=True) == "narrow"  # and its weight gradient
-    assert conv._pick_tile(3 * 3 * 3, 256, weight=True) == "small"  # the first layer's weight gradient
+    assert conv_plan.pick_tile(256 * 32 * 32, 256) == "wide"
+    assert conv_plan.pick_tile(3 * 3 * 256, 128, weight=True) == "square"
+    assert conv_plan.pick_tile(256 * 32 * 32, 8) == "narrow"  # 8 channels, past conv_narrow's
+    assert conv_plan.pick_tile(3 * 3 * 512, 8, weight=True) == "narrow"  # and its weight gradient
+    assert conv_plan.pick_tile(3 * 3 * 3, 256, weight=True) == "small"  # the first layer's weight gradient
 
 
 def test_workspace_fills_the_gpu_and_serves_smaller_batches():
     layers = [((32, 32, 3), 256), ((16, 16, 256), 128), ((8, 8, 128), 128), ((16, 16, 128), 256), ((32, 32, 256), 3)]
     for (H, W, cin), cout in layers:
         w_shape = (3, 3, cin, cout)
-        sizes = [conv.conv2d_backward_weight_workspace((n, H, W, cin), w_shape) for n in range(0, 257)]
+        sizes = [conv.conv2d_backward_weight_workspace((n, H, W, cin), w_shape, FP32) for n in range(0, 257)]
         assert sizes == sorted(sizes) and sizes[0] == 9 * cin * cout
         if conv_narrow.fits(3, cout):  # a block per chunk and 256 input channels
             _, chunks, most = conv_narrow.weight_plan((256, H, W, cin), w_shape)
             assert chunks * math.ceil(cin / conv_narrow.WEIGHT_THREADS) >= gemm.CHUNK_BLOCKS // 2
             assert sizes[-1] == most * 9 * cin * cout
             continue
-        name, chunk, chunks, _ = conv._weight_plan((256, H, W, cin), w_shape)
-        grid, _ = gemm._grid(9 * cin, cout, conv.TILES[name][0])
+        name, chunk, chunks, _ = conv_plan.tiled_weight_chunks((256, H, W, cin), w_shape)
+        grid, _ = gemm.launch_grid(9 * cin, cout, conv_plan.TILES[name][0])
         assert grid[0] * grid[1] * chunks >= gemm.CHUNK_BLOCKS // 2 and chunk % gemm.CHUNK_STEP == 0
 
 
@@ -337,7 +337,7 @@ def test_autoencoder_layers_on_the_gpu(rng, layer, dtype):
     d = {name: cuda.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
     y, dx = ref.poisoned(BACKEND, (8, H, W, cout), dtype), ref.poisoned(BACKEND, (8, H, W, cin), dtype)
     dw = ref.poisoned(BACKEND, (3, 3, cin, cout), np.float32)
-    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape), np.float32)
+    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape, x.dtype), np.float32)
     got = twice(lambda: conv.conv2d_forward(d["x"], d["w"], d["b"], y, activation), y)
     ref.assert_within(ref.stored_values(got), ref.conv2d_forward(xv, wv, bv, activation),
                       ref.forward_tolerance(xv, wv, bv, activation, dtype))

@@ -14,7 +14,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import conv, conv_mma, gemm, gemm_mma, tensor_core
+from mlptrain.numba_kernels import conv, conv_mma, conv_plan, gemm, gemm_mma, tensor_core
 from tests import kernel_cases
 from tests import reference_conv as ref
 from tests.numba_kernels.test_conv import MINI_TILE, twice
@@ -117,7 +117,7 @@ def test_results_are_bitwise_reproducible(rng, mini_tile, monkeypatch):
     x, w, b, dy = (cuda.to_device(a) for a in (x, w, b, dy))
     y = ref.poisoned(BACKEND, (1, 5, 7, 18), BF16)
     dw = ref.poisoned(BACKEND, (3, 3, 6, 18), np.float32)
-    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape), np.float32)
+    workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape, x.dtype), np.float32)
     assert conv_mma.weight_plan(x.shape, w.shape)[1] == 3
     twice(lambda: conv.conv2d_forward(x, w, b, y, RELU), y)
     twice(lambda: conv.conv2d_backward_weight(x, dy, dw, 0.0, workspace), dw)
@@ -137,18 +137,18 @@ def test_tensor_cores_take_16_bit_passes_that_pair_up(monkeypatch):
         conv.conv2d_forward(x7, device(3, 3, 7, 8), device(8), y8, RELU)
         conv.conv2d_backward_input(y8, device(3, 3, 7, 8), x7, x7, RELU, device(9 * 7 * 8))
         conv.conv2d_backward_input(y8, device(3, 3, 7, 8), x7, x7, RELU)
-        workspace = cuda.to_device(np.zeros(conv.conv2d_backward_weight_workspace(x7.shape, (3, 3, 7, 8)), FP32))
+        workspace = cuda.to_device(np.zeros(conv.conv2d_backward_weight_workspace(x7.shape, (3, 3, 7, 8), dtype), FP32))
         conv.conv2d_backward_weight(x7, y8, cuda.to_device(np.zeros((3, 3, 7, 8), FP32)), 0.0, workspace)
         expected = [] if dtype == FP32 else ["forward", "backward_input", "weight_partials"]
         assert calls == expected, dtype
         calls.clear()
 
 
-def test_gpus_without_tensor_cores_keep_the_cuda_core_tiles(monkeypatch):
-    monkeypatch.setattr(conv_mma, "available", lambda: False)
-    assert not conv_mma.fits(BF16, 2) and not conv_mma.fits(FP16)
-    monkeypatch.undo()
-    assert conv_mma.fits(BF16, 2) and conv_mma.fits(FP16) and not conv_mma.fits(BF16, 3) and not conv_mma.fits(FP32)
+def test_gpus_without_tensor_cores_keep_the_cuda_core_tiles():
+    old, new = (7, 5), (8, 0)
+    assert not conv_plan.tensor_cores(BF16, 2, old) and not conv_plan.tensor_cores(FP16, 0, old)
+    assert conv_plan.tensor_cores(BF16, 2, new) and conv_plan.tensor_cores(FP16, 0, new)
+    assert not conv_plan.tensor_cores(BF16, 3, new) and not conv_plan.tensor_cores(FP32, 2, new)
 
 
 def test_tiles_must_cover_fragments():

@@ -64,7 +64,7 @@ def test_an_empty_batch_still_applies_beta():
     dw = np.full((3, 3, 2, 4), np.nan, np.float32)
     conv.conv2d_backward_weight(np.zeros((0, 5, 5, 2), np.float32), np.zeros((0, 5, 5, 4), np.float32), dw, 0.0, None)
     np.testing.assert_array_equal(dw, 0.0)
-    assert conv.conv2d_backward_weight_workspace((256, 32, 32, 3), (3, 3, 3, 256)) == 0
+    assert conv.conv2d_backward_weight_workspace((256, 32, 32, 3), (3, 3, 3, 256), np.float32) == 0
 
 
 def test_outputs_must_be_contiguous(rng):

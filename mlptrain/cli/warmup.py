@@ -1,0 +1,50 @@
+"""`mlptrain warmup CONFIG [KEY=VALUE ...]`: compile every GPU kernel a config needs into the kernel cache,
+then exit, so that later runs (a cluster image's, a sweep's workers) start at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from mlptrain.cli.configs import resolve_config
+from mlptrain.config import load_config
+from mlptrain.experiment import Resources
+from mlptrain.tracking import console
+
+
+def warmup(
+    config: str = typer.Argument(..., help="a YAML config file or a built-in config name"),
+    overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. train.precision=bf16"),
+) -> None:
+    """Compile the kernels a config needs into the kernel cache (`mlptrain cache` shows it), then exit."""
+    from mlptrain.compilation import compile_kernels
+    from mlptrain.session import build_session
+
+    cfg = load_config(resolve_config(config), overrides or [])
+    backend, dataset = Resources().prepare(cfg, start_compilers=True)
+    if backend.name != "cuda":
+        console.print(f"backend {backend.name}: the NumPy kernels need no compiling")
+        return
+    compile_kernels(build_session(cfg, backend, dataset))
+
+
+def warm_in_child(config: dict, log: Path) -> None:
+    """`mlptrain warmup` of a resolved config in a child process, which fills the kernel cache and exits
+    (freeing its GPU): a sweep runs it before starting its workers, so that no worker compiles. Its output
+    goes to `log`; a failure is one warning line, and the workers then compile for themselves."""
+    from mlptrain.runs import write_yaml
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.yaml"
+        write_yaml(path, {k: v for k, v in config.items() if k != "description"})
+        with console.status("compiling the sweep's kernels once, for every worker"), open(log, "a") as out:
+            done = subprocess.run([sys.executable, "-m", "mlptrain", "warmup", str(path)], stdout=out,
+                                  stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        console.print(f"[bold yellow]warning:[/] compiling the kernels ahead failed (see {log}); "
+                      "each worker compiles its own")

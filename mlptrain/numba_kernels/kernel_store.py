@@ -1,0 +1,154 @@
+"""Where compiled kernels live on disk: one file per kernel, written atomically, checked when read.
+
+An entry is `MAGIC`, the sha256 of its payload, a newline, then the payload (numba-cuda's pickled
+kernel: PTX and cubin). A reader that finds a bad magic, a digest that does not match (a truncated
+or flipped file) or a payload that does not load drops the entry with one warning and the kernel is
+compiled again. Writers write a temporary file in the entry's folder and rename it into place, so
+two processes filling the cache at once each leave a whole entry (the last rename wins; both are
+the same kernel). A folder that cannot be written (read-only, full disk) turns the store off for the
+rest of the process with one warning: kernels are then compiled in memory, as without a cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
+MAGIC = b"MLPTRAIN-KERNEL-1\n"
+SUFFIX = ".kernel"
+LAST_RUN = "last-run.json"  # what the latest process that trained did with the cache (`mlptrain cache`)
+_OFF = ("", "0", "off", "none", "false")
+
+
+def default_dir() -> Path | None:
+    """$MLPTRAIN_KERNEL_CACHE (a folder; `off` disables the cache), else the user cache folder:
+    $XDG_CACHE_HOME/mlptrain/kernels or ~/.cache/mlptrain/kernels."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mlptrain" / "kernels"
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (the kernel package knows nothing of the CLI's console)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+class KernelStore:
+    """Entries by key (a hex digest) under `root`; `None` as root stores nothing."""
+
+    def __init__(self, root: Path | str | None):
+        self.root = None if root is None else Path(root)
+        self.writable = root is not None
+        self.dropped = 0  # corrupt entries found and removed
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}{SUFFIX}"
+
+    def contains(self, key: str) -> bool:
+        return self.root is not None and self.path(key).is_file()
+
+    def get(self, key: str) -> bytes | None:
+        """The payload stored under `key`, or None (absent, unreadable or corrupt: then removed)."""
+        if self.root is None:
+            return None
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            warn(f"kernel cache entry {path} could not be read ({err.strerror}); compiling it")
+            return None
+        head, _, payload = data[len(MAGIC):].partition(b"\n")
+        if not data.startswith(MAGIC) or head.decode("ascii", "replace") != hashlib.sha256(payload).hexdigest():
+            self.drop(key, "is corrupt or truncated")
+            return None
+        return payload
+
+    def drop(self, key: str, why: str) -> None:
+        """Remove a bad entry (one warning line); the caller compiles the kernel again."""
+        self.dropped += 1
+        path = self.path(key)
+        warn(f"kernel cache entry {path.name} {why}; rebuilding it")
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    def put(self, key: str, payload: bytes) -> bool:
+        """Store `payload` under `key` atomically; False (and the store off) when the folder cannot be
+        written."""
+        if not self.writable:
+            return False
+        path = self.path(key)
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+            os.replace(tmp, path)
+            return True
+        except OSError as err:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            self.writable = False
+            warn(f"the kernel cache {self.root} cannot be written ({err.strerror or err}); "
+                 "compiling kernels in memory for this run")
+            return False
+
+    def empty(self) -> bool:
+        """No entry at all (cheaper than counting them)."""
+        return self.root is None or next(self.root.glob(f"*/*{SUFFIX}"), None) is None
+
+    def entries(self) -> list[Path]:
+        if self.root is None or not self.root.is_dir():
+            return []
+        return sorted(self.root.glob(f"*/*{SUFFIX}"))
+
+    def clear(self) -> int:
+        """Remove every entry (and stray temporary files); returns the entries removed."""
+        removed = 0
+        for path in self.entries():
+            path.unlink(missing_ok=True)
+            removed += 1
+        if self.root is not None and self.root.is_dir():
+            for stray in self.root.glob("*/.*.tmp"):
+                stray.unlink(missing_ok=True)
+            for folder in self.root.iterdir():
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        return removed
+
+    def size(self) -> int:
+        return sum(path.stat().st_size for path in self.entries())
+
+    def write_last_run(self, record: dict) -> None:
+        """Record a process's hits and misses for `mlptrain cache info`; a folder that cannot be written
+        has already said so, so this stays quiet."""
+        if not self.writable:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".last-run.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f, indent=1)
+            os.replace(tmp, self.root / LAST_RUN)
+        except OSError:
+            pass
+
+    def last_run(self) -> dict | None:
+        try:
+            return json.loads((self.root / LAST_RUN).read_text())
+        except (OSError, ValueError, TypeError):
+            return None
