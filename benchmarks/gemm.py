@@ -81,7 +81,8 @@ def our_launch(cuda, gemm, op, t, candidate=None):
         (m, k), n = a["x"].shape, a["dy"].shape[1]
         workspace = cuda.device_array(max(1, gemm.linear_backward_weight_workspace(m, k, n)), np.float32)
         return lambda: gemm.linear_backward_weight(a["x"], a["dy"], a["out"], 0.0, workspace)
-    factory = {"forward": gemm._make_linear_forward, "backward_input": gemm._make_linear_backward_input,
+    factory = {"forward": lambda tile, dtype, **o: gemm._make_linear_rows(tile, dtype, False, **o),
+               "backward_input": lambda tile, dtype, **o: gemm._make_linear_rows(tile, dtype, True, **o),
                "backward_weight": gemm._make_linear_backward_weight}[op]
     tile, options = candidate
     key = (op, tile, tuple(sorted(options.items())))
@@ -89,7 +90,7 @@ def our_launch(cuda, gemm, op, t, candidate=None):
         _KERNELS[key] = factory(tile, np.dtype(np.float32), **options)
     kernel = _KERNELS[key]
     rows, columns = a["out"].shape
-    grid, threads = gemm.launch_grid(rows, columns, tile)
+    grid, threads = tiles.launch_grid(rows, columns, tile)
     if op == "forward":
         return lambda: kernel[grid, threads](a["x"], a["w"], a["b"], a["out"], 1)
     if op == "backward_input":
@@ -151,7 +152,7 @@ def main() -> int:
     import torch
     from numba import cuda
 
-    from mlptrain.numba_kernels import gemm
+    from mlptrain.numba_kernels import gemm, tiles
 
     torch.backends.cuda.matmul.allow_tf32 = False
 

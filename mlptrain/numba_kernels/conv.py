@@ -32,14 +32,14 @@ import math
 
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import conv_mma, conv_narrow, conv_wide, gemm, kernel_cache, streams
-from mlptrain.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
+from mlptrain.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, kernel_cache, streams, tiles
 from mlptrain.numba_kernels.checks import require, require_one_of
-from mlptrain.numba_kernels.gemm import dense_operand
+from mlptrain.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
 from mlptrain.numba_kernels.im2col import flipped_kernel_operand, image_columns_operand, image_rows_operand
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.numba_kernels.tiles import dense_operand
 
-# Backward weight: pixels are cut into chunks summed by separate blocks (gemm.chunk_plan), a fixed
+# Backward weight: pixels are cut into chunks summed by separate blocks (chunks.chunk_plan), a fixed
 # plan not read off the GPU, so the summation order and hence the result are the same on every device.
 MAX_PIXELS = 2**31 - 1  # the multiply-and-shift division holds below 2**31
 MAX_SIDE = 2**16 - 1  # a pixel's code holds h and w in 16 bits each
@@ -49,10 +49,10 @@ MAX_SIDE = 2**16 - 1  # a pixel's code holds h and w in 16 bits each
 
 @functools.cache
 def _make_conv2d_forward(tile, dtype, size, **jit_options):
-    BM, BN, TM, TN, _, _ = gemm._tile_coords(tile)
+    BM, BN, TM, TN, _, _ = tiles.tile_coords(tile)
     load, store = codec(dtype)
-    tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), dense_operand(load, False))
-    bias_activation, _ = gemm.make_epilogues(gemm.tile_layout(tile), load, store)
+    tile_product = tiles.make_tile_product(tile, image_rows_operand(load, size), dense_operand(load, False))
+    bias_activation, _ = tiles.make_epilogues(tiles.tile_layout(tile), load, store)
 
     # Block (by, bx) owns pixels by*BM:+BM and output channels bx*BN:+BN of
     # y: its K-split groups sum their shares of the taps x channels, group 0
@@ -79,7 +79,7 @@ def conv2d_forward(x, w, b, y, activation):
     Cout = w.shape[3]
     require("b", b, x.dtype, (Cout,))
     require("y", y, x.dtype, (N, H, W, Cout))
-    gemm._check_activation(activation)
+    tiles.check_activation(activation)
     pixels = N * H * W
     if pixels == 0 or Cout == 0:
         return
@@ -92,7 +92,7 @@ def conv2d_forward(x, w, b, y, activation):
         conv_mma.forward(x, w, b, y, activation)
     else:
         tile = TILES[chosen.tile][0]
-        grid, threads = gemm.launch_grid(pixels, Cout, tile)
+        grid, threads = tiles.launch_grid(pixels, Cout, tile)
         _make_conv2d_forward(tile, x.dtype, size)[grid, threads, streams.current()](
             x, w.reshape(size * size * Cin, Cout), b, y.reshape(pixels, Cout), activation)
 
@@ -103,11 +103,11 @@ def conv2d_forward(x, w, b, y, activation):
 def _make_conv2d_backward_input(tile, dtype, size, dense=False, **jit_options):
     """dense: w comes rearranged by flip_kernel as a (KS*KS*Cout, Cin) matrix, read like the forward
     reads its w; else as (KS*KS, Cin, Cout), flipped as it is fetched."""
-    BM, BN, TM, TN, _, _ = gemm._tile_coords(tile)
+    BM, BN, TM, TN, _, _ = tiles.tile_coords(tile)
     load, store = codec(dtype)
     kernel = dense_operand(load, False) if dense else flipped_kernel_operand(load, size)
-    tile_product = gemm._make_tile_product(tile, image_rows_operand(load, size), kernel)
-    _, activation_grad = gemm.make_epilogues(gemm.tile_layout(tile), load, store)
+    tile_product = tiles.make_tile_product(tile, image_rows_operand(load, size), kernel)
+    _, activation_grad = tiles.make_epilogues(tiles.tile_layout(tile), load, store)
 
     # Block (by, bx) owns pixels by*BM:+BM and input channels bx*BN:+BN of
     # dx: as a gather over the flipped kernel, each dx[pixel, cin] collects
@@ -142,8 +142,8 @@ def flip_kernel(w, flipped):
     require("flipped", flipped, w.dtype, (size * size * Cout, Cin))
     elements = w.size
     if elements:
-        blocks = max(1, min(gemm.SUM_MAX_BLOCKS, math.ceil(elements / gemm.SUM_THREADS)))
-        flip_kernel_kernel[blocks, gemm.SUM_THREADS, streams.current()](w.reshape(size * size, Cin, Cout), flipped)
+        blocks = max(1, min(chunks.SUM_MAX_BLOCKS, math.ceil(elements / chunks.SUM_THREADS)))
+        flip_kernel_kernel[blocks, chunks.SUM_THREADS, streams.current()](w.reshape(size * size, Cin, Cout), flipped)
 
 
 def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
@@ -164,7 +164,7 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     size = _kernel_size(w, dy.dtype, Cin)
     require("h", h, dy.dtype, (N, H, W, Cin))
     require("dx", dx, dy.dtype, (N, H, W, Cin))
-    gemm._check_activation(activation)
+    tiles.check_activation(activation)
     K = size * size * Cout
     if flipped is not None:
         require("flipped", flipped, dy.dtype, (None,))
@@ -187,7 +187,7 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
         conv_mma.backward_input(dy, kernel, h, dx, activation)
         return
     tile = TILES[chosen.tile][0]
-    grid, threads = gemm.launch_grid(pixels, Cin, tile)
+    grid, threads = tiles.launch_grid(pixels, Cin, tile)
     _make_conv2d_backward_input(tile, dy.dtype, size, flipped is not None)[grid, threads, streams.current()](
         dy, kernel, h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation, K)
 
@@ -197,8 +197,8 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
 @functools.cache
 def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
     load, _ = codec(dtype)
-    product = gemm._make_tile_product(tile, image_columns_operand(load, size), dense_operand(load, False))
-    return gemm.make_weight_partials(product, gemm.tile_layout(tile), tile[:2], **_launch_options(tile, jit_options))
+    product = tiles.make_tile_product(tile, image_columns_operand(load, size), dense_operand(load, False))
+    return chunks.make_weight_partials(product, tiles.tile_layout(tile), tile[:2], **_launch_options(tile, jit_options))
 
 
 def conv2d_variants(x_shape, w_shape, dtype, flipped=True):
@@ -240,14 +240,14 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     elif chosen.variant == "tensor_cores":
         partials = conv_mma.weight_partials(x, dy, size, workspace)
     else:
-        _, chunk, chunks, _ = tiled_weight_chunks(x.shape, dw.shape)
+        _, chunk, count, _ = tiled_weight_chunks(x.shape, dw.shape)
         tile = TILES[chosen.tile][0]
-        (gx, gy), threads = gemm.launch_grid(rows, Cout, tile)
-        partials = workspace[:chunks * rows * Cout].reshape(chunks, rows, Cout)
-        _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, chunks), threads, streams.current()](
+        (gx, gy), threads = tiles.launch_grid(rows, Cout, tile)
+        partials = workspace[:count * rows * Cout].reshape(count, rows, Cout)
+        _make_conv2d_weight_partials(tile, x.dtype, size)[(gx, gy, count), threads, streams.current()](
             x, dy.reshape(pixels, Cout), partials, chunk)
-        partials = partials.reshape(chunks, rows * Cout)
-    gemm.add_chunks(partials, dw.reshape(rows * Cout), beta)
+        partials = partials.reshape(count, rows * Cout)
+    chunks.add_chunks(partials, dw.reshape(rows * Cout), beta)
 
 
 # --- launch helpers ---------------------------------------------------------------

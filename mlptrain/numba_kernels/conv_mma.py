@@ -23,11 +23,11 @@ import math
 import numpy as np
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import gemm, gemm_mma, kernel_cache, streams
-from mlptrain.numba_kernels.gemm import dense_operand
+from mlptrain.numba_kernels import chunks, gemm_mma, kernel_cache, streams, tiles
 from mlptrain.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.numba_kernels.im2col import image_columns_operand, image_rows_operand
 from mlptrain.numba_kernels.precision import codec
+from mlptrain.numba_kernels.tiles import dense_operand
 
 KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
 TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
@@ -70,7 +70,7 @@ def _make_pixel_rows(tile, dtype, size, backward):
     load, store = codec(dtype)
     tile_product = gemm_mma.make_tile_product(
         tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
-    bias_activation, activation_grad = gemm.make_epilogues(layout, load, store)
+    bias_activation, activation_grad = tiles.make_epilogues(layout, load, store)
     epilogue = activation_grad if backward else bias_activation
 
     # Block (by, bx) owns pixels by*BM:+BM and channels bx*BN:+BN of the output; each warp sums its
@@ -109,22 +109,22 @@ def backward_input(dy, flipped, h, dx, activation):
 # --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
 
 def weight_plan(x_shape, w_shape):
-    """(chunk, chunks, most chunks) of the pixel chunks (gemm.blocks_chunk_plan)."""
+    """(chunk, chunks, most chunks) of the pixel chunks (chunks.blocks_chunk_plan)."""
     N, H, W, Cin = x_shape
     size, _, _, Cout = w_shape
-    return gemm.blocks_chunk_plan(N * H * W, math.prod(_grid(size * size * Cin, Cout, TILE)))
+    return chunks.blocks_chunk_plan(N * H * W, math.prod(_grid(size * size * Cin, Cout, TILE)))
 
 
 @functools.cache
 def _make_weight_partials(tile, dtype, size):
     product = gemm_mma.make_tile_product(
         tile, image_columns_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
-    return gemm.make_weight_partials(product, gemm_mma.layout(tile), tile[:2], **_options(tile))
+    return chunks.make_weight_partials(product, gemm_mma.layout(tile), tile[:2], **_options(tile))
 
 
 def weight_partials(x, dy, size, workspace):
     """The (chunks, KS*KS*Cin * Cout) partial sums of the weight gradient in `workspace`, each over one
-    pixel chunk of weight_plan, for gemm.add_chunks to add."""
+    pixel chunk of weight_plan, for chunks.add_chunks to add."""
     N, H, W, Cin = x.shape
     Cout = dy.shape[3]
     pixels, rows = N * H * W, size * size * Cin

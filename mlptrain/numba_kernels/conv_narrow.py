@@ -13,7 +13,7 @@ rounded once), which dispatches here when `fits(KS, Cout)`.
     forward          y  = act(conv(x, w) + b)     warp: 32 channel slices of a row segment, then a
                                                   butterfly across lanes
     backward weight  dw = beta * dw + sum(x dy)   thread: one input channel over a chunk of rows;
-                                                  chunks added in order by gemm.add_chunks
+                                                  chunks added in order by chunks.add_chunks
 
 No atomics; every sum runs in a fixed order (lanes, rows and chunks fixed by
 the shapes alone), so results are bitwise reproducible. The launchers are the
@@ -26,7 +26,7 @@ import math
 from numba import config, cuda, float32, uint64
 
 from mlptrain.activation import RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import gemm, kernel_cache, streams
+from mlptrain.numba_kernels import chunks, kernel_cache, streams, tiles
 from mlptrain.numba_kernels.precision import codec
 
 NARROW_OUT = 4  # outputs of at most this many channels take these kernels...
@@ -202,7 +202,7 @@ def _make_narrow_forward(dtype, size, outputs, segment, channels):
             if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
                 z = float32(0)
             elif activation == TANH or activation == SIGMOID:
-                z = gemm._squash(z, activation)
+                z = tiles.squash(z, activation)
             y[uint64((row * width + w0) * outputs + lane)] = store(z)
 
     return narrow_forward_kernel
@@ -292,12 +292,12 @@ def _weight_threads(channels):
 
 def weight_plan(x_shape, w_shape):
     """(rows a chunk, chunks, most chunks) of the weight gradient: image rows (n, h) cut into at
-    most enough chunks for about gemm.CHUNK_BLOCKS blocks, each of at least gemm.MIN_CHUNK pixels;
+    most enough chunks for about chunks.CHUNK_BLOCKS blocks, each of at least chunks.MIN_CHUNK pixels;
     a plan of the shapes alone, so the summation order is the same on every device. `most chunks`
     grows with the batch; an even split may leave fewer in use."""
     N, H, W, Cin = x_shape
     rows, (_, groups) = N * H, _weight_threads(Cin)
-    most = max(1, min(math.ceil(gemm.CHUNK_BLOCKS / groups), rows // math.ceil(gemm.MIN_CHUNK / W)))
+    most = max(1, min(math.ceil(chunks.CHUNK_BLOCKS / groups), rows // math.ceil(chunks.MIN_CHUNK / W)))
     chunk = max(1, math.ceil(rows / most))
     return chunk, max(1, math.ceil(rows / chunk)), most
 
@@ -312,7 +312,7 @@ def narrow_weight_partials(x, dy, size, workspace):
     """Pass 1 of dw = beta * dw + sum over pixels of x dy for x (N, H, W, Cin), dy (N, H, W, Cout),
     a size x size kernel and a float32 workspace of at least weight_workspace(...) elements:
     returns the (chunks, KS*KS*Cin*Cout) view of the workspace holding each chunk's sum, for
-    gemm.add_chunks to add in chunk order."""
+    chunks.add_chunks to add in chunk order."""
     N, H, W, Cin = x.shape
     Cout = dy.shape[3]
     chunk, chunks, _ = weight_plan(x.shape, (size, size, Cin, Cout))

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlptrain.numba_kernels import conv_mma, conv_narrow, conv_wide, gemm
+from mlptrain.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, tiles
 
 PASSES = ("forward", "backward_input", "backward_weight")
 TENSOR_CORE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16 / fp16 inputs
@@ -50,7 +50,7 @@ NARROW_TILE = (128, 8, 8, 8, 2, 4)
 # for the pixel-row passes, SQUARE (and its 16-deep slices) for the weight gradient.
 WIDE_TILE = (64, 128, 8, 4, 8, 1)
 SQUARE_TILE = (128, 128, 16, 8, 8, 1)
-TILES = {"wide": (WIDE_TILE, 128), "square": (SQUARE_TILE, 128), **gemm.TILES, "narrow": (NARROW_TILE, 0)}
+TILES = {"wide": (WIDE_TILE, 128), "square": (SQUARE_TILE, 128), **tiles.TILES, "narrow": (NARROW_TILE, 0)}
 PIXEL_TILES = ("wide", "large", "medium", "small", "narrow")
 WEIGHT_TILES = ("square", "large", "medium", "small", "narrow")
 
@@ -113,7 +113,7 @@ def pick_tile(rows, columns, weight=False):
 
     def fills(name):
         tile, min_blocks = TILES[name]
-        grid, _ = gemm.launch_grid(rows, columns, tile)
+        grid, _ = tiles.launch_grid(rows, columns, tile)
         return grid[0] * grid[1] >= min_blocks
 
     if weight:
@@ -123,11 +123,11 @@ def pick_tile(rows, columns, weight=False):
 
 def tiled_weight_chunks(x_shape, w_shape):
     """(tile name, chunk, chunks, most chunks) of the tiled weight gradient: the tile for its
-    (KS*KS*Cin, Cout) output, then at most enough pixel chunks for about gemm.CHUNK_BLOCKS blocks,
-    each of at least gemm.MIN_CHUNK pixels. `most chunks` grows with the batch."""
+    (KS*KS*Cin, Cout) output, then at most enough pixel chunks for about chunks.CHUNK_BLOCKS blocks,
+    each of at least chunks.MIN_CHUNK pixels. `most chunks` grows with the batch."""
     N, H, W, Cin = x_shape
     size, _, _, Cout = w_shape
     pixels, rows = N * H * W, size * size * Cin
     name = pick_tile(rows, Cout, weight=True)
-    return (name, *gemm.chunk_plan(pixels, rows, Cout, TILES[name][0]))
+    return (name, *chunks.chunk_plan(pixels, rows, Cout, TILES[name][0]))
 

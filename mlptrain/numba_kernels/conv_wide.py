@@ -20,7 +20,7 @@ import math
 from numba import cuda, float32, uint64
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import gemm, kernel_cache, streams
+from mlptrain.numba_kernels import kernel_cache, streams, tiles
 from mlptrain.numba_kernels.conv_narrow import LANES, launch_bounds, even_segment
 from mlptrain.numba_kernels.precision import codec
 
@@ -138,7 +138,7 @@ def _make_wide_forward(dtype, size, summed, stretch, segment):
                     if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
                         z = float32(0)
                     elif activation == TANH or activation == SIGMOID:
-                        z = gemm._squash(z, activation)
+                        z = tiles.squash(z, activation)
                     y[uint64((first + s0 + p) * channels + cout)] = store(z)
 
     return wide_forward_kernel
@@ -175,7 +175,7 @@ def _make_wide_backward_input(dtype, size, summed, stretch, segment):
             if activation != NONE:  # act'(h) loaded before the sums, whose FMAs hide the latency
                 for p in range(segment):
                     q = first + min(s0 + p, count - 1)  # past the stretch: a pixel in it, not used
-                    grad[p] = gemm._activation_grad(load(h[uint64(q * channels + cin)]), activation)
+                    grad[p] = tiles.activation_grad_of(load(h[uint64(q * channels + cin)]), activation)
             sums(window, weights, acc, s0)
             for p in range(segment):
                 if s0 + p < count:

@@ -28,7 +28,7 @@ k), with no atomics, so results are bitwise reproducible on one GPU model.
 
 from numba import config, cuda, float32, int64, uint32, uint64
 
-from mlptrain.numba_kernels import gemm, kernel_cache
+from mlptrain.numba_kernels import kernel_cache, tiles
 from mlptrain.numba_kernels.tensor_core import mma
 
 BK = 32  # k a slice: two m16n8k16 steps
@@ -103,7 +103,7 @@ def _make_stage(operand, ROWS, THREADS):
 
 
 def layout(tile):
-    """The gemm.Layout of make_tile_product's threads: acc[2 i + h, 2 j + c] is fragment (i, j)'s
+    """The tiles.Layout of make_tile_product's threads: acc[2 i + h, 2 j + c] is fragment (i, j)'s
     register 2 h + c, output row (warp's first) + 16 i + 8 h + lane // 4, column (warp's first) +
     8 j + 2 (lane % 4) + c."""
     BM, BN, WM, WN, FM, FN, _ = _tile_shape(tile)
@@ -118,7 +118,7 @@ def layout(tile):
         warp, lane = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
         return n0 + (warp % WN) * (BN // WN) + 8 * (j >> 1) + 2 * (lane % 4) + (j & 1)
 
-    return gemm.Layout(2 * FM, 2 * FN, row_of, col_of)
+    return tiles.Layout(2 * FM, 2 * FN, row_of, col_of)
 
 
 def make_tile_product(tile, a_operand, b_operand, kind):

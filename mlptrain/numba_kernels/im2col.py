@@ -11,8 +11,8 @@ never divide and an element's fetch only unpacks fields.
 
 from numba import cuda, float32, uint64
 
-from mlptrain.numba_kernels import gemm, kernel_cache
-from mlptrain.numba_kernels.gemm import Operand
+from mlptrain.numba_kernels import kernel_cache, tiles
+from mlptrain.numba_kernels.tiles import Operand
 
 @kernel_cache.device
 def _divider(d):
@@ -91,14 +91,14 @@ def _make_image_element(load, size, zero):
     return element
 
 
-def image_rows_operand(load, size, zero=gemm.float_zero):
+def image_rows_operand(load, size, zero=tiles.float_zero):
     """im2col(x) as the A operand of the pixel-row products (forward,
     backward input): rows are pixels, the summed index is (tap, channel),
     contiguous along the channel."""
     return Operand(_image_geometry, pixel_code, _make_tap_code(size), _make_image_element(load, size, zero), True)
 
 
-def image_columns_operand(load, size, zero=gemm.float_zero):
+def image_columns_operand(load, size, zero=tiles.float_zero):
     """im2col(x).T as the A operand of the weight gradient: rows are (tap, channel), contiguous along
     the channel; the summed index is the pixel."""
     element = _make_image_element(load, size, zero)
@@ -130,4 +130,4 @@ def flipped_kernel_operand(load, size):
             return float32(0)
         return load(w[uint64(k >> 32), uint64(cin), uint64(k & 0xFFFFFFFF)])
 
-    return Operand(_kernel_geometry, gemm.index_code, column, fetch, True)
+    return Operand(_kernel_geometry, tiles.index_code, column, fetch, True)

@@ -5,7 +5,7 @@ import math
 
 from numba import config, cuda, float32
 
-from mlptrain.numba_kernels import gemm, kernel_cache, streams
+from mlptrain.numba_kernels import chunks, kernel_cache, streams
 from mlptrain.numba_kernels.checks import require, require_one_of
 from mlptrain.numba_kernels.precision import STORAGE_DTYPES, codec
 
@@ -88,15 +88,15 @@ def bias_backward(dy, db, beta, workspace=None):
     width = _column_width(columns)
     kernel = _make_bias_backward(dy.dtype, width)
     blocks, threads = math.ceil(columns / width), (width, BIAS_THREADS // width)
-    chunks = math.ceil(rows / CHUNK_ROWS)
-    if workspace is not None and chunks > 1:
+    count = math.ceil(rows / CHUNK_ROWS)
+    if workspace is not None and count > 1:
         require("workspace", workspace, "float32", (None,))
-        if workspace.shape[0] < chunks * columns:
-            raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chunks * columns} "
+        if workspace.shape[0] < count * columns:
+            raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {count * columns} "
                              "(bias_backward_workspace(rows, columns))")
-        partials = workspace[:chunks * columns].reshape(chunks, columns)
-        kernel[(blocks, chunks), threads, streams.current()](dy, partials, CHUNK_ROWS, float32(0))
-        gemm.add_chunks(partials, db, beta)
+        partials = workspace[:count * columns].reshape(count, columns)
+        kernel[(blocks, count), threads, streams.current()](dy, partials, CHUNK_ROWS, float32(0))
+        chunks.add_chunks(partials, db, beta)
         return
     kernel[(blocks, 1), threads, streams.current()](dy, db.reshape(1, columns), max(rows, 1), float32(beta))
 

@@ -19,7 +19,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import conv, conv_mma, conv_narrow, conv_plan, conv_wide, gemm
+from mlptrain.numba_kernels import chunks, conv, conv_mma, conv_narrow, conv_plan, conv_wide, tiles
 from mlptrain.numpy_kernels import conv as numpy_conv
 from tests import kernel_cases
 from tests import reference_conv as ref
@@ -84,8 +84,8 @@ def test_conv2d_backward_weight(rng, shape, size, beta, dtype):
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_backward_weight_in_several_chunks(rng, monkeypatch, beta):
     """105 pixels in chunks of 64: two pass-1 blocks, the second chunk ragged."""
-    monkeypatch.setattr(gemm, "MIN_CHUNK", 32)
-    monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 32)
+    monkeypatch.setattr(chunks, "CHUNK_BLOCKS", 10**6)
     assert conv_plan.tiled_weight_chunks((3, 5, 7, 2), (3, 3, 2, 5))[1:] == (64, 2, 3)
     ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 5), 3, beta, FP32)
 
@@ -142,8 +142,8 @@ def test_narrow_backward_weight(rng, shape, size, beta, dtype):
 def test_narrow_backward_weight_in_several_chunks(rng, monkeypatch, beta):
     """10 image rows of 7 pixels in chunks of 4 rows: three pass-1 blocks, the second straddling
     the two images, the third ragged."""
-    monkeypatch.setattr(gemm, "MIN_CHUNK", 15)
-    monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 15)
+    monkeypatch.setattr(chunks, "CHUNK_BLOCKS", 10**6)
     assert conv_narrow.weight_plan((2, 5, 7, 37), (3, 3, 37, 3)) == (4, 3, 3)
     ref.backward_weight_case(BACKEND, rng, (2, 5, 7, 37, 3), 3, beta, BF16)
 
@@ -151,7 +151,7 @@ def test_narrow_backward_weight_in_several_chunks(rng, monkeypatch, beta):
 def test_narrow_results_are_bitwise_reproducible(rng, monkeypatch):
     """Two launches on the same inputs give the same bits: the forward's butterfly and the weight
     gradient's chunks (three here) sum in fixed orders."""
-    monkeypatch.setattr(gemm, "MIN_CHUNK", 15)
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 15)
     x, w, b = (cuda.to_device(ref.stored(rng, s, FP32)[0]) for s in ((2, 5, 7, 37), (3, 3, 37, 3), (3,)))
     dy = cuda.to_device(ref.stored(rng, (2, 5, 7, 3), FP32)[0])
     y, dw = ref.poisoned(BACKEND, (2, 5, 7, 3), FP32), ref.poisoned(BACKEND, (3, 3, 37, 3), np.float32)
@@ -268,13 +268,13 @@ def test_workspace_fills_the_gpu_and_serves_smaller_batches():
         sizes = [conv.conv2d_backward_weight_workspace((n, H, W, cin), w_shape, FP32) for n in range(0, 257)]
         assert sizes == sorted(sizes) and sizes[0] == 9 * cin * cout
         if conv_narrow.fits(3, cout):  # a block per chunk and 256 input channels
-            _, chunks, most = conv_narrow.weight_plan((256, H, W, cin), w_shape)
-            assert chunks * math.ceil(cin / conv_narrow.WEIGHT_THREADS) >= gemm.CHUNK_BLOCKS // 2
+            _, count, most = conv_narrow.weight_plan((256, H, W, cin), w_shape)
+            assert count * math.ceil(cin / conv_narrow.WEIGHT_THREADS) >= chunks.CHUNK_BLOCKS // 2
             assert sizes[-1] == most * 9 * cin * cout
             continue
-        name, chunk, chunks, _ = conv_plan.tiled_weight_chunks((256, H, W, cin), w_shape)
-        grid, _ = gemm.launch_grid(9 * cin, cout, conv_plan.TILES[name][0])
-        assert grid[0] * grid[1] * chunks >= gemm.CHUNK_BLOCKS // 2 and chunk % gemm.CHUNK_STEP == 0
+        name, chunk, count, _ = conv_plan.tiled_weight_chunks((256, H, W, cin), w_shape)
+        grid, _ = tiles.launch_grid(9 * cin, cout, conv_plan.TILES[name][0])
+        assert grid[0] * grid[1] * count >= chunks.CHUNK_BLOCKS // 2 and chunk % chunks.CHUNK_STEP == 0
 
 
 def test_launchers_reject_bad_arguments(rng):

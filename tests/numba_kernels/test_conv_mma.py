@@ -14,7 +14,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import conv, conv_mma, conv_plan, gemm, gemm_mma, tensor_core
+from mlptrain.numba_kernels import chunks, conv, conv_mma, conv_plan, gemm_mma, tensor_core
 from tests import kernel_cases
 from tests import reference_conv as ref
 from tests.numba_kernels.test_conv import MINI_TILE, twice
@@ -102,16 +102,16 @@ def test_backward_weight(rng, mini_tile, shape, size, beta, dtype):
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_backward_weight_in_several_chunks(rng, mini_tile, monkeypatch, beta):
     """105 pixels in chunks of 64: the second ragged, ending on an odd pixel."""
-    monkeypatch.setattr(gemm, "MIN_CHUNK", 32)
-    monkeypatch.setattr(gemm, "CHUNK_BLOCKS", 10**6)
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 32)
+    monkeypatch.setattr(chunks, "CHUNK_BLOCKS", 10**6)
     assert conv_mma.weight_plan((3, 5, 7, 2), (3, 3, 2, 5)) == (64, 2, 3)
     ref.backward_weight_case(BACKEND, rng, (3, 5, 7, 2, 5), 3, beta, BF16)
 
 
 def test_results_are_bitwise_reproducible(rng, mini_tile, monkeypatch):
     """Each output is one warp's mma sequence and the chunks add in order: two launches, same bits."""
-    monkeypatch.setattr(gemm, "MIN_CHUNK", 8)
-    monkeypatch.setattr(gemm, "CHUNK_STEP", 8)
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 8)
+    monkeypatch.setattr(chunks, "CHUNK_STEP", 8)
     (x, _), (w, _), (b, _) = (ref.stored(rng, s, BF16) for s in ((1, 5, 7, 6), (3, 3, 6, 18), (18,)))
     dy = ref.stored(rng, (1, 5, 7, 18), BF16)[0]
     x, w, b, dy = (cuda.to_device(a) for a in (x, w, b, dy))
@@ -129,7 +129,7 @@ def test_tensor_cores_take_16_bit_passes_that_pair_up(monkeypatch):
     calls = []
     for name in ("forward", "backward_input", "weight_partials"):
         monkeypatch.setattr(conv_mma, name, lambda *args, name=name: calls.append(name))
-    monkeypatch.setattr(gemm, "add_chunks", lambda *args: None)
+    monkeypatch.setattr(chunks, "add_chunks", lambda *args: None)
     for dtype in (FP32, BF16, FP16):
         device = lambda *shape: cuda.to_device(np.zeros(shape, dtype))  # noqa: E731
         x6, x7, y8 = device(1, 2, 3, 6), device(1, 2, 3, 7), device(1, 2, 3, 8)

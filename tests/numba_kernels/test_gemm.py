@@ -12,7 +12,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.numba_kernels import gemm
+from mlptrain.numba_kernels import chunks, gemm, tiles
 from tests import kernel_cases as cases
 from tests.kernel_cases import hidden_output, random
 
@@ -46,11 +46,11 @@ def test_row_slices_of_a_larger_buffer(rng):
     cases.row_slices_of_a_larger_buffer(BACKEND, rng, RELU)
 
 
-@pytest.mark.parametrize("tile", list(gemm.TILES))
+@pytest.mark.parametrize("tile", list(tiles.TILES))
 def test_every_tile(rng, monkeypatch, tile):
     """Each tile, forced, on one shape: K = 70 spans several K steps of every
     K-split group, and the outputs span several blocks of SMALL."""
-    monkeypatch.setattr(gemm, "_pick_tile", lambda rows, columns: tile)
+    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns: tile)
     m, k, n = 37, 70, 45
     x, w, b, dy, old = random(rng, m, k), random(rng, k, n), random(rng, n), random(rng, m, n), random(rng, k, n)
     h = hidden_output(rng, (m, k), SIGMOID)
@@ -140,8 +140,8 @@ def test_low_precision_mlp_sizes_on_the_gpu(rng, dtype):
 def test_backward_weight_summed_in_chunks(rng, monkeypatch, shape, beta):
     """A long batch over a small output, given its workspace, is summed in chunks (chunks of 64 here,
     the last one short) by separate blocks, then added in order."""
-    monkeypatch.setattr(gemm, "MIN_CHUNK", 64)
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 64)
     m, k, n = shape
-    chunk, chunks, _ = gemm.chunk_plan(m, k, n, gemm.TILES[gemm._pick_tile(k, n)][0])
-    assert chunks > 1 and gemm.linear_backward_weight_workspace(m, k, n) >= chunks * k * n
+    chunk, count, _ = chunks.chunk_plan(m, k, n, tiles.TILES[gemm.pick_tile(k, n)][0])
+    assert count > 1 and gemm.linear_backward_weight_workspace(m, k, n) >= count * k * n
     cases.linear_backward_weight(BACKEND, rng, shape, beta, workspace=True)

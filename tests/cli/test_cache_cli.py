@@ -1,0 +1,40 @@
+"""`mlptrain cache` and `mlptrain warmup` as a user meets them (CPU: no kernel is compiled here)."""
+
+from mlptrain.numba_kernels.kernel_store import KernelStore
+from tests.cli.test_cli import assert_clean_failure, mlptrain
+
+
+def test_cache_info_shows_the_folder_entries_and_last_run(tmp_path):
+    store = KernelStore(tmp_path / "k")
+    store.put("ab" * 32, b"x" * 2048)
+    store.write_last_run({"run": "r1", "at": "2026-11-23 10:00:00", "compiled": 3, "compile_s": 1.5,
+                          "compiled_ahead": 3, "workers": 3, "from_cache": 10, "load_s": 0.01})
+    result = mlptrain("cache", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k"), "COLUMNS": "200"})
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert str(tmp_path / "k") in out and "entries" in out and " 1 " in out and "r1" in out and "3 workers" in out
+
+
+def test_cache_clear_empties_it(tmp_path):
+    store = KernelStore(tmp_path / "k")
+    for i in range(3):
+        store.put(f"{i:064x}", b"x")
+    result = mlptrain("cache", "clear", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k")})
+    assert result.returncode == 0 and "removed 3 kernels" in result.stdout + result.stderr
+    assert store.entries() == []
+
+
+def test_cache_off_says_so(tmp_path):
+    result = mlptrain("cache", "info", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": "off"})
+    assert result.returncode == 0 and "off" in result.stdout + result.stderr
+
+
+def test_warmup_on_the_cpu_compiles_nothing(tmp_path, data_dir):
+    result = mlptrain("warmup", "adam_mnist", "backend=cpu", f"data.root={data_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "need no compiling" in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_warmup_refuses_a_bad_config_in_one_line(tmp_path):
+    assert_clean_failure(mlptrain("warmup", "adam_mnist", "optim.lr=-1", cwd=tmp_path), "optim.lr")
