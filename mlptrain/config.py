@@ -16,13 +16,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import brief, brief_text, load_yaml_text, read_yaml as read_yaml_file
+
+INT64_MAX = 2**63 - 1  # checkpoints store counters as int64; TensorBoard's HParams take nothing larger
+INDEX_MAX = 2**31 - 1  # a batch's rows and a layer's width index kernel grids and int32 offsets
 
 
 def _positive(value):
     return None if value > 0 else "must be > 0"
+
+
+def _between(low, high):
+    def check(value):
+        return None if low <= value <= high else f"must be in [{low:,}, {high:,}]"
+    return check
+
+
+def _count(maximum):
+    """A whole number in [1, maximum]."""
+    return _between(1, maximum)
 
 
 def _non_negative(value):
@@ -34,11 +47,12 @@ def _unit_interval(value):
 
 
 def _widths(value):
-    return None if all(w >= 1 for w in value) else "every layer width must be >= 1"
+    return None if all(1 <= w <= INDEX_MAX for w in value) else f"every layer width must be in [1, {INDEX_MAX:,}]"
 
 
 def _channels(value):
-    return None if len(value) >= 1 and all(c >= 1 for c in value) else "needs at least one width, each >= 1"
+    return None if len(value) >= 1 and all(1 <= c <= INDEX_MAX for c in value) else \
+        f"needs at least one width, each in [1, {INDEX_MAX:,}]"
 
 
 def _betas(value):
@@ -92,7 +106,7 @@ class ScheduleConfig:
                                              "inverse_sqrt", "plateau"))
     min_lr: float = _option(0.0, check=_non_negative, doc="the floor of decaying schedules")
     warmup_steps: int = _option(0, check=_non_negative, doc="linear warmup, in optimizer steps")
-    warmup_epochs: float = _option(0.0, check=_non_negative, doc="linear warmup, in epochs (or warmup_steps)")
+    warmup_epochs: float = _option(0.0, check=_between(0, INDEX_MAX), doc="linear warmup, in epochs (or warmup_steps)")
     step_size: int = _option(5, check=_positive, doc="step: epochs between decays")
     gamma: float = _option(0.1, check=_positive, doc="step: the decay factor")
     d_model: int = _option(512, check=_positive, doc="inverse_sqrt: the model width in the Transformer formula")
@@ -114,14 +128,14 @@ class LossScaleConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = _option(10, check=_positive)
-    batch_size: int = _option(128, check=_positive)
-    eval_batch_size: int = _option(1000, check=_positive)
+    epochs: int = _option(10, check=_count(INT64_MAX))
+    batch_size: int = _option(128, check=_count(INDEX_MAX))
+    eval_batch_size: int = _option(1000, check=_count(INDEX_MAX))
     log_every: int = _option(50, check=_positive, doc="steps between metric reads (the only host syncs)")
     checkpoint_every_epochs: int = _option(1, check=_positive)
     precision: str = _option("fp32", choices=("fp32", "fp16", "bf16"),
                              doc="fp16/bf16: mixed precision with fp32 master weights and gradients")
-    grad_accum_steps: int = _option(1, check=_positive, doc="micro-batches of batch_size per optimizer step")
+    grad_accum_steps: int = _option(1, check=_count(INDEX_MAX), doc="micro-batches of batch_size per optimizer step")
     clip_grad_norm: float | None = _option(None, check=_positive, doc="clip the global gradient norm to this")
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     cuda_graphs: bool = _option(True, doc="cuda: replay each full window's launches as one CUDA graph "
@@ -136,7 +150,7 @@ class TrainConfig:
 class Config:
     description: str = _option("")
     backend: str = _option("auto", choices=("auto", "cuda", "cpu"))
-    seed: int = _option(0, check=_non_negative)
+    seed: int = _option(0, check=_between(0, INT64_MAX))
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -157,9 +171,10 @@ def valid_keys(cls=Config, prefix="") -> list[str]:
 
 
 def _unknown_key(source, dotted):
-    close = difflib.get_close_matches(dotted, valid_keys(), n=1, cutoff=0.5)
+    dotted = str(dotted)
+    close = difflib.get_close_matches(dotted, valid_keys(), n=1, cutoff=0.5) if len(dotted) < 100 else []
     hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid_keys())}"
-    return UserError(f"{source}: unknown key '{dotted}'{hint}")
+    return UserError(f"{source}: unknown key {brief(dotted)}{hint}")
 
 
 def _type_name(tp) -> str:
@@ -178,7 +193,7 @@ def _convert(value, tp, where):
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
-            raise UserError(f"{where}: expected a list, got {value!r}")
+            raise UserError(f"{where}: expected a list, got {brief(value)}")
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
@@ -188,12 +203,16 @@ def _convert(value, tp, where):
         if isinstance(value, bool):
             return value
     elif tp is int:
+        if isinstance(value, float) and value.is_integer():  # YAML 1.2 reads `1e3` as a float
+            value = int(value)
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT64_MAX:
+                raise UserError(f"{where}: {brief(value)} is beyond any setting (at most 2**63 - 1)")
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
-                raise UserError(f"{where}: must be a finite number, got {value!r}")
+                raise UserError(f"{where}: must be a finite number, got {brief(value)}")
             return float(value)
         if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
             try:
@@ -203,13 +222,13 @@ def _convert(value, tp, where):
     elif tp is str:
         if isinstance(value, str):
             return value
-    raise UserError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    raise UserError(f"{where}: expected {_type_name(tp)}, got {brief(value)}")
 
 
 def _build(cls, raw, source, prefix=""):
     if not isinstance(raw, dict):
         where = prefix.rstrip(".") or "the config"
-        raise UserError(f"{source}: {where} must be a mapping of keys to values, got {raw!r}")
+        raise UserError(f"{source}: {where} must be a mapping of keys to values, got {brief(raw)}")
     hints = typing.get_type_hints(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
@@ -224,23 +243,20 @@ def _build(cls, raw, source, prefix=""):
         value = _convert(value, tp, f"{source}: {dotted}")
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if choices and value not in choices:
-            raise UserError(f"{source}: {dotted}: '{value}' is not one of {', '.join(map(str, choices))}")
+            raise UserError(f"{source}: {dotted}: {brief(value)} is not one of {', '.join(map(str, choices))}")
         problem = check(value) if check and value is not None else None
         if problem:
-            raise UserError(f"{source}: {dotted}: {problem} (got {value!r})")
+            raise UserError(f"{source}: {dotted}: {problem} (got {brief(value)})")
         values[name] = value
     return cls(**values)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`optim.lr=3e-4` -> ("optim.lr", 0.0003); the value is read as YAML."""
+    """`optim.lr=3e-4` -> ("optim.lr", 0.0003); the value is read as YAML (mlptrain.safe_yaml)."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"override '{text}': expected KEY=VALUE, e.g. optim.lr=3e-4")
-    try:
-        return key.strip(), yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        raise UserError(f"override '{text}': the value is not valid YAML") from None
+        raise UserError(f"override '{brief_text(text)}': expected KEY=VALUE, e.g. optim.lr=3e-4")
+    return key.strip(), load_yaml_text(value, f"override '{brief_text(text)}'") if value.strip() else None
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -260,19 +276,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such config file (see `mlptrain configs` for the built-in ones)") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read it ({err})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}: not valid YAML{at}") from None
+def read_yaml(path: Path):
+    """A config or sweep file's YAML (bounded, YAML 1.2 numbers, duplicate keys refused: mlptrain.safe_yaml)."""
+    if not path.exists():
+        raise UserError(f"{path}: no such config file (see `mlptrain configs` for the built-in ones)")
+    raw = read_yaml_file(path)
     return {} if raw is None else raw
 
 

@@ -40,7 +40,7 @@ def test_yaml_scientific_without_dot_is_a_float(tmp_path):
     ("optim: {betas: [0.9, 1.5]}\n", "optim.betas"),
     ("train: {epochs: 2.5}\n", "train.epochs: expected int"),
     ("train: {epochs: true}\n", "train.epochs: expected int"),
-    ("train: {batch_size: 0}\n", "train.batch_size: must be > 0"),
+    ("train: {batch_size: 0}\n", "train.batch_size: must be in [1,"),
     ("model: {hidden: [512, 0]}\n", "model.hidden"),
     ("model: {hidden: 512}\n", "model.hidden: expected a list"),
     ("backend: tpu\n", "backend: 'tpu' is not one of auto, cuda, cpu"),

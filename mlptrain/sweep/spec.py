@@ -29,6 +29,7 @@ from typing import Callable
 
 from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import brief
 
 # The summary.json keys a sweep can rank by, with their natural direction: a classifier's accuracy and
 # loss, the autoencoder's reconstruction MSE. The PER_EPOCH ones are in every evaluation record too, so
@@ -41,6 +42,7 @@ METHODS = ("grid", "random", "tpe")
 KEYS = ("description", "base", "method", "trials", "metric", "direction", "prune", "parameters")
 RANGE_KEYS = ("low", "high", "log", "step")
 MAX_CONTEXTS = 64  # combinations of the other parameters tried before a value is called invalid
+MAX_TRIALS = 10_000  # every trial is queued in the study when it is created
 
 
 def _scalar(value) -> bool:
@@ -139,23 +141,24 @@ def _build(raw: dict, params: dict, source: str) -> Config:
     return config_from_dict(apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in params.items()]), source)
 
 
-def _unknown(where: str, key: str, valid) -> UserError:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+def _unknown(where: str, key, valid) -> UserError:
+    key = str(key)
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5) if len(key) < 100 else []
     hint = f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid)}"
-    return UserError(f"{where}: unknown key '{key}'; {hint}")
+    return UserError(f"{where}: unknown key {brief(key)}; {hint}")
 
 
 def _pick(value, options, where: str):
-    if value not in options:
-        close = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5)
+    if not isinstance(value, str) or value not in options:
+        close = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5) if len(str(value)) < 100 else []
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise UserError(f"{where}: '{value}' is not one of {', '.join(options)}{hint}")
+        raise UserError(f"{where}: {brief(value)} is not one of {', '.join(options)}{hint}")
     return value
 
 
 def _positive_int(value, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UserError(f"{where}: expected a whole number >= 1, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TRIALS:
+        raise UserError(f"{where}: expected a whole number in [1, {MAX_TRIALS:,}], got {brief(value)}")
     return value
 
 
@@ -167,7 +170,7 @@ def _number(value, integer: bool, where: str):
             pass
     ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
     if not ok or isinstance(value, bool):
-        raise UserError(f"{where}: expected {'a whole number' if integer else 'a number'}, got {value!r}")
+        raise UserError(f"{where}: expected {'a whole number' if integer else 'a number'}, got {brief(value)}")
     return value if integer else float(value)
 
 
@@ -200,9 +203,9 @@ def _range(name: str, spec: dict, where: str) -> Range:
     low, high = (_number(spec[k], kind is int, f"{where}.{k}") for k in ("low", "high"))
     log, step = spec.get("log", False), spec.get("step")
     if not isinstance(log, bool):
-        raise UserError(f"{where}.log: expected true or false, got {log!r}")
+        raise UserError(f"{where}.log: expected true or false, got {brief(log)}")
     if step is not None and _number(step, kind is int, f"{where}.step") <= 0:
-        raise UserError(f"{where}.step: must be > 0, got {step!r}")
+        raise UserError(f"{where}.step: must be > 0, got {brief(step)}")
     if low >= high:
         raise UserError(f"{where}: low ({low}) must be below high ({high})")
     if log and low <= 0:
@@ -219,7 +222,7 @@ def _parameter(name: str, spec, method: str, source: str):
     if isinstance(spec, list):
         texts = [json.dumps(v, sort_keys=True) for v in spec]
         if not spec or len(set(texts)) != len(texts):
-            raise UserError(f"{where}: expected a list of distinct values, got {spec!r}")
+            raise UserError(f"{where}: expected a list of distinct values, got {brief(spec)}")
         if typing.get_origin(_field_type(name)) is tuple and not all(isinstance(v, list) for v in spec):
             raise UserError(f"{where}: each choice is one value of {name}, itself a list: write "
                             f"{json.dumps([v if isinstance(v, list) else [v] for v in spec])}")
@@ -229,7 +232,7 @@ def _parameter(name: str, spec, method: str, source: str):
             raise UserError(f"{where}: a grid needs a list of values, not a range; list them "
                             "(e.g. [1.0e-4, 1.0e-3, 1.0e-2]) or use method random or tpe")
         return _range(name, spec, where)
-    raise UserError(f"{where}: expected a list of values or a range {{low: ..., high: ...}}, got {spec!r}")
+    raise UserError(f"{where}: expected a list of values or a range {{low: ..., high: ...}}, got {brief(spec)}")
 
 
 def _check_values(raw: dict, parameters: tuple, source: str) -> None:
@@ -258,7 +261,7 @@ def _settings(raw: dict, source: str):
     direction = _pick(raw.get("direction", METRICS[metric]), ("maximize", "minimize"), f"{source}: direction")
     prune = raw.get("prune", False)
     if not isinstance(prune, bool):
-        raise UserError(f"{source}: prune: expected true or false, got {prune!r}")
+        raise UserError(f"{source}: prune: expected true or false, got {brief(prune)}")
     if prune and metric not in PER_EPOCH_METRICS:
         raise UserError(f"{source}: prune: {metric} is known only at the end of a run; pruning needs a metric "
                         f"of every evaluation: {', '.join(PER_EPOCH_METRICS)}")
@@ -280,7 +283,7 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
         if raw.get(key) is None:
             raise UserError(f"{source}: '{key}' is missing (a sweep file names {', '.join(KEYS[1:])})")
     if not isinstance(raw["base"], str):
-        raise UserError(f"{source}: base: expected a config file or name, got {raw['base']!r}")
+        raise UserError(f"{source}: base: expected a config file or name, got {brief(raw['base'])}")
     base = resolve_base(raw["base"], path)
     base_raw = read_yaml(base)
     if not isinstance(base_raw, dict):
@@ -296,7 +299,10 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
         key = parse_override(text)[0]
         if key in raw["parameters"]:
             raise UserError(f"override '{text}': {source} varies {key}; drop the override or the parameter")
-    _check_values(config_raw, parameters, source)
     if method == "grid":
         trials = math.prod(len(p.values) for p in parameters)
+        if trials > MAX_TRIALS:
+            raise UserError(f"{source}: parameters: the grid has {trials:,} points; a sweep runs at most "
+                            f"{MAX_TRIALS:,} trials (fewer values, or method random or tpe)")
+    _check_values(config_raw, parameters, source)
     return Sweep(config_raw, method, trials, metric, direction, prune, parameters)
