@@ -33,6 +33,7 @@ from optuna.trial import TrialState
 
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, create_run
+from mlptrain.sweep import claims
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.tracking import console
@@ -85,7 +86,7 @@ def _storage(url: str):
     try:
         with _quiet():
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=GRACE_S, heartbeat_stale_trial_callback=_requeue)
+                                              grace_period=GRACE_S)
     except Exception as err:  # a bad URL, a missing driver, an unreachable server: one line
         raise UserError(f"--storage {_redacted(url)}: cannot open it ({type(err).__name__}: {err})") from None
 
@@ -178,22 +179,25 @@ class _Heartbeat:
 
 
 def _claim(study, storage, study_id: int):
-    """(trial, trial_id) of a queued trial this worker now runs, or None when the queue is empty."""
+    """(trial, trial_id) of a queued trial this worker now runs, or None when the queue is empty. The claim
+    is one transaction (mlptrain.sweep.claims), so no other worker takes the same trial."""
+    worker = claims.this_worker()
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
         storage.record_heartbeat(trial_id)  # before the claim, so that no claimed trial lacks a heartbeat
-        try:
-            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):  # atomic: one worker wins
-                return optuna.trial.Trial(study, trial_id), trial_id
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass
+        if claims.claim(storage, trial_id, worker):
+            return optuna.trial.Trial(study, trial_id), trial_id
     return None
 
 
-def requeue_stale(study) -> None:
-    """Fail the running trials whose heartbeat stopped GRACE_S ago and queue each again (`_requeue`)."""
-    with _quiet():
-        optuna.storages.fail_stale_trials(study)
+def requeue_stale(study, storage, study_id: int) -> None:
+    """Fail the running trials whose worker is gone (claims.abandoned) and queue each again; of several
+    workers doing this at once, only the one whose release succeeds queues the re-run."""
+    for trial_id in claims.abandoned(storage, study_id, GRACE_S):
+        if claims.release(storage, trial_id):
+            frozen = storage.get_trial(trial_id)
+            console.print(f"trial {frozen.number}: its worker is gone; queued again")
+            _requeue(study, frozen)
 
 
 def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None) -> None:
@@ -202,7 +206,7 @@ def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on
     study_id = storage.get_study_id_from_name(study.study_name)
     waiting_for = None
     while True:
-        requeue_stale(study)
+        requeue_stale(study, storage, study_id)
         claimed = _claim(study, storage, study_id)
         if claimed is not None:
             _run_trial(study, storage, *claimed, sweep, sweep_dir, resources)
