@@ -13,6 +13,7 @@ from mlptrain.backend import cuda_usable, get_backend
 from mlptrain.config import Config, config_to_dict
 from mlptrain.data import load_dataset
 from mlptrain.data.loader import check_val_size
+from mlptrain.run_lock import lock_run
 from mlptrain.runs import create_run_dir, write_yaml
 
 
@@ -50,8 +51,10 @@ def check_inputs(config: Config) -> None:
     Resources().dataset(config)
 
 
-def create_run(config: Config, runs_dir: Path, name: str | None, stem: str) -> Path:
-    """The new run directory, holding the resolved config (see `create_run_dir` for the name)."""
-    run_dir = create_run_dir(runs_dir, name, stem)
+def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False) -> Path:
+    """The new run directory, locked for this process and holding the resolved config (see
+    `create_run_dir` for the name)."""
+    run_dir = create_run_dir(runs_dir, name, stem, suffix_on_clash)
+    lock_run(run_dir, "the run")  # held while this process works in it
     write_yaml(run_dir / "config.yaml", config_to_dict(config))
     return run_dir

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -41,3 +42,31 @@ class StopOnSignal:
             sys.stderr.flush()
             os._exit(128 + signum)
         self.signum = signum
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's kill) raised where Ctrl-C raises KeyboardInterrupt, so both take one path."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """While entered (main thread only), SIGTERM raises `Terminated`, a KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt_exit_code(err: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM, as a shell reports a process killed by either."""
+    return 128 + getattr(err, "signum", signal.SIGINT)

@@ -54,5 +54,7 @@ class TrainingMonitor:
     def throughput(self) -> dict:
         """summary.json's samples_per_s (the median over reads: the steady state, without the first
         launches' JIT compilation), mean_samples_per_s and train_s."""
+        if not self.rates:  # a resumed run that only had its summary left to write
+            return {"samples_per_s": None, "mean_samples_per_s": None, "train_s": 0.0}
         return {"samples_per_s": float(np.median(self.rates)), "mean_samples_per_s": self.samples / self.seconds,
                 "train_s": self.seconds}

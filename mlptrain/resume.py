@@ -16,6 +16,7 @@ redoes the epochs after it (their metrics.jsonl records appear twice).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.checkpoint import load_checkpoint
-from mlptrain.config import Config, load_config, parse_override
+from mlptrain.config import Config, config_to_dict, load_config, parse_override
 from mlptrain.errors import TrainingDiverged, UserError
+from mlptrain.fallbacks import warn
+from mlptrain.run_lock import lock_run
+
+# Keys that do not change what training computes, so config.yaml may differ in them on resume: where the
+# data lives, how often the host looks, how evaluation is batched, and train.epochs (which may grow)
+NOT_TRAINING = ("description", "backend", "data.root", "train.epochs", "train.log_every", "train.eval_batch_size",
+                "train.checkpoint_every_epochs", "train.cuda_graphs")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,29 @@ class Resume:
     path: Path
     arrays: dict
     position: Position
+    finished: bool = False  # every epoch was trained but summary.json was never written
+
+
+def training_config(config: Config) -> dict:
+    """The config's dotted keys that decide what training computes (all but NOT_TRAINING)."""
+    def flatten(values: dict, prefix: str = ""):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                yield from flatten(value, f"{prefix}{key}.")
+            elif prefix + key not in NOT_TRAINING:
+                yield prefix + key, value
+
+    return dict(flatten(config_to_dict(config)))
+
+
+def _saved_config(arrays: dict) -> dict | None:
+    saved = arrays.get("meta/config")
+    if saved is None:
+        return None
+    try:
+        return json.loads(saved.astype(np.uint8).tobytes().decode())
+    except (ValueError, UnicodeDecodeError):
+        return {}
 
 
 def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
@@ -61,6 +92,8 @@ def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
     arrays["meta/epoch"] = np.array(position.epoch, np.int64)
     arrays["meta/window"] = np.array(position.window, np.int64)
     arrays["meta/seed"] = np.array(config.seed, np.int64)
+    # what the run was trained with, so that a config.yaml edited afterwards is refused on resume
+    arrays["meta/config"] = np.frombuffer(json.dumps(training_config(config), sort_keys=True).encode(), np.uint8)
     best = np.nan if position.best is None else position.best
     arrays[f"meta/best_{best_metric}"] = np.array(best, np.float64)
     return arrays
@@ -87,8 +120,8 @@ def restore(resume: Resume, model, step, plateau, best_metric: str, steps_per_ep
 
 
 def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]:
-    """The run's config (train.epochs possibly extended) and its last checkpoint; raises UserError
-    before anything is written."""
+    """The run's config (train.epochs possibly extended) and its last checkpoint, with the run directory
+    locked for this process; raises UserError before anything is written."""
     if not run_dir.is_dir():
         raise UserError(f"--resume {run_dir}: no such run directory")
     if not (run_dir / "config.yaml").is_file():
@@ -98,14 +131,34 @@ def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]
         if key != "train.epochs":
             raise UserError(f"--resume: override '{key}' would change the run; only train.epochs may be "
                             "extended when resuming (start a new run for other changes)")
+    lock_run(run_dir, "--resume")
     config = load_config(run_dir / "config.yaml", overrides)
     path = run_dir / "checkpoints" / "last.npz"
     if not path.is_file():
         raise UserError(f"--resume {run_dir}: no checkpoints/last.npz (the run stopped before its first "
                         "checkpoint); start it again")
     arrays = load_checkpoint(path)
+    _check_same_config(path, arrays, config)
     position = _position(path, arrays, config)
-    return config, Resume(path, arrays, position)
+    finished = position.epoch == config.train.epochs and not position.window
+    if finished and (run_dir / "summary.json").is_file():
+        raise UserError(f"--resume: the run has already trained {position.epoch} epochs of train.epochs="
+                        f"{config.train.epochs}; to train longer, extend it with train.epochs=N (N > {position.epoch})")
+    return config, Resume(path, arrays, position, finished)
+
+
+def _check_same_config(path: Path, arrays: dict, config: Config) -> None:
+    saved = _saved_config(arrays)
+    if saved is None:
+        warn(f"{path} predates the record of its config; config.yaml is trusted as it is")
+        return
+    now = training_config(config)
+    changed = sorted(key for key in saved.keys() | now.keys() if saved.get(key) != now.get(key))
+    if changed:
+        shown = ", ".join(f"{k} ({json.dumps(saved.get(k))} -> {json.dumps(now.get(k))})" for k in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise UserError(f"--resume: config.yaml differs from the config the checkpoint was trained with: {shown}"
+                        f"{more}; only train.epochs may change (start a new run for other changes)")
 
 
 def _position(path: Path, arrays: dict, config: Config) -> Position:
@@ -118,7 +171,7 @@ def _position(path: Path, arrays: dict, config: Config) -> Position:
     if seed != config.seed or epoch < 0 or window < 0:
         raise UserError(f"{path}: its meta/seed {seed} or position does not match the run's config.yaml")
     reached = epoch + (1 if window else 0)
-    if config.train.epochs < reached or (config.train.epochs == epoch and not window):
+    if config.train.epochs < reached:
         raise UserError(f"--resume: the run has already trained {epoch} epochs"
                         f"{f' and {window} steps' if window else ''} of train.epochs={config.train.epochs}; "
                         f"to train longer, extend it with train.epochs=N (N > {epoch})")

@@ -7,10 +7,9 @@ import re
 import time
 from pathlib import Path
 
-import yaml
-
 from mlptrain.atomic import write_text
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import dump_yaml
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -22,10 +21,11 @@ def check_run_name(name: str) -> str:
     return name
 
 
-def create_run_dir(runs_dir: Path, name: str | None, stem: str) -> Path:
-    """Creates and returns `runs_dir/name`; a default name is `<stem>-<timestamp>` (with `-2`, `-3`... on a clash)."""
-    explicit = name is not None
-    name = check_run_name(name if explicit else f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+def create_run_dir(runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False) -> Path:
+    """Creates and returns `runs_dir/name`; a default name is `<stem>-<timestamp>`, with `-2`, `-3`... on a
+    clash, as is a given name with `suffix_on_clash` (a sweep's trial: its folder must not fail it)."""
+    explicit = name is not None and not suffix_on_clash
+    name = check_run_name(name if name is not None else f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -44,4 +44,4 @@ def create_run_dir(runs_dir: Path, name: str | None, stem: str) -> Path:
 
 
 def write_yaml(path: Path, data: dict) -> None:
-    write_text(path, yaml.safe_dump(data, sort_keys=False))
+    write_text(path, dump_yaml(data))

@@ -16,6 +16,7 @@ from mlptrain.config import Config
 from mlptrain.data.loader import ResidentSplit, resident_splits
 from mlptrain.evaluation import Evaluator
 from mlptrain.fallbacks import subset_note
+from mlptrain.memory import buffer_rows, check_fits
 from mlptrain.nn import input_scale_shift, make_model, model_dataset
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.window import TrainingWindow
@@ -76,8 +77,9 @@ def build_session(config: Config, backend, dataset) -> Session:
     do not fit together."""
     started = time.perf_counter()
     loaded, dataset = dataset, model_dataset(config, dataset)
+    check_fits(config, backend, dataset)  # before the first allocation
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)
-    rows = max(config.train.batch_size, config.train.eval_batch_size)
+    rows = buffer_rows(config, train.size, max(val.size, test.size))
     model = make_model(config, backend, dataset, rows)
     model.init_parameters(np.random.default_rng(config.seed))
     per_epoch = steps_per_epoch(train.size, config.train)

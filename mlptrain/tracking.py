@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from mlptrain.atomic import write_text
+from mlptrain.errors import UserError
 
 console = Console(stderr=True)
 
@@ -63,8 +64,11 @@ class RunLogger:
         self.writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, name="hparams")
 
     def close(self) -> None:
-        self.writer.close()
-        self._metrics.close()
+        try:
+            self.writer.close()
+            self._metrics.close()
+        except OSError as err:  # a full or read-only disk: one line, like every other write
+            raise UserError(f"{self.run_dir}: cannot write to it ({err.strerror or err})") from None
 
 
 def write_json(path: Path, data: dict) -> None:

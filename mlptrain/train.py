@@ -13,6 +13,7 @@ Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: s
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -22,11 +23,12 @@ from mlptrain.checkpoint import save_checkpoint
 from mlptrain.compilation import compile_kernels, kernel_records
 from mlptrain.config import config_to_dict
 from mlptrain.data.loader import epoch_order
-from mlptrain.errors import TrainingDiverged, TrainingInterrupted
+from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.fallbacks import warn
 from mlptrain.monitor import TrainingMonitor
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.run_summary import hparams, run_summary
+from mlptrain.run_lock import check_space
 from mlptrain.runs import write_yaml
 from mlptrain.session import Session
 from mlptrain.tracking import RunLogger, console, write_json
@@ -44,6 +46,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     TrainingInterrupted. `records` are extra summary fields. On a resumed run the summary's timings
     cover the resumed part only."""
     s.stop = stop
+    check_space(run_dir, 3 * checkpoint_bytes(s) + 2**20, "its checkpoints")  # last, best and a temporary
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
@@ -51,6 +54,8 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window) as monitor:
             best, last = start.best, {}
+            if resume is not None and resume.finished:  # killed after its last checkpoint: only the summary
+                last = _last_record(s, run_dir, start, logger)
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1):
                 done = train_epoch(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
                 if done < s.steps_per_epoch:
@@ -63,6 +68,9 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                     _stop(s, run_dir, Position(epoch, 0, best))
         summary = run_summary(s, run_dir.name, last, best, monitor.throughput(), {**records, **kernel_records(s, run_dir.name)})
         logger.hparams(*hparams(s.config, summary, s.classifies))
+    except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
+        raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
+                        "intact") from None
     finally:
         logger.close()
     write_json(run_dir / "summary.json", summary)
@@ -108,6 +116,29 @@ def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
     console.print(f"resuming {run_dir} after epoch {start.epoch}"
                   f"{f' and {start.window} steps' if start.window else ''}")
     return start
+
+
+def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
+    """The evaluation record of the checkpoint's epoch, from metrics.jsonl (written before the checkpoint);
+    evaluated again (the same parameters, so the same numbers) when the file lost it."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("epoch") == start.epoch:
+            return record
+    return s.evaluator.epoch_record(s.val, s.test, start.epoch, s.step.read()["steps"], logger)
+
+
+def checkpoint_bytes(s: Session) -> int:
+    """About what one checkpoint takes on disk: parameters, optimizer state, the per-step grad-norm record."""
+    params = s.model.layout.size
+    return 4 * params * (1 + len(s.step.optimizer.state)) + 8 * s.config.train.epochs * s.steps_per_epoch
 
 
 def _announce(s: Session, run_dir: Path) -> None:

@@ -6,13 +6,30 @@ Every `UserError` raised below becomes one red line on stderr and exit code 2 (o
 
 from __future__ import annotations
 
+import os
 import sys
 
-import typer
 
-from mlptrain.cli import cache, configs, features, run, svm, sweep, warmup
-from mlptrain.errors import UserError
-from mlptrain.tracking import console
+def _interrupted_at_start(kind, value, traceback) -> None:
+    """Ctrl-C while the command is still importing (before `main` runs): one line, not a traceback."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+    _previous_hook(kind, value, traceback)
+
+
+# first, so that it covers the imports below (numba, optuna and rich take a noticeable fraction of a second)
+_previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
+
+import typer  # noqa: E402
+from rich.markup import escape  # noqa: E402
+
+from mlptrain.cli import cache, configs, features, run, svm, sweep, warmup  # noqa: E402
+from mlptrain.errors import UserError  # noqa: E402
+from mlptrain.tracking import console  # noqa: E402
+
+MAX_MESSAGE = 2000  # a message echoes values cut short already; this bounds whatever slipped through
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train small neural networks on NVIDIA GPUs with hand-written Numba CUDA kernels.")
@@ -31,5 +48,11 @@ def main() -> None:
     except UserError as err:
         code = getattr(err, "exit_code", 2)
         label = "error:" if code == 2 else "stopped:"
-        console.print(f"[bold red]{label}[/] {err}", highlight=False, soft_wrap=True)
+        text = " ".join(str(err).split("\n"))
+        text = text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}..."
+        # escaped: a value from the user's input may look like rich markup ("[/]")
+        console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)
         sys.exit(code)
+    except KeyboardInterrupt as err:  # before a command has its own handling (start-up, loading data)
+        sys.stderr.write("interrupted\n")
+        sys.exit(128 + getattr(err, "signum", 2))

@@ -4,13 +4,20 @@ print a usage block)."""
 from __future__ import annotations
 
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import brief_text
 
 
-def positive_int(text: str, flag: str) -> int:
+MAX_INT = 2**31 - 1  # what liblinear's iteration count and a batch's rows (int32 offsets) can hold
+
+
+def positive_int(text: str, flag: str, maximum: int = MAX_INT) -> int:
+    shown = brief_text(text, 40)
     try:
-        value = int(text)
+        value = int(text) if len(text) < 40 else None
     except ValueError:
-        raise UserError(f"{flag} {text}: not an integer; give a positive one") from None
-    if value < 1:
-        raise UserError(f"{flag} {text}: must be >= 1")
+        value = None
+    if value is None:
+        raise UserError(f"{flag} {shown}: not an integer; give one in [1, {maximum:,}]") from None
+    if not 1 <= value <= maximum:
+        raise UserError(f"{flag} {shown}: must be in [1, {maximum:,}]")
     return value

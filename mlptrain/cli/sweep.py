@@ -15,9 +15,13 @@ from mlptrain.cli.configs import BUILTIN_DIR, SWEEP_PREFIX, builtin_configs
 from mlptrain.config import config_from_dict
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, check_inputs
+from mlptrain.interrupt import interrupt_exit_code, sigterm_as_interrupt
 from mlptrain.runs import check_run_name
 from mlptrain.sweep.spec import load_sweep
 from mlptrain.tracking import console
+
+
+MAX_WORKERS = 256  # processes on one machine; more machines share a study through --storage
 
 
 def builtin_sweeps() -> dict[str, Path]:
@@ -62,15 +66,12 @@ def sweep(
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
     from mlptrain.sweep.report import results_table, trial_rows, write_results
-    from mlptrain.backend import cuda_usable
-    from mlptrain.cli.warmup import warm_in_child
-    from mlptrain.sweep.workers import run_workers
 
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [], resolve_base)
     name = check_run_name(name if name is not None else path.stem)
-    if workers < 1:
-        raise UserError(f"--workers {workers}: must be >= 1")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")
     sweep_dir = runs_dir / name
     url = storage or f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
     engine.check_storage_url(url)
@@ -86,18 +87,13 @@ def sweep(
 
     problems = []
     try:
-        if workers == 1:
-            engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save)
-        else:
-            command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
-                       str(runs_dir), "--name", name, "--storage", url, "--workers", "1"]
-            if base_config.backend != "cpu" and cuda_usable():
-                warm_in_child(spec.raw, sweep_dir / "warmup.log")
-            problems = run_workers(command, workers, base_config.backend, sweep_dir, study, spec)
-    except KeyboardInterrupt:
+        with sigterm_as_interrupt():
+            problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, path, overrides,
+                             runs_dir, name, url, base_config)
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: every running trial is queued again
         save()
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
-        raise typer.Exit(130)
+        raise typer.Exit(interrupt_exit_code(err))
     rows = trial_rows(study, spec)
     write_results(sweep_dir, spec, rows)
     _show(results_table(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})"))
@@ -107,6 +103,23 @@ def sweep(
     console.print(f"results in {sweep_dir}/results.json and results.csv (tensorboard --logdir {sweep_dir})")
     if problems:
         raise UserError("; ".join(problems))
+
+
+def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, path, overrides, runs_dir,
+          name, url, base_config) -> list[str]:
+    """Run trials here (one worker) or in `workers` child processes; returns a line per failed worker."""
+    from mlptrain.backend import cuda_usable
+    from mlptrain.cli.warmup import warm_in_child
+    from mlptrain.sweep.workers import run_workers
+
+    if workers == 1:
+        engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save)
+        return []
+    command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
+               str(runs_dir), "--name", name, "--storage", url, "--workers", "1"]
+    if base_config.backend != "cpu" and cuda_usable():
+        warm_in_child(spec.raw, sweep_dir / "warmup.log")
+    return run_workers(command, workers, base_config.backend, sweep_dir, study, spec)
 
 
 def _show(table) -> None:

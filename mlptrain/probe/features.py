@@ -148,13 +148,16 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     at a time (default: its train.eval_batch_size). `progress` is a rich Progress to show the passes in, or
     None. Raises UserError."""
     from mlptrain.experiment import Resources
+    from mlptrain.memory import check_model_fits
     from mlptrain.nn import input_scale_shift, model_dataset
 
     config, path = load_run(run_dir, checkpoint)
     layer = resolve_layer(config, layer)
-    batch = batch_size or config.train.eval_batch_size
     backend, dataset = Resources().prepare(config)
     dataset = model_dataset(config, dataset)
+    # a batch beyond the larger part is never filled; what remains must fit before anything is allocated
+    batch = min(batch_size or config.train.eval_batch_size, max(len(dataset.train_images), len(dataset.test_images)))
+    check_model_fits(config, backend, dataset, batch, "--batch-size")
     model = load_model(config, path, backend, dataset, batch)
     for note in backend.fallbacks:  # after every refusal: an error stays one line
         warn(note)

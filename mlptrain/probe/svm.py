@@ -19,10 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import brief_text
 from mlptrain.probe.features import FeatureSet
 
 SEED = 0  # the held-out split and liblinear's coordinate order
 HELD_OUT = 0.2
+C_RANGE = (1e-9, 1e9)  # beyond it liblinear's coordinate descent runs on without an answer
+LARGE = 1e100  # features beyond this overflow a variance (x**2); they are scaled by their peak first
 
 
 def parse_c_values(text: str) -> list[float]:
@@ -32,10 +35,12 @@ def parse_c_values(text: str) -> list[float]:
         try:
             value = float(part)
         except ValueError:
-            raise UserError(f"--C {text}: '{part.strip()}' is not a number; give positive values such as "
+            raise UserError(f"--C {brief_text(text)}: '{brief_text(part.strip())}' is not a number; give positive values such as "
                             "--C 0.001,0.01,0.1") from None
-        if not (math.isfinite(value) and value > 0):
-            raise UserError(f"--C {text}: {part.strip()} is not a positive number")
+        if not (math.isfinite(value) and C_RANGE[0] <= value <= C_RANGE[1]):
+            raise UserError(f"--C {brief_text(text)}: {brief_text(part.strip())} is outside [{C_RANGE[0]:g}, "
+                            f"{C_RANGE[1]:g}], where liblinear's solver answers (standardised features want "
+                            "0.00001 to 1)")
         values.add(value)
     return sorted(values)
 
@@ -46,9 +51,23 @@ class Fit:
     svm: object  # a fitted LinearSVC
     seconds: float
     converged: bool
+    prescale: float = 1.0  # multiplies the features before the scaler (1 / their peak when that is huge)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
+        x = x * self.prescale if self.prescale != 1.0 else x
         return self.svm.predict(self.scaler.transform(x) if self.scaler is not None else x)
+
+
+def prescale_for(x: np.ndarray, standardize: bool) -> float:
+    """1, or 1 / the features' peak when squaring them would overflow: standardising x / peak gives
+    the same features as standardising x, without the overflow. Unstandardised, such features are refused."""
+    peak = float(np.max(np.abs(x))) if x.size else 0.0
+    if peak <= LARGE:
+        return 1.0
+    if not standardize:
+        raise UserError(f"features reach {peak:.3g}; liblinear overflows beyond about {LARGE:g}: drop "
+                        "--no-standardize (standardising rescales them) or rescale the features")
+    return 1.0 / peak
 
 
 def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter: int) -> Fit:
@@ -58,6 +77,8 @@ def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter:
     from sklearn.svm import LinearSVC
 
     t0 = time.perf_counter()
+    prescale = prescale_for(x, standardize)
+    x = x * prescale if prescale != 1.0 else x
     scaler = StandardScaler().fit(x) if standardize else None
     # dual='auto' (scikit-learn >= 1.3, the pinned floor): the primal when samples outnumber features
     svm = LinearSVC(C=c, dual="auto", max_iter=max_iter, random_state=SEED)
@@ -68,7 +89,7 @@ def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter:
         if not issubclass(w.category, ConvergenceWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    return Fit(scaler, svm, time.perf_counter() - t0, converged)
+    return Fit(scaler, svm, time.perf_counter() - t0, converged, prescale)
 
 
 def held_out_accuracies(x: np.ndarray, y: np.ndarray, cs: list[float], standardize: bool,
@@ -95,6 +116,10 @@ def svm_report(features: FeatureSet, path: Path, cs: list[float], standardize: b
     svm.json holds. Raises UserError."""
     from sklearn.metrics import confusion_matrix
 
+    try:
+        prescale_for(features.train_x, standardize)  # refuses features too large to fit unstandardised
+    except UserError as err:
+        raise UserError(f"{path}: {err}") from None
     if len(np.unique(features.train_y)) < 2:
         raise UserError(f"{path}: train_y holds a single class; a classifier needs at least two")
     selection = None

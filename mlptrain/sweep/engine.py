@@ -33,6 +33,7 @@ from optuna.trial import TrialState
 
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, create_run
+from mlptrain.run_lock import release_run
 from mlptrain.sweep import claims
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
@@ -233,6 +234,14 @@ class _Attempt:
 def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources) -> None:
     attempt = _Attempt(sweep.suggest(trial))
     console.print(f"[bold]trial {trial.number}[/]: {format_params(attempt.params)}")
+    try:
+        _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources)
+    finally:
+        if attempt.run_dir is not None:
+            release_run(attempt.run_dir)
+
+
+def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_dir: Path, resources) -> None:
     with _Heartbeat(storage, trial_id):
         try:
             summary = _train(trial, attempt, sweep, sweep_dir, resources)
@@ -262,7 +271,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
 
     attempt.config = sweep.trial_config(attempt.params, "its config")
     session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder
-    attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial")
+    attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial", suffix_on_clash=True)
     trial.set_user_attr("run_dir", str(attempt.run_dir))
     worse = "below" if sweep.direction == "maximize" else "above"
 
@@ -303,9 +312,11 @@ def _tell(study, trial, state, attempt: _Attempt, metrics: dict, value=None, err
 
 @contextmanager
 def _signals_held():
-    """Ctrl-C waits while an interrupted trial is queued again, so the queue is never left half-written."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ctrl-C and SIGTERM wait while an interrupted trial is queued again, so the queue is never left
+    half-written."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -19,6 +19,8 @@ from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.tracking import console
 
 POLL_S = 2
+STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def gpu_slots(backend: str) -> list[str | None]:
@@ -46,20 +48,41 @@ def run_workers(command: list[str], workers: int, backend: str, sweep_dir: Path,
         with open(sweep_dir / f"worker-{i}.log", "a") as log:
             # a session of its own: Ctrl-C reaches a worker once, from here, not also from the terminal
             procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True))
+                                          start_new_session=True, preexec_fn=_die_with_parent))
     pinned = f", GPUs {', '.join(s for s in slots[:workers])}" if slots[0] is not None else ""
     console.print(f"{workers} workers started{pinned}; their output goes to {sweep_dir}/worker-N.log")
     try:
         _report_until_done(procs, study, sweep)
-    except KeyboardInterrupt:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            proc.wait()
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (interrupt.Terminated): the workers get the same
+        stop_workers(procs, getattr(err, "signum", signal.SIGINT))
         raise
     return [f"worker {i} {_ending(p.returncode)} (see {sweep_dir}/worker-{i}.log)"
             for i, p in enumerate(procs) if p.returncode != 0]
+
+
+def stop_workers(procs, signum: int) -> None:
+    """Send `signum` to every running worker (each queues its trial again and exits), wait for them, and
+    kill any still running STOP_WAIT_S later, so that no worker outlives the sweep."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    deadline = time.monotonic() + STOP_WAIT_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In each worker (Linux): SIGTERM when the parent dies, even by SIGKILL, so that none is orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: a parent killed with SIGKILL leaves its workers running
+        pass
 
 
 def _ending(code: int) -> str:

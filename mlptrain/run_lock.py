@@ -1,0 +1,72 @@
+"""One process at a time in a run directory, and only where it can write.
+
+A process that writes into a run (`run`, `run --resume`, a sweep's trial, `extract-features` and `svm`
+writing their output there) first takes an exclusive `flock` on the run's `.lock` file and keeps it until
+it exits or releases it: the kernel drops the lock when the process dies, however it dies, so a killed
+run never leaves a stale lock behind. A second process asking for the same run is refused with one line.
+
+Taking the lock also proves the folder writable (the lock file is created there); `check_space` then
+compares the free space with what the run will write, so a read-only or full disk is one line before
+any work is done rather than a failure after it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+from contextlib import suppress
+from pathlib import Path
+
+from mlptrain.errors import UserError
+
+LOCK_NAME = ".lock"
+_held: dict[Path, int] = {}  # run directory -> the open lock file's descriptor
+
+
+def lock_run(run_dir: Path, purpose: str) -> None:
+    """Hold `run_dir`'s lock until this process exits (or `release_run`); `purpose` says, in the refusal,
+    what needs it (e.g. "--resume")."""
+    key = Path(run_dir).resolve()
+    if key in _held:
+        return
+    try:
+        fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise UserError(f"{run_dir}: cannot write in it ({_reason(err)}); {purpose} writes into the run "
+                        "directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise UserError(f"{run_dir}: cannot lock it ({_reason(err)})") from None
+        raise UserError(f"{run_dir}: another process{f' (pid {holder})' if holder.isdigit() else ''} is working "
+                        f"in this run; {purpose} waits until it has finished") from None
+    with suppress(OSError):  # the pid is only for the message above: a full disk must not stop the lock
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[key] = fd
+
+
+def release_run(run_dir: Path) -> None:
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the flock
+
+
+def check_space(folder: Path, need: int, what: str) -> None:
+    """Refuse when `folder`'s file system has less than `need` bytes free for `what`."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return  # a file system that does not say: the write itself will tell, in one line
+    if free < need:
+        raise UserError(f"{folder}: {free / 2**20:,.1f} MiB free on its disk, and {what} needs about "
+                        f"{need / 2**20:,.1f} MiB; free some space or use another --runs-dir")
+
+
+def _reason(err: OSError) -> str:
+    return "read-only file system" if err.errno == errno.EROFS else err.strerror or str(err)
