@@ -14,6 +14,7 @@ import numpy as np
 
 from mlptrain.atomic import atomic_write
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import brief_text
 
 
 def save_checkpoint(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -26,11 +27,36 @@ def save_checkpoint(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(f, **arrays)
 
 
+# Arrays whose every value must be finite: what training continues from. NaN is allowed where it means
+# "none yet" (meta/best_*, plateau/best) and in step/grad_norms (fp16's skipped windows record inf/NaN).
+FINITE = ("params/", "optim/", "step/state", "plateau/multiplier", "plateau/bad_evaluations", "meta/epoch",
+          "meta/window", "meta/seed")
+COUNTERS = ("meta/epoch", "meta/window", "meta/seed", "plateau/bad_evaluations")  # integer scalars >= 0
+
+
 def load_checkpoint(path: Path) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays, each checked to be numbers (no strings or objects), finite where training
+    continues from it, and scalar counters where a counter is expected; raises UserError naming the array."""
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
+            arrays = {key: npz[key] for key in npz.files}
     except FileNotFoundError:
         raise UserError(f"{path}: no such checkpoint") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise UserError(f"{path}: not a readable checkpoint ({err})") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, NotImplementedError) as err:
+        raise UserError(f"{path}: not a readable checkpoint ({brief_text(str(err), 120)})") from None
+    for key, array in arrays.items():
+        problem = _problem(key, array)
+        if problem:
+            raise UserError(f"{path}: {brief_text(key)} {problem}; the checkpoint is damaged or was not written "
+                            "by mlptrain")
+    return arrays
+
+
+def _problem(key: str, array: np.ndarray) -> str | None:
+    if array.dtype.kind not in "biuf":
+        return f"holds {array.dtype} values, not numbers"
+    if key.startswith(FINITE) and array.dtype.kind == "f" and not np.isfinite(array).all():
+        return "holds NaN or infinite values"
+    if key in COUNTERS and (array.shape != () or array.dtype.kind not in "iu" or int(array) < 0):
+        return f"must be a whole number >= 0, got a {array.dtype} array of shape {array.shape}"
+    return None

@@ -83,6 +83,21 @@ class OptimizerStep:
             raise UserError("checkpoint: 'step/state' is missing or has the wrong shape")
         if norms is None or norms.ndim != 1 or len(norms) > self.grad_norms.shape[0]:
             raise UserError("checkpoint: 'step/grad_norms' is missing or longer than this run's")
+        problem = _state_problem(state)
+        if problem:
+            raise UserError(f"checkpoint: 'step/state' {problem}")
         self.backend.copy_from_host(self.state, state.astype(np.float64))
         self.backend.copy_from_host(self.grad_norms[:len(norms)], norms.astype(np.float64))
         self.optimizer.load_state_dict(arrays)
+
+
+def _state_problem(state: np.ndarray) -> str | None:
+    """Why a saved step state cannot be continued from (None when it can)."""
+    if not np.isfinite(state).all():
+        return "holds NaN or infinite values"
+    counters = state[[slots.STEP, slots.WINDOWS, slots.SKIPPED, slots.GOOD_STEPS]]
+    if (counters < 0).any() or (counters != np.floor(counters)).any() or (counters > 2**53).any():
+        return "has a step count that is not a whole number in [0, 2**53]"
+    if state[slots.LOSS_SCALE] <= 0 or state[slots.LR_FACTOR] <= 0:
+        return "has a loss scale or lr factor <= 0"
+    return None

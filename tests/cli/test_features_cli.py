@@ -51,7 +51,7 @@ def test_a_run_without_a_usable_checkpoint_is_refused(tiny_runs, tmp_path, kind,
     ("ae", ["--checkpoint", "first"], "--checkpoint first: use best or last"),
     ("ae", ["--out", "nowhere/features.npz"], "no such directory nowhere"),
     ("ae", ["--out", "."], "is a directory"),
-    ("ae", ["--batch-size", "0"], "--batch-size 0: must be >= 1"),
+    ("ae", ["--batch-size", "0"], "--batch-size 0: must be in [1,"),
     ("mlp", ["--batch-size", "many"], "--batch-size many: not an integer"),
     (None, [], "no such run directory"),
 ])

@@ -88,7 +88,7 @@ def test_resume_with_a_checkpoint_of_another_model_is_one_line(tmp_path, data_di
     config = runs / "a" / "config.yaml"
     config.write_text(config.read_text().replace("- 16", "- 24"))
     result = mlptrain("run", "--resume", str(runs / "a"), "train.epochs=2", cwd=tmp_path, env=env)
-    assert_clean_failure(result, "fc1.weight has shape (784, 16), the model's is (784, 24)")
+    assert_clean_failure(result, "model.hidden ([16] -> [24])")
 
 
 def make_dir_without_a_checkpoint(root):

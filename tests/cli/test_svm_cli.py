@@ -62,10 +62,10 @@ def test_a_file_that_is_not_a_features_npz_is_refused(tmp_path, name, content, f
 
 @pytest.mark.parametrize("args, fragment", [
     (["--C", "abc"], "--C abc: 'abc' is not a number"),
-    (["--C", "0"], "--C 0: 0 is not a positive number"),
-    (["--C", "0.1,-1"], "-1 is not a positive number"),
-    (["--C", "nan"], "nan is not a positive number"),
-    (["--max-iter", "0"], "--max-iter 0: must be >= 1"),
+    (["--C", "0"], "--C 0: 0 is outside [1e-09, 1e+09]"),
+    (["--C", "0.1,-1"], "-1 is outside [1e-09, 1e+09]"),
+    (["--C", "nan"], "nan is outside [1e-09, 1e+09]"),
+    (["--max-iter", "0"], "--max-iter 0: must be in [1,"),
     (["--max-iter", "1.5"], "--max-iter 1.5: not an integer"),
     (["--out", "nowhere/svm.json"], "no such directory nowhere"),
     (["--out", "."], "is a directory"),

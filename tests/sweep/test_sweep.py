@@ -18,7 +18,7 @@ import pytest
 import typer
 import yaml
 
-from mlptrain.sweep import engine
+from mlptrain.sweep import claims, engine
 import mlptrain.train
 from mlptrain.cli.configs import builtin_configs
 from mlptrain.cli.sweep import builtin_sweeps, resolve_base, sweep
@@ -137,38 +137,47 @@ def test_resume_after_ctrl_c_runs_only_what_is_missing(tmp_path, tiny_mnist, tra
     assert all(t["state"] == "complete" for t in results["trials"])
 
 
+def dead_worker(this_worker=claims.this_worker) -> dict:
+    """The identity of a process of this machine that has exited."""
+    proc = subprocess.Popen(["sleep", "30"])
+    worker = {**this_worker(), "pid": proc.pid, "started": claims.process_start(proc.pid)}
+    proc.kill()
+    proc.wait()
+    return worker
+
+
 def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, monkeypatch):
-    monkeypatch.setattr(engine, "GRACE_S", 1)
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
     spec = load_sweep(path, FAST, resolve_base)
     (tmp_path / "runs" / "s").mkdir(parents=True)
     study, storage = engine.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
-    trial, _ = engine._claim(study, storage, storage.get_study_id_from_name("s"))  # then the worker is killed
+    with monkeypatch.context() as patch:
+        patch.setattr(claims, "this_worker", dead_worker)  # the claim's worker is then gone
+        trial, _ = engine._claim(study, storage, storage.get_study_id_from_name("s"))
     assert trial.number == 0
-    time.sleep(2.5)  # SQLite keeps heartbeats to the second
 
-    results = run_sweep(path, tmp_path / "runs")
+    results = run_sweep(path, tmp_path / "runs")  # on this machine a dead pid is seen at once, no grace period
     assert sorted(c.optim.lr for c in trains) == [1e-3, 3e-3]
     assert [(t["number"], t["state"]) for t in results["trials"]] == [(1, "complete"), (2, "complete")]
     assert {t.number: t.state.name for t in study_trials(tmp_path / "runs" / "s")} == \
         {0: "FAIL", 1: "COMPLETE", 2: "COMPLETE"}
 
 
-def test_a_live_trial_keeps_beating_and_a_dead_one_is_queued_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(engine, "GRACE_S", 2)
-    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), [], resolve_base)
+def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "GRACE_S", 1)
+    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [], resolve_base)
     study, storage = engine.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
-    trial, trial_id = engine._claim(study, storage, storage.get_study_id_from_name("s"))
-    with engine._Heartbeat(storage, trial_id):
-        time.sleep(4)  # twice the grace period, from a thread of its own
-        engine.requeue_stale(study)
-        assert [t.state.name for t in study.get_trials()] == ["RUNNING"]
-    time.sleep(3.5)  # silence: the worker is taken for dead
-    engine.requeue_stale(study)
-    first, retry = study.get_trials()
-    assert first.state.name == "FAIL" and retry.state.name == "WAITING"
-    assert retry.user_attrs == {"retry_of": 0} and retry.system_attrs["fixed_params"] == {"optim.lr": 1e-3}
+    study_id = storage.get_study_id_from_name("s")
+    engine._claim(study, storage, study_id)  # this process: alive, and it never beats again
+    with monkeypatch.context() as patch:
+        patch.setattr(claims, "this_worker", lambda: {"host": "elsewhere", "boot": "", "pid": 1, "started": None})
+        engine._claim(study, storage, study_id)  # a worker on another machine
+    time.sleep(2.5)  # SQLite keeps heartbeats to the second: both heartbeats have lapsed
+    engine.requeue_stale(study, storage, study_id)
+    here, elsewhere, retry = study.get_trials()
+    assert here.state.name == "RUNNING"  # a starved worker on this machine is not taken for dead
+    assert elsewhere.state.name == "FAIL" and retry.state.name == "WAITING"
+    assert retry.user_attrs == {"retry_of": 1} and retry.system_attrs["fixed_params"] == {"optim.lr": 2e-3}
 
 
 def test_random_and_tpe_run_their_trials_within_the_range(tmp_path, tiny_mnist):
