@@ -70,3 +70,18 @@ def check_space(folder: Path, need: int, what: str) -> None:
 
 def _reason(err: OSError) -> str:
     return "read-only file system" if err.errno == errno.EROFS else err.strerror or str(err)
+
+
+def claim_output(path: Path, purpose: str) -> None:
+    """Before the work that ends in writing `path`: lock its folder when that is a run directory (else
+    prove the folder writable), so a read-only disk or a busy run is one line before, not after."""
+    folder = Path(path).parent
+    if (folder / "config.yaml").is_file():
+        lock_run(folder, purpose)
+        return
+    probe = folder / f".{Path(path).name}.{os.getpid()}.probe"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"{path}: cannot write in {folder} ({_reason(err)})") from None

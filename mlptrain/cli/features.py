@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from mlptrain.cli.options import positive_int
+from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console, pass_progress
 
 
@@ -29,6 +30,7 @@ def extract_features(
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     resolve_layer(config, layer)
     out = check_output(out if out is not None else run_dir / "features.npz")
+    claim_output(out, "extract-features")
     batch = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     with pass_progress() as progress:
         extraction = extract(run_dir, checkpoint, layer, batch, progress=progress)

@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from mlptrain.cli.options import positive_int
+from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console, write_json
 
 
@@ -33,6 +34,7 @@ def svm(
     iterations = positive_int(max_iter, "--max-iter")
     data = load_features(features)
     out = check_output(out if out is not None else features.parent / "svm.json")
+    claim_output(out, "svm")
     report = svm_report(data, features, cs, standardize=not no_standardize, max_iter=iterations)
     for note in report["warnings"]:
         console.print(f"[bold yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
