@@ -28,7 +28,7 @@ def test_an_alias_bomb_is_refused_at_once():
     assert time.perf_counter() - start < 0.5
 
 
-@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, "a:\n" + "".join(f"{' ' * (i + 1)}k{i}:\n" for i in range(3000)),
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, "a:\n" + "".join(f"{' ' * (i + 1)}k{i}:\n" for i in range(1000)),
                                   "{a: " * 3000 + "1" + "}" * 3000])
 def test_deep_nesting_is_one_line(text):
     assert f"more than {MAX_DEPTH} levels" in refused(text)
@@ -62,7 +62,7 @@ def test_size_is_bounded(tmp_path):
         read_yaml(path)
     assert time.perf_counter() - start < 1.0
     with pytest.raises(UserError, match="not a regular file"):
-        read_yaml(path.parent / ".." / ".." / ".." / "dev" / "zero")
+        read_yaml(__import__("pathlib").Path("/dev/zero"))
 
 
 def test_overrides_use_the_same_reader():
