@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import DateTime, and_, column, func, insert, select, table, type_coerce, update
+from sqlalchemy import DateTime, and_, column, func, insert, literal_column, select, table, type_coerce, update
 
 WORKER = "mlptrain:worker"  # the system attribute naming the process that runs a trial
 
@@ -35,6 +35,11 @@ _trials = table("trials", column("trial_id"), column("study_id"), column("state"
                 column("datetime_complete"))
 _attributes = table("trial_system_attributes", column("trial_id"), column("key"), column("value_json"))
 _heartbeats = table("trial_heartbeats", column("trial_id"), column("heartbeat"))
+
+
+def _state(name: str):
+    # an untyped SQL literal: PostgreSQL stores the state as its own ENUM type, SQLite as text
+    return literal_column(f"'{name}'")
 
 
 @lru_cache(maxsize=1)
@@ -87,8 +92,8 @@ def on_this_machine(worker: dict) -> bool:
 def claim(storage, trial_id: int, worker: dict) -> bool:
     """Move trial `trial_id` from WAITING to RUNNING for `worker`; False when another worker did first."""
     with storage.engine.begin() as conn:
-        moved = conn.execute(update(_trials).where(and_(_trials.c.trial_id == trial_id, _trials.c.state == "WAITING"))
-                             .values(state="RUNNING", datetime_start=datetime.now())).rowcount
+        moved = conn.execute(update(_trials).where(and_(_trials.c.trial_id == trial_id, _trials.c.state == _state("WAITING")))
+                             .values(state=_state("RUNNING"), datetime_start=datetime.now())).rowcount
         if moved != 1:
             return False
         conn.execute(insert(_attributes).values(trial_id=trial_id, key=WORKER, value_json=json.dumps(worker)))
@@ -98,8 +103,8 @@ def claim(storage, trial_id: int, worker: dict) -> bool:
 def release(storage, trial_id: int) -> bool:
     """Mark a running trial FAIL; False when it had already finished (or another worker released it)."""
     with storage.engine.begin() as conn:
-        return conn.execute(update(_trials).where(and_(_trials.c.trial_id == trial_id, _trials.c.state == "RUNNING"))
-                            .values(state="FAIL", datetime_complete=datetime.now())).rowcount == 1
+        return conn.execute(update(_trials).where(and_(_trials.c.trial_id == trial_id, _trials.c.state == _state("RUNNING")))
+                            .values(state=_state("FAIL"), datetime_complete=datetime.now())).rowcount == 1
 
 
 def abandoned(storage, study_id: int, grace_s: float) -> list[int]:
@@ -109,7 +114,7 @@ def abandoned(storage, study_id: int, grace_s: float) -> list[int]:
         _attributes, and_(_attributes.c.trial_id == _trials.c.trial_id, _attributes.c.key == WORKER))
     query = select(_trials.c.trial_id, type_coerce(_heartbeats.c.heartbeat, DateTime), _attributes.c.value_json,
                    type_coerce(func.now(), DateTime)).select_from(joined).where(
-        and_(_trials.c.study_id == study_id, _trials.c.state == "RUNNING"))
+        and_(_trials.c.study_id == study_id, _trials.c.state == _state("RUNNING")))
     with storage.engine.connect() as conn:
         rows = conn.execute(query).all()
     gone = []

@@ -82,7 +82,23 @@ def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
 
 
+def database_url(url: str) -> str:
+    """`url` with a PostgreSQL driver named when it names none: SQLAlchemy 2.1's default for postgresql://
+    is psycopg 3, so psycopg2 alone would fail; whichever is installed is used, psycopg first."""
+    from importlib.util import find_spec
+
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url
+    rest = url.split("://", 1)[1]
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if find_spec(module) is not None:
+            return f"postgresql+{driver}://{rest}"
+    raise UserError(f"--storage {_redacted(url)}: no PostgreSQL driver is installed; pip install 'mlptrain[postgres]' "
+                    "(psycopg 3), or psycopg2 and write postgresql+psycopg2://")
+
+
 def _storage(url: str):
+    url = database_url(url)
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # workers wait their turn
     try:
         with _quiet():
