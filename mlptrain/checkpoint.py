@@ -28,8 +28,9 @@ def save_checkpoint(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 # Arrays whose every value must be finite: what training continues from. NaN is allowed where it means
-# "none yet" (meta/best_*, plateau/best) and in step/grad_norms (fp16's skipped windows record inf/NaN).
-FINITE = ("params/", "optim/", "step/state", "plateau/multiplier", "plateau/bad_evaluations", "meta/epoch",
+# "none yet" (meta/best_*, plateau/best), in step/grad_norms and in step/state's grad-norm slot (fp16's
+# skipped windows record inf/NaN there); OptimizerStep checks the rest of step/state.
+FINITE = ("params/", "optim/", "plateau/multiplier", "plateau/bad_evaluations", "meta/epoch",
           "meta/window", "meta/seed")
 COUNTERS = ("meta/epoch", "meta/window", "meta/seed", "plateau/bad_evaluations")  # integer scalars >= 0
 
