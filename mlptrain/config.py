@@ -65,9 +65,14 @@ def _option(default, *, choices=None, check=None, doc=""):
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = _option("mnist", choices=("mnist", "cifar10"))
+    # the built-in table of mlptrain.data.registry, then the formats a user brings
+    dataset: str = _option("mnist", choices=("mnist", "fashion_mnist", "kmnist", "cifar10", "cifar100", "npz", "folder"))
     root: str | None = _option(None, doc="dataset folder; default $MLPTRAIN_DATA_DIR, else the user cache")
-    val_size: int = _option(5000, check=_non_negative, doc="images held out of the training set")
+    val_size: int = _option(5000, check=_non_negative, doc="images held out of the training set (unless the "
+                                                           "dataset has its own validation split)")
+    path: str | None = _option(None, doc="npz: the .npz file; folder: the folder holding train/ and test/")
+    label: str | None = _option(None, choices=("fine", "coarse"), doc="cifar100: fine (100 classes, the default) "
+                                                                      "or coarse (20 superclasses)")
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ def _build(cls, raw, source, prefix=""):
             continue
         value = _convert(value, tp, f"{source}: {dotted}")
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
-        if choices and value not in choices:
+        if choices and value is not None and value not in choices:
             raise UserError(f"{source}: {dotted}: {brief(value)} is not one of {', '.join(map(str, choices))}")
         problem = check(value) if check and value is not None else None
         if problem:
@@ -284,10 +289,14 @@ def read_yaml(path: Path):
     return {} if raw is None else raw
 
 
+RESOLVED = "resolved"  # the section of a run's config.yaml that records what the run actually used
+
+
 def load_config(path: Path, overrides: list[str] = ()) -> Config:
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
+    raw.pop(RESOLVED, None)  # a run's record of what it used: informative, never read back
     return config_from_dict(apply_overrides(raw, list(overrides)), source=str(path))
 
 
@@ -302,6 +311,7 @@ WARMUP_SCHEDULES = ("warmup_cosine", "warmup_linear", "inverse_sqrt")
 
 def _check_combinations(config: Config, source: str) -> None:
     """Rules that involve more than one key."""
+    _check_data(config.data, source)
     schedule = config.schedule
     if schedule.warmup_steps and schedule.warmup_epochs:
         raise UserError(f"{source}: schedule.warmup_steps and schedule.warmup_epochs are alternatives; set one")
@@ -312,6 +322,21 @@ def _check_combinations(config: Config, source: str) -> None:
     if schedule.name == "inverse_sqrt" and not warmup:
         raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
                         f"or schedule.warmup_epochs")
+
+
+USER_DATASETS = {"npz": "the .npz file, e.g. data.path=my.npz",
+                 "folder": "the folder holding train/<class>/*.png and test/<class>/*.png"}
+
+
+def _check_data(data: DataConfig, source: str) -> None:
+    if data.dataset in USER_DATASETS and data.path is None:
+        raise UserError(f"{source}: data.dataset {data.dataset} needs data.path: {USER_DATASETS[data.dataset]}")
+    if data.dataset not in USER_DATASETS and data.path is not None:
+        raise UserError(f"{source}: data.path is for data.dataset npz or folder; {data.dataset} is read from "
+                        f"data.root (or $MLPTRAIN_DATA_DIR): drop data.path")
+    if data.label is not None and data.dataset != "cifar100":
+        raise UserError(f"{source}: data.label chooses CIFAR-100's fine or coarse labels; {data.dataset} has one "
+                        f"set of labels: drop data.label")
 
 
 def config_to_dict(config: Config) -> dict:

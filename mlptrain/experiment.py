@@ -10,27 +10,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlptrain.backend import cuda_usable, get_backend
-from mlptrain.config import Config, config_to_dict
-from mlptrain.data import load_dataset
+from mlptrain.config import RESOLVED, Config, config_to_dict
+from mlptrain.data import dataset_record, load_dataset
 from mlptrain.data.loader import check_val_size
+from mlptrain.nn import check_model_input
 from mlptrain.run_lock import lock_run
 from mlptrain.runs import create_run_dir, write_yaml
 
 
 class Resources:
-    """Backends by name and datasets by (name, root), loaded on first use."""
+    """Backends by name and datasets by their data section, loaded on first use."""
 
     def __init__(self):
         self._backends = {}
         self._datasets = {}
 
     def dataset(self, config: Config):
-        """The config's dataset, checked against data.val_size; raises UserError."""
-        key = (config.data.dataset, config.data.root)
+        """The config's dataset, checked against data.val_size and the model; raises UserError."""
+        data = config.data
+        key = (data.dataset, data.root, data.path, data.label)
         if key not in self._datasets:
-            root = Path(config.data.root) if config.data.root else None
-            self._datasets[key] = load_dataset(config.data.dataset, root)
-        check_val_size(self._datasets[key], config.data.val_size)
+            root = Path(data.root) if data.root else None
+            self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label)
+        check_val_size(self._datasets[key], data.val_size)
+        check_model_input(config.model, self._datasets[key])
         return self._datasets[key]
 
     def prepare(self, config: Config, start_compilers: bool = False):
@@ -51,10 +54,20 @@ def check_inputs(config: Config) -> None:
     Resources().dataset(config)
 
 
-def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False) -> Path:
+def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False,
+               dataset=None) -> Path:
     """The new run directory, locked for this process and holding the resolved config (see
-    `create_run_dir` for the name)."""
+    `create_run_dir` for the name) and, given the dataset, what the run read (`run_config`)."""
     run_dir = create_run_dir(runs_dir, name, stem, suffix_on_clash)
     lock_run(run_dir, "the run")  # held while this process works in it
-    write_yaml(run_dir / "config.yaml", config_to_dict(config))
+    write_yaml(run_dir / "config.yaml", run_config(config, dataset))
     return run_dir
+
+
+def run_config(config: Config, dataset=None) -> dict:
+    """What a run's config.yaml holds: the config, overrides applied, and under `resolved` what the
+    run actually used (the dataset: `mlptrain.data.dataset_record`)."""
+    document = config_to_dict(config)
+    if dataset is not None:
+        document[RESOLVED] = {"dataset": dataset_record(dataset, config.data.val_size)}
+    return document

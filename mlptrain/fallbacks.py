@@ -10,10 +10,11 @@ variants are the kernel plan's (mlptrain.numba_kernels).
 
 from __future__ import annotations
 
+from mlptrain.data.dataset import is_subset
+from mlptrain.data.registry import BUILTIN
 from mlptrain.tracking import console
 
-# (training images, test images) of each dataset as published: fewer means a subset
-CANONICAL_SIZES = {"mnist": (60_000, 10_000), "cifar10": (50_000, 10_000)}
+__all__ = ["is_subset", "subset_note", "warn"]
 
 
 def warn(note: str) -> str:
@@ -22,19 +23,13 @@ def warn(note: str) -> str:
     return note
 
 
-def is_subset(dataset) -> bool | None:
-    """Whether `dataset` holds fewer images than its canonical version (None: not a known dataset)."""
-    canonical = CANONICAL_SIZES.get(dataset.name)
-    if canonical is None:
-        return None
-    return len(dataset.train_images) < canonical[0] or len(dataset.test_images) < canonical[1]
-
-
 def subset_note(dataset) -> str | None:
-    """The fallback line of a dataset smaller than its canonical version, else None."""
+    """The fallback line of a built-in dataset smaller than published (see mlptrain.data.dataset.is_subset), naming
+    where it was read from, else None."""
     if not is_subset(dataset):
         return None
-    train, test = CANONICAL_SIZES[dataset.name]
+    train, test = BUILTIN[dataset.name].sizes
+    where = f", from {dataset.provenance.location}" if dataset.provenance.location else ""
     return (f"data: {dataset.name} is a subset ({len(dataset.train_images):,} of {train:,} training and "
-            f"{len(dataset.test_images):,} of {test:,} test images); its metrics are not comparable with the "
-            "full dataset's")
+            f"{len(dataset.test_images):,} of {test:,} test images{where}); its metrics are not comparable with "
+            "the full dataset's")

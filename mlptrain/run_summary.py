@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from mlptrain.config import Config, config_to_dict
+from mlptrain.data import dataset_record
 from mlptrain.evaluation import mean_image_mse
-from mlptrain.fallbacks import is_subset
 from mlptrain.session import Session
 
 
@@ -35,8 +35,7 @@ def run_summary(s: Session, run_name: str, last: dict, best: float | None, throu
     }
     if not s.classifies:
         summary["mean_image_mse"] = mean_image_mse(s.dataset)
-    summary["dataset"] = {"name": s.dataset.name, "train": s.train.size, "val": s.val.size, "test": s.test.size,
-                          "subset": is_subset(s.dataset)}
+    summary["dataset"] = dataset_record(s.dataset, s.config.data.val_size)
     summary.update(s.window.graphs_record())
     summary["fallbacks"] = fallbacks(s)
     summary.update(records)

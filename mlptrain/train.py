@@ -21,9 +21,9 @@ import numpy as np
 
 from mlptrain.checkpoint import save_checkpoint
 from mlptrain.compilation import compile_kernels, kernel_records
-from mlptrain.config import config_to_dict
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
+from mlptrain.experiment import run_config
 from mlptrain.fallbacks import warn
 from mlptrain.monitor import TrainingMonitor
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
@@ -112,7 +112,7 @@ def _read(s: Session, epoch: int, i: int, read_from: int, read_to: int, t_window
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
     # before anything is written: a mismatched checkpoint changes nothing
     start = restore(resume, s.model, s.step, s.plateau, s.selection[0], s.steps_per_epoch)
-    write_yaml(run_dir / "config.yaml", config_to_dict(s.config))  # train.epochs may have grown
+    write_yaml(run_dir / "config.yaml", run_config(s.config, s.dataset))  # train.epochs may have grown
     console.print(f"resuming {run_dir} after epoch {start.epoch}"
                   f"{f' and {start.window} steps' if start.window else ''}")
     return start

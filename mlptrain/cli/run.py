@@ -51,7 +51,7 @@ def run(
         if name is not None:
             check_run_name(name)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))  # before anything is written
-        run_dir = create_run(cfg, runs_dir, name, path.stem)
+        run_dir = create_run(cfg, runs_dir, name, path.stem, dataset=session.dataset)
     with StopOnSignal() as stop:
         summary = train(session, run_dir, resume=start, stop=stop)
     table = Table("metric", "value")

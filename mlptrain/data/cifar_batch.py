@@ -1,10 +1,13 @@
-"""Reader for the python-pickle batch files of CIFAR-10 (`data_batch_1`, ..., `test_batch`).
+"""Reader for the python-pickle batch files of CIFAR-10 (`data_batch_1`, ..., `test_batch`) and
+CIFAR-100 (`train`, `test`).
 
 Format (https://www.cs.toronto.edu/~kriz/cifar.html): each file is a pickled
 dict whose `b"data"` is a uint8 array of shape (N, 3072), one row per image
-holding the red, green and blue 32x32 planes in turn, and whose `b"labels"`
-is a list of N ints in 0..9. The canonical files hold N = 10,000; any N >= 1
-is accepted, because subsets keep the format but not the count.
+holding the red, green and blue 32x32 planes in turn, and whose labels entry
+is a list of N ints: `b"labels"` in 0..9 for CIFAR-10, `b"fine_labels"` in
+0..99 and `b"coarse_labels"` in 0..19 for CIFAR-100. The canonical files hold
+10,000 (CIFAR-10), 50,000 and 10,000 (CIFAR-100) images; any N >= 1 is
+accepted, because subsets keep the format but not the count.
 
 Unpickling can call any importable function, so the batches are read by an
 unpickler that resolves only the few names a batch needs and refuses the rest.
@@ -59,9 +62,10 @@ class _BatchUnpickler(pickle.Unpickler):
             raise _Refused(f"{module}.{name}") from None
 
 
-def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(images, labels) of the CIFAR-10 batch file at `path`: images uint8
-    (N, 3072) C-contiguous, labels uint8 (N,) in 0..9, N >= 1."""
+def read_cifar_batch(path: str | Path, labels_key: str = "labels",
+                     num_classes: int = NUM_CLASSES) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) of the CIFAR batch file at `path`: images uint8 (N, 3072)
+    C-contiguous, labels uint8 (N,) from the entry `labels_key`, in 0..num_classes-1, N >= 1."""
     path = Path(path)
     try:
         with open(path, "rb") as file:
@@ -71,7 +75,7 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     except OSError as error:
         raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
     except _Refused as refused:
-        raise UserError(f"{path}: refused to unpickle {refused}: a CIFAR-10 batch needs only dicts, lists, "
+        raise UserError(f"{path}: refused to unpickle {refused}: a CIFAR batch needs only dicts, lists, "
                         f"bytes, ints and numpy arrays (the file may be malicious)") from None
     # Damaged pickle data surfaces as almost any exception (UnpicklingError, EOFError,
     # ValueError, TypeError, KeyError, IndexError, struct.error, UnicodeDecodeError,
@@ -80,14 +84,14 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"{path}: corrupt or truncated pickle ({type(error).__name__}: {error})") from None
     if trailing:
         raise UserError(f"{path}: trailing bytes after the pickled batch")
-    return _validate(batch, path)
+    return _validate(batch, path, labels_key, num_classes)
 
 
-def _validate(batch, path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _validate(batch, path: Path, labels_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Check the unpickled object has the canonical structure; return it as uint8 arrays."""
     if not isinstance(batch, dict):
-        raise UserError(f"{path}: not a CIFAR-10 batch (a pickled {type(batch).__name__}, expected a dict)")
-    data, labels = _entry(batch, "data", path), _entry(batch, "labels", path)
+        raise UserError(f"{path}: not a CIFAR batch (a pickled {type(batch).__name__}, expected a dict)")
+    data, labels = _entry(batch, "data", path), _entry(batch, labels_key, path)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != FEATURES:
         got = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise UserError(f"{path}: b'data' must be a uint8 array of shape (N, {FEATURES}), got {got}")
@@ -97,11 +101,13 @@ def _validate(batch, path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         labels = np.asarray(labels)
     except (ValueError, TypeError) as error:  # ragged nesting
-        raise UserError(f"{path}: b'labels' is not a list of ints ({error})") from None
+        raise UserError(f"{path}: b'{labels_key}' is not a list of ints ({error})") from None
     if labels.dtype.kind not in "iu" or labels.shape != (rows,):
-        raise UserError(f"{path}: b'labels' must be {rows} ints (one per image), got {labels.dtype} {labels.shape}")
-    if labels.min() < 0 or labels.max() >= NUM_CLASSES:
-        raise UserError(f"{path}: labels must be in 0..{NUM_CLASSES - 1}, found {labels.min()}..{labels.max()}")
+        raise UserError(f"{path}: b'{labels_key}' must be {rows} ints (one per image), "
+                        f"got {labels.dtype} {labels.shape}")
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise UserError(f"{path}: b'{labels_key}' must be in 0..{num_classes - 1}, "
+                        f"found {labels.min()}..{labels.max()}")
     return np.ascontiguousarray(data), labels.astype(np.uint8)
 
 
@@ -110,5 +116,5 @@ def _entry(batch: dict, key: str, path: Path):
     for candidate in (key.encode(), key):
         if candidate in batch:
             return batch[candidate]
-    raise UserError(f"{path}: not a CIFAR-10 batch (no {key.encode()!r} entry; keys: "
+    raise UserError(f"{path}: not a CIFAR batch (no {key.encode()!r} entry; keys: "
                     f"{', '.join(sorted(map(repr, batch)))[:200]})")

@@ -122,3 +122,22 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, TimeoutError):
         return "timed out"
     return str(error) or type(error).__name__
+
+
+def prepare_folder(folder: Path) -> None:
+    """Create `folder` (and its parents) for a download, or raise `UserError` saying it cannot be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create {folder} for the download ({error.strerror or error}); "
+                        f"set MLPTRAIN_DATA_DIR (or data.root) to a writable folder") from None
+
+
+def offline_message(title: str, folder: Path, error: UserError, files: list[tuple[str, str]], note: str = "") -> str:
+    """What to do when `title` could not be downloaded into `folder` (which exists by then): each of
+    `files` (name, url) to put there, a `note` line, and the data-root alternative."""
+    listing = "".join(f"\n  {name}  from {url}" for name, url in files)
+    return (f"{title} could not be downloaded ({error})\n"
+            f"put {'this file' if len(files) == 1 else 'these files'} into {folder}:{listing}\n"
+            + (f"{note}\n" if note else "")
+            + f"or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds {folder.name}/")

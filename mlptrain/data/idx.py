@@ -33,16 +33,21 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def read_decompressed(path: str | Path) -> bytes:
-    """The bytes of `path`, gunzipped when they start with the gzip magic.
-
-    The compression is told from the content, not the suffix, so a raw file
-    named `.gz` (or a gzip file without the suffix) still reads.
-    """
+    """The bytes of `path`, gunzipped when they start with the gzip magic (see `gunzip_if_gzipped`)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as error:
         raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+    return gunzip_if_gzipped(data, path)
+
+
+def gunzip_if_gzipped(data: bytes, source: str | Path) -> bytes:
+    """`data` decompressed when it starts with the gzip magic, else `data` itself.
+
+    The compression is told from the content, not the suffix, so a raw file
+    named `.gz` (or a gzip file without the suffix) still reads.
+    """
     if not data.startswith(GZIP_MAGIC):
         return data
     try:
@@ -51,7 +56,7 @@ def read_decompressed(path: str | Path) -> bytes:
     # BadGzipFile (an OSError) for a bad header, CRC or trailing garbage,
     # EOFError for a truncated stream, zlib.error for corrupt deflate data.
     except (OSError, EOFError, zlib.error) as error:
-        raise UserError(f"{path}: corrupt or truncated gzip data ({error})") from None
+        raise UserError(f"{source}: corrupt or truncated gzip data ({error})") from None
 
 
 def parse_idx(data: bytes, source: str | Path) -> np.ndarray:

@@ -1,6 +1,7 @@
-"""The dataset resident on the device as uint8, and the index arrays that select batches.
+"""The dataset resident on the device (uint8 pixels or float32 features), and the index arrays
+that select batches.
 
-Training and validation share one uint8 image array on the device; a split is
+Training and validation share one image array on the device; a split is
 only an index array into it. Each step a kernel gathers and normalises the
 rows `order[cursor + start:][:rows]` (the cursor on the device), so no image crosses the bus inside
 the loop.
@@ -17,7 +18,7 @@ from mlptrain.errors import UserError
 
 @dataclass
 class ResidentSplit:
-    images: object  # backend uint8 array (N, D)
+    images: object  # backend uint8 (pixels) or float32 (features) array (N, D)
     labels: object  # backend uint8 array (N,)
     index: np.ndarray  # host int32 rows of `images` in this split
     device_index: object  # the same rows on the device, in their natural order
@@ -28,19 +29,29 @@ class ResidentSplit:
 
 
 def check_val_size(dataset, val_size: int) -> None:
+    if dataset.has_val_split:  # its own validation split: nothing is held out of train
+        return
     n = len(dataset.train_images)
     if val_size >= n:
         raise UserError(f"data.val_size: {val_size} leaves no training images; {dataset.name} has {n}, use < {n}")
 
 
 def resident_splits(dataset, backend, val_size: int, seed: int):
-    """(train, val, test) with `val_size` training images held out by a seeded permutation."""
+    """(train, val, test): `val_size` training images held out by a seeded permutation, or, for a
+    dataset with its own validation split, its validation images appended to the training images
+    (one resident array, as for a held-out split) and `val_size` unused."""
     check_val_size(dataset, val_size)
     n = len(dataset.train_images)
-    held_out = np.random.default_rng([seed, 0x5EED]).permutation(n)
-    val_index = np.sort(held_out[:val_size]).astype(np.int32)
-    train_index = np.sort(held_out[val_size:]).astype(np.int32)
-    images, labels = backend.to_device(dataset.train_images), backend.to_device(dataset.train_labels)
+    images, labels = dataset.train_images, dataset.train_labels
+    if dataset.has_val_split:
+        images, labels = np.concatenate([images, dataset.val_images]), np.concatenate([labels, dataset.val_labels])
+        train_index = np.arange(n, dtype=np.int32)
+        val_index = np.arange(n, len(images), dtype=np.int32)
+    else:
+        held_out = np.random.default_rng([seed, 0x5EED]).permutation(n)
+        val_index = np.sort(held_out[:val_size]).astype(np.int32)
+        train_index = np.sort(held_out[val_size:]).astype(np.int32)
+    images, labels = backend.to_device(images), backend.to_device(labels)
     return (
         ResidentSplit(images, labels, train_index, backend.to_device(train_index)),
         ResidentSplit(images, labels, val_index, backend.to_device(val_index)),

@@ -10,7 +10,25 @@ from mlptrain.errors import UserError
 from mlptrain.nn.autoencoder import ConvAutoencoder
 from mlptrain.nn.mlp import MLP
 
-__all__ = ["ConvAutoencoder", "MLP", "make_model", "model_dataset"]
+__all__ = ["ConvAutoencoder", "MLP", "check_model_input", "make_model", "model_dataset"]
+
+
+def check_model_input(model_config, dataset) -> None:
+    """Raise `UserError` (one line) when the model of `model_config` cannot take the dataset's samples:
+    the MLP takes any flat size; the autoencoder needs pixel images whose sides its 2x2 pools divide."""
+    if model_config.type != "conv_autoencoder":
+        return
+    if len(dataset.image_shape) != 3 or dataset.train_images.dtype != np.uint8:
+        raise UserError(f"model.type conv_autoencoder needs images (uint8 pixels, C x H x W); {dataset.name} holds "
+                        f"{dataset.train_images.dtype} samples of shape {dataset.image_shape}: use model.type mlp")
+    _, h, w = dataset.image_shape
+    stages = len(model_config.channels)
+    if h % 2 ** stages or w % 2 ** stages:
+        fits = next(k for k in range(stages, -1, -1) if h % 2 ** k == 0 and w % 2 ** k == 0)
+        hint = (f"give model.channels at most {fits} widths" if fits else
+                "an odd side cannot be pooled: crop or pad the images to even sides")
+        raise UserError(f"model.channels: {stages} conv + max-pool stages need image sides divisible by "
+                        f"{2 ** stages}; {dataset.name} images are {h}x{w}: {hint}")
 
 
 def model_dataset(config, dataset):
@@ -18,16 +36,16 @@ def model_dataset(config, dataset):
     (its convolutions' layout), permuted once on the host from the CHW planes datasets keep."""
     if config.model.type != "conv_autoencoder":
         return dataset
-    if len(dataset.image_shape) != 3:
-        raise UserError(f"model.type conv_autoencoder needs images with channels; {dataset.name} has shape "
-                        f"{dataset.image_shape}")
+    check_model_input(config.model, dataset)
     c, h, w = dataset.image_shape
 
     def hwc(images):
+        if images is None:
+            return None
         return np.ascontiguousarray(images.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(len(images), -1))
 
     return dataclasses.replace(dataset, train_images=hwc(dataset.train_images), test_images=hwc(dataset.test_images),
-                               image_shape=(h, w, c))
+                               val_images=hwc(dataset.val_images), image_shape=(h, w, c))
 
 
 def make_model(config, backend, dataset, max_rows: int):
@@ -36,16 +54,12 @@ def make_model(config, backend, dataset, max_rows: int):
     if m.type == "mlp":
         return MLP(backend, dataset.num_features, list(m.hidden), dataset.num_classes, m.activation, max_rows,
                    precision)
-    h, w, _ = dataset.image_shape
-    if h % 2 ** len(m.channels) or w % 2 ** len(m.channels):
-        raise UserError(f"model.channels: {len(m.channels)} conv + max-pool stages need image sides divisible by "
-                        f"{2 ** len(m.channels)}; {dataset.name} images are {h}x{w}")
     return ConvAutoencoder(backend, dataset.image_shape, list(m.channels), m.kernel_size, max_rows, precision)
 
 
 def input_scale_shift(model, dataset) -> tuple[float, float]:
-    """pixel -> model input as one multiply-add: standardised pixels for a classifier, pixels / 255 for
+    """value -> model input as one multiply-add: standardised values for a classifier, pixels / 255 for
     the autoencoder (which reconstructs them)."""
     if model.task == "classification":
-        return 1.0 / (255.0 * dataset.std), -dataset.mean / dataset.std
-    return 1.0 / 255.0, 0.0
+        return 1.0 / (dataset.value_scale * dataset.std), -dataset.mean / dataset.std
+    return 1.0 / dataset.value_scale, 0.0

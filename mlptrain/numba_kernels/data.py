@@ -43,7 +43,7 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     graph move through the epoch: see `advance_cursor`. indices must hold valid rows of images and
     cursor[0] + start + x.shape[0] must not pass their end (neither is checked on the device).
     """
-    require("images", images, "uint8", (None, None))
+    require_one_of("images", images, ("uint8", "float32"), (None, None))  # pixels, or an npz's float features
     rows, width = images.shape
     require("labels", labels, "uint8", (rows,))
     require_one_of("indices", indices, ("int32", "int64"), (None,))

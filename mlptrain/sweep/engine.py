@@ -287,7 +287,8 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
 
     attempt.config = sweep.trial_config(attempt.params, "its config")
     session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder
-    attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial", suffix_on_clash=True)
+    attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial",
+                                 suffix_on_clash=True, dataset=session.dataset)
     trial.set_user_attr("run_dir", str(attempt.run_dir))
     worse = "below" if sweep.direction == "maximize" else "above"
 

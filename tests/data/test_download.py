@@ -1,4 +1,4 @@
-"""fetch(): mirrors in order, md5 verification, atomic placement; MNIST when offline.
+"""fetch(): mirrors in order, md5 verification, atomic placement; the folder and offline helpers.
 
 No test touches the network: `urllib.request.urlopen` is replaced by a fake
 that serves bytes (or raises) per URL.
@@ -13,8 +13,7 @@ import urllib.request
 import pytest
 
 from mlptrain.data import download
-from mlptrain.data.download import fetch, md5sum
-from mlptrain.data.mnist import load_mnist
+from mlptrain.data.download import fetch, md5sum, offline_message, prepare_folder
 from mlptrain.errors import UserError
 
 PAYLOAD = bytes(range(256)) * 9000  # > 2 chunks, so streaming is exercised
@@ -128,38 +127,26 @@ def test_unwritable_folder(tmp_path, serve):
     assert calls == []
 
 
-MNIST_NAMES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+def test_prepare_folder_creates_parents(tmp_path):
+    prepare_folder(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir()
+    prepare_folder(tmp_path / "a" / "b")  # exists already: fine
 
 
-def test_mnist_offline_names_files_folder_and_env(tmp_path, serve):
-    calls = serve({})
-    with pytest.raises(UserError) as caught:
-        load_mnist(tmp_path)
-    message = str(caught.value)
-    assert "\n" not in message and str(tmp_path / "mnist") in message and "MLPTRAIN_DATA_DIR" in message
-    assert all(name in message for name in MNIST_NAMES)
-    assert [url for url, _ in calls] == [
-        "https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz",
-        "http://yann.lecun.com/exdb/mnist/train-images-idx3-ubyte.gz",
-    ]
-    assert list(tmp_path.iterdir()) == []  # not even the mnist/ folder it made for the download
-
-
-def test_mnist_unwritable_root(tmp_path, serve):
-    serve({})
+def test_prepare_folder_below_a_file(tmp_path):
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(UserError, match="MNIST files missing from .*MLPTRAIN_DATA_DIR"):
-        load_mnist(tmp_path / "a-file")
+    with pytest.raises(UserError, match=r"cannot create .*a-file/mnist for the download .*MLPTRAIN_DATA_DIR"):
+        prepare_folder(tmp_path / "a-file" / "mnist")
 
 
-def test_mnist_names_only_files_still_missing(tmp_path, serve, data_dir):
-    (tmp_path / "mnist").mkdir()
-    for name in MNIST_NAMES[:2]:
-        (tmp_path / "mnist" / name).write_bytes((data_dir / "mnist" / name).read_bytes())
-    serve({})
-    with pytest.raises(UserError) as caught:
-        load_mnist(tmp_path)
-    message = str(caught.value)
-    assert all(name in message for name in MNIST_NAMES[2:])
-    assert not any(name in message for name in MNIST_NAMES[:2])
+def test_offline_message_lists_files_folder_and_root(tmp_path):
+    message = offline_message("MNIST", tmp_path / "mnist", UserError("could not download x: offline"),
+                              [("a.gz", "https://m/a.gz"), ("b.gz", "https://m/b.gz")], "a note")
+    assert message.splitlines() == [
+        "MNIST could not be downloaded (could not download x: offline)",
+        f"put these files into {tmp_path / 'mnist'}:",
+        "  a.gz  from https://m/a.gz",
+        "  b.gz  from https://m/b.gz",
+        "a note",
+        "or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds mnist/",
+    ]

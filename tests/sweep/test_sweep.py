@@ -44,7 +44,7 @@ def tiny_mnist(monkeypatch):
     rng = np.random.default_rng(0)
     (train_x, train_y), (test_x, test_y) = _banded(rng, 600), _banded(rng, 200)
     dataset = ImageDataset("mnist", train_x, train_y, test_x, test_y, (1, 28, 28), 10, 0.3, 0.3)
-    monkeypatch.setitem(DATASETS, "mnist", lambda root=None: dataset)
+    monkeypatch.setitem(DATASETS, "mnist", lambda *args, **kwargs: dataset)
 
 
 @pytest.fixture

@@ -1,0 +1,108 @@
+"""MNIST, Fashion-MNIST and KMNIST: the four IDX files of each (one layout, see `registry`),
+found under `<root>/<name>/` or downloaded, verified, decoded."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
+from mlptrain.data.download import fetch, offline_message, prepare_folder
+from mlptrain.data.idx import GZIP_MAGIC, gunzip_if_gzipped, parse_idx
+from mlptrain.data.registry import BuiltinDataset, DataFile
+from mlptrain.errors import UserError
+
+_FIX = "delete it so it is downloaded again"
+SPLITS = ("train", "test")
+
+
+def load_mnist_family(spec: BuiltinDataset, root: Path | None = None) -> ImageDataset:
+    """The IDX dataset `spec` from `<root>/<spec.name>/` (root defaults to `default_data_root()`).
+
+    Each file is read as `<name>.gz` or, failing that, the un-gzipped `<name>`; missing ones are
+    downloaded from the mirrors (the folder is created first). A file must match its published
+    md5 (of the .gz), or the md5 of its decompressed content where the table knows it. Images come
+    back flattened to (N, 784) uint8, labels as (N,) uint8. Raises `UserError` for a file that
+    cannot be found, fetched or verified.
+    """
+    folder = Path(root if root is not None else default_data_root()) / spec.name
+    _download_missing(spec, folder)
+    arrays, checksums = {}, []
+    for split, (images_file, labels_file) in zip(SPLITS, (spec.train, spec.test)):
+        images, images_md5, images_path = _read_verified(folder, images_file)
+        labels, labels_md5, labels_path = _read_verified(folder, labels_file)
+        _check_shapes(spec, images_path, images, labels_path, labels)
+        arrays[f"{split}_images"] = images.reshape(len(images), -1)
+        arrays[f"{split}_labels"] = labels
+        checksums += [(images_file.name, images_md5), (labels_file.name, labels_md5)]
+    mean, std = value_statistics(arrays["train_images"], PIXEL_SCALE, str(folder))
+    names = spec.label_sets[0].class_names
+    return ImageDataset(name=spec.name, image_shape=spec.image_shape, num_classes=len(names), mean=mean, std=std,
+                        class_names=names, provenance=Provenance(str(folder), tuple(checksums)), **arrays)
+
+
+def _find(folder: Path, file: DataFile) -> Path | None:
+    """The file on disk for `file`: gzip name first, then the raw name; None if neither."""
+    for path in (folder / f"{file.name}.gz", folder / file.name):
+        if path.is_file():
+            return path
+    return None
+
+
+def _download_missing(spec: BuiltinDataset, folder: Path) -> None:
+    """Fetch every file `_find` does not see, verified against its published .gz md5."""
+    files = (*spec.train, *spec.test)
+    missing = [file for file in files if _find(folder, file) is None]
+    if not missing:
+        return
+    prepare_folder(folder)  # the offline message names this folder, so it should exist
+    for file in missing:
+        try:
+            fetch([mirror + f"{file.name}.gz" for mirror in spec.mirrors], folder / f"{file.name}.gz", file.md5)
+        except UserError as error:
+            still = [(f"{f.name}.gz", spec.mirrors[0] + f"{f.name}.gz") for f in files if _find(folder, f) is None]
+            raise UserError(offline_message(spec.title, folder, error, still)) from None
+
+
+def _read_verified(folder: Path, file: DataFile) -> tuple[np.ndarray, str, Path]:
+    """(decoded array, md5 of the decompressed content, path) of `file`, which must be the published one."""
+    path = _find(folder, file)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+    gzipped = raw.startswith(GZIP_MAGIC)
+    published = gzipped and hashlib.md5(raw).hexdigest() == file.md5
+    try:
+        content = gunzip_if_gzipped(raw, path)
+    except UserError as error:
+        raise UserError(f"{error}; {_FIX}") from None
+    digest = hashlib.md5(content).hexdigest()
+    if not published and digest != file.content_md5:
+        raise UserError(_mismatch(path, file, gzipped, raw, digest))
+    return parse_idx(content, path), digest, path
+
+
+def _mismatch(path: Path, file: DataFile, gzipped: bool, raw: bytes, digest: str) -> str:
+    if file.content_md5 is not None:  # any copy of the content verifies: name what it should be
+        return f"{path} is corrupt: md5 of its content is {digest}, expected {file.content_md5}; {_FIX}"
+    if gzipped:
+        return (f"{path}: md5 {hashlib.md5(raw).hexdigest()} is not the published {file.md5} (a damaged or "
+                f"re-compressed copy); {_FIX}")
+    return (f"{path}: an uncompressed copy cannot be verified (only the published md5 of {file.name}.gz is "
+            f"known); put {file.name}.gz there instead, or delete it so it is downloaded")
+
+
+def _check_shapes(spec: BuiltinDataset, images_path: Path, images: np.ndarray, labels_path: Path,
+                  labels: np.ndarray) -> None:
+    """The decoded arrays have the table's image size, one label per image, labels in range: the md5s
+    already guarantee this for canonical files, so this only catches a wrong table entry."""
+    _, height, width = spec.image_shape
+    if images.ndim != 3 or images.shape[1:] != (height, width):
+        raise UserError(f"{images_path}: images of shape {images.shape[1:]}, expected {(height, width)}")
+    if labels.shape != (len(images),):
+        raise UserError(f"{labels_path}: {labels.shape} labels for {len(images)} images")
+    if len(labels) and labels.max() >= spec.num_classes:
+        raise UserError(f"{labels_path}: label {labels.max()} is not one of 0..{spec.num_classes - 1}")
