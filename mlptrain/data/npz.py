@@ -71,7 +71,7 @@ def _read(path: Path) -> dict[str, np.ndarray]:
 def _check_names(path: Path, names: list[str]) -> None:
     for name in names:
         if name not in REQUIRED + OPTIONAL:
-            close = difflib.get_close_matches(name, REQUIRED + OPTIONAL, n=1)
+            close = difflib.get_close_matches(name.lower(), REQUIRED + OPTIONAL, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise UserError(f"{path}: unknown array '{name}'; {hint}(valid: {', '.join(REQUIRED + OPTIONAL)})")
     missing = [name for name in REQUIRED if name not in names]
@@ -117,7 +117,8 @@ def _samples(path: Path, name: str, x: np.ndarray) -> np.ndarray:
         raise UserError(f"{path}: {name} is {x.dtype} of shape {x.shape}; float data must be features (N, D) "
                         f"(x.reshape(len(x), -1)), images uint8 in 0..255")
     _check_finite(path, name, x)
-    features = x.astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
+        features = x.astype(np.float32, copy=False)
     if x.dtype != np.float32:
         _check_finite(path, name, features, " after conversion to float32 (|value| > 3.4e38)")
     return features

@@ -1,0 +1,81 @@
+"""Datasets as a user meets them on the command line: an npz of their own trained end to end, what
+the run records, the subset warning, the offline message, and refusals before anything is written."""
+
+import hashlib
+import json
+
+import numpy as np
+import yaml
+
+from tests.cli.test_cli import assert_clean_failure, mlptrain
+from tests.data.test_cifar import CIFAR10, write_folder
+
+# urllib sends every request through this proxy: a closed local port, so no test reaches the network
+NO_NETWORK = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
+
+
+def tiny_npz(path, rng):
+    np.savez(path, x_train=rng.integers(0, 256, (90, 8, 8), dtype=np.uint8), y_train=np.arange(90) % 3,
+             x_test=rng.integers(0, 256, (30, 8, 8), dtype=np.uint8), y_test=np.arange(30) % 3,
+             class_names=np.array(["ant", "bee", "cow"]))
+
+
+def run_args(tmp_path, *overrides):
+    return ["run", "adam_mnist", "backend=cpu", "train.epochs=1", "model.hidden=[8]", "train.batch_size=16",
+            *overrides, "--runs-dir", str(tmp_path / "runs"), "--name", "r"]
+
+
+def test_npz_run_records_the_dataset(tmp_path, rng):
+    tiny_npz(tmp_path / "tiny.npz", rng)
+    result = mlptrain(*run_args(tmp_path, "data.dataset=npz", "data.path=tiny.npz", "data.val_size=10"),
+                      cwd=tmp_path, env=NO_NETWORK)
+    assert result.returncode == 0, result.stderr
+    assert "80 train / 10 val / 30 test" in result.stderr and "warning" not in result.stderr
+    run = tmp_path / "runs" / "r"
+    summary = json.loads((run / "summary.json").read_text())
+    md5 = hashlib.md5((tmp_path / "tiny.npz").read_bytes()).hexdigest()
+    assert summary["dataset"] == {
+        "name": "npz", "location": str(tmp_path / "tiny.npz"), "shape": [1, 8, 8], "dtype": "uint8", "classes": 3,
+        "train": 80, "val": 10, "test": 30, "subset": False, "files": 1,
+        "checksum": hashlib.md5(f"{md5}  tiny.npz\n".encode()).hexdigest()}
+    written = yaml.safe_load((run / "config.yaml").read_text())
+    assert written["resolved"]["dataset"] == summary["dataset"] and written["data"]["path"] == "tiny.npz"
+    assert 0 <= summary["test_acc"] <= 1
+
+
+def test_cifar10_subset_says_so_once(tmp_path):
+    write_folder(CIFAR10, tmp_path / "data" / "cifar10-subset" / CIFAR10.batch_folder, rows=4)
+    result = mlptrain(*run_args(tmp_path, "data.dataset=cifar10", "data.val_size=4"), cwd=tmp_path,
+                      env={"MLPTRAIN_DATA_DIR": str(tmp_path / "data"), **NO_NETWORK})
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "cifar10: using the subset in" in warnings[0], result.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["dataset"]["subset"] is True and summary["dataset"]["train"] == 16
+
+
+def test_offline_names_files_and_creates_their_folder(tmp_path):
+    result = mlptrain(*run_args(tmp_path, f"data.root={tmp_path / 'data'}", "data.dataset=kmnist"), cwd=tmp_path,
+                      env=NO_NETWORK)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("error: Kuzushiji-MNIST could not be downloaded (could not download "
+                               "train-images-idx3-ubyte.gz: http://codh.rois.ac.jp/kmnist/dataset/kmnist/"), lines
+    assert lines[1] == f"put these files into {tmp_path / 'data' / 'kmnist'}:"
+    assert lines[2] == "  train-images-idx3-ubyte.gz  from http://codh.rois.ac.jp/kmnist/dataset/kmnist/train-images-idx3-ubyte.gz"
+    assert lines[-1] == "or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds kmnist/" and len(lines) == 7
+    assert (tmp_path / "data" / "kmnist").is_dir() and not list((tmp_path / "data" / "kmnist").iterdir())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_npz_and_unfit_model_write_nothing(tmp_path, rng):
+    tiny_npz(tmp_path / "tiny.npz", rng)
+    with np.load(tmp_path / "tiny.npz") as archive:
+        np.savez(tmp_path / "bad.npz", **{k: archive[k] for k in archive.files if k != "y_test"})
+    result = mlptrain(*run_args(tmp_path, "data.dataset=npz", "data.path=bad.npz"), cwd=tmp_path)
+    assert_clean_failure(result, f"{tmp_path / 'bad.npz'}: missing array y_test")
+    result = mlptrain("run", "autoencoder_cifar10", "backend=cpu", "data.dataset=npz", "data.path=tiny.npz",
+                      "model.channels=[4,4,4,4]", "data.val_size=10", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_clean_failure(result, "model.channels: 4 conv + max-pool stages need image sides divisible by 16; "
+                                 "npz images are 8x8: give model.channels at most 3 widths")
+    assert not (tmp_path / "runs").exists()
