@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from mlptrain.cli.options import positive_int
@@ -63,8 +64,10 @@ def tables(report: dict) -> list[Table]:
             selection.add_row(f"{row['C']:g}", f"{row['val_acc']:.4f}{mark}")
         out.append(selection)
     per_class = Table("class", "test images", "accuracy", title="per-class test accuracy")
-    for k, accuracy, row in zip(report["classes"], report["per_class_acc"], report["confusion_matrix"]):
-        per_class.add_row(str(k), f"{sum(row):,}", "-" if accuracy is None else f"{accuracy:.4f}")
+    names = report.get("class_names") or [str(k) for k in report["classes"]]
+    for k, name, accuracy, row in zip(report["classes"], names, report["per_class_acc"], report["confusion_matrix"]):
+        label = str(k) if name == str(k) else f"{k} {escape(name)}"
+        per_class.add_row(label, f"{sum(row):,}", "-" if accuracy is None else f"{accuracy:.4f}")
     out.append(per_class)
     matrix = Table("true", *(str(k) for k in report["classes"]), title="confusion matrix (rows: true, columns: "
                    "predicted)", box=box.SIMPLE_HEAD, pad_edge=False)

@@ -45,6 +45,7 @@ class FeatureSet:
     test_y: np.ndarray
     run: str
     layer: str
+    class_names: tuple[str, ...] = ()  # the dataset's, by label (empty for files written without them)
 
 
 # ---- which run, which checkpoint, which layer: all checked before the dataset is read
@@ -173,7 +174,7 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     backend.synchronize()
     seconds = max(time.perf_counter() - t0, 1e-9)
     features = FeatureSet(x["train"], dataset.train_labels.astype(np.int64), x["test"],
-                          dataset.test_labels.astype(np.int64), run_dir.resolve().name, layer)
+                          dataset.test_labels.astype(np.int64), run_dir.resolve().name, layer, dataset.class_names)
     images = sum(split.size for split in splits.values())
     return Extraction(features, checkpoint, dataset.name, seconds, images / seconds, backend.device_name)
 
@@ -208,7 +209,8 @@ def save_features(path: Path, extraction: Extraction) -> None:
     f = extraction.features
     save_checkpoint(path, {"train_x": f.train_x, "train_y": f.train_y, "test_x": f.test_x, "test_y": f.test_y,
                            "run": np.array(f.run), "layer": np.array(f.layer),
-                           "checkpoint": np.array(extraction.checkpoint), "dataset": np.array(extraction.dataset)})
+                           "checkpoint": np.array(extraction.checkpoint), "dataset": np.array(extraction.dataset),
+                           "class_names": np.array(f.class_names, dtype=str)})
 
 
 def load_features(path: Path) -> FeatureSet:
@@ -230,6 +232,7 @@ def load_features(path: Path) -> FeatureSet:
                                 f"{', '.join(ARRAYS)}; mlptrain extract-features writes one)")
             arrays = {name: npz[name] for name in ARRAYS}
             names = {key: str(npz[key]) if key in npz.files and npz[key].ndim == 0 else "" for key in ("run", "layer")}
+            class_names = npz["class_names"] if "class_names" in npz.files else np.array([], dtype=str)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise UserError(f"{path}: not a readable .npz features file ({err})") from None
     for split in ("train", "test"):
@@ -237,7 +240,11 @@ def load_features(path: Path) -> FeatureSet:
     if arrays["train_x"].shape[1] != arrays["test_x"].shape[1]:
         raise UserError(f"{path}: train_x has {arrays['train_x'].shape[1]} features per image, test_x "
                         f"{arrays['test_x'].shape[1]}")
-    return FeatureSet(**arrays, run=names["run"] or path.stem, layer=names["layer"] or "?")
+    if class_names.ndim != 1 or (class_names.size and class_names.dtype.kind != "U"):
+        raise UserError(f"{path}: class_names must be a 1-D array of strings, got {class_names.dtype} "
+                        f"{class_names.shape}")
+    return FeatureSet(**arrays, run=names["run"] or path.stem, layer=names["layer"] or "?",
+                      class_names=tuple(class_names.tolist()))
 
 
 def _check_split(path: Path, split: str, x: np.ndarray, y: np.ndarray) -> None:

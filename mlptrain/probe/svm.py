@@ -145,6 +145,14 @@ def svm_report(features: FeatureSet, path: Path, cs: list[float], standardize: b
         "test_size": len(features.test_y), "standardize": standardize, "max_iter": max_iter,
         "C": c, "C_selection": selection, "held_out_fraction": HELD_OUT if selection else None, "seed": SEED,
         "test_acc": float(np.mean(predicted == features.test_y)), "train_acc": train_acc,
-        "classes": [int(k) for k in classes], "per_class_acc": per_class, "confusion_matrix": matrix.tolist(),
+        "classes": [int(k) for k in classes], "class_names": _names(features.class_names, classes),
+        "per_class_acc": per_class, "confusion_matrix": matrix.tolist(),
         "fit_s": fit.seconds, "converged": fit.converged, "warnings": notes,
     }
+
+
+def _names(class_names: tuple[str, ...], classes: np.ndarray) -> list[str] | None:
+    """The dataset's name of each class present, or None for a features file without names."""
+    if not class_names:
+        return None
+    return [class_names[k] if 0 <= k < len(class_names) else str(k) for k in classes]

@@ -83,3 +83,16 @@ def test_c_selection_needs_every_class_in_the_held_out_part(rng, tmp_path):
     assert_clean_failure(mlptrain("svm", "features.npz", "--C", "0.1,1", cwd=tmp_path),
                          "--C with several values holds out 20% of the training features")
     assert [p.name for p in tmp_path.iterdir()] == ["features.npz"]
+
+
+def test_per_class_table_names_the_classes(rng, tmp_path):
+    np.savez(tmp_path / "features.npz", **arrays(rng), class_names=np.array(["ant", "bee", "cow"]))
+    result = mlptrain("svm", "features.npz", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert all(f"{k} {name}" in result.stderr for k, name in enumerate(["ant", "bee", "cow"])), result.stderr
+
+
+def test_class_names_that_are_not_strings_are_refused(rng, tmp_path):
+    np.savez(tmp_path / "features.npz", **arrays(rng), class_names=np.arange(3))
+    assert_clean_failure(mlptrain("svm", "features.npz", cwd=tmp_path),
+                         "class_names must be a 1-D array of strings, got int64 (3,)")

@@ -66,6 +66,7 @@ def test_autoencoder_latent_file_has_the_documented_arrays(ae_latent):
     assert (str(f["run"]), str(f["layer"]), str(f["checkpoint"]), str(f["dataset"])) == ("ae", "latent", "best",
                                                                                          "cifar10")
     assert (f["train_x"] >= 0).all() and (f["train_x"] > 0).any()  # max-pooled ReLU outputs
+    assert f["class_names"].tolist() == list(cifar.class_names) and f["class_names"][0] == "airplane"
 
 
 def test_autoencoder_latent_equals_the_encoder_run_directly(tiny_runs, ae_latent):

@@ -50,7 +50,7 @@ def test_svm_json_matches_a_direct_scikit_learn_fit(features_path):
     predicted = predict(f.test_x)
     assert report["test_acc"] == np.mean(predicted == f.test_y)
     assert report["train_acc"] == np.mean(predict(f.train_x) == f.train_y)
-    assert report["classes"] == list(range(10))
+    assert report["classes"] == list(range(10)) and report["class_names"] is None  # the file has none
     assert report["per_class_acc"] == [np.mean(predicted[f.test_y == k] == k) for k in range(10)]
     assert report["confusion_matrix"] == confusion_matrix(f.test_y, predicted).tolist()
     assert (report["C"], report["C_selection"], report["feature_dim"], report["standardize"]) == (0.01, None, 256, True)
@@ -96,3 +96,12 @@ def test_non_convergence_is_one_warning_line(features_path, tmp_path):
 
 def test_c_values_parse_sorted_without_duplicates():
     assert parse_c_values("0.1, 1e-3,0.1") == [0.001, 0.1]
+
+
+def test_report_names_the_classes_of_the_features_file(rng):
+    from mlptrain.probe.features import FeatureSet
+
+    x, y = rng.normal(size=(30, 4)), np.arange(30) % 3
+    features = FeatureSet(x, y, x[:9], np.array([0, 2] * 4 + [0]), "run", "latent", ("ant", "bee", "cow"))
+    report = svm_report(features, None, [1.0])
+    assert report["classes"] == [0, 1, 2] and report["class_names"] == ["ant", "bee", "cow"]
