@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlptrain.backend import cuda_usable, get_backend
-from mlptrain.config import RESOLVED, Config, config_to_dict
+from mlptrain.config import RESOLVED, Config, config_to_dict, read_yaml
 from mlptrain.data import dataset_record, load_dataset
 from mlptrain.data.loader import check_val_size
+from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
 from mlptrain.run_lock import lock_run
 from mlptrain.runs import create_run_dir, write_yaml
@@ -71,3 +72,18 @@ def run_config(config: Config, dataset=None) -> dict:
     if dataset is not None:
         document[RESOLVED] = {"dataset": dataset_record(dataset, config.data.val_size)}
     return document
+
+
+def check_same_dataset(run_dir: Path, config: Config, dataset) -> None:
+    """Refuse to resume `run_dir` on other data than it started with: the checksum its config.yaml
+    recorded must be the loaded dataset's (a run written before the record existed is not checked)."""
+    raw = read_yaml(run_dir / "config.yaml")
+    resolved = raw.get(RESOLVED) if isinstance(raw, dict) else None
+    recorded = resolved.get("dataset") if isinstance(resolved, dict) else None
+    if not isinstance(recorded, dict) or "checksum" not in recorded:
+        return
+    now = dataset_record(dataset, config.data.val_size)
+    if now["checksum"] != recorded["checksum"]:
+        raise UserError(f"--resume {run_dir}: its data changed since the run started ({now['location']} has "
+                        f"checksum {now['checksum']}, the run recorded {recorded['checksum']} from "
+                        f"{recorded.get('location')}); resume with the data it started with")

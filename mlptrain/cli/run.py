@@ -13,7 +13,7 @@ from rich.table import Table
 from mlptrain.cli.configs import resolve_config
 from mlptrain.config import load_config
 from mlptrain.errors import UserError
-from mlptrain.experiment import Resources, create_run
+from mlptrain.experiment import Resources, check_same_dataset, create_run
 from mlptrain.interrupt import StopOnSignal
 from mlptrain.resume import prepare_resume
 from mlptrain.runs import check_run_name
@@ -42,6 +42,7 @@ def run(
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))
+        check_same_dataset(resume, cfg, session.dataset)
         run_dir = resume
     else:
         if config is None:

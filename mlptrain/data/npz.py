@@ -25,6 +25,7 @@ REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")
 MAX_CLASSES = 256  # labels live on the device as uint8
 SAVE_HINT = "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
+ZIP_MAGIC, NPY_MAGIC = b"PK", b"\x93NUMPY"
 
 
 def load_npz(path: str | Path) -> ImageDataset:
@@ -53,16 +54,22 @@ def load_npz(path: str | Path) -> ImageDataset:
 def _read(path: Path) -> dict[str, np.ndarray]:
     """Every array of the archive, by name, after checking the names."""
     try:
-        archive = np.load(path, allow_pickle=False)
+        with open(path, "rb") as file:
+            head = file.read(6)
     except FileNotFoundError:
         raise UserError(f"data.path {path}: no such file (data.dataset npz reads a file written by "
                         f"{SAVE_HINT})") from None
     except OSError as error:
         raise UserError(f"data.path {path}: cannot read ({error.strerror or error})") from None
-    except (ValueError, EOFError, zipfile.BadZipFile) as error:  # a pickle, a text file, a damaged zip
-        raise UserError(f"{path}: not an .npz archive ({error}); save one with {SAVE_HINT}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
+    if head.startswith(NPY_MAGIC):
         raise UserError(f"{path}: holds a single array (an .npy file), not an .npz archive; save one with {SAVE_HINT}")
+    if not head.startswith(ZIP_MAGIC):  # np.load would try to unpickle it, and say so confusingly
+        raise UserError(f"{path}: not an .npz archive (an .npz is a zip file; this one does not start as one); "
+                        f"save one with {SAVE_HINT}")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:  # a damaged zip
+        raise UserError(f"{path}: not a readable .npz archive ({error}); save one with {SAVE_HINT}") from None
     with archive:
         _check_names(path, list(archive.files))
         return {name: _member(path, archive, name) for name in archive.files}

@@ -41,6 +41,10 @@ def test_npz_run_records_the_dataset(tmp_path, rng):
     written = yaml.safe_load((run / "config.yaml").read_text())
     assert written["resolved"]["dataset"] == summary["dataset"] and written["data"]["path"] == "tiny.npz"
     assert 0 <= summary["test_acc"] <= 1
+    # resuming on other data is refused; on the same data it goes on
+    tiny_npz(tmp_path / "tiny.npz", np.random.default_rng(99))
+    result = mlptrain("run", "--resume", str(run), "train.epochs=2", cwd=tmp_path, env=NO_NETWORK)
+    assert_clean_failure(result, f"--resume {run}: its data changed since the run started")
 
 
 def test_cifar10_subset_says_so_once(tmp_path):
@@ -79,3 +83,17 @@ def test_bad_npz_and_unfit_model_write_nothing(tmp_path, rng):
     assert_clean_failure(result, "model.channels: 4 conv + max-pool stages need image sides divisible by 16; "
                                  "npz images are 8x8: give model.channels at most 3 widths")
     assert not (tmp_path / "runs").exists()
+
+
+def test_same_data_passes_the_resume_check(tmp_path, rng):
+    from mlptrain.config import config_from_dict
+    from mlptrain.data import load_dataset
+    from mlptrain.experiment import check_same_dataset, create_run
+
+    tiny_npz(tmp_path / "tiny.npz", rng)
+    config = config_from_dict({"data": {"dataset": "npz", "path": str(tmp_path / "tiny.npz"), "val_size": 10}})
+    dataset = load_dataset("npz", path=config.data.path)
+    run = create_run(config, tmp_path / "runs", "r", "x", dataset)
+    check_same_dataset(run, config, load_dataset("npz", path=config.data.path))
+    (run / "config.yaml").write_text("data: {dataset: npz, path: tiny.npz}\n")  # written before the record
+    check_same_dataset(run, config, dataset)

@@ -146,9 +146,9 @@ def test_bad_npz(tmp_path, rng, case):
 
 
 @pytest.mark.parametrize("content, fragment", [
-    (b"", "not an .npz archive"),
-    (b"x_train,y_train\n1,2\n", "not an .npz archive"),
-    (None, "not an .npz archive"),  # a truncated zip
+    (b"", "not an .npz archive (an .npz is a zip file; this one does not start as one)"),
+    (b"x_train,y_train\n1,2\n", "not an .npz archive (an .npz is a zip file"),
+    (None, "not a readable .npz archive"),  # a truncated zip
 ], ids=["empty", "text", "truncated"])
 def test_not_an_npz(tmp_path, rng, content, fragment):
     path = save(tmp_path, arrays(rng))
