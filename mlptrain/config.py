@@ -66,7 +66,8 @@ def _option(default, *, choices=None, check=None, doc=""):
 @dataclass(frozen=True)
 class DataConfig:
     # the built-in table of mlptrain.data.registry, then the formats a user brings
-    dataset: str = _option("mnist", choices=("mnist", "fashion_mnist", "kmnist", "cifar10", "cifar100", "npz", "folder"))
+    dataset: str = _option("mnist", choices=("mnist", "fashion_mnist", "kmnist", "cifar10", "cifar100", "npz",
+                                              "folder"))
     root: str | None = _option(None, doc="dataset folder; default $MLPTRAIN_DATA_DIR, else the user cache")
     val_size: int = _option(5000, check=_non_negative, doc="images held out of the training set (unless the "
                                                            "dataset has its own validation split)")

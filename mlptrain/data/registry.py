@@ -8,8 +8,9 @@ Where each checksum comes from:
 - MNIST, Fashion-MNIST, KMNIST `.gz` md5s: torchvision's `torchvision/datasets/mnist.py`
   (`MNIST.resources`, `FashionMNIST.resources`, `KMNIST.resources`); Fashion-MNIST's are also
   the table in github.com/zalandoresearch/fashion-mnist README.md ("Get the Data").
-  MNIST's md5s of the decompressed files were computed from the canonical downloads (they
-  let a re-compressed or un-gzipped copy verify; ../shared/datasets/README.md lists them too).
+  MNIST's md5s of the decompressed files are the ones this project has checked since its first
+  loader, also listed in ../shared/datasets/README.md; tests/data/test_mnist_family.py checks
+  them against the real files. They let a re-compressed or un-gzipped copy verify.
 - CIFAR-10 and CIFAR-100 archive and batch md5s: torchvision's `torchvision/datasets/cifar.py`
   (`tgz_md5`, `train_list`, `test_list`, `meta`).
 Mirrors: the URLs those files download from (torchvision's `mirrors` / `url`; the Fashion-MNIST
@@ -67,16 +68,12 @@ class BuiltinDataset:
         return next(s for s in self.label_sets if s.label == label)
 
 
-def _idx(name, gz_md5, content_md5=None) -> DataFile:
-    return DataFile(name, gz_md5, content_md5)
-
-
 MNIST_FAMILY_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                       "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 def _idx_dataset(name, title, mirrors, md5s, class_names, content_md5s=(None,) * 4) -> BuiltinDataset:
-    files = [_idx(f, md5, content) for f, md5, content in zip(MNIST_FAMILY_NAMES, md5s, content_md5s)]
+    files = [DataFile(f, md5, content) for f, md5, content in zip(MNIST_FAMILY_NAMES, md5s, content_md5s)]
     return BuiltinDataset(name, title, "idx", mirrors, tuple(files[:2]), tuple(files[2:]), (1, 28, 28),
                           (60_000, 10_000), (LabelSet(None, None, tuple(class_names)),))
 
