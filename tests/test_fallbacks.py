@@ -55,7 +55,9 @@ def test_the_summary_records_what_ran_and_warns_once_per_fallback(tmp_path, rng,
     assert warnings(printed.get()) == [f"warning: {note}" for note in expected]
     assert summary["fallbacks"] == expected
     assert (summary["backend"], summary["device"]) == ("cpu", "cpu (NumPy)")
-    assert summary["dataset"] == {"name": "mnist", "train": 150, "val": 50, "test": 50, "subset": True}
+    dataset = summary["dataset"]
+    assert (dataset["name"], dataset["train"], dataset["val"], dataset["test"], dataset["subset"]) == (
+        "mnist", 150, 50, 50, True)
     assert summary["cuda_graphs"] is False
     assert summary["cuda_graphs_off"] == "the cpu backend launches no CUDA kernels"
     assert summary["startup_s"] == 0.25  # records from the caller land in the summary as they are

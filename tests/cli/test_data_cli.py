@@ -36,7 +36,7 @@ def test_npz_run_records_the_dataset(tmp_path, rng):
     md5 = hashlib.md5((tmp_path / "tiny.npz").read_bytes()).hexdigest()
     assert summary["dataset"] == {
         "name": "npz", "location": str(tmp_path / "tiny.npz"), "shape": [1, 8, 8], "dtype": "uint8", "classes": 3,
-        "train": 80, "val": 10, "test": 30, "subset": False, "files": 1,
+        "train": 80, "val": 10, "test": 30, "subset": None, "files": 1,
         "checksum": hashlib.md5(f"{md5}  tiny.npz\n".encode()).hexdigest()}
     written = yaml.safe_load((run / "config.yaml").read_text())
     assert written["resolved"]["dataset"] == summary["dataset"] and written["data"]["path"] == "tiny.npz"
@@ -53,7 +53,8 @@ def test_cifar10_subset_says_so_once(tmp_path):
                       env={"MLPTRAIN_DATA_DIR": str(tmp_path / "data"), **NO_NETWORK})
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
-    assert len(warnings) == 1 and "cifar10: using the subset in" in warnings[0], result.stderr
+    assert len(warnings) == 1 and warnings[0].startswith("warning: data: cifar10 is a subset (20 of 50,000 training "
+                                                         "and 4 of 10,000 test images, from "), result.stderr
     summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
     assert summary["dataset"]["subset"] is True and summary["dataset"]["train"] == 16
 

@@ -17,11 +17,12 @@ import urllib.request
 import numpy as np
 import pytest
 
-from mlptrain.data import ImageDataset, dataset_record, load_dataset
+from mlptrain.data import ImageDataset, dataset_record, is_subset, load_dataset
 from mlptrain.data import cifar as cifar_module
 from mlptrain.data.cifar import load_cifar
 from mlptrain.data.registry import BUILTIN, DataFile
 from mlptrain.errors import UserError
+from mlptrain.fallbacks import subset_note
 from tests.data.test_cifar_batch import assert_one_line
 
 CIFAR10, CIFAR100 = BUILTIN["cifar10"], BUILTIN["cifar100"]
@@ -120,9 +121,10 @@ def test_real_subset(subset_root):
     # computed from these training images (the full set's would be 0.4734, 0.2516)
     pixels = ds.train_images / 255.0
     assert ds.mean == pytest.approx(pixels.mean(), rel=1e-12) and ds.std == pytest.approx(pixels.std(), rel=1e-9)
-    # a subset: said once as a warning, and recorded
-    assert ds.provenance.subset and "using the subset in" in ds.provenance.warning
-    assert "5,085 train / 1,017 test images" in ds.provenance.warning and "\n" not in ds.provenance.warning
+    # a subset: its fallback line names it and where it came from, and the record says so
+    assert is_subset(ds) and subset_note(ds) == (
+        f"data: cifar10 is a subset (5,085 of 50,000 training and 1,017 of 10,000 test images, from "
+        f"{subset_root / 'cifar10-subset' / FOLDER10}); its metrics are not comparable with the full dataset's")
     record = dataset_record(ds, 1000)
     assert record["subset"] is True and (record["train"], record["val"], record["test"]) == (4085, 1000, 1017)
     assert record["files"] == 6 and record["location"] == str(subset_root / "cifar10-subset" / FOLDER10)
@@ -140,14 +142,14 @@ def test_subset_batches_load_in_order(tmp_path):
     ds = load_cifar(CIFAR10, tmp_path)
     assert ds.train_images.shape == (15, 3072) and ds.test_images.shape == (3, 3072)
     assert_loaded(ds, written)
-    assert ds.provenance.subset
+    assert is_subset(ds) and dataset_record(ds, 1)["subset"] is True
 
 
 def test_cache_batches_with_published_md5s_load(tmp_path):
     written, md5s = write_folder(CIFAR10, tmp_path / "cifar10" / FOLDER10, rows=2)
     ds = load_cifar(with_md5s(CIFAR10, md5s), tmp_path)
     assert_loaded(ds, written)
-    assert not ds.provenance.subset and ds.provenance.warning is None
+    assert is_subset(ds)  # 10 + 2 images: canonical files (md5s), but not all of them
     assert dict(ds.provenance.checksums) == md5s
 
 

@@ -8,7 +8,8 @@ from mlptrain.config import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
-from mlptrain.train import build_session, evaluate, train_epoch
+from mlptrain.session import build_session
+from mlptrain.train import train_epoch
 
 
 def dataset(rng, image_shape, dtype=np.uint8, train=24, test=6, classes=3):
@@ -38,7 +39,7 @@ def test_mlp_takes_any_flat_size(rng, image_shape, dtype):
     session = build_session(cfg, CpuBackend(), data)
     assert session.model.widths == [int(np.prod(image_shape)), 5, 3]
     train_epoch(session, 1, lambda read: None)
-    loss, acc = evaluate(session, session.test)
+    loss, acc = session.evaluator.evaluate(session.test)
     assert np.isfinite(loss) and 0 <= acc <= 1
 
 
@@ -51,7 +52,7 @@ def test_autoencoder_takes_sides_its_pools_divide(rng, image_shape, channels):
     c, h, w = image_shape
     assert (session.model.height, session.model.width, session.model.image_channels) == (h, w, c)
     train_epoch(session, 1, lambda read: None)
-    assert np.isfinite(evaluate(session, session.val)[0])
+    assert np.isfinite(session.evaluator.evaluate(session.val)[0])
 
 
 @pytest.mark.parametrize("image_shape, dtype, channels, message", [
