@@ -5,6 +5,13 @@ class UserError(Exception):
     """Bad input (config, flags, data, checkpoints): printed as one line, exit code 2."""
 
 
+class DataNotFound(UserError):
+    """A dataset neither on disk nor downloadable: which files to put where, printed on its few lines
+    (the one error kept on several; every value in it is on one line)."""
+
+    multiline = True
+
+
 class TrainingDiverged(UserError):
     """The loss or the parameters became NaN or infinite; the last good checkpoint is kept."""
 

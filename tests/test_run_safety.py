@@ -244,7 +244,9 @@ def test_ctrl_c_at_start_up_is_one_line(tmp_path):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         assert "Traceback" not in out + err and proc.returncode in (130, 2), (delay, err)
-        assert len([line for line in err.splitlines() if line.strip()]) <= 2, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        # the signal may come after start-up, when the missing MNIST is reported (its own few lines)
+        assert len(lines) <= 2 or lines[0].startswith("error: MNIST could not be downloaded"), err
 
 
 def test_int64_bound_is_what_a_checkpoint_holds():

@@ -48,7 +48,7 @@ def main() -> None:
     except UserError as err:
         code = getattr(err, "exit_code", 2)
         label = "error:" if code == 2 else "stopped:"
-        text = " ".join(str(err).split("\n"))
+        text = str(err) if getattr(err, "multiline", False) else " ".join(str(err).split("\n"))
         text = text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}..."
         # escaped: a value from the user's input may look like rich markup ("[/]")
         console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)

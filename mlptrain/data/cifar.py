@@ -28,7 +28,7 @@ import numpy as np
 
 from mlptrain.data.cifar_batch import read_cifar_batch
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
-from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_message, prepare_folder
+from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder
 from mlptrain.data.registry import BuiltinDataset, DataFile, LabelSet
 from mlptrain.errors import UserError
 
@@ -118,10 +118,10 @@ def _download_and_extract(spec: BuiltinDataset, folder: Path) -> Path:
         except UserError as error:
             damaged = f"; the {archive.name} there has md5 {found}, expected {spec.archive.md5}" if found else ""
             batches = ", ".join(f.name for f in (*spec.train, *spec.test))
-            raise UserError(offline_message(
+            raise offline_error(
                 spec.title, folder, UserError(f"{error}{damaged}"), [(archive.name, spec.mirrors[0])],
                 f"(it is extracted on the next run), or extract it there so that {folder / spec.batch_folder} "
-                f"holds {batches},")) from None
+                f"holds {batches},") from None
     return _extract(spec, archive, folder)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from mlptrain.errors import UserError
+from mlptrain.errors import DataNotFound, UserError
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 30.0
@@ -133,11 +133,17 @@ def prepare_folder(folder: Path) -> None:
                         f"set MLPTRAIN_DATA_DIR (or data.root) to a writable folder") from None
 
 
-def offline_message(title: str, folder: Path, error: UserError, files: list[tuple[str, str]], note: str = "") -> str:
+def offline_error(title: str, folder: Path, error: UserError, files: list[tuple[str, str]],
+                  note: str = "") -> DataNotFound:
     """What to do when `title` could not be downloaded into `folder` (which exists by then): each of
-    `files` (name, url) to put there, a `note` line, and the data-root alternative."""
-    listing = "".join(f"\n  {name}  from {url}" for name, url in files)
-    return (f"{title} could not be downloaded ({error})\n"
-            f"put {'this file' if len(files) == 1 else 'these files'} into {folder}:{listing}\n"
-            + (f"{note}\n" if note else "")
-            + f"or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds {folder.name}/")
+    `files` (name, url) to put there, a `note` line, and the data-root alternative, one per line (each
+    value flattened to one line, so that only these line breaks remain)."""
+    def flat(value) -> str:
+        return " ".join(str(value).splitlines())
+
+    listing = "".join(f"\n  {flat(name)}  from {flat(url)}" for name, url in files)
+    return DataNotFound(
+        f"{title} could not be downloaded ({flat(error)})\n"
+        f"put {'this file' if len(files) == 1 else 'these files'} into {flat(folder)}:{listing}\n"
+        + (f"{flat(note)}\n" if note else "")
+        + f"or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds {flat(folder.name)}/")

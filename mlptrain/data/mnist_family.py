@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
-from mlptrain.data.download import fetch, offline_message, prepare_folder
+from mlptrain.data.download import fetch, offline_error, prepare_folder
 from mlptrain.data.idx import GZIP_MAGIC, gunzip_if_gzipped, parse_idx
 from mlptrain.data.registry import BuiltinDataset, DataFile
 from mlptrain.errors import UserError
@@ -63,7 +63,7 @@ def _download_missing(spec: BuiltinDataset, folder: Path) -> None:
             fetch([mirror + f"{file.name}.gz" for mirror in spec.mirrors], folder / f"{file.name}.gz", file.md5)
         except UserError as error:
             still = [(f"{f.name}.gz", spec.mirrors[0] + f"{f.name}.gz") for f in files if _find(folder, f) is None]
-            raise UserError(offline_message(spec.title, folder, error, still)) from None
+            raise offline_error(spec.title, folder, error, still) from None
 
 
 def _read_verified(folder: Path, file: DataFile) -> tuple[np.ndarray, str, Path]:

@@ -94,7 +94,7 @@ def test_same_data_passes_the_resume_check(tmp_path, rng):
     tiny_npz(tmp_path / "tiny.npz", rng)
     config = config_from_dict({"data": {"dataset": "npz", "path": str(tmp_path / "tiny.npz"), "val_size": 10}})
     dataset = load_dataset("npz", path=config.data.path)
-    run = create_run(config, tmp_path / "runs", "r", "x", dataset)
+    run = create_run(config, tmp_path / "runs", "r", "x", dataset=dataset)
     check_same_dataset(run, config, load_dataset("npz", path=config.data.path))
     (run / "config.yaml").write_text("data: {dataset: npz, path: tiny.npz}\n")  # written before the record
     check_same_dataset(run, config, dataset)

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from mlptrain.data import download
-from mlptrain.data.download import fetch, md5sum, offline_message, prepare_folder
+from mlptrain.data.download import fetch, md5sum, offline_error, prepare_folder
 from mlptrain.errors import UserError
 
 PAYLOAD = bytes(range(256)) * 9000  # > 2 chunks, so streaming is exercised
@@ -140,9 +140,9 @@ def test_prepare_folder_below_a_file(tmp_path):
 
 
 def test_offline_message_lists_files_folder_and_root(tmp_path):
-    message = offline_message("MNIST", tmp_path / "mnist", UserError("could not download x: offline"),
-                              [("a.gz", "https://m/a.gz"), ("b.gz", "https://m/b.gz")], "a note")
-    assert message.splitlines() == [
+    error = offline_error("MNIST", tmp_path / "mnist", UserError("could not download x: offline"),
+                          [("a.gz", "https://m/a.gz"), ("b.gz", "https://m/b.gz")], "a note")
+    assert error.multiline and str(error).splitlines() == [
         "MNIST could not be downloaded (could not download x: offline)",
         f"put these files into {tmp_path / 'mnist'}:",
         "  a.gz  from https://m/a.gz",
@@ -150,3 +150,11 @@ def test_offline_message_lists_files_folder_and_root(tmp_path):
         "a note",
         "or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds mnist/",
     ]
+
+
+def test_offline_error_keeps_values_on_their_lines(tmp_path):
+    folder = tmp_path / "evil\nerror: forged" / "mnist"
+    error = offline_error("MNIST", folder, UserError("a\nb"), [("a.gz", "https://m/a\n.gz")])
+    lines = str(error).splitlines()
+    assert len(lines) == 4 and lines[0] == "MNIST could not be downloaded (a b)"
+    assert "evil error: forged" in lines[1] and lines[2] == "  a.gz  from https://m/a .gz"
