@@ -351,3 +351,9 @@ def config_to_dict(config: Config) -> dict:
         return value
 
     return plain(dataclasses.asdict(config))
+
+
+def steps_per_epoch(train_size: int, train_config) -> int:
+    """Optimizer steps (windows) per epoch of `train_size` samples: ceil(micro-batches / grad_accum_steps)."""
+    micro_batches = -(-train_size // train_config.batch_size)
+    return -(-micro_batches // train_config.grad_accum_steps)

@@ -73,7 +73,7 @@ def _device_bytes(config, backend, dataset, rows: int) -> tuple[int, int, int]:
     from mlptrain.evaluation import Evaluator
     from mlptrain.nn import make_model
     from mlptrain.optim import make_optimizer
-    from mlptrain.session import steps_per_epoch
+    from mlptrain.config import steps_per_epoch
     from mlptrain.window import TrainingWindow
 
     counting = CountingBackend(backend)

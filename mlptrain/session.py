@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlptrain.config import Config
+from mlptrain.config import Config, steps_per_epoch
 from mlptrain.data.loader import ResidentSplit, resident_splits
 from mlptrain.evaluation import Evaluator
 from mlptrain.fallbacks import subset_note
@@ -65,11 +65,6 @@ class Session:
     def selection(self) -> tuple[str, bool]:
         """The validation metric that picks the `best` checkpoint, and whether higher is better."""
         return ("val_acc", True) if self.classifies else ("val_mse", False)
-
-
-def steps_per_epoch(train_size: int, train_config) -> int:
-    micro_batches = -(-train_size // train_config.batch_size)
-    return -(-micro_batches // train_config.grad_accum_steps)
 
 
 def build_session(config: Config, backend, dataset) -> Session:

@@ -71,6 +71,7 @@ def tiny_runs(tmp_path_factory):
     from mlptrain.cli.configs import resolve_config
     from mlptrain.config import load_config
     from mlptrain.experiment import Resources, create_run
+    from mlptrain.run_lock import release_run
     from mlptrain.session import build_session
     from mlptrain.train import train
 
@@ -81,4 +82,5 @@ def tiny_runs(tmp_path_factory):
         session = build_session(config, *resources.prepare(config))
         out[name] = create_run(config, runs_dir, name, config_name)
         train(session, out[name])
+        release_run(out[name])  # a CLI process holds a run's lock until it exits; the tests' later processes use it
     return out
