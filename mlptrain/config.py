@@ -176,10 +176,42 @@ def valid_keys(cls=Config, prefix="") -> list[str]:
     return keys
 
 
+# what users type for a key by another name (other tools' spellings): matched on the last component
+KEY_ALIASES = {"learning_rate": "lr", "learningrate": "lr", "batch": "batch_size", "bs": "batch_size",
+               "batchsize": "batch_size", "epoch": "epochs", "num_epochs": "epochs", "n_epochs": "epochs",
+               "max_epochs": "epochs", "wd": "weight_decay", "optimizer": "name", "lr_min": "min_lr",
+               "warmup": "warmup_steps", "grad_clip": "clip_grad_norm", "clip": "clip_grad_norm",
+               "accumulation_steps": "grad_accum_steps", "grad_accum": "grad_accum_steps", "dtype": "precision",
+               "hidden_sizes": "hidden", "layers": "hidden", "device": "backend"}
+
+
+def suggest_key(dotted: str, keys: list[str] | None = None) -> str | None:
+    """The valid key a mistyped `dotted` most likely meant: the same last component (or its alias:
+    learning_rate -> lr) in the same section, then in any section, then the closest spelling of the last
+    component in its section, then of the whole key."""
+    keys = valid_keys() if keys is None else keys
+    section, _, leaf = dotted.rpartition(".")
+    leaf = leaf.lower()
+
+    def ranked(candidates):  # the key's own section first
+        return sorted(candidates, key=lambda k: k.rpartition(".")[0] != section)
+
+    for wanted in dict.fromkeys((leaf, KEY_ALIASES.get(leaf, leaf))):
+        same = ranked([k for k in keys if k.rpartition(".")[2] == wanted])
+        if same:
+            return same[0]
+    in_section = [k for k in keys if k.rpartition(".")[0] == section]
+    close = difflib.get_close_matches(leaf, [k.rpartition(".")[2] for k in in_section], n=1, cutoff=0.6)
+    if close:
+        return f"{section}.{close[0]}" if section else close[0]
+    close = difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _unknown_key(source, dotted):
     dotted = str(dotted)
-    close = difflib.get_close_matches(dotted, valid_keys(), n=1, cutoff=0.5) if len(dotted) < 100 else []
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid_keys())}"
+    close = suggest_key(dotted) if len(dotted) < 100 else None
+    hint = f"; did you mean '{close}'?" if close else f"; valid keys: {', '.join(valid_keys())}"
     return UserError(f"{source}: unknown key {brief(dotted)}{hint}")
 
 
@@ -246,15 +278,40 @@ def _build(cls, raw, source, prefix=""):
         if dataclasses.is_dataclass(tp):
             values[name] = _build(tp, value if value is not None else {}, source, dotted + ".")
             continue
-        value = _convert(value, tp, f"{source}: {dotted}")
-        choices, check = f.metadata.get("choices"), f.metadata.get("check")
-        if choices and value is not None and value not in choices:
-            raise UserError(f"{source}: {dotted}: {brief(value)} is not one of {', '.join(map(str, choices))}")
-        problem = check(value) if check and value is not None else None
-        if problem:
-            raise UserError(f"{source}: {dotted}: {problem} (got {brief(value)})")
-        values[name] = value
+        values[name] = _field_value(f, tp, value, f"{source}: {dotted}")
     return cls(**values)
+
+
+def _field_value(f, tp, value, where: str):
+    """`value` converted to the field's type and checked against its choices and check; raises UserError
+    starting with `where`."""
+    value = _convert(value, tp, where)
+    choices, check = f.metadata.get("choices"), f.metadata.get("check")
+    if choices and value is not None and value not in choices:
+        close = difflib.get_close_matches(str(value), list(map(str, choices)), n=1, cutoff=0.6) \
+            if len(str(value)) < 100 else []
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UserError(f"{where}: {brief(value)} is not one of {', '.join(map(str, choices))}{hint}")
+    problem = check(value) if check and value is not None else None
+    if problem:
+        raise UserError(f"{where}: {problem} (got {brief(value)})")
+    return value
+
+
+def check_override_values(overrides: list[str]) -> None:
+    """Each `KEY=VALUE` checked on its own, so that a bad value is blamed on the command line (`override
+    optim.lr=fast: expected float, got 'fast'`), not on the config file it lands in."""
+    for text in overrides:
+        dotted, value = parse_override(text)
+        if dotted not in valid_keys():
+            raise _unknown_key("override", dotted)
+        cls = Config
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            cls = typing.get_type_hints(cls)[part]
+        f = {f.name: f for f in dataclasses.fields(cls)}[leaf]
+        where = f"override {dotted}={brief_text(text.partition('=')[2].strip())}"
+        _field_value(f, typing.get_type_hints(cls)[leaf], value, where)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -298,7 +355,9 @@ def load_config(path: Path, overrides: list[str] = ()) -> Config:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
     raw.pop(RESOLVED, None)  # a run's record of what it used: informative, never read back
-    return config_from_dict(apply_overrides(raw, list(overrides)), source=str(path))
+    check_override_values(list(overrides))
+    source = f"{path} with the overrides" if overrides else str(path)
+    return config_from_dict(apply_overrides(raw, list(overrides)), source=source)
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
@@ -357,3 +416,20 @@ def steps_per_epoch(train_size: int, train_config) -> int:
     """Optimizer steps (windows) per epoch of `train_size` samples: ceil(micro-batches / grad_accum_steps)."""
     micro_batches = -(-train_size // train_config.batch_size)
     return -(-micro_batches // train_config.grad_accum_steps)
+
+
+# the model keys each model type reads; a run's record leaves out the other type's
+MODEL_KEYS = {"mlp": ("hidden", "activation"), "conv_autoencoder": ("channels", "kernel_size")}
+
+
+def resolved_dict(config: Config, backend: str | None = None, data_root: str | None = None) -> dict:
+    """`config_to_dict` as a run records it: `backend` and `data_root` (when given) in place of `auto` and
+    the default folder, and only the keys of the config's own model type."""
+    values = config_to_dict(config)
+    if backend is not None:
+        values["backend"] = backend
+    if data_root is not None and values["data"].get("root") is None:
+        values["data"]["root"] = str(data_root)
+    others = {key for keys in MODEL_KEYS.values() for key in keys} - set(MODEL_KEYS[config.model.type])
+    values["model"] = {key: value for key, value in values["model"].items() if key not in others}
+    return values

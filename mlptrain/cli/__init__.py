@@ -1,7 +1,7 @@
 """The `mlptrain` command: a thin Typer app over plain functions.
 
 Every `UserError` raised below becomes one red line on stderr and exit code 2 (or its own
-`exit_code`: 130 for a run interrupted by Ctrl-C).
+`exit_code`: 130 for a run interrupted by Ctrl-C). Bare `mlptrain` prints the help and exits 0.
 """
 
 from __future__ import annotations
@@ -25,16 +25,20 @@ _previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
 import typer  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
-from mlptrain.cli import cache, configs, features, run, svm, sweep, warmup  # noqa: E402
+from mlptrain import __version__  # noqa: E402
+from mlptrain.cli import cache, configs, evaluate, export, features, predict, run, svm, sweep, warmup  # noqa: E402
 from mlptrain.errors import UserError  # noqa: E402
 from mlptrain.tracking import console  # noqa: E402
 
 MAX_MESSAGE = 2000  # a message echoes values cut short already; this bounds whatever slipped through
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(pretty_exceptions_enable=False,
                   help="Train small neural networks on NVIDIA GPUs with hand-written Numba CUDA kernels.")
 app.command("run")(run.run)
 app.command("sweep")(sweep.sweep)
+app.command("evaluate")(evaluate.evaluate)
+app.command("predict")(predict.predict)
+app.command("export")(export.export)
 app.command("extract-features")(features.extract_features)
 app.command("svm")(svm.svm)
 app.command("warmup")(warmup.warmup)
@@ -42,9 +46,25 @@ app.add_typer(configs.app, name="configs")
 app.add_typer(cache.app, name="cache")
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlptrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _root(ctx: typer.Context,
+          version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    # bare `mlptrain` is a request for help, not a mistake: print it and exit 0
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
 def main() -> None:
     try:
-        app()
+        app(prog_name="mlptrain")
     except UserError as err:
         code = getattr(err, "exit_code", 2)
         label = "error:" if code == 2 else "stopped:"

@@ -1,10 +1,14 @@
-"""`mlptrain configs` lists the built-in configs; `mlptrain configs show NAME` prints one."""
+"""`mlptrain configs` lists the built-in configs and sweeps; `mlptrain configs show NAME [KEY=VALUE ...]`
+prints one (with overrides or --resolved: the config a run would use, every default filled in)."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
+from typing import List, Optional
 
 import typer
+import yaml
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -15,11 +19,22 @@ from mlptrain.tracking import console
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "configs"
 SWEEP_PREFIX = "sweep_"  # built-in sweep files live beside the configs but are not configs
 
-app = typer.Typer(help="List and show the built-in configs.", invoke_without_command=True)
+app = typer.Typer(help="List and show the built-in configs and sweeps.", invoke_without_command=True)
 
 
 def builtin_configs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml")) if not p.stem.startswith(SWEEP_PREFIX)}
+
+
+def builtin_sweeps() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob(f"{SWEEP_PREFIX}*.yaml"))}
+
+
+def unknown_builtin(name: str, kind: str, names: list[str], where: str = "") -> UserError:
+    """One line for a name that is no built-in `kind`: the closest name, and all of them."""
+    close = difflib.get_close_matches(Path(name).stem, names, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return UserError(f"{where}{name}: no such {kind} file or built-in {kind} ({hint}built-in: {', '.join(names)})")
 
 
 def resolve_config(name_or_path: str) -> Path:
@@ -29,29 +44,61 @@ def resolve_config(name_or_path: str) -> Path:
         return path
     builtin = builtin_configs().get(path.stem)
     if builtin is None or str(path.parent) not in (".", "configs"):
-        raise UserError(f"{name_or_path}: no such config file or built-in config "
-                        f"(built-in: {', '.join(builtin_configs())})")
+        if path.stem in builtin_sweeps():
+            raise UserError(f"{name_or_path}: a built-in sweep, not a config; run it with `mlptrain sweep "
+                            f"{path.stem}`")
+        raise unknown_builtin(name_or_path, "config", list(builtin_configs()))
     return builtin
 
 
 @app.callback()
 def list_configs(ctx: typer.Context) -> None:
-    """List the built-in configs with their descriptions."""
+    """List the built-in configs and sweeps with their descriptions."""
     if ctx.invoked_subcommand is not None:
         return
-    table = Table("name", "description", title="built-in configs (mlptrain configs show NAME)")
-    for name, path in builtin_configs().items():
-        table.add_row(name, str(read_yaml(path).get("description", "")))
-    console.print(table)
+    for title, table in (("built-in configs (mlptrain run NAME; mlptrain configs show NAME)", builtin_configs()),
+                         ("built-in sweeps (mlptrain sweep NAME; mlptrain configs show NAME)", builtin_sweeps())):
+        listing = Table("name", "description", title=title)
+        for name, path in table.items():
+            raw = read_yaml(path)
+            listing.add_row(name, str(raw.get("description", "") if isinstance(raw, dict) else ""))
+        console.print(listing)
 
 
 @app.command()
-def show(name: str = typer.Argument(..., help="a built-in config name, e.g. adam_mnist")) -> None:
-    """Print one built-in config."""
-    path = builtin_configs().get(Path(name).stem)
-    if path is None:
-        raise UserError(f"configs show: no built-in config '{name}' (built-in: {', '.join(builtin_configs())})")
+def show(name: str = typer.Argument(..., help="a built-in config or sweep name, e.g. adam_mnist"),
+         overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides: print the config they "
+                                                                    "make"),
+         resolved: bool = typer.Option(False, "--resolved", help="print the config a run would use, every default "
+                                                                 "filled in (implied by overrides)")) -> None:
+    """Print a built-in config or sweep (with overrides: the resolved config)."""
+    stem = Path(name).stem
+    sweeps, configs = builtin_sweeps(), builtin_configs()
+    if stem in sweeps:
+        if overrides or resolved:
+            raise UserError(f"configs show {stem}: a sweep takes its overrides on `mlptrain sweep {stem} KEY=VALUE`")
+        print_yaml(sweeps[stem].read_text())
+        return
+    if stem not in configs:
+        raise unknown_builtin(name, "config", [*configs, *sweeps], where="configs show: ")
+    if overrides or resolved:
+        print_resolved(configs[stem], overrides or [])
+    else:
+        print_yaml(configs[stem].read_text())
+
+
+def print_resolved(path: Path, overrides: list[str]) -> None:
+    """The config of `path` with `overrides`, every default filled in, as YAML a run reads back."""
+    from mlptrain.config import load_config, resolved_dict
+    from mlptrain.data import default_data_root
+
+    config = load_config(path, overrides)
+    text = yaml.safe_dump(resolved_dict(config, data_root=config.data.root or default_data_root()), sort_keys=False)
+    print_yaml(f"# {path.name}{' with ' + ' '.join(overrides) if overrides else ''}, resolved\n{text}")
+
+
+def print_yaml(text: str) -> None:
     if console.is_terminal:
-        console.print(Syntax(path.read_text(), "yaml"))
+        console.print(Syntax(text, "yaml"))
     else:  # plain text, so `mlptrain configs show x > my.yaml` gives a usable file
-        typer.echo(path.read_text(), nl=False)
+        typer.echo(text, nl=False)

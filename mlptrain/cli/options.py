@@ -3,6 +3,8 @@ print a usage block)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief_text
 
@@ -21,3 +23,24 @@ def positive_int(text: str, flag: str, maximum: int = MAX_INT) -> int:
     if not 1 <= value <= maximum:
         raise UserError(f"{flag} {shown}: must be in [1, {maximum:,}]")
     return value
+
+
+def new_output(path: Path, force: bool) -> Path:
+    """`path` may be written: its folder exists, it is not a folder, and it does not exist unless `force`
+    (results are not replaced without a word)."""
+    if path.is_dir():
+        raise UserError(f"--out {path}: is a directory; name a file in it")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {path}: no such directory {path.parent}")
+    if path.exists() and not force:
+        raise UserError(f"{path} exists; add --force to overwrite it, or --out another file")
+    return path
+
+
+BACKEND_HELP = "where the model runs: cpu (the default), cuda or auto"
+
+
+def backend_name(text: str) -> str:
+    if text not in ("cpu", "cuda", "auto"):
+        raise UserError(f"--backend {text}: use cpu, cuda or auto")
+    return text

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.measure import Measurement
 
-from mlptrain.cli.configs import BUILTIN_DIR, SWEEP_PREFIX, builtin_configs
+from mlptrain.cli.configs import builtin_configs, builtin_sweeps, unknown_builtin
 from mlptrain.config import config_from_dict
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, check_inputs
@@ -24,10 +24,6 @@ from mlptrain.tracking import console
 MAX_WORKERS = 256  # processes on one machine; more machines share a study through --storage
 
 
-def builtin_sweeps() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob(f"{SWEEP_PREFIX}*.yaml"))}
-
-
 def resolve_sweep(name_or_path: str) -> Path:
     """A sweep file, or a built-in sweep by name (`sweep_lr_mnist`, `configs/sweep_lr_mnist.yaml` from anywhere)."""
     path = Path(name_or_path)
@@ -35,8 +31,7 @@ def resolve_sweep(name_or_path: str) -> Path:
         return path
     builtin = builtin_sweeps().get(path.stem)
     if builtin is None or str(path.parent) not in (".", "configs"):
-        raise UserError(f"{name_or_path}: no such sweep file or built-in sweep "
-                        f"(built-in: {', '.join(builtin_sweeps())})")
+        raise unknown_builtin(name_or_path, "sweep", list(builtin_sweeps()))
     return builtin
 
 

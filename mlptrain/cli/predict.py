@@ -1,0 +1,72 @@
+"""`mlptrain predict RUN_DIR INPUT [--out FILE]`: a trained run's model on a user's images (an .npz, or
+PNG / JPEG files); class probabilities and the predicted class, or reconstructions, to an .npz."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
+from mlptrain.errors import UserError
+from mlptrain.tracking import console
+
+SHOWN = 10  # predictions printed; the file holds them all
+
+
+def predict(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run directory, e.g. runs/<name>"),
+    inputs: Path = typer.Argument(..., metavar="INPUT", help="an .npz of images (N, C, H, W), (N, H, W, C) or "
+                                                             "(N, D), pixels 0..255; or a PNG/JPEG file or folder"),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="default RUN_DIR/predictions.npz"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
+    checkpoint: str = typer.Option("best", "--checkpoint", metavar="best|last", help="which checkpoint to load"),
+    backend: str = typer.Option("cpu", "--backend", metavar="cpu|cuda|auto", help=BACKEND_HELP),
+    batch_size: Optional[str] = typer.Option(None, "--batch-size", metavar="N",
+                                             help="images per batch (default: the run's train.eval_batch_size)"),
+) -> None:
+    """Run a trained model on images; writes probabilities and classes (or reconstructions) to an .npz."""
+    from mlptrain.atomic import atomic_write
+    from mlptrain.image_files import read_images
+    from mlptrain.inference import load_trained, softmax
+    from mlptrain.probe.features import load_run
+
+    load_run(run_dir, checkpoint)  # every refusal before the dataset is read
+    rows = positive_int(batch_size, "--batch-size") if batch_size is not None else None
+    out = new_output(out if out is not None else run_dir / "predictions.npz", force)
+    if not inputs.exists():
+        raise UserError(f"{inputs}: no such file or folder")
+    trained = load_trained(run_dir, checkpoint, backend_name(backend), rows)
+    pixels, names = read_images(inputs, trained.image_shape, trained.dataset.train_images.dtype)
+    outputs = trained.images(pixels)
+    if trained.classifies:
+        probabilities = softmax(outputs)
+        predicted = np.argmax(outputs, axis=1)
+        arrays = {"probabilities": probabilities, "predicted": predicted.astype(np.int64),
+                  "predicted_name": np.array([trained.class_names[k] for k in predicted], dtype=str),
+                  "class_names": np.array(trained.class_names, dtype=str)}
+        console.print(table(names, predicted, probabilities, trained.class_names))
+    else:
+        arrays = {"reconstructions": outputs}
+        mse = np.mean(np.square(outputs.reshape(len(pixels), -1) - pixels.reshape(len(pixels), -1) / 255.0), axis=1)
+        arrays["mse"] = mse.astype(np.float32)
+        console.print(f"{len(pixels):,} reconstructions, (N, {', '.join(map(str, trained.image_shape))}) in pixels "
+                      f"/ 255; their mean MSE {float(mse.mean()):.4g}", highlight=False)
+    arrays.update({"inputs": np.array(names, dtype=str), "run": np.array(trained.run_dir.resolve().name),
+                   "checkpoint": np.array(checkpoint)})
+    with atomic_write(out, binary=True) as file:
+        np.savez(file, **arrays)
+    console.print(f"written to {out}", highlight=False, soft_wrap=True)
+
+
+def table(names: list[str], predicted: np.ndarray, probabilities: np.ndarray, class_names: list[str]) -> Table:
+    shown = min(SHOWN, len(names))
+    out = Table("input", "predicted", "probability",
+                title=f"{len(names):,} predictions" + (f" (the first {shown})" if shown < len(names) else ""))
+    for i in range(shown):
+        k = int(predicted[i])
+        out.add_row(names[i], f"{k} {class_names[k]}", f"{probabilities[i, k]:.4f}")
+    return out

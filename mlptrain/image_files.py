@@ -1,0 +1,89 @@
+"""Images a user hands to `mlptrain predict`: an .npz of arrays, or PNG / JPEG files (one, or a folder of
+them, read with Pillow). Each becomes rows in the dataset's layout: (C, H, W) planes flattened, uint8
+pixels 0..255, as the dataset that trained the model stores them."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+NPZ_KEYS = ("images", "x", "test_x")  # the array read from an .npz holding several
+
+
+def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tuple[np.ndarray, list[str]]:
+    """(rows (N, prod(image_shape)) of `dtype`, a name per row: the file's, or `path[i]` for an .npz)."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not files:
+            raise UserError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} files in this folder")
+        return np.stack([read_image_file(p, image_shape) for p in files]), [p.name for p in files]
+    if not path.is_file():
+        raise UserError(f"{path}: no such file or folder")
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return read_image_file(path, image_shape)[None], [path.name]
+    if path.suffix.lower() == ".npz":
+        rows = image_rows(read_npz(path), image_shape, dtype, path)
+        return rows, [f"{path.name}[{i}]" for i in range(len(rows))]
+    raise UserError(f"{path}: give an .npz of images, a {'/'.join(IMAGE_SUFFIXES)} file or a folder of them")
+
+
+def read_image_file(path: Path, image_shape: tuple[int, ...]) -> np.ndarray:
+    """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (not resized)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if len(image_shape) != 3 or image_shape[0] not in (1, 3):
+        raise UserError(f"{path}: the model reads {image_shape} values, not images; give an .npz")
+    channels, height, width = image_shape
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if channels == 1 else "RGB")
+            pixels = np.asarray(image, np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise UserError(f"{path}: not a readable image ({err})") from None
+    if pixels.shape[:2] != (height, width):
+        raise UserError(f"{path}: the image is {pixels.shape[1]}x{pixels.shape[0]} pixels; the model reads "
+                        f"{width}x{height} (resize it first)")
+    return pixels.reshape(height, width, channels).transpose(2, 0, 1).reshape(-1)
+
+
+def read_npz(path: Path) -> np.ndarray:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if not isinstance(npz, np.lib.npyio.NpzFile):
+                raise UserError(f"{path}: a single .npy array; save images with np.savez(path, images=...)")
+            key = next((k for k in NPZ_KEYS if k in npz.files), npz.files[0] if len(npz.files) == 1 else None)
+            if key is None:
+                raise UserError(f"{path}: holds {', '.join(npz.files) or 'no arrays'}; name the images one of "
+                                f"{', '.join(NPZ_KEYS)}")
+            return npz[key]
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise UserError(f"{path}: not a readable .npz file ({err})") from None
+
+
+def image_rows(array: np.ndarray, image_shape: tuple[int, ...], dtype, path: Path) -> np.ndarray:
+    """Rows of `dtype` from (N, D), (N, *image_shape) or, for images, channels-last (N, H, W, C) / (N, H, W)."""
+    shape, n = tuple(image_shape), len(array) if array.ndim else 0
+    size = int(np.prod(shape))
+    accepted = [(size,), shape]
+    if len(shape) == 3:
+        c, h, w = shape
+        accepted += [(h, w, c)] + ([(h, w)] if c == 1 else [])
+    if array.ndim < 2 or tuple(array.shape[1:]) not in accepted:
+        raise UserError(f"{path}: images of shape {array.shape}; the model reads (N, "
+                        f"{', '.join(map(str, shape))}) or (N, {size}) arrays")
+    if len(shape) == 3 and tuple(array.shape[1:]) not in accepted[:2]:
+        array = array.reshape(n, shape[1], shape[2], shape[0]).transpose(0, 3, 1, 2)
+    rows = array.reshape(n, size)
+    if np.dtype(dtype) == np.uint8:
+        if not (np.issubdtype(rows.dtype, np.number) and not np.iscomplexobj(rows)):
+            raise UserError(f"{path}: images of {rows.dtype}; give pixel values 0..255")
+        if rows.size and (not np.isfinite(rows).all() or rows.min() < 0 or rows.max() > 255
+                          or not np.array_equal(rows, np.round(rows))):
+            raise UserError(f"{path}: pixel values must be whole numbers 0..255 (uint8), got {rows.dtype} "
+                            f"from {rows.min()} to {rows.max()}; scale images in [0, 1] by 255")
+    return np.ascontiguousarray(rows.astype(dtype))
