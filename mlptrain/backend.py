@@ -8,6 +8,10 @@ Only `get_backend` imports numba, so the CPU path never pays for CUDA.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
+
 import numpy as np
 
 from mlptrain.errors import UserError
@@ -115,8 +119,32 @@ class CudaBackend:
         return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
 
 
+def driver_unusable_reason() -> str | None:
+    """Why the CUDA driver has no GPU to offer, found in milliseconds by asking the driver library itself
+    (ctypes: no numba import, no CUDA context); None when it reports a GPU, or when only numba can tell
+    (the CUDA simulator, a system other than Linux)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not sys.platform.startswith("linux"):
+        return None
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver: libcuda.so.1 not found"
+    count = ctypes.c_int(0)
+    status = driver.cuInit(0)
+    if status != 0:
+        return f"the CUDA driver failed to start (cuInit error {status})"
+    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return "the CUDA driver sees no GPU"
+    return None
+
+
 def cuda_unusable_reason() -> str | None:
-    """None when a GPU is usable, else why not, on one line (the driver's own words where it has some)."""
+    """None when a GPU is usable, else why not, on one line (the driver's own words where it has some).
+    The driver is asked first: importing numba and probing through it takes seconds on a machine
+    without a GPU, which `backend: auto` would pay on every run there."""
+    reason = driver_unusable_reason()
+    if reason is not None:
+        return reason
     try:
         from numba import cuda
 

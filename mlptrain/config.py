@@ -8,6 +8,7 @@ dotted key, and an unknown key suggests the closest valid one.
 from __future__ import annotations
 
 import dataclasses
+import json
 import difflib
 import math
 import types
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlptrain.config_keys import suggest_key
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief, brief_text, load_yaml_text, read_yaml as read_yaml_file
 
@@ -133,6 +135,18 @@ class LossScaleConfig:
 
 
 @dataclass(frozen=True)
+class EarlyStoppingConfig:
+    """Stop when the validation metric has not improved for `patience` evaluations; off while patience is
+    null. Its metric also picks the `best` checkpoint."""
+
+    metric: str = _option("val_loss", choices=("val_loss", "val_acc", "val_mse"),
+                          doc="val_loss (the autoencoder's is val_mse), val_acc (classifiers)")
+    patience: int | None = _option(None, check=_positive, doc="evaluations without improvement before stopping")
+    min_delta: float = _option(0.0, check=_non_negative, doc="an improvement must beat the best by more than this")
+    restore_best: bool = _option(True, doc="end with the best epoch's parameters (checkpoints/best.npz)")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     epochs: int = _option(10, check=_count(INT64_MAX))
     batch_size: int = _option(128, check=_count(INDEX_MAX))
@@ -146,6 +160,7 @@ class TrainConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     cuda_graphs: bool = _option(True, doc="cuda: replay each full window's launches as one CUDA graph "
                                           "(bitwise the same results, far less launch overhead)")
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
     @property
     def effective_batch_size(self) -> int:
@@ -176,41 +191,19 @@ def valid_keys(cls=Config, prefix="") -> list[str]:
     return keys
 
 
-# what users type for a key by another name (other tools' spellings): matched on the last component
-KEY_ALIASES = {"learning_rate": "lr", "learningrate": "lr", "batch": "batch_size", "bs": "batch_size",
-               "batchsize": "batch_size", "epoch": "epochs", "num_epochs": "epochs", "n_epochs": "epochs",
-               "max_epochs": "epochs", "wd": "weight_decay", "optimizer": "name", "lr_min": "min_lr",
-               "warmup": "warmup_steps", "grad_clip": "clip_grad_norm", "clip": "clip_grad_norm",
-               "accumulation_steps": "grad_accum_steps", "grad_accum": "grad_accum_steps", "dtype": "precision",
-               "hidden_sizes": "hidden", "layers": "hidden", "device": "backend"}
-
-
-def suggest_key(dotted: str, keys: list[str] | None = None) -> str | None:
-    """The valid key a mistyped `dotted` most likely meant: the same last component (or its alias:
-    learning_rate -> lr) in the same section, then in any section, then the closest spelling of the last
-    component in its section, then of the whole key."""
-    keys = valid_keys() if keys is None else keys
-    section, _, leaf = dotted.rpartition(".")
-    leaf = leaf.lower()
-
-    def ranked(candidates):  # the key's own section first
-        return sorted(candidates, key=lambda k: k.rpartition(".")[0] != section)
-
-    for wanted in dict.fromkeys((leaf, KEY_ALIASES.get(leaf, leaf))):
-        same = ranked([k for k in keys if k.rpartition(".")[2] == wanted])
-        if same:
-            return same[0]
-    in_section = [k for k in keys if k.rpartition(".")[0] == section]
-    close = difflib.get_close_matches(leaf, [k.rpartition(".")[2] for k in in_section], n=1, cutoff=0.6)
-    if close:
-        return f"{section}.{close[0]}" if section else close[0]
-    close = difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
-    return close[0] if close else None
+def valid_sections(cls=Config, prefix="") -> list[str]:
+    """Every dotted section of the schema, e.g. `train.early_stopping`."""
+    sections = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            sections += [prefix + f.name, *valid_sections(hints[f.name], f"{prefix}{f.name}.")]
+    return sections
 
 
 def _unknown_key(source, dotted):
     dotted = str(dotted)
-    close = suggest_key(dotted) if len(dotted) < 100 else None
+    close = suggest_key(dotted, valid_keys()) if len(dotted) < 100 else None
     hint = f"; did you mean '{close}'?" if close else f"; valid keys: {', '.join(valid_keys())}"
     return UserError(f"{source}: unknown key {brief(dotted)}{hint}")
 
@@ -303,6 +296,9 @@ def check_override_values(overrides: list[str]) -> None:
     optim.lr=fast: expected float, got 'fast'`), not on the config file it lands in."""
     for text in overrides:
         dotted, value = parse_override(text)
+        if isinstance(value, dict) and dotted in valid_sections():  # a section given whole: each of its keys
+            check_override_values([f"{dotted}.{key}={json.dumps(inner)}" for key, inner in value.items()])
+            continue
         if dotted not in valid_keys():
             raise _unknown_key("override", dotted)
         cls = Config
@@ -327,7 +323,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     raw = dict(raw)
     for text in overrides:
         dotted, value = parse_override(text)
-        if dotted not in valid_keys():
+        if dotted not in valid_keys() and not (isinstance(value, dict) and dotted in valid_sections()):
             raise _unknown_key("override", dotted)
         node = raw
         *parents, leaf = dotted.split(".")
@@ -335,7 +331,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             child = node.get(part)
             node[part] = dict(child) if isinstance(child, dict) else {}
             node = node[part]
-        node[leaf] = value
+        # a section given whole (`train.early_stopping={patience: 3}`) adds to what the file set there
+        node[leaf] = {**node[leaf], **value} if isinstance(value, dict) and isinstance(node.get(leaf), dict) else value
     return raw
 
 
@@ -382,6 +379,20 @@ def _check_combinations(config: Config, source: str) -> None:
     if schedule.name == "inverse_sqrt" and not warmup:
         raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
                         f"or schedule.warmup_epochs")
+    _check_early_stopping(config, source)
+
+
+def _check_early_stopping(config: Config, source: str) -> None:
+    stopping = config.train.early_stopping
+    if stopping.patience is None:
+        return
+    wrong = {"mlp": "val_mse", "conv_autoencoder": "val_acc"}[config.model.type]
+    if stopping.metric == wrong:
+        valid = "val_loss or val_acc" if config.model.type == "mlp" else "val_loss (its val_mse) or val_mse"
+        raise UserError(f"{source}: train.early_stopping.metric: a {config.model.type} reports no {wrong}; use {valid}")
+    if config.data.val_size == 0:
+        raise UserError(f"{source}: train.early_stopping watches the validation metric, and data.val_size is 0; "
+                        "hold out validation images or drop train.early_stopping.patience")
 
 
 USER_DATASETS = {"npz": "the .npz file, e.g. data.path=my.npz",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlptrain.backend import cuda_usable, get_backend
-from mlptrain.config import RESOLVED, Config, config_to_dict, read_yaml
-from mlptrain.data import dataset_record, load_dataset
+from mlptrain.config import RESOLVED, Config, read_yaml, resolved_dict
+from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_val_size
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
@@ -56,22 +56,34 @@ def check_inputs(config: Config) -> None:
 
 
 def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False,
-               dataset=None) -> Path:
+               dataset=None, backend: str | None = None) -> Path:
     """The new run directory, locked for this process and holding the resolved config (see
     `create_run_dir` for the name) and, given the dataset, what the run read (`run_config`)."""
     run_dir = create_run_dir(runs_dir, name, stem, suffix_on_clash)
     lock_run(run_dir, "the run")  # held while this process works in it
-    write_yaml(run_dir / "config.yaml", run_config(config, dataset))
+    write_yaml(run_dir / "config.yaml", run_config(config, dataset, backend))
     return run_dir
 
 
-def run_config(config: Config, dataset=None) -> dict:
-    """What a run's config.yaml holds: the config, overrides applied, and under `resolved` what the
-    run actually used (the dataset: `mlptrain.data.dataset_record`)."""
-    document = config_to_dict(config)
+def run_config(config: Config, dataset=None, backend: str | None = None) -> dict:
+    """What a run's config.yaml holds: the config as the run uses it (`run_record`: overrides applied, the
+    backend it runs on, the data folder it reads, its own model type's keys), and under `resolved` what
+    the run actually read (the dataset: `mlptrain.data.dataset_record`)."""
+    document = run_record(config, backend)
     if dataset is not None:
         document[RESOLVED] = {"dataset": dataset_record(dataset, config.data.val_size)}
     return document
+
+
+def run_record(config: Config, backend: str | None = None) -> dict:
+    """The config as a run records it: `backend` the one it runs on (auto resolved), `data.root` the
+    folder it reads, and only its own model type's keys (mlptrain.config.resolved_dict)."""
+    return resolved_dict(config, backend, data_root(config))
+
+
+def data_root(config: Config) -> Path:
+    """The folder the config's dataset is read from."""
+    return Path(config.data.root) if config.data.root else default_data_root()
 
 
 def check_same_dataset(run_dir: Path, config: Config, dataset) -> None:

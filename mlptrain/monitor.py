@@ -4,10 +4,13 @@ scalars, move the progress bar, and keep the throughput the run summary reports.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from mlptrain.errors import TrainingDiverged
-from mlptrain.tracking import training_progress
+from mlptrain.progress import training_progress
+from mlptrain.tracking import console
 
 
 class TrainingMonitor:
@@ -22,13 +25,15 @@ class TrainingMonitor:
 
     def __enter__(self) -> "TrainingMonitor":
         epoch, window = self.done
-        self.progress = training_progress().__enter__()
-        self.task = self.progress.add_task("train", total=self.config.train.epochs * self.per_epoch, epoch=epoch + 1,
-                                           completed=epoch * self.per_epoch + window, loss=float("nan"), acc="",
-                                           rate=0.0)
+        self.progress = training_progress(console).__enter__()
+        self.started, self.steps_at_start = time.monotonic(), epoch * self.per_epoch + window
+        self.task = self.progress.add_task("train", total=self.per_epoch, completed=window, epoch=epoch + 1,
+                                           epochs=self.config.train.epochs, loss=None, acc=None, rate=0.0,
+                                           ends_at=None)
         return self
 
     def __exit__(self, *exc) -> None:
+        self.progress.update(self.task, ends_at=time.monotonic())  # stopped early or not: nothing left to wait for
         self.progress.__exit__(*exc)
 
     def __call__(self, w: dict) -> None:
@@ -47,9 +52,13 @@ class TrainingMonitor:
         if self.config.train.precision == "fp16":
             scalars.update({"amp/loss_scale": w["loss_scale"], "amp/skipped_steps": w["skipped"]})
         self.logger.scalars(w["step"], scalars)
-        self.progress.update(self.task, completed=(w["epoch"] - 1) * self.per_epoch + w["step_in_epoch"],
-                             epoch=w["epoch"], loss=w["loss"], acc=f"acc {w['acc']:.4f}" if self.classifies else "",
-                             rate=rate)
+        done = (w["epoch"] - 1) * self.per_epoch + w["step_in_epoch"]
+        # the run's average pace since this process started training (evaluations included): a steady ETA
+        pace = (time.monotonic() - self.started) / max(done - self.steps_at_start, 1)
+        remaining = self.config.train.epochs * self.per_epoch - done
+        self.progress.update(self.task, completed=w["step_in_epoch"], epoch=w["epoch"], loss=w["loss"],
+                             acc=w["acc"] if self.classifies else None, rate=self.samples / self.seconds,
+                             ends_at=time.monotonic() + remaining * pace)
 
     def throughput(self) -> dict:
         """summary.json's samples_per_s (the median over reads: the steady state, without the first

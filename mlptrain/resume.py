@@ -43,6 +43,8 @@ class Position:
     epoch: int = 0
     window: int = 0
     best: float | None = None  # the best value so far of the metric that picks the `best` checkpoint
+    best_epoch: int = 0  # the epoch that reached it: early stopping counts the evaluations since
+    wall_s: float = 0.0  # the run's seconds so far, over every process that trained it
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
     arrays["meta/config"] = np.frombuffer(json.dumps(training_config(config), sort_keys=True).encode(), np.uint8)
     best = np.nan if position.best is None else position.best
     arrays[f"meta/best_{best_metric}"] = np.array(best, np.float64)
+    arrays["meta/best_epoch"] = np.array(position.best_epoch, np.int64)
+    arrays["meta/wall_s"] = np.array(position.wall_s, np.float64)
     return arrays
 
 
@@ -117,7 +121,11 @@ def restore(resume: Resume, model, step, plateau, best_metric: str, steps_per_ep
         raise UserError(f"{resume.path}: meta/window {resume.position.window} is beyond the epoch's "
                         f"{steps_per_epoch} optimizer steps")
     best = float(resume.arrays[key])
-    return Position(resume.position.epoch, resume.position.window, None if math.isnan(best) else best)
+    # checkpoints written before these fields: the best epoch unknown (taken as the last), no time recorded
+    best_epoch = int(resume.arrays.get("meta/best_epoch", resume.position.epoch))
+    wall_s = float(resume.arrays.get("meta/wall_s", 0.0))
+    return Position(resume.position.epoch, resume.position.window, None if math.isnan(best) else best, best_epoch,
+                    wall_s)
 
 
 def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]:
@@ -171,6 +179,11 @@ def _position(path: Path, arrays: dict, config: Config) -> Position:
         raise UserError(f"{path}: not a training checkpoint (no meta/epoch or meta/seed)") from None
     if seed != config.seed or epoch < 0 or window < 0:
         raise UserError(f"{path}: its meta/seed {seed} or position does not match the run's config.yaml")
+    stopping, best_epoch = config.train.early_stopping, int(arrays.get("meta/best_epoch", epoch))
+    if stopping.patience is not None and not window and epoch - best_epoch >= stopping.patience:
+        raise UserError(f"--resume {path.parent.parent}: the run stopped early after epoch {epoch} (no improvement "
+                        f"since epoch {best_epoch} for train.early_stopping.patience={stopping.patience} "
+                        "evaluations); there is nothing to resume")
     reached = epoch + (1 if window else 0)
     if config.train.epochs < reached:
         raise UserError(f"--resume: the run has already trained {epoch} epochs"

@@ -1,5 +1,5 @@
 """summary.json: a run's final metrics, its step counts and throughput, and what actually ran (backend,
-device, dataset, CUDA graphs, every fallback); and the HParams record TensorBoard compares runs by.
+device, dataset, CUDA graphs, every fallback). The per-step gradient norms go beside it, to grad_norms.npy.
 
 Fields measured elsewhere (startup and compile timings, the kernel plan, ...) come in as `records`, a
 dict merged into the summary as it is: one more field is one more key there.
@@ -7,19 +7,25 @@ dict merged into the summary as it is: one more field is one more key there.
 
 from __future__ import annotations
 
+import math
 import time
 
-from mlptrain.config import Config, config_to_dict
 from mlptrain.data import dataset_record
 from mlptrain.evaluation import mean_image_mse
 from mlptrain.session import Session
 
+GRAD_NORMS = "grad_norms.npy"  # beside summary.json: the pre-clip gradient norm of every optimizer step
+DIGITS = 6  # significant digits of summary.json's floats: 0.00503127, 0.9186, 307225.0
+
 
 def run_summary(s: Session, run_name: str, last: dict, best: float | None, throughput: dict,
                 records: dict) -> dict:
-    """The summary of a finished run: `last` is its last evaluation record, `best` the best value of the
-    metric that picks the `best` checkpoint, `throughput` the monitor's, `records` extra fields."""
+    """The summary of a finished run: `last` is its last evaluation record (or the restored best epoch's),
+    `best` the best value of the metric that picks the `best` checkpoint, `throughput` the monitor's,
+    `records` extra fields. `wall_s` is this process's time (a resumed run's resumed part), `wall_s_total`
+    the run's across every process that trained it."""
     t, state = s.config.train, s.step.read()
+    wall = time.perf_counter() - s.started
     summary = {
         "run": run_name, "backend": s.backend.name, "device": s.backend.device_name,
         "parameters": s.model.layout.size, "precision": t.precision,
@@ -30,8 +36,8 @@ def run_summary(s: Session, run_name: str, last: dict, best: float | None, throu
         "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps,
         "effective_batch_size": t.effective_batch_size,
         **throughput,
-        "wall_s": time.perf_counter() - s.started,
-        "grad_norm_history": [float(x) for x in s.step.grad_norm_history(0, state["windows"])],
+        "wall_s": wall, "wall_s_total": s.wall_before + wall, "resumed": s.wall_before > 0,
+        "grad_norms": GRAD_NORMS,
     }
     if not s.classifies:
         summary["mean_image_mse"] = mean_image_mse(s.dataset)
@@ -39,28 +45,22 @@ def run_summary(s: Session, run_name: str, last: dict, best: float | None, throu
     summary.update(s.window.graphs_record())
     summary["fallbacks"] = fallbacks(s)
     summary.update(records)
-    return summary
+    return rounded(summary)
+
+
+def rounded(value, digits: int = DIGITS):
+    """Floats (also inside lists and dicts) to `digits` significant digits: a measurement keeps its
+    precision whatever its size (0.00503127, not 0.0050), and the float noise goes. Whole numbers (a loss
+    scale of 2**22) and non-finite values stay as they are."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) and not value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
 
 
 def fallbacks(s: Session) -> list[str]:
     """The warning line of every fallback this run took (see mlptrain.fallbacks)."""
     return [*s.fallbacks, *s.notes, *([s.window.fallback] if s.window.fallback else [])]
-
-
-def hparams(config: Config, summary: dict, classifies: bool) -> tuple[dict, dict]:
-    """(hyperparameters, final metrics) for TensorBoard's HParams dashboard."""
-    values = {**flat_hparams(config), "train.effective_batch_size": config.train.effective_batch_size}
-    finals = ("test_acc", "val_acc", "test_loss", "val_loss") if classifies else ("test_mse", "val_mse")
-    return values, {key: summary[key] for key in finals}
-
-
-def flat_hparams(config: Config) -> dict:
-    """Dotted keys to scalar values (lists and None as text), for TensorBoard's HParams dashboard."""
-    def flatten(values: dict, prefix: str):
-        for key, value in values.items():
-            if isinstance(value, dict):
-                yield from flatten(value, f"{prefix}{key}.")
-            elif key != "description":
-                yield prefix + key, str(value) if isinstance(value, (list, type(None))) else value
-
-    return dict(flatten(config_to_dict(config), ""))

@@ -40,6 +40,7 @@ class Session:
     started: float = field(default_factory=time.perf_counter)  # when building began: wall_s counts from here
     stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
     notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.compilation)
+    wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
 
     @property
     def fallbacks(self) -> list[str]:
@@ -63,8 +64,21 @@ class Session:
 
     @property
     def selection(self) -> tuple[str, bool]:
-        """The validation metric that picks the `best` checkpoint, and whether higher is better."""
-        return ("val_acc", True) if self.classifies else ("val_mse", False)
+        """The validation metric that picks the `best` checkpoint, and whether higher is better: early
+        stopping's when it is on (so that restoring the best epoch restores `best`), else val_acc (val_mse
+        for the autoencoder)."""
+        stopping = self.config.train.early_stopping
+        if not self.classifies:
+            return "val_mse", False
+        if stopping.patience is not None and stopping.metric == "val_loss":
+            return "val_loss", False
+        return "val_acc", True
+
+    @property
+    def stopping(self):
+        """The early stopping config, or None when it is off."""
+        stopping = self.config.train.early_stopping
+        return stopping if stopping.patience is not None else None
 
 
 def build_session(config: Config, backend, dataset) -> Session:

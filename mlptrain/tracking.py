@@ -60,8 +60,11 @@ class RunLogger:
         self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
         self._metrics.flush()
 
-    def hparams(self, hparams: dict, metrics: dict) -> None:
-        self.writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, name="hparams")
+    def hparams(self, values: dict) -> None:
+        """The run's HParams session, in its own event file (mlptrain.hparams)."""
+        from mlptrain.hparams import write_session
+
+        write_session(self.writer, values)
 
     def close(self) -> None:
         try:
@@ -74,11 +77,6 @@ class RunLogger:
 def write_json(path: Path, data: dict) -> None:
     """Top-level non-finite floats become null (JSON has no NaN); written atomically."""
     write_text(path, json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
-
-
-def training_progress() -> Progress:
-    return _progress(TextColumn("[bold]epoch {task.fields[epoch]}"),
-                     TextColumn("loss {task.fields[loss]:.4f}  {task.fields[acc]}  {task.fields[rate]:,.0f} samples/s"))
 
 
 def pass_progress() -> Progress:

@@ -13,22 +13,25 @@ Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from mlptrain.checkpoint import save_checkpoint
+from mlptrain.atomic import atomic_write
+from mlptrain.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.compilation import compile_kernels, kernel_records
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
-from mlptrain.experiment import run_config
+from mlptrain.experiment import data_root, run_config
 from mlptrain.fallbacks import warn
+from mlptrain.hparams import hparam_values
 from mlptrain.monitor import TrainingMonitor
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
-from mlptrain.run_summary import hparams, run_summary
 from mlptrain.run_lock import check_space
+from mlptrain.run_summary import GRAD_NORMS, run_summary
 from mlptrain.runs import write_yaml
 from mlptrain.session import Session
 from mlptrain.tracking import RunLogger, console, write_json
@@ -43,8 +46,9 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     run there (a sweep prunes a trial this way) after that epoch's checkpoint is written.
     `resume` continues from a checkpoint of this run (mlptrain.resume.prepare_resume). When
     `stop.signum` becomes set, the loop writes `last` after the current optimizer step and raises
-    TrainingInterrupted. `records` are extra summary fields. On a resumed run the summary's timings
-    cover the resumed part only."""
+    TrainingInterrupted. `records` are extra summary fields. On a resumed run `wall_s` covers the resumed
+    part, `wall_s_total` the whole run. With train.early_stopping the run may end before train.epochs,
+    with the best epoch's parameters restored."""
     s.stop = stop
     check_space(run_dir, 3 * checkpoint_bytes(s) + 2**20, "its checkpoints")  # last, best and a temporary
     start = _resume(s, resume, run_dir) if resume is not None else Position()
@@ -53,26 +57,33 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     logger = RunLogger(run_dir)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window) as monitor:
-            best, last = start.best, {}
-            if resume is not None and resume.finished:  # killed after its last checkpoint: only the summary
-                last = _last_record(s, run_dir, start, logger)
-            for epoch in range(start.epoch + 1, s.config.train.epochs + 1):
+            finished = resume is not None and resume.finished  # killed after its last checkpoint: only the summary
+            best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
+            last = _last_record(s, run_dir, start, logger) if finished else {}
+            for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
                 done = train_epoch(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
                 if done < s.steps_per_epoch:
-                    _stop(s, run_dir, Position(epoch - 1, done, best))
+                    _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
                 last = s.evaluator.epoch_record(s.val, s.test, epoch, s.step.read()["steps"], logger)
-                best = _after_evaluation(s, run_dir, last, best)
+                best, stopped = _after_evaluation(s, run_dir, last, best)
                 if on_evaluation is not None:
                     on_evaluation(last)
+                if stopped:
+                    break
                 if s.stop_requested and epoch < s.config.train.epochs:
-                    _stop(s, run_dir, Position(epoch, 0, best))
-        summary = run_summary(s, run_dir.name, last, best, monitor.throughput(), {**records, **kernel_records(s, run_dir.name)})
-        logger.hparams(*hparams(s.config, summary, s.classifies))
+                    _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
+        trained, last = last["epoch"], _restore_best(s, run_dir, last, best)
+        records = {"epochs": trained, "best_epoch": best.best_epoch, "stopped_early": stopped,
+                   "restored_best": last["epoch"] != trained, "resumed": resume is not None, **records,
+                   **kernel_records(s, run_dir.name)}
+        summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
+        logger.hparams(hparam_values(s.config, s.backend.name, data_root(s.config)))
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
                         "intact") from None
     finally:
         logger.close()
+    save_grad_norms(run_dir / GRAD_NORMS, s.step)
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -112,7 +123,8 @@ def _read(s: Session, epoch: int, i: int, read_from: int, read_to: int, t_window
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
     # before anything is written: a mismatched checkpoint changes nothing
     start = restore(resume, s.model, s.step, s.plateau, s.selection[0], s.steps_per_epoch)
-    write_yaml(run_dir / "config.yaml", run_config(s.config, s.dataset))  # train.epochs may have grown
+    s.wall_before = start.wall_s
+    write_yaml(run_dir / "config.yaml", run_config(s.config, s.dataset, s.backend.name))  # train.epochs may have grown
     console.print(f"resuming {run_dir} after epoch {start.epoch}"
                   f"{f' and {start.window} steps' if start.window else ''}")
     return start
@@ -152,9 +164,11 @@ def _announce(s: Session, run_dir: Path) -> None:
                   f"accumulated), {s.steps_per_epoch} optimizer steps per epoch")
 
 
-def _after_evaluation(s: Session, run_dir: Path, record: dict, best: float | None) -> float | None:
+def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -> tuple[Position, bool]:
     """Stop on a non-finite validation loss; step the plateau schedule; write the `last` (when due) and
-    `best` (when improved) checkpoints. Returns the best value so far of the selection metric."""
+    `best` (when improved by more than train.early_stopping.min_delta) checkpoints. Returns the best value
+    so far of the selection metric with its epoch (as a Position's `best` and `best_epoch`), and whether
+    early stopping ends the run here."""
     epoch, step = record["epoch"], record["step"]
     val_loss = record["val_loss" if s.classifies else "val_mse"]
     if not np.isfinite(val_loss) and s.val.size:
@@ -163,16 +177,41 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: float | Non
     if s.plateau is not None:  # before the checkpoint, which must hold the plateau's state after this epoch
         metric = s.config.schedule.metric if s.classifies else "val_mse"
         s.step.set_lr_factor(s.plateau.observe(record[metric]))
-    key, higher_is_better = s.selection
-    is_best = best is None or (record[key] > best if higher_is_better else record[key] < best)
-    save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs
-    if save_last or is_best:
-        arrays = _checkpoint(s, Position(epoch, 0, record[key] if is_best else best))
+    (key, higher_is_better), delta = s.selection, s.config.train.early_stopping.min_delta
+    value = record[key]
+    if best.best is None or (value > best.best + delta if higher_is_better else value < best.best - delta):
+        best = Position(epoch, 0, value, epoch)
+    stopped = s.stopping is not None and epoch - best.best_epoch >= s.stopping.patience and epoch < s.config.train.epochs
+    save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs or stopped
+    if save_last or best.best_epoch == epoch:
+        arrays = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
         if save_last:
             save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
-        if is_best:
+        if best.best_epoch == epoch:
             save_checkpoint(run_dir / "checkpoints" / "best.npz", arrays)
-    return record[key] if is_best else best
+    if stopped:
+        console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
+                      f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
+                      "evaluation(s)")
+    return best, stopped
+
+
+def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict:
+    """With early stopping's restore_best, load `best` into the model (when a later epoch ended the run)
+    and evaluate it: the run ends with, and its summary reports, the best epoch's parameters. Returns the
+    evaluation record the summary reports."""
+    if s.stopping is None or not s.stopping.restore_best or best.best_epoch in (0, last["epoch"]):
+        return last
+    s.model.load_parameters(load_checkpoint(run_dir / "checkpoints" / "best.npz"), prefix="params/")
+    (val_loss, val_acc), (test_loss, test_acc) = s.evaluator.evaluate(s.val), s.evaluator.evaluate(s.test)
+    record = {"epoch": best.best_epoch, "step": last["step"]}
+    if s.classifies:
+        record.update(val_loss=val_loss, val_acc=val_acc, test_loss=test_loss, test_acc=test_acc)
+    else:
+        record.update(val_mse=val_loss, test_mse=test_loss)
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in ("epoch", "step"))
+    console.print(f"restored the parameters of epoch {best.best_epoch} (checkpoints/best.npz): {metrics}")
+    return record
 
 
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
@@ -184,5 +223,14 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
 
 
 def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:
-    """The arrays of a checkpoint of `s` at `position` (see mlptrain.resume.checkpoint_arrays)."""
+    """The arrays of a checkpoint of `s` at `position` (see mlptrain.resume.checkpoint_arrays), with the
+    run's seconds so far."""
+    position = dataclasses.replace(position, wall_s=s.wall_before + time.perf_counter() - s.started)
     return checkpoint_arrays(s.model, s.step, s.plateau, position, s.config, s.selection[0])
+
+
+def save_grad_norms(path: Path, step) -> None:
+    """The pre-clip gradient norm of every optimizer step (float32, .npy), written atomically."""
+    history = np.asarray(step.grad_norm_history(0, step.read()["windows"]), np.float32)
+    with atomic_write(path, binary=True) as file:
+        np.save(file, history)

@@ -36,6 +36,11 @@ CASES = {
     "adam-step-fp16": dict(optim={"name": "adam", "lr": 0.01}, schedule={"name": "step", "step_size": 1,
                                                                          "gamma": 0.5},
                            precision="fp16", loss_scale={"init": 2.0**30, "growth_interval": 3}),
+    # val_acc improves by more than 0.025 last in epoch 4 and the run stops after epoch 6: stopped after
+    # epoch 5, the resumed run must know that epoch 5 already did not improve (the counter is in the checkpoint)
+    "adam-early_stopping-fp32": dict(optim={"name": "adam", "lr": 0.01}, schedule={"name": "constant"}, epochs=8,
+                                     stop_epoch=5, early_stopping={"metric": "val_acc", "patience": 2,
+                                                                   "min_delta": 0.025}),
 }
 
 
@@ -72,7 +77,8 @@ def assert_same_checkpoint(a, b):
     a, b = load_checkpoint(a), load_checkpoint(b)
     assert sorted(a) == sorted(b)
     for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key, strict=True)
+        if key != "meta/wall_s":  # a measured time, the one thing a resumed run cannot repeat
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key, strict=True)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
@@ -106,8 +112,14 @@ def test_a_stopped_and_resumed_run_ends_bitwise_where_an_uninterrupted_one_does(
     if "fp16" in case:  # so the loss scale, its growth tracker and the skipped count mattered
         assert 0 < expected["skipped_steps"] and expected["loss_scale"] != 2.0**30
     assert_same_checkpoint(stopped / "checkpoints" / "best.npz", whole / "checkpoints" / "best.npz")
-    for key in ("test_acc", "val_acc", "optimizer_steps", "skipped_steps", "loss_scale", "grad_norm_history"):
+    for key in ("test_acc", "val_acc", "optimizer_steps", "skipped_steps", "loss_scale", "epochs", "best_epoch",
+                "stopped_early"):
         assert resumed[key] == expected[key], key
+    if "early_stopping" in case:  # so the counter mattered
+        assert expected["stopped_early"] and (expected["epochs"], expected["best_epoch"]) == (6, 4)
+    np.testing.assert_array_equal(np.load(stopped / "grad_norms.npy"), np.load(whole / "grad_norms.npy"), strict=True)
+    assert resumed["resumed"] and not expected["resumed"]
+    assert resumed["wall_s_total"] > resumed["wall_s"]  # the part before the stop counts too
     epochs = [line for line in (stopped / "metrics.jsonl").read_text().splitlines()]
     assert epochs == (whole / "metrics.jsonl").read_text().splitlines()  # appended, each epoch once
 
@@ -123,7 +135,7 @@ def test_extending_train_epochs_continues_a_finished_run(tmp_path):
         prepare_resume(short, [])
     config, resume = prepare_resume(short, ["train.epochs=4"])
     summary = train(build_session(config, CpuBackend(), dataset), short, resume=resume)
-    assert summary["optimizer_steps"] == 4 * STEPS_PER_EPOCH and len(summary["grad_norm_history"]) == 16
+    assert summary["optimizer_steps"] == 4 * STEPS_PER_EPOCH and len(np.load(short / "grad_norms.npy")) == 16
     assert_same_checkpoint(short / "checkpoints" / "last.npz", whole / "checkpoints" / "last.npz")
     assert "epochs: 4" in (short / "config.yaml").read_text()
 

@@ -89,11 +89,10 @@ def show(name: str = typer.Argument(..., help="a built-in config or sweep name, 
 
 def print_resolved(path: Path, overrides: list[str]) -> None:
     """The config of `path` with `overrides`, every default filled in, as YAML a run reads back."""
-    from mlptrain.config import load_config, resolved_dict
-    from mlptrain.data import default_data_root
+    from mlptrain.config import load_config
+    from mlptrain.experiment import run_record
 
-    config = load_config(path, overrides)
-    text = yaml.safe_dump(resolved_dict(config, data_root=config.data.root or default_data_root()), sort_keys=False)
+    text = yaml.safe_dump(run_record(load_config(path, overrides)), sort_keys=False)
     print_yaml(f"# {path.name}{' with ' + ' '.join(overrides) if overrides else ''}, resolved\n{text}")
 
 

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from mlptrain.cli.configs import resolve_config
+from mlptrain.cli.configs import print_resolved, resolve_config
 from mlptrain.config import load_config
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, check_same_dataset, create_run
@@ -29,6 +29,9 @@ def run(
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run directory from its last "
                                                                  "checkpoint; overrides may only extend "
                                                                  "train.epochs"),
+    print_config: bool = typer.Option(False, "--print-config", help="print the resolved config (overrides "
+                                                                    "applied, every default filled in) and exit "
+                                                                    "without training or writing anything"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     from mlptrain.session import build_session
@@ -37,6 +40,8 @@ def run(
     overrides = overrides or []
     start = None
     if resume is not None:
+        if print_config:
+            raise UserError("--print-config shows a config before a run; a run's own is RUN_DIR/config.yaml")
         if name is not None:
             raise UserError("--resume continues a run in its own directory; drop --name")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
@@ -48,19 +53,22 @@ def run(
         if config is None:
             raise UserError("give a CONFIG (a YAML file or one of `mlptrain configs`) or --resume RUN_DIR")
         path = resolve_config(config)
+        if print_config:
+            print_resolved(path, overrides)
+            return
         cfg = load_config(path, overrides)
         if name is not None:
             check_run_name(name)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))  # before anything is written
-        run_dir = create_run(cfg, runs_dir, name, path.stem, dataset=session.dataset)
+        run_dir = create_run(cfg, runs_dir, name, path.stem, dataset=session.dataset, backend=session.backend.name)
     with StopOnSignal() as stop:
         summary = train(session, run_dir, resume=start, stop=stop)
     table = Table("metric", "value")
     for key in ("test_acc", "test_loss", "val_acc", "test_mse", "val_mse", "mean_image_mse", "epochs",
-                "optimizer_steps", "samples_per_s", "wall_s"):
-        if key not in summary:
+                "best_epoch", "optimizer_steps", "samples_per_s", "wall_s", "wall_s_total"):
+        if key not in summary or (key == "wall_s_total" and not summary.get("resumed")):
             continue
         value = summary[key]
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
     console.print(table)
     console.print(f"run written to {run_dir} (tensorboard --logdir {run_dir.parent})")

@@ -288,7 +288,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
     attempt.config = sweep.trial_config(attempt.params, "its config")
     session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder
     attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial",
-                                 suffix_on_clash=True, dataset=session.dataset)
+                                 suffix_on_clash=True, dataset=session.dataset, backend=session.backend.name)
     trial.set_user_attr("run_dir", str(attempt.run_dir))
     worse = "below" if sweep.direction == "maximize" else "above"
 
@@ -324,7 +324,7 @@ def _tell(study, trial, state, attempt: _Attempt, metrics: dict, value=None, err
         return
     outcome = state == TrialState.PRUNED or error is not None  # not an interrupted attempt, which runs again
     if outcome and attempt.run_dir is not None and not (attempt.run_dir / "summary.json").exists():
-        log_hparams(attempt.run_dir, attempt.config, kept)  # a finished run has logged its own
+        log_hparams(attempt.run_dir)  # a finished run has logged its own
 
 
 @contextmanager

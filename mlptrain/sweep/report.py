@@ -11,8 +11,6 @@ from pathlib import Path
 from rich.table import Table
 
 from mlptrain.atomic import write_text
-from mlptrain.config import config_to_dict
-from mlptrain.sweep.spec import PER_EPOCH_METRICS
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
 _ORDER = {"complete": 0, "pruned": 1, "running": 2, "waiting": 3, "failed": 4}
@@ -108,22 +106,11 @@ def results_table(rows: list[dict], sweep, title: str) -> Table:
     return table
 
 
-def log_hparams(run_dir: Path, config, metrics: dict) -> None:
-    """An HParams session for a run that stopped early (pruned or failed), shaped like the one a finished
-    run logs itself (every config key; its last evaluation's metrics), so every trial has one."""
-    from tensorboardX import SummaryWriter
-    from tensorboardX.summary import hparams
+def log_hparams(run_dir: Path) -> None:
+    """The HParams session of a run that stopped early (pruned or failed), as a finished run writes its
+    own (mlptrain.hparams: its metric columns are the run's own scalars, up to where it stopped); the
+    values are those of its config.yaml, which records the backend and data folder it used."""
+    from mlptrain.config import load_config
+    from mlptrain.hparams import hparam_values, log_session
 
-    def flatten(values: dict, prefix: str = ""):
-        for key, value in values.items():
-            if isinstance(value, dict):
-                yield from flatten(value, f"{prefix}{key}.")
-            elif key != "description":
-                yield prefix + key, str(value) if isinstance(value, (list, type(None))) else value
-
-    scores = {f"hparam/{k}": metrics[k] for k in PER_EPOCH_METRICS if k in metrics}
-    with SummaryWriter(logdir=str(run_dir / "hparams")) as writer:
-        for summary in hparams(dict(flatten(config_to_dict(config))), scores):
-            writer.file_writer.add_summary(summary)
-        for tag, value in scores.items():
-            writer.add_scalar(tag, value)
+    log_session(run_dir, hparam_values(load_config(run_dir / "config.yaml")))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
+from mlptrain.config_keys import suggest_key
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief
 
@@ -143,8 +144,8 @@ def _build(raw: dict, params: dict, source: str) -> Config:
 
 def _unknown(where: str, key, valid) -> UserError:
     key = str(key)
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5) if len(key) < 100 else []
-    hint = f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid)}"
+    close = suggest_key(key, list(valid)) if len(key) < 100 else None
+    hint = f"did you mean '{close}'?" if close else f"valid: {', '.join(valid)}"
     return UserError(f"{where}: unknown key {brief(key)}; {hint}")
 
 

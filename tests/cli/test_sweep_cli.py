@@ -55,7 +55,11 @@ def test_a_missing_sweep_names_the_builtin_ones(tmp_path):
     assert_clean_failure(result, "sweep_lr_mnist")
 
 
-def test_builtin_sweeps_are_not_listed_as_configs(tmp_path):
+def test_builtin_sweeps_are_listed_in_their_own_section_and_shown(tmp_path):
     result = mlptrain("configs", cwd=tmp_path)
-    assert result.returncode == 0 and "adam_mnist" in result.stdout + result.stderr
-    assert "sweep_lr_mnist" not in result.stdout + result.stderr
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "adam_mnist" in out
+    assert out.index("built-in sweeps") < out.index("sweep_lr_mnist")  # after the configs, under their own title
+    assert out.index("adam_mnist") < out.index("built-in sweeps")
+    shown = mlptrain("configs", "show", "sweep_lr_mnist", cwd=tmp_path)
+    assert shown.returncode == 0 and "base: adam_mnist.yaml" in shown.stdout
