@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import difflib
 import math
 import types
 import typing
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlptrain.config_keys import suggest_key
+from mlptrain.config_keys import suggest_key, suggest_value
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief, brief_text, load_yaml_text, read_yaml as read_yaml_file
 
@@ -281,9 +280,8 @@ def _field_value(f, tp, value, where: str):
     value = _convert(value, tp, where)
     choices, check = f.metadata.get("choices"), f.metadata.get("check")
     if choices and value is not None and value not in choices:
-        close = difflib.get_close_matches(str(value), list(map(str, choices)), n=1, cutoff=0.6) \
-            if len(str(value)) < 100 else []
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = suggest_value(str(value), list(map(str, choices))) if len(str(value)) < 100 else None
+        hint = f"; did you mean '{close}'?" if close else ""
         raise UserError(f"{where}: {brief(value)} is not one of {', '.join(map(str, choices))}{hint}")
     problem = check(value) if check and value is not None else None
     if problem:

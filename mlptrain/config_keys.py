@@ -34,3 +34,17 @@ def suggest_key(dotted: str, keys: list[str]) -> str | None:
         return f"{section}.{close[0]}" if section else close[0]
     close = difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+# values other tools use for a choice of ours
+VALUE_ALIASES = {"gpu": "cuda", "float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+                 "autoencoder": "conv_autoencoder", "conv": "conv_autoencoder", "sgd_momentum": "momentum"}
+
+
+def suggest_value(value: str, choices: list[str]) -> str | None:
+    """The choice a mistyped `value` most likely meant: its alias, else the closest spelling."""
+    alias = VALUE_ALIASES.get(value.lower())
+    if alias in choices:
+        return alias
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return close[0] if close else None

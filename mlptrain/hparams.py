@@ -42,5 +42,6 @@ def log_session(run_dir, values: dict) -> None:
     event file in the run's own directory, which TensorBoard reads as the same run."""
     from tensorboardX import SummaryWriter
 
-    with SummaryWriter(logdir=str(run_dir)) as writer:
+    # the suffix keeps it apart from the run's own file, whose name may carry the same second
+    with SummaryWriter(logdir=str(run_dir), filename_suffix=".hparams") as writer:
         write_session(writer, values)

@@ -33,13 +33,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_real)
 
 
+def under_ci() -> bool:
+    """CI sets CI=true (.ci/run exports it): there, missing data is a failure, not a skip."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
 def real_data_missing(what: str) -> None:
-    """Skip a test whose real data is absent; under CI (CI=true) fail instead, so a CI run without
-    the data cannot pass by skipping."""
-    reason = f"{what} not found at {DATA_DIR} (set MLPTRAIN_DATA_DIR)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"{reason}; CI must run the real-data tests")
+    """Skip a test whose real data is absent, with the reason pytest's `-ra` summary prints (the README's
+    test command shows it); under CI fail instead, so a run without the data cannot pass by skipping."""
+    reason = f"{what} not found at {DATA_DIR} (set MLPTRAIN_DATA_DIR to the folder holding mnist/)"
+    if under_ci():
+        pytest.fail(f"{reason}; CI=true, so the real-data tests must run", pytrace=False)
     pytest.skip(reason)
+
+
+def pytest_report_header(config):
+    found = (DATA_DIR / "mnist").is_dir()
+    return f"real datasets: {DATA_DIR} ({'found' if found else 'NOT FOUND: the tests that need them skip'})"
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from mlptrain.cli.options import positive_int
+from mlptrain.cli.options import new_output, positive_int
 from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console, pass_progress
 
@@ -20,16 +20,17 @@ def extract_features(
                                         help="latent (autoencoder; its default), hidden1..hiddenL (MLP; default "
                                              "the last), input (the normalised pixels)"),
     out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="default RUN_DIR/features.npz"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
     batch_size: Optional[str] = typer.Option(None, "--batch-size", metavar="N",
                                              help="images per batch (default: the run's train.eval_batch_size)"),
 ) -> None:
     """Run a trained model's encoder over its dataset; writes train_x, train_y, test_x, test_y to an .npz."""
-    from mlptrain.probe.features import (check_output, extract_features as extract, load_run, resolve_layer,
+    from mlptrain.probe.features import (extract_features as extract, load_run, resolve_layer,
                                          save_features)
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     resolve_layer(config, layer)
-    out = check_output(out if out is not None else run_dir / "features.npz")
+    out = new_output(out if out is not None else run_dir / "features.npz", force)
     claim_output(out, "extract-features")
     batch = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     with pass_progress() as progress:

@@ -11,7 +11,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from mlptrain.cli.options import positive_int
+from mlptrain.cli.options import new_output, positive_int
 from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console, write_json
 
@@ -26,15 +26,16 @@ def svm(
                                         help="use the features as they are (default: standardised on train)"),
     max_iter: str = typer.Option("1000", "--max-iter", metavar="N", help="liblinear's iteration limit"),
     out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="default: svm.json beside FEATURES"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
 ) -> None:
     """Train a linear SVM on train_x/train_y of a features file and evaluate it on test_x/test_y."""
-    from mlptrain.probe.features import check_output, load_features
+    from mlptrain.probe.features import load_features
     from mlptrain.probe.svm import parse_c_values, svm_report
 
     cs = parse_c_values(c)
     iterations = positive_int(max_iter, "--max-iter")
     data = load_features(features)
-    out = check_output(out if out is not None else features.parent / "svm.json")
+    out = new_output(out if out is not None else features.parent / "svm.json", force)
     claim_output(out, "svm")
     report = svm_report(data, features, cs, standardize=not no_standardize, max_iter=iterations)
     for note in report["warnings"]:

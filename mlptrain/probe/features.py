@@ -86,15 +86,6 @@ def resolve_layer(config: Config, layer: str | None) -> str:
     return layer
 
 
-def check_output(path: Path) -> Path:
-    """`path` may be (re)written: its folder exists and it is not itself a folder."""
-    if path.is_dir():
-        raise UserError(f"--out {path}: is a directory; name a file, e.g. {path / 'features.npz'}")
-    if not path.parent.is_dir():
-        raise UserError(f"--out {path}: no such directory {path.parent}")
-    return path
-
-
 # ---- running the encoder
 
 

@@ -43,7 +43,7 @@ def test_configs_show_prints_yaml(tmp_path):
 @pytest.mark.parametrize("args, fragment", [
     (["adam_mnist", "optim.lrr=0.1"], "did you mean 'optim.lr'"),
     (["adam_mnist", "optim.lr=-1"], "override optim.lr=-1: must be > 0"),
-    (["adam_mnist", "train.epochs=two"], "train.epochs: expected int"),
+    (["adam_mnist", "train.epochs=two"], "override train.epochs=two: expected int"),
     (["missing.yaml"], "no such config file"),
     (["adam_mnist", "--name", "../escape"], "--name '../escape'"),
     (["adam_mnist", "--name", ".hidden"], "--name '.hidden'"),

@@ -203,12 +203,16 @@ def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
     for trial in (good, bad):  # the finished run logs its own session; the sweep writes the pruned one's
-        (events,) = (tmp_path / trial["run_dir"] / "hparams").glob("events.out.tfevents.*")
-        values = [v for e in EventFileLoader(str(events)).Load() for v in e.summary.value]
+        run_dir = tmp_path / trial["run_dir"]
+        assert not (run_dir / "hparams").exists()  # in the run's own directory: one run in TensorBoard, not two
+        values = [v for events in run_dir.glob("events.out.tfevents.*")
+                  for e in EventFileLoader(str(events)).Load() for v in e.summary.value]
         start = next(v for v in values if v.tag == "_hparams_/session_start_info")
         data = HParamsPluginData.FromString(start.metadata.plugin_data.content)
         assert data.session_start_info.hparams["optim.lr"].number_value == trial["params"]["optim.lr"]
-        assert any(v.tag == "hparam/val_acc" for v in values)
+        assert data.session_start_info.hparams["backend"].string_value == "cpu"  # resolved, as in config.yaml
+        assert not any(v.tag.startswith("hparam/") for v in values)  # the metrics are the run's own val/ scalars
+        assert any(v.tag == "val/acc" for v in values), sorted({v.tag for v in values})
 
 
 def test_a_changed_sweep_is_not_continued(tmp_path, tiny_mnist):

@@ -1,0 +1,141 @@
+"""`mlptrain evaluate`, `predict` and `export` on the tiny real-data runs (conftest.TINY_RUNS), on the CPU.
+
+The commands run in-process through Typer's runner (a subprocess each would cost seconds of imports);
+tests/cli/test_cli.py holds the subprocess checks of exit codes and one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mlptrain.cli import app
+from mlptrain.errors import UserError
+from mlptrain.inference import load_trained
+from tests.cli.test_cli import mlptrain
+
+
+def invoke(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=True)
+    if isinstance(result.exception, UserError):
+        raise result.exception
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+@pytest.mark.parametrize("name", ["mlp", "ae"])
+def test_evaluate_matches_the_runs_own_metrics(tiny_runs, name):
+    run = tiny_runs[name]
+    out = invoke("evaluate", run)
+    report = json.loads((run / "eval-test.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    assert report["images"] == summary["dataset"]["test"] and report["checkpoint"] == "best"
+    if name == "mlp":  # the training loop's own kernels: the same numbers as its last evaluation
+        assert report["loss"] == pytest.approx(summary["test_loss"], rel=1e-5)
+        assert report["acc"] == pytest.approx(summary["test_acc"], abs=1e-12)
+        matrix = np.array(report["confusion_matrix"])
+        assert matrix.sum() == report["images"] and np.trace(matrix) / matrix.sum() == pytest.approx(report["acc"])
+        assert [row["images"] for row in report["per_class"]] == matrix.sum(axis=1).tolist()
+        assert "confusion matrix" in out and "per-class acc" in out
+    else:
+        assert report["mse"] == pytest.approx(summary["test_mse"], rel=1e-5)
+        assert report["mean_image_mse"] == pytest.approx(summary["mean_image_mse"], rel=1e-5)
+        weighted = sum(row["mse"] * row["images"] for row in report["per_class"]) / report["images"]
+        assert weighted == pytest.approx(report["mse"], rel=1e-6)
+    assert [row["name"] for row in report["per_class"]] == report["class_names"]
+    with pytest.raises(UserError, match="eval-test.json exists; add --force"):
+        invoke("evaluate", run)
+    invoke("evaluate", run, "--force")
+
+
+def test_evaluate_other_splits_and_checkpoints(tiny_runs, tmp_path):
+    run = tiny_runs["mlp"]
+    summary = json.loads((run / "summary.json").read_text())
+    invoke("evaluate", run, "--split", "val", "--checkpoint", "last", "--out", tmp_path / "val.json")
+    report = json.loads((tmp_path / "val.json").read_text())
+    assert report["images"] == summary["dataset"]["val"] and report["checkpoint"] == "last"
+    assert report["acc"] == pytest.approx(summary["val_acc"], abs=1e-12)
+    invoke("evaluate", run, "--split", "train", "--out", tmp_path / "train.json", "--batch-size", "4096")
+    assert json.loads((tmp_path / "train.json").read_text())["images"] == summary["dataset"]["train"]
+    for args, fragment in [(["--split", "dev"], "--split dev: use test, val, train"),
+                           (["--data", "svhn"], "--data: data.dataset: 'svhn' is not one of"),
+                           (["--data", "cifar10"], "--data cifar10: cifar10 images are (3, 32, 32)")]:
+        with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+            invoke("evaluate", run, *args, "--out", tmp_path / "x.json")
+        assert not (tmp_path / "x.json").exists()
+
+
+def test_predict_a_classifier_on_an_npz_and_the_autoencoder_on_pngs(tiny_runs, tmp_path):
+    from PIL import Image
+
+    mlp = load_trained(tiny_runs["mlp"])
+    images = mlp.dataset.test_images[:12]
+    np.savez(tmp_path / "digits.npz", images=images.reshape(12, 28, 28))
+    invoke("predict", tiny_runs["mlp"], tmp_path / "digits.npz", "--out", tmp_path / "p.npz")
+    with np.load(tmp_path / "p.npz") as out:
+        np.testing.assert_allclose(out["probabilities"].sum(axis=1), 1.0, rtol=1e-6)
+        np.testing.assert_array_equal(out["predicted"], np.argmax(mlp.images(images), axis=1))
+        assert list(out["class_names"]) == mlp.class_names and out["inputs"][0] == "digits.npz[0]"
+    ae = load_trained(tiny_runs["ae"])
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    planes = ae.dataset.test_images[:3].reshape(3, 3, 32, 32)
+    for i, image in enumerate(planes):
+        Image.fromarray(image.transpose(1, 2, 0)).save(folder / f"{i}.png")
+    invoke("predict", tiny_runs["ae"], folder, "--out", tmp_path / "r.npz")
+    with np.load(tmp_path / "r.npz") as out:
+        assert out["reconstructions"].shape == (3, 3, 32, 32)
+        np.testing.assert_allclose(out["reconstructions"], ae.images(planes.reshape(3, -1)), rtol=1e-6)
+    with pytest.raises(UserError, match="the image is 32x32 pixels; the model reads 28x28"):
+        invoke("predict", tiny_runs["mlp"], folder / "0.png", "--out", tmp_path / "q.npz")
+    assert not (tmp_path / "q.npz").exists()
+
+
+def test_export_safetensors_holds_the_checkpoint_and_the_config(tiny_runs, tmp_path):
+    from safetensors.numpy import load_file
+    from safetensors import safe_open
+
+    from mlptrain.checkpoint import load_checkpoint
+
+    invoke("export", tiny_runs["ae"], "--format", "safetensors", "--out", tmp_path / "ae.safetensors")
+    tensors = load_file(tmp_path / "ae.safetensors")
+    checkpoint = load_checkpoint(tiny_runs["ae"] / "checkpoints" / "best.npz")
+    assert sorted(tensors) == sorted(k.removeprefix("params/") for k in checkpoint if k.startswith("params/"))
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(value, checkpoint[f"params/{name}"], strict=True)
+    with safe_open(tmp_path / "ae.safetensors", "numpy") as f:
+        meta = f.metadata()
+    assert json.loads(meta["config"])["model"]["channels"] == [4, 4] and meta["input_scale"] == repr(1 / 255)
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp-bf16", "ae"])
+def test_export_onnx_matches_mlptrains_forward(tiny_runs, tmp_path, name):
+    import onnxruntime
+
+    out = invoke("export", tiny_runs[name], "--format", "onnx", "--out", tmp_path / "m.onnx")
+    printed = float(out.split("max abs difference ")[1].split()[0])
+    assert printed <= 1e-5  # fp32 against fp32 (a bf16 run exports its fp32 master weights)
+    trained = load_trained(tiny_runs[name], precision="fp32")
+    pixels = trained.dataset.test_images[-64:]  # not the images the command checked
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"pixels": pixels.reshape(-1, *trained.image_shape).astype(np.float32)})
+    np.testing.assert_allclose(got[0].reshape(64, -1), trained.images(pixels).reshape(64, -1), rtol=0, atol=1e-5)
+    if trained.classifies:
+        np.testing.assert_allclose(got[1].sum(axis=1), 1.0, rtol=1e-5)  # probabilities
+
+
+def test_outputs_are_not_replaced_without_force(tiny_runs, tmp_path):
+    target = tmp_path / "features.npz"
+    target.write_bytes(b"keep me")
+    for command in (["extract-features", tiny_runs["mlp"]], ["export", tiny_runs["mlp"], "--format", "safetensors"],
+                    ["predict", tiny_runs["mlp"], target]):
+        with pytest.raises(UserError, match=f"{target} exists; add --force to overwrite it"):
+            invoke(*command, "--out", target)
+    assert target.read_bytes() == b"keep me"
+
+
+def test_bare_command_prints_help_and_version(tmp_path):
+    bare = mlptrain(cwd=tmp_path)
+    assert bare.returncode == 0 and "Usage: mlptrain" in bare.stdout and "evaluate" in bare.stdout
+    version = mlptrain("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"mlptrain {__import__('mlptrain').__version__}"
