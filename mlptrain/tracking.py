@@ -60,12 +60,6 @@ class RunLogger:
         self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
         self._metrics.flush()
 
-    def hparams(self, values: dict) -> None:
-        """The run's HParams session, in its own event file (mlptrain.hparams)."""
-        from mlptrain.hparams import write_session
-
-        write_session(self.writer, values)
-
     def close(self) -> None:
         try:
             self.writer.close()

@@ -27,7 +27,7 @@ from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.experiment import data_root, run_config
 from mlptrain.fallbacks import warn
-from mlptrain.hparams import hparam_values
+from mlptrain.hparams import hparam_values, write_session
 from mlptrain.monitor import TrainingMonitor
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.run_lock import check_space
@@ -77,7 +77,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                    "restored_best": last["epoch"] != trained, "resumed": resume is not None, **records,
                    **kernel_records(s, run_dir.name)}
         summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
-        logger.hparams(hparam_values(s.config, s.backend.name, data_root(s.config)))
+        write_session(logger.writer, hparam_values(s.config, s.backend.name, data_root(s.config)))
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
                         "intact") from None

@@ -49,8 +49,9 @@ def _with_warmup(base_lr: float, warmup: int, after: Schedule) -> Schedule:
 
 
 def cosine(base_lr: float, horizon: Horizon, config) -> Schedule:
-    """Cosine annealing without restarts (Loshchilov & Hutter, 2017, SGDR) from step 0 to the last step:
-    lr(t) = min_lr + (base_lr - min_lr) (1 + cos(pi t / T)) / 2."""
+    """Cosine annealing without restarts (Loshchilov & Hutter, 2017, SGDR) over the run's T steps:
+    lr(t) = min_lr + (base_lr - min_lr) (1 + cos(pi t / T)) / 2, which reaches min_lr at t = T, just after
+    the last step applied (t = T - 1), as PyTorch's CosineAnnealingLR and optax's cosine_decay_schedule do."""
     return _cosine_from(base_lr, config.min_lr, 0, horizon.total_steps)
 
 
@@ -61,7 +62,8 @@ def warmup_cosine(base_lr: float, horizon: Horizon, config) -> Schedule:
 
 
 def warmup_linear(base_lr: float, horizon: Horizon, config) -> Schedule:
-    """Linear warmup over W steps to base_lr, then linear decay to min_lr at the last step T."""
+    """Linear warmup over W steps to base_lr, then linear decay that reaches min_lr at t = T (just after the
+    last step applied, t = T - 1)."""
     w, total, min_lr = horizon.warmup_steps, horizon.total_steps, config.min_lr
 
     def decay(step: int) -> float:
