@@ -18,6 +18,7 @@ import numpy as np
 from mlptrain.config import Config, apply_overrides, config_from_dict, config_to_dict
 from mlptrain.data.loader import ResidentSplit, resident_splits, whole_split
 from mlptrain.errors import UserError
+from mlptrain.fallbacks import warn
 from mlptrain.precision import to_float32
 
 SPLITS = ("test", "val", "train")
@@ -136,6 +137,8 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     if data is not None:
         check_same_shape(dataset, resources.dataset(trained_config), data)
     model = load_model(config, path, device, model_dataset(config, dataset), rows)
+    for note in device.fallbacks:  # after every refusal: an error stays one line
+        warn(note)
     scale, shift = input_scale_shift(model, dataset)
     return TrainedModel(run_dir, config, checkpoint, device, dataset, model, scale, shift)
 
