@@ -43,6 +43,8 @@ def evaluate(
     trained = load_trained(run_dir, checkpoint, backend_name(backend), rows, data)
     with pass_progress() as progress:
         report = evaluation_report(trained, split, progress)
+    console.print(f"[bold]{report['run']}[/] ({report['checkpoint']} checkpoint) on {report['dataset']} "
+                  f"{report['split']}: {report['images']:,} images", highlight=False, soft_wrap=True)
     for table in tables(report):
         console.print(table)
     write_json(out, report)
@@ -56,9 +58,7 @@ def _slug(data: str) -> str:
 
 def tables(report: dict) -> list[Table]:
     """The summary, per-class results, and (classifiers) the confusion matrix."""
-    title = (f"{report['run']} ({report['checkpoint']} checkpoint) on {report['dataset']} {report['split']}: "
-             f"{report['images']:,} images")
-    summary = Table("metric", "value", title=title)
+    summary = Table("metric", "value")
     keys = ("loss", "acc") if "acc" in report else ("mse", "mean_image_mse")
     for key in keys:
         summary.add_row(key, "-" if report[key] is None else f"{report[key]:.4g}")
@@ -73,6 +73,6 @@ def tables(report: dict) -> list[Table]:
         matrix = Table("true \\ predicted", *(str(k) for k in range(len(names))), box=box.SIMPLE_HEAD, pad_edge=False,
                        title="confusion matrix (rows: true class, columns: predicted class)")
         for k, row in enumerate(report["confusion_matrix"]):
-            matrix.add_row(f"{k} {names[k]}", *(str(n) for n in row))
+            matrix.add_row(str(k) if names[k] == str(k) else f"{k} {names[k]}", *(str(n) for n in row))
         out.append(matrix)
     return out

@@ -33,9 +33,10 @@ def export(
     trained = load_trained(run_dir, checkpoint, "cpu", CHECK_IMAGES, precision="fp32")
     data, check = export_bytes(trained, fmt)
     if check is not None:
+        also = "" if check.probabilities_diff is None else f"; probabilities {check.probabilities_diff:.3g}"
         console.print(f"onnx check: {check.output} of {check.images} test images by onnxruntime against "
                       f"mlptrain's forward (cpu, fp32): max abs difference {check.max_abs_diff:.3g} (values up to "
-                      f"{check.max_abs_value:.3g})", highlight=False, soft_wrap=True)
+                      f"{check.max_abs_value:.3g}){also}", highlight=False, soft_wrap=True)
     with atomic_write(out, binary=True) as file:
         file.write(data)
     console.print(f"{fmt} ({len(data):,} bytes, {trained.config.model.type}, {checkpoint} checkpoint) written to "

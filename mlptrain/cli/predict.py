@@ -68,5 +68,6 @@ def table(names: list[str], predicted: np.ndarray, probabilities: np.ndarray, cl
                 title=f"{len(names):,} predictions" + (f" (the first {shown})" if shown < len(names) else ""))
     for i in range(shown):
         k = int(predicted[i])
-        out.add_row(names[i], f"{k} {class_names[k]}", f"{probabilities[i, k]:.4f}")
+        label = str(k) if class_names[k] == str(k) else f"{k} {class_names[k]}"
+        out.add_row(names[i], label, f"{probabilities[i, k]:.4f}")
     return out

@@ -27,6 +27,7 @@ class Check:
     images: int
     max_abs_diff: float
     max_abs_value: float  # the largest output, for scale
+    probabilities_diff: float | None = None  # a classifier's softmax outputs, compared the same way
 
     @property
     def passed(self) -> bool:
@@ -63,8 +64,14 @@ def check_onnx(trained, model) -> Check:
     """Run `model` with onnxruntime and `trained` with mlptrain on the first CHECK_IMAGES test images."""
     from mlptrain.export.onnx_graph import run_onnx
 
+    from mlptrain.inference import softmax
+
     pixels = trained.dataset.test_images[:CHECK_IMAGES]
     expected = trained.images(pixels).reshape(len(pixels), -1)
-    got = run_onnx(model, pixels.reshape(-1, *trained.image_shape).astype(np.float32)).reshape(len(pixels), -1)
+    outputs = run_onnx(model, pixels.reshape(-1, *trained.image_shape).astype(np.float32))
+    got = outputs[0].reshape(len(pixels), -1)
+    probabilities = None
+    if trained.classifies:
+        probabilities = float(np.abs(outputs[1] - softmax(expected)).max())
     return Check("logits" if trained.classifies else "reconstruction", len(pixels),
-                 float(np.abs(got - expected).max()), float(np.abs(expected).max()))
+                 float(np.abs(got - expected).max()), float(np.abs(expected).max()), probabilities)

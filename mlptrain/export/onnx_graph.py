@@ -113,10 +113,11 @@ def _autoencoder(g: GraphBuilder, x: str, params: dict, model_config) -> str:
     return x
 
 
-def run_onnx(model, pixels: np.ndarray) -> np.ndarray:
-    """The model's first output (logits or reconstruction) for float32 `pixels`, by onnxruntime on the CPU."""
+def run_onnx(model, pixels: np.ndarray) -> list[np.ndarray]:
+    """The model's outputs (logits and probabilities, or the reconstruction) for float32 `pixels`, by
+    onnxruntime on the CPU."""
     _, onnxruntime = require_onnx()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # warnings about unused initializers etc. are not the user's concern
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run([session.get_outputs()[0].name], {"pixels": pixels.astype(np.float32)})[0]
+    return session.run(None, {"pixels": pixels.astype(np.float32)})
