@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.checkpoint import load_checkpoint
-from mlptrain.config import Config, config_to_dict, load_config, parse_override
+from mlptrain.config import Config, load_config, parse_override, resolved_dict
 from mlptrain.errors import TrainingDiverged, UserError
 from mlptrain.fallbacks import warn
 from mlptrain.run_lock import lock_run
@@ -54,7 +54,7 @@ class Resume:
     path: Path
     arrays: dict
     position: Position
-    finished: bool = False  # every epoch was trained but summary.json was never written
+    finished: bool = False  # every epoch was trained (or early stopping ended it) but summary.json was never written
 
 
 def training_config(config: Config) -> dict:
@@ -66,7 +66,7 @@ def training_config(config: Config) -> dict:
             elif prefix + key not in NOT_TRAINING:
                 yield prefix + key, value
 
-    return dict(flatten(config_to_dict(config)))
+    return dict(flatten(resolved_dict(config)))  # only its own model type's keys, as config.yaml holds them
 
 
 def _saved_config(arrays: dict) -> dict | None:
@@ -149,11 +149,24 @@ def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]
     arrays = load_checkpoint(path)
     _check_same_config(path, arrays, config)
     position = _position(path, arrays, config)
-    finished = position.epoch == config.train.epochs and not position.window
+    stopped = stopped_early(arrays, config, position)
+    finished = (position.epoch == config.train.epochs and not position.window) or stopped is not None
     if finished and (run_dir / "summary.json").is_file():
+        if stopped is not None:
+            raise UserError(f"--resume {run_dir}: the run stopped early after epoch {position.epoch} (no improvement "
+                            f"since epoch {stopped} in train.early_stopping.patience="
+                            f"{config.train.early_stopping.patience} evaluations); there is nothing to resume")
         raise UserError(f"--resume: the run has already trained {position.epoch} epochs of train.epochs="
                         f"{config.train.epochs}; to train longer, extend it with train.epochs=N (N > {position.epoch})")
     return config, Resume(path, arrays, position, finished)
+
+
+def stopped_early(arrays: dict, config: Config, position: Position) -> int | None:
+    """The best epoch when the checkpoint is where early stopping ended the run, else None."""
+    stopping, best_epoch = config.train.early_stopping, int(arrays.get("meta/best_epoch", position.epoch))
+    if stopping.patience is None or position.window or position.epoch - best_epoch < stopping.patience:
+        return None
+    return best_epoch
 
 
 def _check_same_config(path: Path, arrays: dict, config: Config) -> None:
@@ -162,6 +175,8 @@ def _check_same_config(path: Path, arrays: dict, config: Config) -> None:
         warn(f"{path} predates the record of its config; config.yaml is trusted as it is")
         return
     now = training_config(config)
+    # the other model type's keys (checkpoints written before config.yaml left them out) decide nothing
+    saved = {k: v for k, v in saved.items() if k in now or not k.startswith("model.")}
     changed = sorted(key for key in saved.keys() | now.keys() if saved.get(key) != now.get(key))
     if changed:
         shown = ", ".join(f"{k} ({json.dumps(saved.get(k))} -> {json.dumps(now.get(k))})" for k in changed[:4])
@@ -179,11 +194,6 @@ def _position(path: Path, arrays: dict, config: Config) -> Position:
         raise UserError(f"{path}: not a training checkpoint (no meta/epoch or meta/seed)") from None
     if seed != config.seed or epoch < 0 or window < 0:
         raise UserError(f"{path}: its meta/seed {seed} or position does not match the run's config.yaml")
-    stopping, best_epoch = config.train.early_stopping, int(arrays.get("meta/best_epoch", epoch))
-    if stopping.patience is not None and not window and epoch - best_epoch >= stopping.patience:
-        raise UserError(f"--resume {path.parent.parent}: the run stopped early after epoch {epoch} (no improvement "
-                        f"since epoch {best_epoch} for train.early_stopping.patience={stopping.patience} "
-                        "evaluations); there is nothing to resume")
     reached = epoch + (1 if window else 0)
     if config.train.epochs < reached:
         raise UserError(f"--resume: the run has already trained {epoch} epochs"

@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
+from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console, pass_progress, write_json
 
 
@@ -40,6 +41,7 @@ def evaluate(
     rows = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     default = f"eval-{split}.json" if data is None else f"eval-{split}-{_slug(data)}.json"
     out = new_output(out if out is not None else run_dir / default, force)
+    claim_output(out, "evaluate")  # a busy run or a read-only folder: one line now, not after the work
     trained = load_trained(run_dir, checkpoint, backend_name(backend), rows, data)
     with pass_progress() as progress:
         report = evaluation_report(trained, split, progress)

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from mlptrain.cli.options import new_output
+from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console
 
 
@@ -29,6 +30,7 @@ def export(
     load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     fmt = check_format(fmt)
     out = new_output(out if out is not None else run_dir / f"model{FORMATS[fmt]}", force)
+    claim_output(out, "export")  # a busy run or a read-only folder: one line now, not after the work
     # fp32: the export holds the master weights, and the ONNX check compares float32 with float32
     trained = load_trained(run_dir, checkpoint, "cpu", CHECK_IMAGES, precision="fp32")
     data, check = export_bytes(trained, fmt)

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
 from mlptrain.errors import UserError
+from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console
 
 SHOWN = 10  # predictions printed; the file holds them all
@@ -37,6 +38,7 @@ def predict(
     load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     rows = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     out = new_output(out if out is not None else run_dir / "predictions.npz", force)
+    claim_output(out, "predict")  # a busy run or a read-only folder: one line now, not after the work
     if not inputs.exists():
         raise UserError(f"{inputs}: no such file or folder")
     trained = load_trained(run_dir, checkpoint, backend_name(backend), rows)
