@@ -3,7 +3,7 @@
 Tensors keep mlptrain's names and layouts: `fc{i}.weight` (in, out) and `fc{i}.bias` for the MLP,
 `conv{i}.weight` (k, k, in, out) and `conv{i}.bias` for the autoencoder (NHWC activations), float32 master
 weights. The metadata (string to string, as the format allows) carries what a reader needs to run them:
-`config` (the run's config as JSON), `model`, `image_shape`, `input_scale` and `input_shift` (pixel ->
+`config` (the run's config.yaml as JSON), `model`, `image_shape`, `input_scale` and `input_shift` (pixel ->
 pixel * scale + shift), `class_names`, `run` and `checkpoint`.
 """
 
@@ -13,11 +13,11 @@ import json
 
 import numpy as np
 
-from mlptrain.config import config_to_dict
+from mlptrain.config import resolved_dict
 
 
 def metadata(trained) -> dict[str, str]:
-    config = config_to_dict(trained.config)
+    config = resolved_dict(trained.config)  # as the run's config.yaml holds it: its own model type's keys
     return {
         "format": "mlptrain", "run": trained.run_dir.resolve().name, "checkpoint": trained.checkpoint,
         "model": trained.config.model.type, "config": json.dumps(config),

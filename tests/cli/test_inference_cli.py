@@ -4,6 +4,7 @@ The commands run in-process through Typer's runner (a subprocess each would cost
 tests/cli/test_cli.py holds the subprocess checks of exit codes and one-line errors."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,15 @@ from tests.cli.test_cli import mlptrain
 
 
 def invoke(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=True)
+    """Run a command in this process; the run locks it took are released, as at the end of its process."""
+    from mlptrain.run_lock import release_run
+
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=True)
+    finally:
+        for arg in args:
+            if Path(str(arg)).is_dir():
+                release_run(Path(str(arg)))
     if isinstance(result.exception, UserError):
         raise result.exception
     assert result.exit_code == 0, (result.output, result.exception)
