@@ -36,7 +36,7 @@ def run_summary(s: Session, run_name: str, last: dict, best: float | None, throu
         "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps,
         "effective_batch_size": t.effective_batch_size,
         **throughput,
-        "wall_s": wall, "wall_s_total": s.wall_before + wall, "resumed": s.wall_before > 0,
+        "wall_s": wall, "wall_s_total": s.wall_before + wall,
         "grad_norms": GRAD_NORMS,
     }
     if not s.classifies:

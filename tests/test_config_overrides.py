@@ -19,7 +19,8 @@ def config_file(tmp_path):
     ("optim.lr=fast", "override optim.lr=fast: expected float, got 'fast'"),
     ("optim.lr=-1", "override optim.lr=-1: must be > 0 (got -1.0)"),
     ("backend=gpu", "override backend=gpu: 'gpu' is not one of auto, cuda, cpu; did you mean 'cuda'?"),
-    ("data.dataset=mnits", "override data.dataset=mnits: 'mnits' is not one of mnist, cifar10; did you mean 'mnist'?"),
+    ("data.dataset=mnits", "override data.dataset=mnits: 'mnits' is not one of mnist, fashion_mnist, kmnist, cifar10, "
+                           "cifar100, npz, folder; did you mean 'mnist'?"),
     ("train.early_stopping={patience: 0}", "override train.early_stopping.patience=0: must be > 0 (got 0)"),
 ])
 def test_a_bad_value_names_the_command_line_not_the_file(config_file, override, message):
