@@ -77,6 +77,23 @@ class DataConfig:
                                                                       "or coarse (20 superclasses)")
 
 
+WEIGHT_SCHEMES = ("pytorch", "he_uniform", "he_normal", "glorot_uniform")  # formulas: mlptrain.nn.init
+BIAS_SCHEMES = ("pytorch", "zeros")
+# the default weights per model type, chosen from the measurements in README.md ("Initialisation")
+DEFAULT_WEIGHTS = {"mlp": "pytorch", "conv_autoencoder": "pytorch"}
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """Initial parameters; null is the default: the model type's weights (DEFAULT_WEIGHTS) and the biases
+    that go with the weights (PyTorch's with its weights, zeros with the others, as He et al. and Glorot
+    and Bengio use them)."""
+
+    weights: str | None = _option(None, choices=WEIGHT_SCHEMES, doc="every layer's weights")
+    biases: str | None = _option(None, choices=BIAS_SCHEMES,
+                                 doc="pytorch: U(+-1/sqrt(fan_in)); default pytorch with pytorch weights, else zeros")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     type: str = _option("mlp", choices=("mlp", "conv_autoencoder"))
@@ -86,6 +103,7 @@ class ModelConfig:
                                         doc="conv_autoencoder: encoder conv widths, each followed by a 2x2 max-pool; "
                                             "the decoder mirrors them")
     kernel_size: int = _option(3, choices=(1, 3, 5), doc="conv_autoencoder: square kernels, stride 1, 'same' padding")
+    init: InitConfig = field(default_factory=InitConfig)
 
 
 @dataclass(frozen=True)
@@ -358,7 +376,20 @@ def load_config(path: Path, overrides: list[str] = ()) -> Config:
 def config_from_dict(raw: dict, source: str = "config") -> Config:
     config = _build(Config, raw, source)
     _check_combinations(config, source)
-    return config
+    return _fill_defaults(config)
+
+
+def init_scheme(model: ModelConfig) -> tuple[str, str]:
+    """(weights, biases) of `model.init`, its defaults filled in."""
+    weights = model.init.weights or DEFAULT_WEIGHTS[model.type]
+    return weights, model.init.biases or ("pytorch" if weights == "pytorch" else "zeros")
+
+
+def _fill_defaults(config: Config) -> Config:
+    """Defaults that depend on other keys, made explicit so that config.yaml records what a run used."""
+    weights, biases = init_scheme(config.model)
+    init = dataclasses.replace(config.model.init, weights=weights, biases=biases)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, init=init))
 
 
 WARMUP_SCHEDULES = ("warmup_cosine", "warmup_linear", "inverse_sqrt")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlptrain.config import Config, steps_per_epoch
+from mlptrain.config import Config, init_scheme, steps_per_epoch
 from mlptrain.data.loader import ResidentSplit, resident_splits
 from mlptrain.evaluation import Evaluator
 from mlptrain.fallbacks import subset_note
@@ -90,7 +90,7 @@ def build_session(config: Config, backend, dataset) -> Session:
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)
     rows = buffer_rows(config, train.size, max(val.size, test.size))
     model = make_model(config, backend, dataset, rows)
-    model.init_parameters(np.random.default_rng(config.seed))
+    model.init_parameters(np.random.default_rng(config.seed), *init_scheme(config.model))
     per_epoch = steps_per_epoch(train.size, config.train)
     total_steps = config.train.epochs * per_epoch
     schedule = make_schedule(config.schedule, config.optim.lr, total_steps, per_epoch)

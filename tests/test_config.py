@@ -1,6 +1,8 @@
+import dataclasses
+
 import pytest
 
-from mlptrain.config import Config, apply_overrides, config_from_dict, config_to_dict, load_config, valid_keys
+from mlptrain.config import Config, InitConfig, apply_overrides, init_scheme, config_from_dict, config_to_dict, load_config, valid_keys
 from mlptrain.errors import UserError
 
 
@@ -11,8 +13,10 @@ def write(tmp_path, text):
 
 
 def test_defaults_round_trip():
-    config = config_from_dict({})
-    assert config == Config()
+    config, plain = config_from_dict({}), Config()
+    # model.init's defaults depend on the model type: loading fills them in, the dataclass leaves them null
+    assert config.model.init == InitConfig(*init_scheme(plain.model))
+    assert dataclasses.replace(config, model=plain.model) == plain
     assert config_from_dict(config_to_dict(config)) == config
 
 

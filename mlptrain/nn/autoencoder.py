@@ -120,17 +120,6 @@ class ConvAutoencoder(StaticGraph):
         (h, w), _ = self.sizes[self.depth]
         return h, w, self.convs[self.depth - 1][1]
 
-    def init_parameters(self, rng: np.random.Generator) -> None:
-        """Weights U(-a, a): He et al. (2015) a = sqrt(6 / fan_in) into a ReLU, Glorot & Bengio (2010)
-        a = sqrt(6 / (fan_in + fan_out)) for the last (linear) convolution, fan = k * k * channels; biases zero."""
-        host, k = {}, self.kernel_size
-        for i, (cin, cout) in enumerate(self.convs, start=1):
-            fan_in, fan_out = k * k * cin, k * k * cout
-            bound = math.sqrt(6.0 / fan_in) if i < len(self.convs) else math.sqrt(6.0 / (fan_in + fan_out))
-            host[f"conv{i}.weight"] = rng.uniform(-bound, bound, (k, k, cin, cout)).astype(np.float32)
-            host[f"conv{i}.bias"] = np.zeros(cout, np.float32)
-        self.load_parameters(host)
-
     def _make_views(self, rows: int):
         """(inputs, outputs, argmax, input_grads, output_grads) of every convolution, cut to `rows`."""
         def cut(arrays):

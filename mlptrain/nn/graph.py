@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlptrain.nn.init import init_layers
+
 
 class StaticGraph:
-    """Subclasses set backend, params, compute (params itself in fp32), max_rows and _views, and
-    implement _make_views(rows)."""
+    """Subclasses set backend, layout (`<layer>.weight`, `<layer>.bias` pairs), params, compute (params
+    itself in fp32), max_rows and _views, and implement _make_views(rows)."""
+
+    def init_parameters(self, rng: np.random.Generator, weights: str, biases: str) -> None:
+        """Draw every layer's weight and bias from the `model.init` schemes (mlptrain.nn.init), in layout
+        order: the same seed gives the same parameters."""
+        layers = [(name.removesuffix(".weight"), shape) for name, shape in zip(self.layout.names, self.layout.shapes)
+                  if name.endswith(".weight")]
+        self.load_parameters(init_layers(rng, layers, weights, biases))
 
     def load_parameters(self, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
         """Set the float32 parameters (and refresh their compute copy) from host arrays by name."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlptrain.activation import ACTIVATIONS, NONE, RELU
+from mlptrain.activation import ACTIVATIONS, NONE
 from mlptrain.nn.graph import StaticGraph
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.precision import STORAGE
@@ -68,17 +68,6 @@ class MLP(StaticGraph):
             passes = gemm.linear_variants(rows, a, b, self.workspace is not None)
             plan[f"fc{i + 1}"] = {p: v for p, v in passes.items() if i > 0 or p != "backward_input"}
         return plan
-
-    def init_parameters(self, rng: np.random.Generator) -> None:
-        """Weights U(-a, a): He et al. (2015) a = sqrt(6 / fan_in) into a ReLU, Glorot & Bengio (2010)
-        a = sqrt(6 / (fan_in + fan_out)) into tanh, sigmoid or the logits; biases zero."""
-        host = {}
-        for i, (fan_in, fan_out) in enumerate(zip(self.widths[:-1], self.widths[1:]), start=1):
-            into_relu = i < self.num_layers and self.activation == RELU
-            bound = np.sqrt(6.0 / fan_in) if into_relu else np.sqrt(6.0 / (fan_in + fan_out))
-            host[f"fc{i}.weight"] = rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32)
-            host[f"fc{i}.bias"] = np.zeros(fan_out, np.float32)
-        self.load_parameters(host)
 
     def _make_views(self, rows: int):
         """(h, grad, labels) cut to `rows`: activations, their gradients (grad[0] is None), labels."""

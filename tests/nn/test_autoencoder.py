@@ -57,7 +57,7 @@ def test_whole_autoencoder_gradient(rng, kernel_size):
     """Every parameter gradient of the mean per-sample MSE: float32 graph vs float64 differences."""
     backend, rows, channels = CpuBackend(), 2, [3, 2]
     model = ConvAutoencoder(backend, (4, 4, 3), channels, kernel_size, max_rows=rows)
-    model.init_parameters(rng)
+    model.init_parameters(rng, "he_uniform", "zeros")
     # small biases so no ReLU sits exactly at its kink
     model.load_parameters({**model.params.to_host_dict(),
                            **{f"conv{i}.bias": rng.uniform(0.05, 0.1, c).astype(np.float32)

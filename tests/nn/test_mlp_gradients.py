@@ -78,7 +78,7 @@ def test_whole_mlp_gradient(rng, activation):
     """The graph's wiring: every parameter gradient of the mean loss, float32 graph vs float64 differences."""
     backend = CpuBackend()
     model = MLP(backend, 7, [6, 5], 4, activation, max_rows=8)
-    model.init_parameters(rng)
+    model.init_parameters(rng, "he_uniform", "zeros")
     rows = 5
     x = rng.standard_normal((rows, 7)).astype(np.float32)
     y = rng.integers(0, 4, rows).astype(np.int32)
@@ -108,7 +108,7 @@ def test_whole_mlp_gradient(rng, activation):
 def test_backward_accumulates_with_beta_one(rng):
     backend = CpuBackend()
     model = MLP(backend, 4, [3], 2, "relu", max_rows=4)
-    model.init_parameters(rng)
+    model.init_parameters(rng, "he_uniform", "zeros")
     h, grad, _ = model.views(4)
     h[0][...] = rng.standard_normal((4, 4))
     model.forward(4)

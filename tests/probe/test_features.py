@@ -143,7 +143,7 @@ def test_cuda_extraction_matches_the_cpu_backend(rng):
     for name in ("cpu", "cuda"):
         backend = get_backend(name)
         model = make_model(config, backend, dataset, 3)
-        model.init_parameters(np.random.default_rng(4))
+        model.init_parameters(np.random.default_rng(4), "he_uniform", "zeros")
         split = whole_split(backend, dataset.train_images, dataset.train_labels)
         out[name] = encode_split(model, backend, split, "latent", 3, 1.0 / 255.0, 0.0)
     assert out["cuda"].shape == (5, 2 * 2 * 2) and out["cuda"].dtype == np.float32
