@@ -2,7 +2,8 @@ import dataclasses
 
 import pytest
 
-from mlptrain.config import Config, InitConfig, apply_overrides, init_scheme, config_from_dict, config_to_dict, load_config, valid_keys
+from mlptrain.config import (Config, InitConfig, apply_overrides, config_from_dict, config_to_dict, init_scheme,
+                             load_config, valid_keys)
 from mlptrain.errors import UserError
 
 

@@ -26,7 +26,7 @@ import typer  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
 from mlptrain import __version__  # noqa: E402
-from mlptrain.cli import cache, configs, evaluate, export, features, predict, run, svm, sweep, warmup  # noqa: E402
+from mlptrain.cli import cache, compare, configs, evaluate, export, features, predict, run, svm, sweep, warmup  # noqa: E402
 from mlptrain.errors import UserError  # noqa: E402
 from mlptrain.tracking import console  # noqa: E402
 
@@ -42,6 +42,7 @@ app.command("export")(export.export)
 app.command("extract-features")(features.extract_features)
 app.command("svm")(svm.svm)
 app.command("warmup")(warmup.warmup)
+app.command("compare")(compare.compare)
 app.add_typer(configs.app, name="configs")
 app.add_typer(cache.app, name="cache")
 

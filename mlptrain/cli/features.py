@@ -23,21 +23,27 @@ def extract_features(
     force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
     batch_size: Optional[str] = typer.Option(None, "--batch-size", metavar="N",
                                              help="images per batch (default: the run's train.eval_batch_size)"),
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="avg|max",
+                                       help="pool the autoencoder's latent over a G x G grid of regions"),
+    grid: Optional[str] = typer.Option(None, "--grid", metavar="G", help="the pooling grid (default 2: quadrants)"),
 ) -> None:
     """Run a trained model's encoder over its dataset; writes train_x, train_y, test_x, test_y to an .npz."""
     from mlptrain.probe.features import (extract_features as extract, load_run, resolve_layer,
                                          save_features)
+    from mlptrain.probe.pooling import grid_pool
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
-    resolve_layer(config, layer)
+    pooling = grid_pool(pool, positive_int(grid, "--grid") if grid is not None else None,
+                        resolve_layer(config, layer))
     out = new_output(out if out is not None else run_dir / "features.npz", force)
     claim_output(out, "extract-features")
     batch = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     with pass_progress() as progress:
-        extraction = extract(run_dir, checkpoint, layer, batch, progress=progress)
+        extraction = extract(run_dir, checkpoint, layer, batch, progress=progress, pool=pooling)
     save_features(out, extraction)
     f = extraction.features
-    console.print(f"{f.layer} features of {f.run} ({extraction.checkpoint} checkpoint): train {f.train_x.shape}, "
-                  f"test {f.test_x.shape}, float32, in {extraction.seconds:.2f} s on {extraction.device} "
-                  f"({extraction.images_per_s:,.0f} images/s)", highlight=False, soft_wrap=True)
+    pooled = f" ({f.pool}-pooled)" if f.pool else ""
+    console.print(f"{f.layer}{pooled} features of {f.run} ({extraction.checkpoint} checkpoint): "
+                  f"train {f.train_x.shape}, test {f.test_x.shape}, float32, in {extraction.seconds:.2f} s on "
+                  f"{extraction.device} ({extraction.images_per_s:,.0f} images/s)", highlight=False, soft_wrap=True)
     console.print(f"written to {out}", highlight=False, soft_wrap=True)

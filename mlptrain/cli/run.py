@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from mlptrain.cli.configs import print_resolved, resolve_config
+from mlptrain.cli.seeds import run_seeds
 from mlptrain.config import load_config
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, check_same_dataset, create_run
@@ -32,6 +33,9 @@ def run(
     print_config: bool = typer.Option(False, "--print-config", help="print the resolved config (overrides "
                                                                     "applied, every default filled in) and exit "
                                                                     "without training or writing anything"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N|S,S,...",
+                                        help="one run per seed (N: seeds 0 to N-1), in NAME/seed-S/, then "
+                                             "NAME/seeds.json and each metric's mean and 95% CI"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     from mlptrain.session import build_session
@@ -42,8 +46,8 @@ def run(
     if resume is not None:
         if print_config:
             raise UserError("--print-config shows a config before a run; a run's own is RUN_DIR/config.yaml")
-        if name is not None:
-            raise UserError("--resume continues a run in its own directory; drop --name")
+        if name is not None or seeds is not None:
+            raise UserError(f"--resume continues one run in its own directory; drop {'--name' if name else '--seeds'}")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))
@@ -56,6 +60,8 @@ def run(
         if print_config:
             print_resolved(path, overrides)
             return
+        if seeds is not None:
+            return run_seeds(path, overrides, seeds, runs_dir, name)
         cfg = load_config(path, overrides)
         if name is not None:
             check_run_name(name)

@@ -12,8 +12,12 @@ Layers (`--layer`):
 its test part, both in the dataset's order. Features are float32 whatever the run's precision (fp16 and
 bf16 activations are converted exactly on the host); labels are int64.
 
+With `pool` (mlptrain.probe.pooling), the latent of each batch is pooled over a G x G grid of regions
+before it is kept: G * G * C values per image.
+
 The file holds `train_x` (N, D) float32, `train_y` (N,) int64, `test_x` (M, D) float32, `test_y` (M,)
-int64, and the strings `run`, `layer`, `checkpoint` (best or last) and `dataset`.
+int64, and the strings `run`, `layer`, `pool` ("avg 2x2", "max 4x4", or "" unpooled), `checkpoint` (best
+or last) and `dataset`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from mlptrain.data.loader import ResidentSplit, whole_split
 from mlptrain.errors import UserError
 from mlptrain.fallbacks import warn
 from mlptrain.precision import to_float32
+from mlptrain.probe.pooling import GridPool, check_grid
 
 CHECKPOINTS = ("best", "last")
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
@@ -46,6 +51,7 @@ class FeatureSet:
     run: str
     layer: str
     class_names: tuple[str, ...] = ()  # the dataset's, by label (empty for files written without them)
+    pool: str = ""  # "avg 2x2", "max 4x4", ...: how the layer was pooled; "" when it was not
 
 
 # ---- which run, which checkpoint, which layer: all checked before the dataset is read
@@ -109,16 +115,19 @@ def read_layer(model, rows: int, layer: str):
 
 
 def encode_split(model, backend, split: ResidentSplit, layer: str, batch: int, scale: float, shift: float,
-                 on_batch=None) -> np.ndarray:
+                 on_batch=None, pool: GridPool | None = None) -> np.ndarray:
     """float32 (split.size, width) features of every image of `split`, in its order, `batch` rows at a time
-    (the pattern of mlptrain.train.evaluate: gather + normalise on the device, then the layers)."""
-    out = np.empty((split.size, layer_width(model, layer)), np.float32)
+    (the pattern of mlptrain.train.evaluate: gather + normalise on the device, then the layers); with
+    `pool`, each batch's latent pooled over its grid."""
+    width = layer_width(model, layer) if pool is None else pool.width(model.latent_shape)
+    out = np.empty((split.size, width), np.float32)
     gather = backend.kernels.data.gather_batch
     for start in range(0, split.size, batch):
         rows = min(batch, split.size - start)
         x, labels = model.batch(rows)
         gather(split.images, split.labels, split.device_index, start, x, labels, scale, shift)
-        out[start:start + rows] = to_float32(backend.to_host(read_layer(model, rows, layer))).reshape(rows, -1)
+        host = to_float32(backend.to_host(read_layer(model, rows, layer)))
+        out[start:start + rows] = host.reshape(rows, -1) if pool is None else pool(host)
         if on_batch is not None:
             on_batch(rows)
     return out
@@ -135,10 +144,10 @@ class Extraction:
 
 
 def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None = None,
-                     batch_size: int | None = None, progress=None) -> Extraction:
+                     batch_size: int | None = None, progress=None, pool: GridPool | None = None) -> Extraction:
     """The run's `layer` over its dataset's train and test parts, on the run's backend, `batch_size` images
-    at a time (default: its train.eval_batch_size). `progress` is a rich Progress to show the passes in, or
-    None. Raises UserError."""
+    at a time (default: its train.eval_batch_size), pooled by `pool` when given (the latent only).
+    `progress` is a rich Progress to show the passes in, or None. Raises UserError."""
     from mlptrain.experiment import Resources
     from mlptrain.memory import check_model_fits
     from mlptrain.nn import input_scale_shift, model_dataset
@@ -151,21 +160,24 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     batch = min(batch_size or config.train.eval_batch_size, max(len(dataset.train_images), len(dataset.test_images)))
     check_model_fits(config, backend, dataset, batch, "--batch-size")
     model = load_model(config, path, backend, dataset, batch)
+    if pool is not None:
+        check_grid(pool, model.latent_shape)
     for note in backend.fallbacks:  # after every refusal: an error stays one line
         warn(note)
     scale, shift = input_scale_shift(model, dataset)
     splits = {"train": whole_split(backend, dataset.train_images, dataset.train_labels),
               "test": whole_split(backend, dataset.test_images, dataset.test_labels)}
     warm = whole_split(backend, dataset.test_images[:batch], dataset.test_labels[:batch])
-    encode_split(model, backend, warm, layer, batch, scale, shift)  # compiles the kernels outside the timing
+    encode_split(model, backend, warm, layer, batch, scale, shift, pool=pool)  # compiles outside the timing
     backend.synchronize()
     t0 = time.perf_counter()
-    x = {name: encode_split(model, backend, split, layer, batch, scale, shift, _bar(progress, name, split.size))
-         for name, split in splits.items()}
+    x = {name: encode_split(model, backend, split, layer, batch, scale, shift, _bar(progress, name, split.size),
+                            pool) for name, split in splits.items()}
     backend.synchronize()
     seconds = max(time.perf_counter() - t0, 1e-9)
     features = FeatureSet(x["train"], dataset.train_labels.astype(np.int64), x["test"],
-                          dataset.test_labels.astype(np.int64), run_dir.resolve().name, layer, dataset.class_names)
+                          dataset.test_labels.astype(np.int64), run_dir.resolve().name, layer, dataset.class_names,
+                          pool.describe() if pool is not None else "")
     images = sum(split.size for split in splits.values())
     return Extraction(features, checkpoint, dataset.name, seconds, images / seconds, backend.device_name)
 
@@ -199,7 +211,7 @@ def save_features(path: Path, extraction: Extraction) -> None:
     """Atomically (temporary file, fsync, rename, as a checkpoint is written): never half a file."""
     f = extraction.features
     save_checkpoint(path, {"train_x": f.train_x, "train_y": f.train_y, "test_x": f.test_x, "test_y": f.test_y,
-                           "run": np.array(f.run), "layer": np.array(f.layer),
+                           "run": np.array(f.run), "layer": np.array(f.layer), "pool": np.array(f.pool),
                            "checkpoint": np.array(extraction.checkpoint), "dataset": np.array(extraction.dataset),
                            "class_names": np.array(f.class_names, dtype=str)})
 
@@ -222,7 +234,8 @@ def load_features(path: Path) -> FeatureSet:
                 raise UserError(f"{path}: no {', '.join(missing)} array (a features file holds "
                                 f"{', '.join(ARRAYS)}; mlptrain extract-features writes one)")
             arrays = {name: npz[name] for name in ARRAYS}
-            names = {key: str(npz[key]) if key in npz.files and npz[key].ndim == 0 else "" for key in ("run", "layer")}
+            names = {key: str(npz[key]) if key in npz.files and npz[key].ndim == 0 else ""
+                     for key in ("run", "layer", "pool")}
             class_names = npz["class_names"] if "class_names" in npz.files else np.array([], dtype=str)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise UserError(f"{path}: not a readable .npz features file ({err})") from None
@@ -234,8 +247,9 @@ def load_features(path: Path) -> FeatureSet:
     if class_names.ndim != 1 or (class_names.size and class_names.dtype.kind != "U"):
         raise UserError(f"{path}: class_names must be a 1-D array of strings, got {class_names.dtype} "
                         f"{class_names.shape}")
-    return FeatureSet(**arrays, run=names["run"] or path.stem, layer=names["layer"] or "?",
-                      class_names=tuple(class_names.tolist()))
+    layer = (names["layer"] or "?") + (f" ({names['pool']}-pooled)" if names["pool"] else "")
+    return FeatureSet(**arrays, run=names["run"] or path.stem, layer=layer, class_names=tuple(class_names.tolist()),
+                      pool=names["pool"])
 
 
 def _check_split(path: Path, split: str, x: np.ndarray, y: np.ndarray) -> None:

@@ -1,0 +1,99 @@
+"""A result to report or compare: the final metrics of one run (summary.json) or of several seeds
+(seeds.json), read and checked, each metric as its values over the seeds and their spread."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlptrain.errors import UserError
+from mlptrain.statistics import Spread, spread
+
+# the final metrics a run reports, in the order tables show them; accuracy is better higher, the rest lower
+FINAL_METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "test_mse", "val_mse")
+HIGHER_IS_BETTER = {"test_acc": True, "val_acc": True}
+MAX_BYTES = 64 * 2**20  # far above any summary (a grad-norm history of a million steps is ~20 MB)
+
+
+@dataclass(frozen=True)
+class Result:
+    path: Path
+    seeds: tuple[int, ...] | None  # None for a single run whose seed is not recorded
+    metrics: dict[str, Spread]
+    dataset: dict  # name and split sizes, as summary.json records them
+
+    @property
+    def n(self) -> int:
+        return len(next(iter(self.metrics.values())).values)
+
+
+def final_metrics(summary: dict) -> dict[str, float]:
+    """The final metrics a summary holds as finite numbers (val_* are absent with data.val_size 0)."""
+    return {key: float(summary[key]) for key in FINAL_METRICS
+            if _is_number(summary.get(key)) and math.isfinite(summary[key])}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; raises UserError naming it."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise UserError(f"{path}: {path.stat().st_size:,} bytes, too large for a summary (at most {MAX_BYTES:,})")
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read it ({err})") from None
+    except ValueError as err:  # JSONDecodeError, or a number too long to parse
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_result(path: Path) -> Result:
+    """A run directory (its summary.json), a seeds directory (its seeds.json), or either file; raises
+    UserError when it is none of them or its content is not what mlptrain writes."""
+    if path.is_dir():
+        for name in ("seeds.json", "summary.json"):
+            if (path / name).is_file():
+                return load_result(path / name)
+        raise UserError(f"{path}: neither seeds.json nor summary.json here; give a finished run directory or "
+                        "the directory of `mlptrain run --seeds`")
+    data = read_json(path)
+    if path.name == "seeds.json" or "seeds" in data:
+        return _seeds_result(path, data)
+    metrics = final_metrics(data)
+    if not metrics:
+        raise UserError(f"{path}: no final metric ({', '.join(FINAL_METRICS)}); not a finished run's summary.json")
+    return Result(path.parent, None, {k: spread([v]) for k, v in metrics.items()}, _dataset(path, data))
+
+
+def _seeds_result(path: Path, data: dict) -> Result:
+    seeds, metrics = data.get("seeds"), data.get("metrics")
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise UserError(f"{path}: 'seeds' must be a non-empty list of integers")
+    if not isinstance(metrics, dict) or not metrics:
+        raise UserError(f"{path}: 'metrics' must map metric names to their values over the seeds")
+    out = {}
+    for name, record in metrics.items():
+        values = record.get("values") if isinstance(record, dict) else None
+        if name not in FINAL_METRICS:
+            raise UserError(f"{path}: unknown metric '{name}' (known: {', '.join(FINAL_METRICS)})")
+        if not (isinstance(values, list) and len(values) == len(seeds)
+                and all(_is_number(v) and math.isfinite(v) for v in values)):
+            raise UserError(f"{path}: metrics.{name}.values must be {len(seeds)} finite numbers, one per seed")
+        out[name] = spread(values)
+    return Result(path.parent, tuple(seeds), out, _dataset(path, data))
+
+
+def _dataset(path: Path, data: dict) -> dict:
+    dataset = data.get("dataset")
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("name"), str):
+        raise UserError(f"{path}: no 'dataset' record (name and split sizes); was it written by mlptrain?")
+    return dataset

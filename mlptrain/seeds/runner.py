@@ -1,0 +1,89 @@
+"""`mlptrain run CONFIG --seeds N`: one run per seed, one after another in this process, then seeds.json.
+
+The runs share the process's backend and dataset (mlptrain.experiment.Resources) and, on a GPU, the
+kernels compiled for the first. `NAME/seed-S/` is an ordinary run directory (resume it, extract its
+features); `NAME/seeds.json` holds each final metric's values over the seeds, their mean, standard
+deviation and 95% confidence interval (Student t), and is written only once every seed has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from mlptrain.config import Config
+from mlptrain.errors import UserError
+from mlptrain.experiment import Resources, create_run
+from mlptrain.runs import create_run_dir
+from mlptrain.seeds.results import HIGHER_IS_BETTER, final_metrics
+from mlptrain.statistics import CONFIDENCE, spread
+from mlptrain.tracking import console, write_json
+
+MAX_SEEDS = 1000
+MAX_SEED = 2**32 - 1
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds 5` -> [0, 1, 2, 3, 4]; `--seeds 0,3,7` -> [0, 3, 7]. At least two distinct seeds (a
+    spread needs two); raises UserError."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        numbers = [int(part) for part in parts]
+    except ValueError:
+        raise UserError(f"--seeds {text}: give a count (--seeds 5: seeds 0 to 4) or a list of seeds "
+                        "(--seeds 0,3,7)") from None
+    if len(numbers) == 1:
+        count = numbers[0]
+        if not 2 <= count <= MAX_SEEDS:
+            raise UserError(f"--seeds {text}: a count of seeds must be 2 to {MAX_SEEDS} (a spread needs two runs; "
+                            "for one, drop --seeds)")
+        return list(range(count))
+    if any(not 0 <= seed <= MAX_SEED for seed in numbers):
+        raise UserError(f"--seeds {text}: each seed must be 0 to {MAX_SEED}")
+    if len(set(numbers)) != len(numbers):
+        raise UserError(f"--seeds {text}: a seed is listed twice; each seed runs once")
+    if len(numbers) > MAX_SEEDS:
+        raise UserError(f"--seeds {text}: at most {MAX_SEEDS} seeds")
+    return numbers
+
+
+def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None, stem: str,
+              resources: Resources, stop=None) -> tuple[Path, dict]:
+    """Train `config` once per seed in `runs_dir/NAME/seed-S/` and write `NAME/seeds.json`; returns
+    (NAME's path, the seeds record). Every session is built before its directory is created; a seed that
+    fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json."""
+    from mlptrain.session import build_session
+    from mlptrain.train import train
+
+    group, summaries = None, []
+    for i, seed in enumerate(seeds):
+        seeded = dataclasses.replace(config, seed=seed)
+        session = build_session(seeded, *resources.prepare(seeded))
+        if group is None:
+            group = create_run_dir(runs_dir, name, stem)
+        console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
+        try:
+            summaries.append(train(session, create_run(seeded, group, f"seed-{seed}", stem), stop=stop))
+        except UserError as err:
+            if getattr(err, "exit_code", 2) == 2:  # an interrupted run's own line already names its directory
+                raise type(err)(f"seed {seed}: {err}") from None
+            raise
+        session = None  # its buffers go before the next seed's are allocated
+    record = seeds_record(seeds, summaries)
+    write_json(group / "seeds.json", record)
+    return group, record
+
+
+def seeds_record(seeds: list[int], summaries: list[dict]) -> dict:
+    """What seeds.json holds: the seeds, their run directories, the dataset, and for each final metric every
+    seed has, its values and their mean, standard deviation and confidence interval."""
+    finals = [final_metrics(summary) for summary in summaries]
+    names = [key for key in finals[0] if all(key in f for f in finals)]
+    metrics = {}
+    for key in names:
+        s = spread([f[key] for f in finals])
+        metrics[key] = {"mean": s.mean, "std": s.std, "ci": list(s.interval), "half_width": s.half_width,
+                        "higher_is_better": HIGHER_IS_BETTER.get(key, False), "values": list(s.values)}
+    return {"seeds": list(seeds), "runs": [summary["run"] for summary in summaries],
+            "confidence": CONFIDENCE, "interval": "Student t over the seeds (n - 1 degrees of freedom)",
+            "dataset": summaries[0]["dataset"], "metrics": metrics}

@@ -1,0 +1,81 @@
+"""`mlptrain run --seeds` and `mlptrain compare` as a user runs them: real (tiny) MNIST runs on the CPU,
+the files and tables they leave, and one-line refusals that write nothing."""
+
+import json
+
+import pytest
+import yaml
+
+from tests.cli.test_cli import assert_clean_failure, mlptrain
+from tests.conftest import DATA_DIR
+
+TINY = ["backend=cpu", "train.epochs=1", "model.hidden=[16]", "train.batch_size=512", f"data.root={DATA_DIR}"]
+
+
+@pytest.fixture(scope="module")
+def seeds_run(tmp_path_factory):
+    if not (DATA_DIR / "mnist").is_dir():
+        pytest.fail(f"real datasets not found at {DATA_DIR} (set MLPTRAIN_DATA_DIR)")
+    cwd = tmp_path_factory.mktemp("seeds")
+    result = mlptrain("run", "adam_mnist", *TINY, "--seeds", "0,5", "--name", "tiny", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd, cwd / "runs" / "tiny", result.stderr
+
+
+def test_one_run_per_seed_and_seeds_json(seeds_run):
+    _, group, stderr = seeds_run
+    assert sorted(p.name for p in group.iterdir()) == ["seed-0", "seed-5", "seeds.json"]
+    for seed in (0, 5):
+        run = group / f"seed-{seed}"
+        assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == seed
+        assert (run / "summary.json").is_file() and (run / "checkpoints" / "best.npz").is_file()
+    record = json.loads((group / "seeds.json").read_text())
+    accs = [json.loads((group / f"seed-{s}" / "summary.json").read_text())["test_acc"] for s in (0, 5)]
+    assert record["seeds"] == [0, 5] and record["metrics"]["test_acc"]["values"] == accs
+    assert accs[0] != accs[1]  # the seed reaches the initialisation and the data order
+    assert set(record["metrics"]) == {"test_acc", "test_loss", "val_acc", "val_loss"}
+    assert "seed 0 (1 of 2)" in stderr and "seed 5 (2 of 2)" in stderr
+    assert "95% CI" in stderr and "seed 5" in stderr and "seeds.json written to" in stderr
+
+
+def test_compare_a_seeds_dir_with_one_of_its_runs(seeds_run):
+    cwd, group, _ = seeds_run
+    result = mlptrain("compare", str(group), str(group / "seed-5"), cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    assert "test_acc" in out and "(1 run)" in out and "1 run: no CI" in out and "B  " in out
+
+
+def test_compare_a_result_with_itself_finds_no_difference(seeds_run):
+    cwd, group, _ = seeds_run
+    result = mlptrain("compare", str(group), str(group / "seeds.json"), cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "no clear difference" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--seeds", "1"], "--seeds 1: a count of seeds must be 2 to 1000"),
+    (["--seeds", "a,b"], "--seeds a,b: give a count"),
+    (["--seeds", "2", "seed=4"], "--seeds sets each run's seed; drop the seed= override"),
+    (["--seeds", "2", "model.init.weights=lecun"], "model.init.weights: 'lecun' is not one of"),
+    (["--seeds", "2", "--name", "../up"], "--name '../up': use letters"),
+])
+def test_run_seeds_refusals_write_nothing(tmp_path, args, fragment):
+    assert_clean_failure(mlptrain("run", "adam_mnist", *TINY, *args, cwd=tmp_path), fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_with_seeds_is_refused(tmp_path):
+    assert_clean_failure(mlptrain("run", "--resume", "runs/x", "--seeds", "3", cwd=tmp_path), "drop --seeds")
+
+
+def test_compare_refusals(seeds_run, tmp_path):
+    cwd, group, _ = seeds_run
+    assert_clean_failure(mlptrain("compare", str(group), cwd=cwd), "compare needs two or more results")
+    assert_clean_failure(mlptrain("compare", str(group), str(tmp_path), cwd=cwd),
+                         "neither seeds.json nor summary.json here")
+    mse = tmp_path / "ae"
+    mse.mkdir()
+    (mse / "summary.json").write_text(json.dumps({"test_mse": 0.004, "val_mse": 0.0041,
+                                                  "dataset": {"name": "cifar10", "test": 1017}}))
+    assert_clean_failure(mlptrain("compare", str(group), str(mse), cwd=cwd), "report different metrics")
