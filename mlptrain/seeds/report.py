@@ -55,7 +55,7 @@ def compare_table(results: list[Result]) -> Table:
     Welch's 95% CI and what that says."""
     check_comparable(results)
     names = labels(len(results))
-    table = Table("metric", "", "mean ± 95% CI", f"minus {names[0]} (95% CI)", "",
+    table = Table("metric", "", "mean ± 95% CI", f"minus {names[0]} ± 95% CI", "",
                   title="means over seeds ± 95% CI (Student t); differences: Welch's t")
     for key in sorted(results[0].metrics, key=FINAL_METRICS.index):
         for i, (label, result) in enumerate(zip(names, results)):
@@ -79,12 +79,11 @@ def _difference(d: Difference) -> str:
     if d.half_width is None:
         return f"{d.delta:+.4f} (1 run: no CI)"
     digits = decimals(d.half_width)
-    lo, hi = d.interval
-    return f"{d.delta:+.{digits}f} ({lo:+.{digits}f} to {hi:+.{digits}f})"
+    return f"{d.delta:+.{digits}f} ± {d.half_width:.{digits}f}"
 
 
 def _verdict(d: Difference, key: str, label: str, base: str) -> str:
     if not d.excludes_zero:
-        return "no clear difference" if d.half_width is not None else ""
+        return "not significant" if d.half_width is not None else ""
     better = (d.delta > 0) == HIGHER_IS_BETTER.get(key, False)
     return f"{label} {'better' if better else 'worse'}"

@@ -126,11 +126,11 @@ def test_compare_table_says_which_is_better_only_when_the_interval_excludes_zero
     b = load_result(write_seeds(tmp_path / "b", [0.9800, 0.9810, 0.9790]))
     c = load_result(write_seeds(tmp_path / "c", [0.9600, 0.9800, 0.9700]))
     text = render(compare_table([a, b, c]))
-    assert "B better" in text and "no clear difference" in text
+    assert "B better" in text and "not significant" in text
     # the loss is lower-is-better: B's higher loss (0.1 + acc / 10 here) is worse
     assert "B worse" in text
     # Welch by hand: se^2 = 0.0005^2 / 3 + 0.001^2 / 3, df = 2.94, t(0.975, 2.94) = 3.21: 0.0095 +- 0.0021
-    assert "+0.0095 (+0.0074 to +0.0116)" in text
+    assert "+0.0095 ± 0.0021" in text
 
 
 def test_seeds_table_shows_every_seed(tmp_path):
