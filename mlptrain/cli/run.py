@@ -47,7 +47,8 @@ def run(
         if print_config:
             raise UserError("--print-config shows a config before a run; a run's own is RUN_DIR/config.yaml")
         if name is not None or seeds is not None:
-            raise UserError(f"--resume continues one run in its own directory; drop {'--name' if name else '--seeds'}")
+            flag = "--name" if name is not None else "--seeds"
+            raise UserError(f"--resume continues one run in its own directory; drop {flag}")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))

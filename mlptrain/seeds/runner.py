@@ -58,7 +58,7 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     group, summaries = None, []
     for i, seed in enumerate(seeds):
         seeded = dataclasses.replace(config, seed=seed)
-        session = build_session(seeded, *resources.prepare(seeded))
+        session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
         if group is None:
             group = create_run_dir(runs_dir, name, stem)
         console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
