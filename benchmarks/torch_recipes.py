@@ -1,7 +1,7 @@
 """The built-in configs' recipes written in plain PyTorch, each a whole process, for benchmarks/e2e.py.
 
-    python benchmarks/torch_recipes.py adam_mnist --mode eager|graphs --data DIR
-    python benchmarks/torch_recipes.py autoencoder_cifar10 --mode eager|channels_last --data DIR
+    python benchmarks/torch_recipes.py adam_mnist --mode eager|graphs --data DIR [--seed S]
+    python benchmarks/torch_recipes.py autoencoder_cifar10 --mode eager|channels_last --data DIR [--seed S]
 
 Same recipe as `configs/<job>.yaml`: adam_mnist is the 784-512-512-10 ReLU MLP, Adam lr 1e-3
 cosine-annealed per step to 0, batch 128, 10 epochs, 5,000 training images held out for validation;
@@ -10,6 +10,8 @@ nearest 2x upsample, a linear 256 -> 3 conv), MSE on pixels / 255, Adam lr 1e-3 
 epochs, 500 held out. Both evaluate validation and test after every epoch, as mlptrain does (mlptrain
 also writes checkpoints and TensorBoard events, which these do not). PyTorch's default initialisation.
 The whole dataset is resident on the GPU; each batch is gathered from a shuffled index on the device.
+`--seed S` (default 0) seeds PyTorch (initialisation, data order) and holds out the same validation
+images as `mlptrain run ... seed=S` (mlptrain.data.loader.resident_splits' permutation).
 
 Modes: `eager` is the plain loop; `graphs` (MLP) captures forward, backward and the optimizer step
 (capturable Adam, lr as a device tensor) in one CUDA graph and replays it; `channels_last` (the
@@ -55,15 +57,16 @@ def cosine(step, total, lr=1e-3):
     return 0.5 * lr * (1 + math.cos(math.pi * step / total))
 
 
-def split(n, val, seed=0):
-    order = np.random.default_rng(seed).permutation(n)
-    return order[val:], order[:val]
+def split(n, val, seed):
+    """(train, val) rows as mlptrain holds them out for `seed` (mlptrain.data.loader.resident_splits)."""
+    order = np.random.default_rng([seed, 0x5EED]).permutation(n)
+    return np.sort(order[val:]), np.sort(order[:val])
 
 
 def mnist(args, torch):
     nn = torch.nn
     x_all, y_all, x_test, y_test = read_mnist(args.data)
-    train_idx, val_idx = split(len(x_all), 5000)
+    train_idx, val_idx = split(len(x_all), 5000, args.seed)
     dev = torch.device("cuda")
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)  # noqa: E731
     x_train, y_train, x_val, y_val = to(x_all[train_idx]), to(y_all[train_idx]).long(), to(x_all[val_idx]), to(y_all[val_idx]).long()
@@ -128,7 +131,7 @@ def evaluate_classifier(torch, model, norm, x, y):
 def autoencoder(args, torch):
     nn = torch.nn
     x_all, x_test = read_cifar(args.data)
-    train_idx, val_idx = split(len(x_all), 500)
+    train_idx, val_idx = split(len(x_all), 500, args.seed)
     dev = torch.device("cuda")
     fmt = torch.channels_last if args.mode == "channels_last" else torch.contiguous_format
     torch.backends.cudnn.benchmark = args.mode == "channels_last"
@@ -166,16 +169,17 @@ def main():
     parser.add_argument("job", choices=["adam_mnist", "autoencoder_cifar10"])
     parser.add_argument("--mode", default="eager", choices=["eager", "graphs", "channels_last"])
     parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0, help="PyTorch's seed and the validation split's")
     args = parser.parse_args()
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     result = (mnist if args.job == "adam_mnist" else autoencoder)(args, torch)
     torch.cuda.synchronize()
-    result.update(job=args.job, mode=args.mode, train_s=time.perf_counter() - t0, in_process_s=time.perf_counter() - started)
+    result.update(job=args.job, mode=args.mode, seed=args.seed, train_s=time.perf_counter() - t0, in_process_s=time.perf_counter() - started)
     print(json.dumps(result))
 
 
