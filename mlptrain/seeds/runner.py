@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from mlptrain.config import Config
+from mlptrain.config import INT64_MAX, Config
 from mlptrain.errors import UserError
 from mlptrain.experiment import Resources, create_run
 from mlptrain.runs import create_run_dir
@@ -20,7 +20,7 @@ from mlptrain.statistics import CONFIDENCE, spread
 from mlptrain.tracking import console, write_json
 
 MAX_SEEDS = 1000
-MAX_SEED = 2**32 - 1
+MAX_SEED = INT64_MAX  # the config's own bound on `seed`
 
 
 def parse_seeds(text: str) -> list[int]:

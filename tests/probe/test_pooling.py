@@ -83,7 +83,7 @@ def test_cli_pool_flags(tiny_runs, tmp_path):
     with np.load(out, allow_pickle=False) as f:
         assert f["train_x"].shape == (5085, 4 * 4 * 4) and str(f["pool"]) == "avg 4x4"
     for args, fragment in ((["--pool", "avg", "--grid", "16"], "--grid 16: the run's latent is 8x8"),
-                           (["--grid", "0"], "--grid 0: must be >= 1"),
+                           (["--grid", "0"], "--grid 0: must be in [1,"),
                            (["--pool", "avg", "--layer", "input"], "the input layer has no grid")):
         assert_clean_failure(mlptrain("extract-features", str(tiny_runs["ae"]), *args, "--out",
                                       str(tmp_path / "x.npz"), cwd=tmp_path), fragment)
