@@ -8,7 +8,9 @@ Only `get_backend` imports numba, so the CPU path never pays for CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import math
 import os
 import sys
 
@@ -75,13 +77,17 @@ class CudaBackend:
         self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
 
     def empty(self, shape, dtype=np.float32):
-        return self._cuda.device_array(shape, dtype)
+        with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
+            return self._cuda.device_array(shape, dtype)
 
     def zeros(self, shape, dtype=np.float32):
-        return self._cuda.to_device(np.zeros(shape, dtype))
+        with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
+            return self._cuda.to_device(np.zeros(shape, dtype))
 
     def to_device(self, array):
-        return self._cuda.to_device(np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        with gpu_memory_errors(array.nbytes):
+            return self._cuda.to_device(array)
 
     def to_host(self, array):
         return array.copy_to_host()
@@ -117,6 +123,24 @@ class CudaBackend:
         if config.ENABLE_CUDASIM:
             return "the CUDA simulator cannot capture graphs"
         return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
+
+
+OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+@contextlib.contextmanager
+def gpu_memory_errors(nbytes: int):
+    """The driver's out-of-memory error on an allocation of `nbytes` as one line saying what to change (the
+    memory estimate, mlptrain.memory, refuses what it knows cannot fit before anything is allocated; this
+    catches what it could not know: other processes on the GPU, fragmentation)."""
+    try:
+        yield
+    except Exception as err:
+        if getattr(err, "code", None) != OUT_OF_MEMORY and "OUT_OF_MEMORY" not in str(err):
+            raise
+        raise UserError(f"the GPU ran out of memory allocating {nbytes / 2**20:,.1f} MiB; use a smaller "
+                        "train.batch_size (with train.grad_accum_steps for the same effective batch), a smaller "
+                        "model or train.eval_batch_size, or free the GPU (nvidia-smi shows who holds it)") from None
 
 
 def driver_unusable_reason() -> str | None:
