@@ -118,7 +118,7 @@ def test_generated_documents_load_or_are_one_line(text, extra_depth):
     except UserError as err:
         assert "\n" not in str(err) and len(str(err)) < 400
     else:
-        assert extra_depth < MAX_DEPTH
+        assert extra_depth <= MAX_DEPTH  # at most MAX_DEPTH levels load (the text itself may add none)
         assert load_yaml_text(dump_yaml(value), "again") == value or value != value  # NaN never equals itself
     assert time.perf_counter() - start < 2.0
 
