@@ -15,7 +15,7 @@ def test_print_config_resolves_and_writes_nothing(tmp_path):
     assert printed["train"]["epochs"] == 2 and printed["train"]["early_stopping"]["patience"] == 3
     assert printed["train"]["loss_scale"]["growth_interval"] == 2000  # every default filled in
     assert printed["data"]["root"] == str(tmp_path / "data")  # the folder a run would read
-    assert set(printed["model"]) == {"type", "channels", "kernel_size"}  # no MLP keys
+    assert set(printed["model"]) == {"type", "channels", "kernel_size", "init"}  # no MLP keys
     assert not (tmp_path / "runs").exists()
     shown = mlptrain("configs", "show", "autoencoder_cifar10", "train.epochs=2", "train.early_stopping.patience=3",
                      cwd=tmp_path, env={"MLPTRAIN_DATA_DIR": str(tmp_path / "data")})

@@ -57,7 +57,7 @@ def test_compare_a_result_with_itself_finds_no_difference(seeds_run):
     (["--seeds", "1"], "--seeds 1: a count of seeds must be 2 to 1000"),
     (["--seeds", "a,b"], "--seeds a,b: give a count"),
     (["--seeds", "2", "seed=4"], "--seeds sets each run's seed; drop the seed= override"),
-    (["--seeds", "2", "model.init.weights=lecun"], "model.init.weights: 'lecun' is not one of"),
+    (["--seeds", "2", "model.init.weights=lecun"], "model.init.weights=lecun: 'lecun' is not one of"),
     (["--seeds", "2", "--name", "../up"], "--name '../up': use letters"),
 ])
 def test_run_seeds_refusals_write_nothing(tmp_path, args, fragment):

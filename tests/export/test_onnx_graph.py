@@ -25,7 +25,7 @@ def trained_model(rng, model: dict, shape=(3, 16, 16), classes=4) -> TrainedMode
     config = config_from_dict({"backend": "cpu", "model": model, "data": {"val_size": 5}})
     backend = CpuBackend()
     net = make_model(config, backend, model_dataset(config, dataset), 16)
-    net.init_parameters(rng)
+    net.init_parameters(rng, "pytorch", "pytorch")
     if net.task == "classification":  # nonzero biases, so a dropped bias term would show
         params = net.params.to_host_dict()
         net.load_parameters({k: v + rng.normal(0, 0.1, v.shape).astype(np.float32) for k, v in params.items()})
