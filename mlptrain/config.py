@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlptrain.config_keys import suggest_key, suggest_value
+from mlptrain.config_rules import check_combinations
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief, brief_text, load_yaml_text, read_yaml as read_yaml_file
 
@@ -375,7 +376,7 @@ def load_config(path: Path, overrides: list[str] = ()) -> Config:
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
     config = _build(Config, raw, source)
-    _check_combinations(config, source)
+    check_combinations(config, source)
     return _fill_defaults(config)
 
 
@@ -390,53 +391,6 @@ def _fill_defaults(config: Config) -> Config:
     weights, biases = init_scheme(config.model)
     init = dataclasses.replace(config.model.init, weights=weights, biases=biases)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, init=init))
-
-
-WARMUP_SCHEDULES = ("warmup_cosine", "warmup_linear", "inverse_sqrt")
-
-
-def _check_combinations(config: Config, source: str) -> None:
-    """Rules that involve more than one key."""
-    _check_data(config.data, source)
-    schedule = config.schedule
-    if schedule.warmup_steps and schedule.warmup_epochs:
-        raise UserError(f"{source}: schedule.warmup_steps and schedule.warmup_epochs are alternatives; set one")
-    warmup = schedule.warmup_steps or schedule.warmup_epochs
-    if warmup and schedule.name not in WARMUP_SCHEDULES:
-        raise UserError(f"{source}: schedule.name '{schedule.name}' has no warmup; use one of "
-                        f"{', '.join(WARMUP_SCHEDULES)} or drop schedule.warmup_steps/warmup_epochs")
-    if schedule.name == "inverse_sqrt" and not warmup:
-        raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
-                        f"or schedule.warmup_epochs")
-    _check_early_stopping(config, source)
-
-
-def _check_early_stopping(config: Config, source: str) -> None:
-    stopping = config.train.early_stopping
-    if stopping.patience is None:
-        return
-    wrong = {"mlp": "val_mse", "conv_autoencoder": "val_acc"}[config.model.type]
-    if stopping.metric == wrong:
-        valid = "val_loss or val_acc" if config.model.type == "mlp" else "val_loss (its val_mse) or val_mse"
-        raise UserError(f"{source}: train.early_stopping.metric: a {config.model.type} reports no {wrong}; use {valid}")
-    if config.data.val_size == 0:
-        raise UserError(f"{source}: train.early_stopping watches the validation metric, and data.val_size is 0; "
-                        "hold out validation images or drop train.early_stopping.patience")
-
-
-USER_DATASETS = {"npz": "the .npz file, e.g. data.path=my.npz",
-                 "folder": "the folder holding train/<class>/*.png and test/<class>/*.png"}
-
-
-def _check_data(data: DataConfig, source: str) -> None:
-    if data.dataset in USER_DATASETS and data.path is None:
-        raise UserError(f"{source}: data.dataset {data.dataset} needs data.path: {USER_DATASETS[data.dataset]}")
-    if data.dataset not in USER_DATASETS and data.path is not None:
-        raise UserError(f"{source}: data.path is for data.dataset npz or folder; {data.dataset} is read from "
-                        f"data.root (or $MLPTRAIN_DATA_DIR): drop data.path")
-    if data.label is not None and data.dataset != "cifar100":
-        raise UserError(f"{source}: data.label chooses CIFAR-100's fine or coarse labels; {data.dataset} has one "
-                        f"set of labels: drop data.label")
 
 
 def config_to_dict(config: Config) -> dict:

@@ -41,7 +41,7 @@ def synthetic_dataset(seed=0, train=TRAIN, test=200, side=SIDE, classes=CLASSES)
 
 def make_config(batch_size, grad_accum_steps, optim=None, schedule=None, **train_options):
     return config_from_dict({
-        "seed": 3, "backend": "cpu", "data": {"val_size": VAL}, "model": {"hidden": [16, 12]},
+        "seed": 3, "backend": "cpu", "data": {"val_size": VAL}, "model": {"hidden": [16, 12], "init": {"weights": "he_uniform", "biases": "zeros"}},
         "optim": optim or {"name": "momentum", "lr": 0.05}, "schedule": schedule or {"name": "constant"},
         "train": {"batch_size": batch_size, "grad_accum_steps": grad_accum_steps, "eval_batch_size": 100,
                   "epochs": 2, "log_every": 2, **train_options},

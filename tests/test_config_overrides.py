@@ -72,8 +72,8 @@ def test_the_resolved_record_holds_what_ran_and_only_its_model_type():
     mlp = config_from_dict({"model": {"type": "mlp", "hidden": [16]}})
     record = resolved_dict(mlp, backend="cpu", data_root="/data")
     assert record["backend"] == "cpu" and record["data"]["root"] == "/data"
-    assert set(record["model"]) == {"type", "hidden", "activation"}
+    assert set(record["model"]) == {"type", "hidden", "activation", "init"}
     autoencoder = resolved_dict(config_from_dict({"model": {"type": "conv_autoencoder"}, "data": {"root": "/x"}}),
                                 data_root="/data")
-    assert set(autoencoder["model"]) == {"type", "channels", "kernel_size"} and autoencoder["data"]["root"] == "/x"
+    assert set(autoencoder["model"]) == {"type", "channels", "kernel_size", "init"} and autoencoder["data"]["root"] == "/x"
     assert config_from_dict(record) == config_from_dict({**record, "backend": "cpu"})  # a run reads it back

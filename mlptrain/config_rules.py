@@ -1,0 +1,53 @@
+"""The rules of a config that span more than one key (config.py checks each key on its own): data.path with
+the user datasets, warmup with the schedules that have one, early stopping with the model's metrics and a
+validation split."""
+
+from __future__ import annotations
+
+from mlptrain.errors import UserError
+
+WARMUP_SCHEDULES = ("warmup_cosine", "warmup_linear", "inverse_sqrt")
+
+
+def check_combinations(config, source: str) -> None:
+    """Rules that involve more than one key."""
+    check_data(config.data, source)
+    schedule = config.schedule
+    if schedule.warmup_steps and schedule.warmup_epochs:
+        raise UserError(f"{source}: schedule.warmup_steps and schedule.warmup_epochs are alternatives; set one")
+    warmup = schedule.warmup_steps or schedule.warmup_epochs
+    if warmup and schedule.name not in WARMUP_SCHEDULES:
+        raise UserError(f"{source}: schedule.name '{schedule.name}' has no warmup; use one of "
+                        f"{', '.join(WARMUP_SCHEDULES)} or drop schedule.warmup_steps/warmup_epochs")
+    if schedule.name == "inverse_sqrt" and not warmup:
+        raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
+                        f"or schedule.warmup_epochs")
+    check_early_stopping(config, source)
+
+
+def check_early_stopping(config, source: str) -> None:
+    stopping = config.train.early_stopping
+    if stopping.patience is None:
+        return
+    wrong = {"mlp": "val_mse", "conv_autoencoder": "val_acc"}[config.model.type]
+    if stopping.metric == wrong:
+        valid = "val_loss or val_acc" if config.model.type == "mlp" else "val_loss (its val_mse) or val_mse"
+        raise UserError(f"{source}: train.early_stopping.metric: a {config.model.type} reports no {wrong}; use {valid}")
+    if config.data.val_size == 0:
+        raise UserError(f"{source}: train.early_stopping watches the validation metric, and data.val_size is 0; "
+                        "hold out validation images or drop train.early_stopping.patience")
+
+
+USER_DATASETS = {"npz": "the .npz file, e.g. data.path=my.npz",
+                 "folder": "the folder holding train/<class>/*.png and test/<class>/*.png"}
+
+
+def check_data(data, source: str) -> None:
+    if data.dataset in USER_DATASETS and data.path is None:
+        raise UserError(f"{source}: data.dataset {data.dataset} needs data.path: {USER_DATASETS[data.dataset]}")
+    if data.dataset not in USER_DATASETS and data.path is not None:
+        raise UserError(f"{source}: data.path is for data.dataset npz or folder; {data.dataset} is read from "
+                        f"data.root (or $MLPTRAIN_DATA_DIR): drop data.path")
+    if data.label is not None and data.dataset != "cifar100":
+        raise UserError(f"{source}: data.label chooses CIFAR-100's fine or coarse labels; {data.dataset} has one "
+                        f"set of labels: drop data.label")
