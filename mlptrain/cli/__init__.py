@@ -7,7 +7,9 @@ Every `UserError` raised below becomes one red line on stderr and exit code 2 (o
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 
 def _interrupted_at_start(kind, value, traceback) -> None:
@@ -63,7 +65,31 @@ def _root(ctx: typer.Context,
         raise typer.Exit()
 
 
+INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
 def main() -> None:
+    try:
+        _main()
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    finally:
+        # The outcome is decided and reported; a Ctrl-C from here on could only land in the interpreter's
+        # shutdown, after Python has put back the default handler, and kill it with no message (exit -2).
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code in INTERRUPTED:
+        # CPython ends a process with SIGINT (exit -2, no message) once a KeyboardInterrupt has escaped code
+        # that exec() ran from a string, even one caught afterwards: dataclasses and namedtuple build their
+        # methods so at import, so a Ctrl-C during start-up hits it. The interrupted process reports its code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main() -> None:
     try:
         app(prog_name="mlptrain")
     except UserError as err:
@@ -75,5 +101,16 @@ def main() -> None:
         console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)
         sys.exit(code)
     except KeyboardInterrupt as err:  # before a command has its own handling (start-up, loading data)
-        sys.stderr.write("interrupted\n")
+        _say_interrupted()
         sys.exit(128 + getattr(err, "signum", 2))
+    except SystemExit as done:
+        # Typer turns a KeyboardInterrupt it catches (Ctrl-C while it parses the arguments) into a silent exit
+        context = done.__context__
+        if isinstance(context, typer.Exit) and isinstance(context.__cause__, KeyboardInterrupt):
+            _say_interrupted()
+        raise
+
+
+def _say_interrupted() -> None:
+    sys.stderr.write("interrupted\n")
+    sys.stderr.flush()
