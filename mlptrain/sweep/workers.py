@@ -48,7 +48,7 @@ def run_workers(command: list[str], workers: int, backend: str, sweep_dir: Path,
         with open(sweep_dir / f"worker-{i}.log", "a") as log:
             # a session of its own: Ctrl-C reaches a worker once, from here, not also from the terminal
             procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True, preexec_fn=_die_with_parent))
+                                          start_new_session=True, preexec_fn=die_with_parent))
     pinned = f", GPUs {', '.join(s for s in slots[:workers])}" if slots[0] is not None else ""
     console.print(f"{workers} workers started{pinned}; their output goes to {sweep_dir}/worker-N.log")
     try:
@@ -75,7 +75,7 @@ def stop_workers(procs, signum: int) -> None:
             proc.wait()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In each worker (Linux): SIGTERM when the parent dies, even by SIGKILL, so that none is orphaned."""
     try:
         import ctypes
