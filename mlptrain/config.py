@@ -277,7 +277,8 @@ def _convert(value, tp, where):
 def _build(cls, raw, source, prefix=""):
     if not isinstance(raw, dict):
         where = prefix.rstrip(".") or "the config"
-        raise UserError(f"{source}: {where} must be a mapping of keys to values, got {brief(raw)}")
+        keys = f" (its keys: {', '.join(f.name for f in dataclasses.fields(cls))})" if prefix else ""
+        raise UserError(f"{source}: {where} must be a mapping of keys to values{keys}, got {brief(raw)}")
     hints = typing.get_type_hints(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
@@ -316,6 +317,10 @@ def check_override_values(overrides: list[str]) -> None:
         if isinstance(value, dict) and dotted in valid_sections():  # a section given whole: each of its keys
             check_override_values([f"{dotted}.{key}={json.dumps(inner)}" for key, inner in value.items()])
             continue
+        if dotted in valid_sections():  # `model.init=pytorch`: a section given a plain value
+            keys = [k for k in valid_keys() if k.rpartition(".")[0] == dotted]
+            raise UserError(f"override {brief_text(text)}: {dotted} is a section; set one of its keys "
+                            f"({', '.join(keys)})")
         if dotted not in valid_keys():
             raise _unknown_key("override", dotted)
         cls = Config

@@ -73,11 +73,25 @@ def write_json(path: Path, data: dict) -> None:
     write_text(path, json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
 
 
+class _FirstTaskProgress(Progress):
+    """A Progress whose display starts with its first task, so that a command refused before any pass
+    (a bad flag checked after loading the model) prints its one line and nothing else."""
+
+    def __enter__(self) -> "_FirstTaskProgress":
+        return self
+
+    def add_task(self, *args, **kwargs):
+        if not self.live.is_started:
+            self.start()
+        return super().add_task(*args, **kwargs)
+
+    def stop(self) -> None:
+        if self.live.is_started:  # rich's own stop prints a blank line even when nothing was shown
+            super().stop()
+
+
 def pass_progress() -> Progress:
     """A pass over a dataset outside training (feature extraction): images done per split."""
-    return _progress(TextColumn("[bold]{task.description}"), TextColumn("images"))
-
-
-def _progress(label: TextColumn, detail: TextColumn) -> Progress:
-    return Progress(label, BarColumn(), MofNCompleteColumn(), detail, TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=console, transient=False)
+    return _FirstTaskProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TextColumn("images"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                              transient=False)

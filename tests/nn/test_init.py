@@ -2,6 +2,7 @@
 weights), determinism per seed, the models' layers, and the config's one-line refusals."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -112,10 +113,22 @@ def test_config_defaults_and_their_record():
     ({"model": {"init": {"weights": "he"}}}, "model.init.weights: 'he' is not one of pytorch, he_uniform"),
     ({"model": {"init": {"biases": "ones"}}}, "model.init.biases: 'ones' is not one of pytorch, zeros"),
     ({"model": {"init": {"weight": "pytorch"}}}, "unknown key 'model.init.weight'; did you mean 'model.init.weights'"),
-    ({"model": {"init": "pytorch"}}, "model.init must be a mapping"),
+    ({"model": {"init": "pytorch"}}, "model.init must be a mapping of keys to values (its keys: weights, biases)"),
     ({"model": {"init": {"weights": 3}}}, "model.init.weights: expected str, got 3"),
 ])
 def test_config_refusals_name_the_key(raw, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(")) as err:
+    with pytest.raises(UserError, match=re.escape(message)) as err:
         config_from_dict(raw)
     assert "\n" not in str(err.value)
+
+
+def test_a_section_given_a_plain_value_names_its_keys(tmp_path):
+    from mlptrain.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {type: mlp}\n")
+    with pytest.raises(UserError) as err:
+        load_config(path, ["model.init=pytorch"])
+    assert str(err.value) == ("override model.init=pytorch: model.init is a section; set one of its keys "
+                              "(model.init.weights, model.init.biases)")
+    assert load_config(path, ["model.init={weights: he_normal}"]).model.init.biases == "zeros"

@@ -85,6 +85,8 @@ def test_cli_pool_flags(tiny_runs, tmp_path):
     for args, fragment in ((["--pool", "avg", "--grid", "16"], "--grid 16: the run's latent is 8x8"),
                            (["--grid", "0"], "--grid 0: must be in [1,"),
                            (["--pool", "avg", "--layer", "input"], "the input layer has no grid")):
-        assert_clean_failure(mlptrain("extract-features", str(tiny_runs["ae"]), *args, "--out",
-                                      str(tmp_path / "x.npz"), cwd=tmp_path), fragment)
+        result = mlptrain("extract-features", str(tiny_runs["ae"]), *args, "--out", str(tmp_path / "x.npz"),
+                          cwd=tmp_path)
+        assert_clean_failure(result, fragment)
+        assert result.stderr.count("\n") == 1  # no progress display started before the refusal
         assert not (tmp_path / "x.npz").exists()
