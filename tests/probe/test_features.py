@@ -3,6 +3,7 @@ the trained model's own layer, computed here directly from the checkpoint (CPU b
 real datasets; see `tiny_runs` in conftest)."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -47,7 +48,9 @@ def set_input(model, images, scale, shift):
 
 @pytest.fixture(scope="module")
 def ae_latent(tiny_runs, tmp_path_factory):
-    run = tiny_runs["ae"]
+    # a copy: the default output lands in the run directory, which the session's other tests share
+    run = tmp_path_factory.mktemp("copy") / "ae"
+    shutil.copytree(tiny_runs["ae"], run)
     result = cli("extract-features", run, cwd=tmp_path_factory.mktemp("cwd"))
     assert result.returncode == 0, result.stderr
     assert "images/s" in result.stderr
