@@ -4,6 +4,7 @@ The commands run in-process through Typer's runner (a subprocess each would cost
 tests/cli/test_cli.py holds the subprocess checks of exit codes and one-line errors."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,9 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize("name", ["mlp", "ae"])
-def test_evaluate_matches_the_runs_own_metrics(tiny_runs, name):
-    run = tiny_runs[name]
+def test_evaluate_matches_the_runs_own_metrics(tiny_runs, name, tmp_path):
+    run = tmp_path / name  # a copy: eval-test.json lands in the run directory, which other tests share
+    shutil.copytree(tiny_runs[name], run)
     out = invoke("evaluate", run)
     report = json.loads((run / "eval-test.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
