@@ -3,7 +3,8 @@ run records it in summary.json (`fallbacks`, a list of those lines).
 
 The ones outside the kernels: `backend: auto` running on the CPU (mlptrain.backend notes it), a dataset
 smaller than the canonical one (below; e.g. `<root>/cifar10-subset/` used when `<root>/cifar10/` is
-missing), both warned when training starts, after every refusal, so that bad input stays one line; and
+missing), a decoded-data cache that could not be read or written (mlptrain.data.decoded_cache), all warned
+when training starts, after every refusal, so that bad input stays one line; and
 CUDA graphs not captured on a CUDA backend (mlptrain.window), warned when the capture fails. Kernel
 variants are the kernel plan's (mlptrain.numba_kernels).
 """

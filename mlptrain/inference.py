@@ -137,8 +137,9 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     if data is not None:
         check_same_shape(dataset, resources.dataset(trained_config), data)
     model = load_model(config, path, device, model_dataset(config, dataset), rows)
-    for note in device.fallbacks:  # after every refusal: an error stays one line
-        warn(note)
+    for note in [*device.fallbacks, dataset.provenance.cache_note]:  # after every refusal: an error stays one line
+        if note:
+            warn(note)
     scale, shift = input_scale_shift(model, dataset)
     return TrainedModel(run_dir, config, checkpoint, device, dataset, model, scale, shift)
 

@@ -45,8 +45,10 @@ class Session:
     @property
     def fallbacks(self) -> list[str]:
         """What runs instead of what was asked, known before the first step: the backend's (auto on the
-        CPU) and the dataset's (a subset). mlptrain.fallbacks says which others there are."""
-        return [note for note in (*self.backend.fallbacks, subset_note(self.dataset)) if note]
+        CPU) and the dataset's (a subset; a decoded-data cache that could not be used). mlptrain.fallbacks
+        says which others there are."""
+        notes = (*self.backend.fallbacks, subset_note(self.dataset), self.dataset.provenance.cache_note)
+        return [note for note in notes if note]
 
     @property
     def stop_requested(self) -> bool:

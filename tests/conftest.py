@@ -3,6 +3,8 @@ Numba's CUDA simulator (CI). This must run before anything imports numba."""
 
 import ctypes
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,17 @@ def _real_gpu_present() -> bool:
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _real_gpu_present():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+# decoded datasets go to a cache of this session's own, not the developer's ~/.cache (removed at the end)
+_DATA_CACHE = None if "MLPTRAIN_DATA_CACHE" in os.environ else tempfile.mkdtemp(prefix="mlptrain-data-cache-")
+if _DATA_CACHE:
+    os.environ["MLPTRAIN_DATA_CACHE"] = _DATA_CACHE
+
+
+def pytest_unconfigure(config):
+    if _DATA_CACHE:
+        shutil.rmtree(_DATA_CACHE, ignore_errors=True)
+
 
 # tiny test grids are meant to be small; the occupancy warning would only add noise
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.data.cifar_batch import read_cifar_batch
+from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
 from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder
 from mlptrain.data.registry import BuiltinDataset, DataFile, LabelSet
@@ -53,6 +54,11 @@ def load_cifar(spec: BuiltinDataset, root: Path | None = None, label: str | None
     missing = [file.name for file in (*spec.train, *spec.test) if not (folder / file.name).is_file()]
     if missing:
         raise UserError(f"{folder}: missing {', '.join(missing)}; {_fix(spec, folder)}")
+    sources = [folder / file.name for file in (*spec.train, *spec.test)]
+    return load_cached(spec.name, folder, labels.label, sources, lambda: _decode(spec, folder, labels))
+
+
+def _decode(spec: BuiltinDataset, folder: Path, labels: LabelSet) -> ImageDataset:
     train = [_read_verified(spec, folder / file.name, file, labels) for file in spec.train]
     test = [_read_verified(spec, folder / file.name, file, labels) for file in spec.test]
     checksums = tuple((file.name, digest) for file, (_, _, digest) in zip((*spec.train, *spec.test), train + test))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
 from mlptrain.data.download import fetch, offline_error, prepare_folder
 from mlptrain.data.idx import GZIP_MAGIC, gunzip_if_gzipped, parse_idx
@@ -29,6 +30,11 @@ def load_mnist_family(spec: BuiltinDataset, root: Path | None = None) -> ImageDa
     """
     folder = Path(root if root is not None else default_data_root()) / spec.name
     _download_missing(spec, folder)
+    sources = [_find(folder, file) for file in (*spec.train, *spec.test)]
+    return load_cached(spec.name, folder, None, sources, lambda: _decode(spec, folder))
+
+
+def _decode(spec: BuiltinDataset, folder: Path) -> ImageDataset:
     arrays, checksums = {}, []
     for split, (images_file, labels_file) in zip(SPLITS, (spec.train, spec.test)):
         images, images_md5, images_path = _read_verified(folder, images_file)

@@ -162,8 +162,9 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     model = load_model(config, path, backend, dataset, batch)
     if pool is not None:
         check_grid(pool, model.latent_shape)
-    for note in backend.fallbacks:  # after every refusal: an error stays one line
-        warn(note)
+    for note in [*backend.fallbacks, dataset.provenance.cache_note]:  # after every refusal: an error stays one line
+        if note:
+            warn(note)
     scale, shift = input_scale_shift(model, dataset)
     splits = {"train": whole_split(backend, dataset.train_images, dataset.train_labels),
               "test": whole_split(backend, dataset.test_images, dataset.test_labels)}

@@ -1,0 +1,189 @@
+"""Decoded built-in datasets kept on disk, so a run does not gunzip, verify and decode the same files again.
+
+Decoding MNIST from its four .gz files (gunzip, two md5s, the pixel statistics) takes ~0.3 s of every
+run's start; reading back the decoded arrays takes a few hundredths. One entry per dataset folder (and
+label set) lives under the user's cache folder, not beside the data: a shared, read-only data folder
+gets the cache too.
+
+An entry is `MAGIC`, the length and CRC-32 of a JSON header, the header, then the arrays' raw bytes. The header
+holds the key (the dataset, the folder, and each source file's size, mtime, ctime and inode as `stat`
+reports them), the ImageDataset's other fields (mean and std as JSON floats, which read back bitwise;
+the md5s verified when the entry was written) and the CRC-32 of the arrays' bytes. An entry is used only when its
+key is the current one (else the files changed: decoded again, the entry replaced, nothing said) and its
+length and CRC match (else it is corrupt: decoded again and rewritten, with one warning line). It is
+written to a temporary file and renamed into place, so concurrent runs each leave a whole entry.
+
+What the cache could not do reaches the user as the dataset's `cache_note`, which a run warns once and
+records in summary.json's `fallbacks` (mlptrain.fallbacks): the folder cannot be written (read-only, full,
+not a folder), or an entry was corrupt. `MLPTRAIN_DATA_CACHE=off` turns the cache off without a word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from mlptrain.data.dataset import ImageDataset, Provenance
+
+CACHE_ENV = "MLPTRAIN_DATA_CACHE"
+MAGIC = b"MLPTRAIN-DATASET-1\n"
+FORMAT = 1  # bump when a loader decodes differently: every older entry then misses
+PREFIX = len(MAGIC) + 8 + 4  # the magic, the header's length and its CRC-32
+MAX_HEADER = 1 << 20
+ALIGN = 64
+ARRAYS = ("train_images", "train_labels", "test_images", "test_labels", "val_images", "val_labels")
+_OFF = ("", "0", "off", "none", "false")
+
+
+class CorruptEntry(Exception):
+    """An entry that is not a whole, well-formed one (its reason is the message)."""
+
+
+def cache_dir() -> Path | None:
+    """$MLPTRAIN_DATA_CACHE (a folder; `off` turns the cache off: None), else $XDG_CACHE_HOME/mlptrain/decoded
+    or ~/.cache/mlptrain/decoded."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mlptrain" / "decoded"
+
+
+def entry_path(root: Path, name: str, folder: Path, label: str | None) -> Path:
+    where = hashlib.sha256(json.dumps([name, str(folder), label]).encode()).hexdigest()[:16]
+    return root / f"{name}-{where}.data"
+
+
+def source_key(name: str, folder: Path, label: str | None, sources: list[Path]) -> dict:
+    """What an entry must have been made from: a change to any source file changes its stat (ctime and the
+    inode as well as size and mtime, so even a same-sized copy with its old mtime restored misses)."""
+    files = []
+    for path in sources:
+        st = path.stat()
+        files.append([path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+    return {"format": FORMAT, "dataset": name, "folder": str(folder), "label": label, "files": files}
+
+
+def load_cached(name: str, folder: Path, label: str | None, sources: list[Path],
+                decode: Callable[[], ImageDataset]) -> ImageDataset:
+    """The dataset `decode()` returns for the files `sources` in `folder`, from the cache when it holds them
+    unchanged; else decoded (refusals are decode's) and stored. See the module docstring."""
+    root = cache_dir()
+    if root is None:
+        return decode()
+    folder = folder.resolve()
+    path, key = entry_path(root, name, folder, label), source_key(name, folder, label, sources)
+    note = None
+    try:
+        return read_entry(path, key)
+    except (FileNotFoundError, NotADirectoryError):  # absent, stale, or no cache folder (the write says why)
+        pass
+    except CorruptEntry as why:
+        note = f"data cache: {path} {why}; {name} decoded from {folder} again and the entry rewritten"
+    except OSError as err:
+        note = f"data cache: cannot read {path} ({err.strerror or err}); {name} decoded from {folder}"
+    dataset = decode()
+    written = write_entry(path, key, dataset)
+    if written is not None and note is None:
+        note = (f"data cache: cannot write {root} ({written}); {name} is decoded from its files on every run "
+                f"(set {CACHE_ENV} to a writable folder, or to off)")
+    if note is None:
+        return dataset
+    return dataclasses.replace(dataset, provenance=dataclasses.replace(dataset.provenance, cache_note=note))
+
+
+def read_entry(path: Path, key: dict) -> ImageDataset:
+    """The dataset stored at `path` for `key`; FileNotFoundError when absent or made from other files
+    (stale), CorruptEntry when damaged, OSError when unreadable."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        head = file.read(PREFIX)
+        if len(head) < PREFIX or not head.startswith(MAGIC):
+            raise CorruptEntry("is not a data cache entry")
+        length = int.from_bytes(head[len(MAGIC):len(MAGIC) + 8], "little")
+        text = file.read(min(length, MAX_HEADER))
+        if len(text) != length or zlib.crc32(text) != int.from_bytes(head[-4:], "little"):
+            raise CorruptEntry("has a damaged or truncated header")
+        try:
+            header = json.loads(text)
+        except (ValueError, UnicodeDecodeError):
+            raise CorruptEntry("has a damaged header") from None
+        if not isinstance(header, dict) or header.get("key") != key:
+            raise FileNotFoundError(path)  # stale: its files changed since (or another folder's entry)
+        try:
+            start, total = PREFIX + length, header["bytes"]
+            if size != start + total:
+                raise CorruptEntry(f"is truncated or padded ({size} bytes, expected {start + total})")
+            file.seek(start)
+            data = bytearray(total)
+            if file.readinto(data) != total or zlib.crc32(data) != header["crc32"]:
+                raise CorruptEntry("fails its CRC-32 check")
+            return _dataset(header, data)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptEntry(f"has a damaged header ({type(err).__name__}: {err})") from None
+
+
+def _dataset(header: dict, data: bytearray) -> ImageDataset:
+    arrays = {}
+    for name, dtype, shape, offset in header["arrays"]:
+        if name not in ARRAYS:
+            raise ValueError(f"unknown array {name!r}")
+        count = int(np.prod(shape))
+        arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)
+    fields = header["fields"]
+    provenance = Provenance(fields["location"], tuple(tuple(c) for c in fields["checksums"]), fields["label"])
+    return ImageDataset(name=fields["name"], image_shape=tuple(fields["image_shape"]),
+                        num_classes=fields["num_classes"], mean=fields["mean"], std=fields["std"],
+                        class_names=tuple(fields["class_names"]), value_scale=fields["value_scale"],
+                        provenance=provenance, **arrays)
+
+
+def write_entry(path: Path, key: dict, dataset: ImageDataset) -> str | None:
+    """Store `dataset` at `path` (temporary file, then rename); None when written, else why not."""
+    placed, chunks, crc, at = [], [], 0, 0
+    for name in ARRAYS:
+        array = getattr(dataset, name)
+        if array is None:
+            continue
+        padding = -at % ALIGN
+        chunks += [bytes(padding), memoryview(np.ascontiguousarray(array)).cast("B")]
+        placed.append([name, array.dtype.str, list(array.shape), at + padding])
+        at += padding + array.nbytes
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    source = dataset.provenance
+    fields = {"name": dataset.name, "image_shape": list(dataset.image_shape), "num_classes": dataset.num_classes,
+              "mean": dataset.mean, "std": dataset.std, "class_names": list(dataset.class_names),
+              "value_scale": dataset.value_scale, "location": source.location,
+              "checksums": [list(c) for c in source.checksums], "label": source.label}
+    text = json.dumps({"key": key, "fields": fields, "arrays": placed, "bytes": at, "crc32": crc}).encode()
+    text = text.ljust(len(text) + -(PREFIX + len(text)) % ALIGN)  # JSON ignores the trailing spaces
+    prefix = MAGIC + len(text).to_bytes(8, "little") + zlib.crc32(text).to_bytes(4, "little")
+    return _replace(path, [prefix, text, *chunks])
+
+
+def _replace(path: Path, parts: list) -> str | None:
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as file:
+            for part in parts:
+                file.write(part)
+        os.replace(tmp, path)
+        return None
+    except OSError as err:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return err.strerror or str(err)
