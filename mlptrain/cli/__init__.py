@@ -25,12 +25,10 @@ def _interrupted_at_start(kind, value, traceback) -> None:
 _previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
 
 import typer  # noqa: E402
-from rich.markup import escape  # noqa: E402
 
 from mlptrain import __version__  # noqa: E402
 from mlptrain.cli import cache, compare, configs, evaluate, export, features, predict, run, svm, sweep, warmup  # noqa: E402
 from mlptrain.errors import UserError  # noqa: E402
-from mlptrain.tracking import console  # noqa: E402
 
 MAX_MESSAGE = 2000  # a message echoes values cut short already; this bounds whatever slipped through
 
@@ -93,6 +91,10 @@ def _main() -> None:
     try:
         app(prog_name="mlptrain")
     except UserError as err:
+        from rich.markup import escape
+
+        from mlptrain.tracking import console
+
         code = getattr(err, "exit_code", 2)
         label = "error:" if code == 2 else "stopped:"
         text = str(err) if getattr(err, "multiline", False) else " ".join(str(err).split("\n"))

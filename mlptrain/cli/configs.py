@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-import yaml
-from rich.syntax import Syntax
 from rich.table import Table
 
 from mlptrain.config import read_yaml
@@ -89,6 +87,8 @@ def show(name: str = typer.Argument(..., help="a built-in config or sweep name, 
 
 def print_resolved(path: Path, overrides: list[str]) -> None:
     """The config of `path` with `overrides`, every default filled in, as YAML a run reads back."""
+    import yaml
+
     from mlptrain.config import load_config
     from mlptrain.experiment import run_record
 
@@ -98,6 +98,8 @@ def print_resolved(path: Path, overrides: list[str]) -> None:
 
 def print_yaml(text: str) -> None:
     if console.is_terminal:
+        from rich.syntax import Syntax  # pygments: only for a terminal
+
         console.print(Syntax(text, "yaml"))
     else:  # plain text, so `mlptrain configs show x > my.yaml` gives a usable file
         typer.echo(text, nl=False)

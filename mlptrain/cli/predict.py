@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
@@ -30,6 +29,8 @@ def predict(
                                              help="images per batch (default: the run's train.eval_batch_size)"),
 ) -> None:
     """Run a trained model on images; writes probabilities and classes (or reconstructions) to an .npz."""
+    import numpy as np
+
     from mlptrain.atomic import atomic_write
     from mlptrain.image_files import read_images
     from mlptrain.inference import load_trained, softmax

@@ -8,17 +8,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from mlptrain.cli.configs import print_resolved, resolve_config
-from mlptrain.cli.seeds import run_seeds
-from mlptrain.config import load_config
 from mlptrain.errors import UserError
-from mlptrain.experiment import Resources, check_same_dataset, create_run
-from mlptrain.interrupt import StopOnSignal
-from mlptrain.resume import prepare_resume
-from mlptrain.runs import check_run_name
-from mlptrain.tracking import console
 
 
 def run(
@@ -38,7 +30,17 @@ def run(
                                              "NAME/seeds.json and each metric's mean and 95% CI"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
+    # here, not at the top: `mlptrain --help` and the other commands need none of this (numpy, the data loaders)
+    from rich.table import Table
+
+    from mlptrain.cli.seeds import run_seeds
+    from mlptrain.config import load_config
+    from mlptrain.experiment import Resources, check_same_dataset, create_run
+    from mlptrain.interrupt import StopOnSignal
+    from mlptrain.resume import prepare_resume
+    from mlptrain.runs import check_run_name
     from mlptrain.session import build_session
+    from mlptrain.tracking import console
     from mlptrain.train import train
 
     overrides = overrides or []

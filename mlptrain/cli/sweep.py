@@ -12,12 +12,9 @@ from rich.console import Console
 from rich.measure import Measurement
 
 from mlptrain.cli.configs import builtin_configs, builtin_sweeps, unknown_builtin
-from mlptrain.config import config_from_dict
 from mlptrain.errors import UserError
-from mlptrain.experiment import Resources, check_inputs
 from mlptrain.interrupt import interrupt_exit_code, sigterm_as_interrupt
 from mlptrain.runs import check_run_name
-from mlptrain.sweep.spec import load_sweep
 from mlptrain.tracking import console
 
 
@@ -59,7 +56,10 @@ def sweep(
                                 "are several)"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
+    from mlptrain.config import config_from_dict
+    from mlptrain.experiment import Resources, check_inputs  # numpy and the data loaders: only when used
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
+    from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.report import results_table, trial_rows, write_results
 
     path = resolve_sweep(sweep_file)

@@ -12,8 +12,6 @@ from typing import List, Optional
 import typer
 
 from mlptrain.cli.configs import resolve_config
-from mlptrain.config import load_config
-from mlptrain.experiment import Resources
 from mlptrain.tracking import console
 
 
@@ -23,6 +21,8 @@ def warmup(
 ) -> None:
     """Compile the kernels a config needs into the kernel cache (`mlptrain cache` shows it), then exit."""
     from mlptrain.compilation import compile_kernels
+    from mlptrain.config import load_config
+    from mlptrain.experiment import Resources
     from mlptrain.session import build_session
 
     cfg = load_config(resolve_config(config), overrides or [])

@@ -2,11 +2,8 @@
 
 import contextlib
 import hashlib
-import http.client
 import os
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from rich.console import Console
@@ -43,6 +40,8 @@ def fetch(urls: list[str], dest: Path, md5: str | set[str], *, timeout: float = 
     Raises `UserError` naming `dest` when no mirror delivers the file or the
     folder cannot be written.
     """
+    import urllib.request  # here: http, ssl and email take ~15 ms to import, and only a download needs them
+
     dest = Path(dest)
     expected = {md5} if isinstance(md5, str) else set(md5)
     failures = []
@@ -80,6 +79,8 @@ def _fetch_one(url: str, dest: Path, expected: set[str], timeout: float, opener)
 
 def _stream(url: str, out, label: str, timeout: float, opener) -> str:
     """Copy the body of `url` into the open file `out`; return its hex md5."""
+    import http.client
+
     digest = hashlib.md5()
     try:
         response = opener(url, timeout=timeout)
@@ -115,6 +116,8 @@ def _progress(url: str) -> Progress:
 
 def _describe(error: BaseException) -> str:
     """A short reason for a failed request, without urllib's `<urlopen error ...>` wrapping."""
+    import urllib.error
+
     if isinstance(error, urllib.error.HTTPError):
         return f"HTTP {error.code} {error.reason}"
     if isinstance(error, urllib.error.URLError):
