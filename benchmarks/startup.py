@@ -37,25 +37,28 @@ import mlptrain
 marks['package'] = mlptrain.STARTED
 import mlptrain.cli
 marks['cli imported'] = time.time()
-import mlptrain.cli.run as run, mlptrain.experiment as experiment, mlptrain.session as session
-import mlptrain.train as train, mlptrain.window as window
+import mlptrain.cli.run as run, mlptrain.config as config, mlptrain.experiment as experiment
+import mlptrain.session as session, mlptrain.train as train, mlptrain.window as window
 
-def timed(owner, name, label):
-    inner = getattr(owner, name)
+def timed(owners, name, label):
+    # every module that holds the name (a command may import it at the top or when it runs)
+    inner = getattr(owners[0], name)
     def wrapper(*args, **kwargs):
         marks.setdefault(label + ' start', time.time())
         try:
             return inner(*args, **kwargs)
         finally:
             marks.setdefault(label + ' end', time.time())
-    setattr(owner, name, wrapper)
+    for owner in owners:
+        if hasattr(owner, name):
+            setattr(owner, name, wrapper)
 
-timed(run, 'load_config', 'config')
-timed(experiment, 'get_backend', 'backend')
-timed(experiment, 'load_dataset', 'dataset')
-timed(session, 'build_session', 'session')
-timed(run, 'create_run', 'run dir')
-timed(train, 'RunLogger', 'tensorboard writer')
+timed([config, run], 'load_config', 'config')
+timed([experiment], 'get_backend', 'backend')
+timed([experiment], 'load_dataset', 'dataset')
+timed([session], 'build_session', 'session')
+timed([experiment, run], 'create_run', 'run dir')
+timed([train], 'RunLogger', 'tensorboard writer')
 step = window.TrainingWindow.run
 def first_step(self, *args):
     step(self, *args)
@@ -71,7 +74,7 @@ raise SystemExit('the run ended before its first step')
 PHASES = [  # (label, from mark, to mark)
     ("interpreter (to `import mlptrain`)", "launch", "package"),
     ("imports of the CLI", "package", "cli imported"),
-    ("CLI parsing, config", "cli imported", "config end"),
+    ("CLI parsing, run's imports, config", "cli imported", "config end"),
     ("backend", "backend start", "backend end"),
     ("dataset (find, verify, decode)", "dataset start", "dataset end"),
     ("session (model, buffers)", "session start", "session end"),

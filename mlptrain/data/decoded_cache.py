@@ -64,12 +64,14 @@ def entry_path(root: Path, name: str, folder: Path, label: str | None) -> Path:
 
 def source_key(name: str, folder: Path, label: str | None, sources: list[Path]) -> dict:
     """What an entry must have been made from: a change to any source file changes its stat (ctime and the
-    inode as well as size and mtime, so even a same-sized copy with its old mtime restored misses)."""
+    inode as well as size and mtime, so even a same-sized copy with its old mtime restored misses). The folder
+    as given too: the dataset's record names it so (a link to the same folder is another key)."""
     files = []
     for path in sources:
         st = path.stat()
         files.append([path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
-    return {"format": FORMAT, "dataset": name, "folder": str(folder), "label": label, "files": files}
+    return {"format": FORMAT, "dataset": name, "folder": str(folder), "resolved": str(folder.resolve()),
+            "label": label, "files": files}
 
 
 def load_cached(name: str, folder: Path, label: str | None, sources: list[Path],
@@ -79,8 +81,7 @@ def load_cached(name: str, folder: Path, label: str | None, sources: list[Path],
     root = cache_dir()
     if root is None:
         return decode()
-    folder = folder.resolve()
-    path, key = entry_path(root, name, folder, label), source_key(name, folder, label, sources)
+    path, key = entry_path(root, name, folder.resolve(), label), source_key(name, folder, label, sources)
     note = None
     try:
         return read_entry(path, key)

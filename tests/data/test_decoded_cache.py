@@ -129,6 +129,17 @@ def test_another_folder_or_label_set_is_another_entry(source, cache, tmp_path):
     assert decode.calls == 2 and len(entries(cache)) == 3
 
 
+def test_a_link_to_the_folder_gets_the_record_decoding_gives(source, cache, tmp_path):
+    """The dataset's record names the folder as given: an entry written through another path is not used."""
+    link = tmp_path / "link"
+    link.symlink_to(source.parent)
+    decode = Decoder(source)
+    load(source, decode)
+    through = load_cached("tiny", link, None, [link / "a.bin"], lambda: tiny(link, 0))
+    assert through.provenance.location == str(link) and through.provenance.cache_note is None
+    assert len(entries(cache)) == 1  # the same folder: one entry, now written through the link
+
+
 @pytest.mark.parametrize("damage, why", [
     (lambda b: b[:-1], "truncated"),
     (lambda b: b + b"\0", "truncated or padded"),
