@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import shutil
-import tarfile
 import tempfile
 import zlib
 from pathlib import Path
@@ -158,6 +157,8 @@ def _extract(spec: BuiltinDataset, archive: Path, folder: Path) -> Path:
 
 def _extract_members(spec: BuiltinDataset, archive: Path, temp: Path) -> None:
     """Copy each member of `archive` into `temp` by its base name; refuse any other member."""
+    import tarfile  # here: only an archive being extracted needs it (~5 ms of every start otherwise)
+
     names = (*(f.name for f in (*spec.train, *spec.test)), *spec.other_members)
     expected = {f"{spec.batch_folder}/{name}": name for name in names}
     try:
