@@ -81,22 +81,28 @@ def load_cached(name: str, folder: Path, label: str | None, sources: list[Path],
     root = cache_dir()
     if root is None:
         return decode()
-    path, key = entry_path(root, name, folder.resolve(), label), source_key(name, folder, label, sources)
-    note = None
+    try:
+        path, key = entry_path(root, name, folder.resolve(), label), source_key(name, folder, label, sources)
+    except OSError:  # a source file that cannot be looked at: decoding names it in its own refusal
+        return decode()
+    problem = None
     try:
         return read_entry(path, key)
     except (FileNotFoundError, NotADirectoryError):  # absent, stale, or no cache folder (the write says why)
         pass
     except CorruptEntry as why:
-        note = f"data cache: {path} {why}; {name} decoded from {folder} again and the entry rewritten"
+        problem = f"{path} {why}"
     except OSError as err:
-        note = f"data cache: cannot read {path} ({err.strerror or err}); {name} decoded from {folder}"
+        problem = f"cannot read {path} ({err.strerror or err})"
     dataset = decode()
-    written = write_entry(path, key, dataset)
-    if written is not None and note is None:
-        note = (f"data cache: cannot write {root} ({written}); {name} is decoded from its files on every run "
+    not_written = write_entry(path, key, dataset)
+    if problem is not None:
+        done = "the entry rewritten" if not_written is None else f"the entry not rewritten ({not_written})"
+        note = f"data cache: {problem}; {name} decoded from {folder} again, {done}"
+    elif not_written is not None:
+        note = (f"data cache: cannot write {root} ({not_written}); {name} is decoded from its files on every run "
                 f"(set {CACHE_ENV} to a writable folder, or to off)")
-    if note is None:
+    else:
         return dataset
     return dataclasses.replace(dataset, provenance=dataclasses.replace(dataset.provenance, cache_note=note))
 
@@ -172,6 +178,7 @@ def write_entry(path: Path, key: dict, dataset: ImageDataset) -> str | None:
 
 
 def _replace(path: Path, parts: list) -> str | None:
+    """No fsync: a torn entry after a crash fails its length or CRC check and is rebuilt."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,11 +187,13 @@ def _replace(path: Path, parts: list) -> str | None:
             for part in parts:
                 file.write(part)
         os.replace(tmp, path)
+        tmp = None
         return None
     except OSError as err:
+        return err.strerror or str(err)
+    finally:  # also on Ctrl-C: no temporary file (tens of MB) outlives the call
         if tmp is not None:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-        return err.strerror or str(err)
