@@ -121,7 +121,7 @@ def read_entry(path: Path, key: dict) -> ImageDataset:
             raise CorruptEntry("has a damaged or truncated header")
         try:
             header = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise CorruptEntry("has a damaged header") from None
         if not isinstance(header, dict) or header.get("key") != key:
             raise FileNotFoundError(path)  # stale: its files changed since (or another folder's entry)
