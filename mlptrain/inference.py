@@ -80,20 +80,35 @@ class TrainedModel:
         row_loss, row_correct = backend.empty((max(split.size, 1),)), backend.empty((max(split.size, 1),), np.int32)
         unit_scale = backend.to_device(np.ones(1, np.float64))  # loss scale 1: the gradient is discarded
         outputs = []
-        for start in range(0, split.size, rows_max):
-            rows = min(rows_max, split.size - start)
-            x, labels = self.model.batch(rows)
-            backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, start, x, labels,
-                                              self.scale, self.shift)
-            out = self.forward(rows)
-            self.model.loss(rows, row_loss, row_correct, start, 0.0, unit_scale)
-            outputs.append(to_float32(backend.to_host(out)).astype(np.float32, copy=True))
-            if on_batch is not None:
-                on_batch(rows)
+        with np.errstate(over="ignore", invalid="ignore"):  # a non-finite output is refused below, in one line
+            for start in range(0, split.size, rows_max):
+                self.run_batch(split, start, min(rows_max, split.size - start), row_loss, row_correct, unit_scale,
+                               outputs)
+                if on_batch is not None:
+                    on_batch(min(rows_max, split.size - start))
         out = np.concatenate(outputs) if outputs else np.empty((0, self.output_width), np.float32)
+        loss = backend.to_host(row_loss)[:split.size].astype(np.float64)
+        if not (np.isfinite(out).all() and np.isfinite(loss).all()):
+            raise UserError(f"{self.run_dir}: the {self.checkpoint} checkpoint's model gives NaN or infinite outputs "
+                            f"(parameters up to {self.largest_parameter():.3g}); the checkpoint is damaged or its "
+                            "run diverged: use another checkpoint or run")
         if not self.classifies:
             out = self.dataset_rows(out)
-        return out, backend.to_host(row_loss)[:split.size].astype(np.float64)
+        return out, loss
+
+    def run_batch(self, split: ResidentSplit, start: int, rows: int, row_loss, row_correct, unit_scale,
+                  outputs: list) -> None:
+        """Rows [start, start + rows) of `split` through the model: the output appended to `outputs`, the
+        per-sample loss into `row_loss`."""
+        x, labels = self.model.batch(rows)
+        self.backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, start, x, labels,
+                                               self.scale, self.shift)
+        out = self.forward(rows)
+        self.model.loss(rows, row_loss, row_correct, start, 0.0, unit_scale)
+        outputs.append(to_float32(self.backend.to_host(out)).astype(np.float32, copy=True))
+
+    def largest_parameter(self) -> float:
+        return max((float(np.abs(v).max()) for v in self.parameters().values() if v.size), default=0.0)
 
     def forward(self, rows: int):
         """The model's output for the gathered batch: logits, or the reconstruction (model layout)."""
@@ -121,6 +136,7 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     it (see `with_data`), `precision` replaces the run's (fp32 reads the master weights as they are).
     Raises UserError, every refusal before the dataset is read."""
     from mlptrain.experiment import Resources
+    from mlptrain.memory import check_model_fits
     from mlptrain.nn import input_scale_shift, model_dataset
     from mlptrain.probe.features import load_model, load_run
 
@@ -136,7 +152,12 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     device, dataset = resources.prepare(config)
     if data is not None:
         check_same_shape(dataset, resources.dataset(trained_config), data)
-    model = load_model(config, path, device, model_dataset(config, dataset), rows)
+    # as extract-features: a batch beyond the larger split is never filled (a run may have trained with
+    # train.eval_batch_size=1e9), and what remains must fit before anything is allocated
+    rows = min(rows, max(len(dataset.train_images), len(dataset.test_images), 1))
+    fed = model_dataset(config, dataset)
+    check_model_fits(config, device, fed, rows, "--batch-size" if batch_size else "train.eval_batch_size")
+    model = load_model(config, path, device, fed, rows)
     for note in [*device.fallbacks, dataset.provenance.cache_note]:  # after every refusal: an error stays one line
         if note:
             warn(note)

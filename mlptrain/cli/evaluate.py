@@ -35,12 +35,12 @@ def evaluate(
     from mlptrain.inference import SPLITS, load_trained
     from mlptrain.probe.features import load_run
 
-    load_run(run_dir, checkpoint)  # every refusal before the dataset is read
+    config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     if split not in SPLITS:
         raise UserError(f"--split {split}: use {', '.join(SPLITS)}")
     rows = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     default = f"eval-{split}.json" if data is None else f"eval-{split}-{_slug(data)}.json"
-    out = new_output(out if out is not None else run_dir / default, force)
+    out = new_output(out if out is not None else run_dir / default, force, (config.data.path,))
     claim_output(out, "evaluate")  # a busy run or a read-only folder: one line now, not after the work
     trained = load_trained(run_dir, checkpoint, backend_name(backend), rows, data)
     with pass_progress() as progress:

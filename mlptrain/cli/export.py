@@ -27,9 +27,9 @@ def export(
     from mlptrain.inference import load_trained
     from mlptrain.probe.features import load_run
 
-    load_run(run_dir, checkpoint)  # every refusal before the dataset is read
+    config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     fmt = check_format(fmt)
-    out = new_output(out if out is not None else run_dir / f"model{FORMATS[fmt]}", force)
+    out = new_output(out if out is not None else run_dir / f"model{FORMATS[fmt]}", force, (config.data.path,))
     claim_output(out, "export")  # a busy run or a read-only folder: one line now, not after the work
     # fp32: the export holds the master weights, and the ONNX check compares float32 with float32
     trained = load_trained(run_dir, checkpoint, "cpu", CHECK_IMAGES, precision="fp32")

@@ -35,7 +35,7 @@ def extract_features(
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     pooling = grid_pool(pool, positive_int(grid, "--grid") if grid is not None else None,
                         resolve_layer(config, layer))
-    out = new_output(out if out is not None else run_dir / "features.npz", force)
+    out = new_output(out if out is not None else run_dir / "features.npz", force, (config.data.path,))
     claim_output(out, "extract-features")
     batch = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     with pass_progress() as progress:

@@ -25,13 +25,28 @@ def positive_int(text: str, flag: str, maximum: int = MAX_INT) -> int:
     return value
 
 
-def new_output(path: Path, force: bool) -> Path:
-    """`path` may be written: its folder exists, it is not a folder, and it does not exist unless `force`
-    (results are not replaced without a word)."""
+# what makes a folder a run (or a seeds / sweep directory): never replaced by a command's output, --force or not
+RUN_RECORDS = ("config.yaml", "summary.json", "metrics.jsonl", "grad_norms.npy", ".lock", "seeds.json",
+               "results.json", "results.csv", "study.db")
+
+
+def new_output(path: Path, force: bool, reads: tuple = ()) -> Path:
+    """`path` may be written: its folder exists, it is not a folder, it is none of the files the command
+    `reads` nor a run's own record or checkpoint, and it does not exist unless `force` (results are not
+    replaced without a word)."""
     if path.is_dir():
         raise UserError(f"--out {path}: is a directory; name a file in it")
     if not path.parent.is_dir():
         raise UserError(f"--out {path}: no such directory {path.parent}")
+    for source in (Path(r) for r in reads if r is not None):
+        if path.resolve() == source.resolve() or (path.exists() and source.exists() and path.samefile(source)):
+            raise UserError(f"--out {path}: is {source}, which this command reads; name another file")
+    folder = path.resolve().parent
+    run = folder.parent if folder.name == "checkpoints" else folder
+    if (run / "config.yaml").is_file() and (run != folder or path.name in RUN_RECORDS
+                                            or path.name.startswith("events.out.tfevents")):
+        raise UserError(f"--out {path}: belongs to the run {run} (its config, records and "
+                        "checkpoints are never replaced); name another file")
     if path.exists() and not force:
         raise UserError(f"{path} exists; add --force to overwrite it, or --out another file")
     return path

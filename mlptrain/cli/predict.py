@@ -36,9 +36,10 @@ def predict(
     from mlptrain.inference import load_trained, softmax
     from mlptrain.probe.features import load_run
 
-    load_run(run_dir, checkpoint)  # every refusal before the dataset is read
+    config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     rows = positive_int(batch_size, "--batch-size") if batch_size is not None else None
-    out = new_output(out if out is not None else run_dir / "predictions.npz", force)
+    out = new_output(out if out is not None else run_dir / "predictions.npz", force,
+                     (inputs, config.data.path))
     claim_output(out, "predict")  # a busy run or a read-only folder: one line now, not after the work
     if not inputs.exists():
         raise UserError(f"{inputs}: no such file or folder")

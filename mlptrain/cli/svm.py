@@ -35,7 +35,7 @@ def svm(
     cs = parse_c_values(c)
     iterations = positive_int(max_iter, "--max-iter")
     data = load_features(features)
-    out = new_output(out if out is not None else features.parent / "svm.json", force)
+    out = new_output(out if out is not None else features.parent / "svm.json", force, (features,))
     claim_output(out, "svm")
     report = svm_report(data, features, cs, standardize=not no_standardize, max_iter=iterations)
     for note in report["warnings"]:
