@@ -14,6 +14,7 @@ import numpy as np
 
 from mlptrain.atomic import atomic_write
 from mlptrain.errors import UserError
+from mlptrain.npz_sizes import check_npz_sizes
 from mlptrain.safe_yaml import brief_text
 
 
@@ -38,6 +39,7 @@ COUNTERS = ("meta/epoch", "meta/window", "meta/seed", "plateau/bad_evaluations")
 def load_checkpoint(path: Path) -> dict[str, np.ndarray]:
     """The checkpoint's arrays, each checked to be numbers (no strings or objects), finite where training
     continues from it, and scalar counters where a counter is expected; raises UserError naming the array."""
+    check_npz_sizes(path, "checkpoint")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}

@@ -4,15 +4,20 @@ pixels 0..255, as the dataset that trained the model stores them."""
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from mlptrain.errors import UserError
+from mlptrain.npz_sizes import check_npz_sizes
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 NPZ_KEYS = ("images", "x", "test_x")  # the array read from an .npz holding several
+# Pillow modes of 8 bits per channel, converted to grey or RGB as the model reads; 16-bit and float modes
+# (I;16, I, F) would be clipped to 0..255 by that conversion, so they are refused
+EIGHT_BIT_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 
 
 def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tuple[np.ndarray, list[str]]:
@@ -34,28 +39,39 @@ def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tup
 
 def read_image_file(path: Path, image_shape: tuple[int, ...]) -> np.ndarray:
     """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (not resized)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if len(image_shape) != 3 or image_shape[0] not in (1, 3):
         raise UserError(f"{path}: the model reads {image_shape} values, not images; give an .npz")
     channels, height, width = image_shape
     try:
-        with Image.open(path) as image:
-            image = image.convert("L" if channels == 1 else "RGB")
-            pixels = np.asarray(image, np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise UserError(f"{path}: not a readable image ({err})") from None
-    if pixels.shape[:2] != (height, width):
-        raise UserError(f"{path}: the image is {pixels.shape[1]}x{pixels.shape[0]} pixels; the model reads "
-                        f"{width}x{height} (resize it first)")
+        with warnings.catch_warnings():
+            # a huge declared size is refused below from the header alone, before anything is decoded
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                if image.size != (width, height):
+                    raise UserError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels; the model "
+                                    f"reads {width}x{height} (resize it first)")
+                if image.mode not in EIGHT_BIT_MODES:
+                    raise UserError(f"{path}: image mode {image.mode} is not 8 bits per channel (converting it "
+                                    "would clip its values); save it as 8-bit grey or RGB")
+                pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"), np.uint8)
+    except UserError:
+        raise
+    # A damaged image surfaces as many exception types (OSError, SyntaxError, struct.error, Pillow's
+    # DecompressionBombError, ...) depending on the format and the damage.
+    except Exception as err:
+        raise UserError(f"{path}: not a readable image ({type(err).__name__}: {err})") from None
     return pixels.reshape(height, width, channels).transpose(2, 0, 1).reshape(-1)
 
 
 def read_npz(path: Path) -> np.ndarray:
+    check_npz_sizes(path)
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if not isinstance(npz, np.lib.npyio.NpzFile):
-                raise UserError(f"{path}: a single .npy array; save images with np.savez(path, images=...)")
+        npz = np.load(path, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):  # an .npy saved under an .npz name: no `with` there
+            raise UserError(f"{path}: a single .npy array; save images with np.savez(path, images=...)")
+        with npz:
             key = next((k for k in NPZ_KEYS if k in npz.files), npz.files[0] if len(npz.files) == 1 else None)
             if key is None:
                 raise UserError(f"{path}: holds {', '.join(npz.files) or 'no arrays'}; name the images one of "
@@ -76,6 +92,8 @@ def image_rows(array: np.ndarray, image_shape: tuple[int, ...], dtype, path: Pat
     if array.ndim < 2 or tuple(array.shape[1:]) not in accepted:
         raise UserError(f"{path}: images of shape {array.shape}; the model reads (N, "
                         f"{', '.join(map(str, shape))}) or (N, {size}) arrays")
+    if n == 0:
+        raise UserError(f"{path}: holds no images (shape {array.shape}); give at least one")
     if len(shape) == 3 and tuple(array.shape[1:]) not in accepted[:2]:
         array = array.reshape(n, shape[1], shape[2], shape[0]).transpose(0, 3, 1, 2)
     rows = array.reshape(n, size)

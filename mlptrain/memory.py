@@ -108,7 +108,7 @@ def _layout(config, backend, dataset):
 
 def available(backend) -> tuple[int | None, int | None]:
     """(free device bytes, available host bytes); None where unknown. The cpu backend's device is the host."""
-    host = _host_available()
+    host = host_available()
     if backend.name != "cuda":
         return host, host
     try:
@@ -120,7 +120,7 @@ def available(backend) -> tuple[int | None, int | None]:
         return None, host
 
 
-def _host_available() -> int | None:
+def host_available() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:

@@ -65,3 +65,37 @@ def test_bad_files_are_refused_in_one_line(tmp_path, make, fragment):
         path = path.with_suffix(".npz")
     with pytest.raises(UserError, match=fragment):
         read_images(path, MNIST)
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height grey pixels, followed by a few bytes of data: Pillow's
+    decompression-bomb limit refuses it when opened."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("make, fragment", [
+    # 16-bit grey: converting it to 8 bits would clip every value above 255
+    (lambda p: __import__("PIL.Image").Image.fromarray(np.full((28, 28), 60000, np.uint16)).save(p),
+     "image mode I;16 is not 8 bits per channel"),
+    (lambda p: p.write_bytes(png_declaring(60000, 60000)), r"not a readable image \(DecompressionBombError"),
+    (lambda p: p.write_bytes(png_declaring(12000, 12000)), "the image is 12000x12000 pixels; the model reads 28x28"),
+    (lambda p: np.save(p.with_suffix(".npz").open("wb"), np.zeros((2, 784), np.uint8)), "a single .npy array"),
+    (lambda p: np.savez(p.with_suffix(".npz"), images=np.zeros((0, 28, 28), np.uint8)),
+     r"holds no images \(shape \(0, 28, 28\)\)"),
+])
+def test_hostile_files_are_refused_in_one_line(tmp_path, make, fragment, recwarn):
+    path = tmp_path / "input.png"
+    make(path)
+    if not path.exists():
+        path = path.with_suffix(".npz")
+    with pytest.raises(UserError, match=fragment):
+        read_images(path, MNIST)
+    assert not [w for w in recwarn if "DecompressionBomb" in str(w.category)]  # no second line on stderr

@@ -20,6 +20,7 @@ import numpy as np
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.data.download import md5sum
 from mlptrain.errors import UserError
+from mlptrain.npz_sizes import check_npz_sizes
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")
@@ -66,6 +67,7 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     if not head.startswith(ZIP_MAGIC):  # np.load would try to unpickle it, and say so confusingly
         raise UserError(f"{path}: not an .npz archive (an .npz is a zip file; this one does not start as one); "
                         f"save one with {SAVE_HINT}")
+    check_npz_sizes(path, "npz dataset")
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:  # a damaged zip

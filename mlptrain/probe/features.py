@@ -35,6 +35,7 @@ from mlptrain.config import Config, load_config
 from mlptrain.data.loader import ResidentSplit, whole_split
 from mlptrain.errors import UserError
 from mlptrain.fallbacks import warn
+from mlptrain.npz_sizes import check_npz_sizes
 from mlptrain.precision import to_float32
 from mlptrain.probe.pooling import GridPool, check_grid
 
@@ -222,6 +223,7 @@ def load_features(path: Path) -> FeatureSet:
     Raises UserError naming the file."""
     if not path.is_file():
         raise UserError(f"{path}: no such features file")
+    check_npz_sizes(path, "features file")
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:

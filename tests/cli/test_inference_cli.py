@@ -153,3 +153,58 @@ def test_bare_command_prints_help_and_version(tmp_path):
     assert bare.returncode == 0 and "Usage: mlptrain" in bare.stdout and "evaluate" in bare.stdout
     version = mlptrain("--version", cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.strip() == f"mlptrain {__import__('mlptrain').__version__}"
+
+
+def test_no_output_replaces_an_input_or_a_runs_own_files_even_with_force(tiny_runs, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs["mlp"], run)
+    images, features = tmp_path / "images.npz", tmp_path / "f.npz"
+    np.savez(images, images=np.zeros((2, 28, 28), np.uint8))
+    x, y = np.eye(4, dtype=np.float32), np.arange(4) % 2
+    np.savez(features, train_x=x, train_y=y, test_x=x, test_y=y)
+    kept = {p: p.read_bytes() for p in (images, features, run / "config.yaml", run / "checkpoints" / "best.npz",
+                                        run / "summary.json")}
+    commands = [(["predict", run, images, "--out", images], "which this command reads"),
+                (["svm", features, "--out", features], "which this command reads")]
+    for target in ("config.yaml", "checkpoints/best.npz", "checkpoints/last.npz", "summary.json", "metrics.jsonl"):
+        for command in (["evaluate", run], ["export", run, "--format", "safetensors"], ["extract-features", run],
+                        ["predict", run, images]):
+            commands.append(([*command, "--out", run / target], f"belongs to the run {run.resolve()}"))
+    for args, fragment in commands:
+        with pytest.raises(UserError, match=fragment):
+            invoke(*args, "--force")
+    assert all(path.read_bytes() == content for path, content in kept.items())
+
+
+def test_a_checkpoint_giving_non_finite_outputs_is_refused_not_reported(tiny_runs, tmp_path):
+    import shutil
+
+    run = tmp_path / "huge"
+    shutil.copytree(tiny_runs["mlp"], run)
+    best = run / "checkpoints" / "best.npz"
+    arrays = dict(np.load(best))
+    # finite (the checkpoint's own checks pass), but its products overflow float32
+    arrays["params/fc1.weight"] = np.where(arrays["params/fc1.weight"] < 0, -3e38, 3e38).astype(np.float32)
+    np.savez(best, **arrays)
+    np.savez(tmp_path / "images.npz", images=np.full((3, 28, 28), 255, np.uint8))
+    for command in (["evaluate", run], ["predict", run, tmp_path / "images.npz"], ["export", run, "--format", "onnx"]):
+        with pytest.raises(UserError, match="the best checkpoint's model gives NaN or infinite outputs"):
+            invoke(*command, "--out", tmp_path / "out.file")
+        assert not (tmp_path / "out.file").exists()
+
+
+def test_a_batch_larger_than_the_data_holds_only_the_data(tiny_runs, tmp_path):
+    """A run may train with train.eval_batch_size=1e9 (training clamps it); evaluate and predict clamp too."""
+    import shutil
+
+    run = tmp_path / "wide"
+    shutil.copytree(tiny_runs["mlp"], run)
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("eval_batch_size: 1000", "eval_batch_size: 1000000000"))
+    assert "eval_batch_size: 1000000000" in (run / "config.yaml").read_text()
+    invoke("evaluate", run, "--out", tmp_path / "e.json")
+    np.savez(tmp_path / "images.npz", images=np.zeros((2, 28, 28), np.uint8))
+    invoke("predict", run, tmp_path / "images.npz", "--batch-size", "2000000000", "--out", tmp_path / "p.npz")
+    assert json.loads((tmp_path / "e.json").read_text())["images"] == 10000
