@@ -67,7 +67,7 @@ class Evaluator:
 
     def reconstruction_grid(self, split, count: int = 8) -> np.ndarray:
         """The first `count` images of `split` (top row) above their reconstructions, (2H, count*W, C) in
-        [0, 1]."""
+        [0, 1]; images of other than 1 or 3 channels as one grey band per channel, (C*2H, count*W, 1)."""
         rows = min(count, split.size)
         x, labels = self.model.batch(rows)
         self.backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, 0, x, labels,
@@ -77,6 +77,8 @@ class Evaluator:
         images = to_float32(self.backend.to_host(x)).reshape(rows, h, w, c)
         recon = to_float32(self.backend.to_host(self.model.reconstruction(rows))).reshape(rows, h, w, c)
         grid = np.concatenate([np.concatenate(list(images), axis=1), np.concatenate(list(recon), axis=1)], axis=0)
+        if c not in (1, 3):  # no image format holds 2 or 5+ channels (and 4 would read as alpha): each in
+            grid = np.concatenate(list(grid.transpose(2, 0, 1)), axis=0)[..., None]  # turn, a grey band
         return np.clip(grid, 0.0, 1.0)
 
 

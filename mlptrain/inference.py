@@ -151,7 +151,12 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     resources = Resources()
     device, dataset = resources.prepare(config)
     if data is not None:
-        check_same_shape(dataset, resources.dataset(trained_config), data)
+        trained_on = resources.dataset(trained_config)
+        check_same_shape(dataset, trained_on, data)
+        # the model keeps the outputs it was trained with; the other dataset's labels index the first ones
+        names = dataset.class_names
+        names = names + tuple(str(k) for k in range(len(names), trained_on.num_classes)) if names else ()
+        dataset = dataclasses.replace(dataset, num_classes=trained_on.num_classes, class_names=names)
     # as extract-features: a batch beyond the larger split is never filled (a run may have trained with
     # train.eval_batch_size=1e9), and what remains must fit before anything is allocated
     rows = min(rows, max(len(dataset.train_images), len(dataset.test_images), 1))

@@ -17,7 +17,7 @@ from mlptrain.data.loader import ResidentSplit, resident_splits
 from mlptrain.evaluation import Evaluator
 from mlptrain.fallbacks import subset_note
 from mlptrain.memory import buffer_rows, check_fits
-from mlptrain.nn import input_scale_shift, make_model, model_dataset
+from mlptrain.nn import check_trainable_labels, input_scale_shift, make_model, model_dataset
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.window import TrainingWindow
 
@@ -87,6 +87,7 @@ def build_session(config: Config, backend, dataset) -> Session:
     """The session of `config` on `backend`; raises UserError where the config, the data and the model
     do not fit together."""
     started = time.perf_counter()
+    check_trainable_labels(config.model, dataset)
     loaded, dataset = dataset, model_dataset(config, dataset)
     check_fits(config, backend, dataset)  # before the first allocation
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)

@@ -10,7 +10,7 @@ from mlptrain.errors import UserError
 from mlptrain.nn.autoencoder import ConvAutoencoder
 from mlptrain.nn.mlp import MLP
 
-__all__ = ["ConvAutoencoder", "MLP", "check_model_input", "make_model", "model_dataset"]
+__all__ = ["ConvAutoencoder", "MLP", "check_model_input", "check_trainable_labels", "make_model", "model_dataset"]
 
 
 def check_model_input(model_config, dataset) -> None:
@@ -29,6 +29,19 @@ def check_model_input(model_config, dataset) -> None:
                 "an odd side cannot be pooled: crop or pad the images to even sides")
         raise UserError(f"model.channels: {stages} conv + max-pool stages need image sides divisible by "
                         f"{2 ** stages}; {dataset.name} images are {h}x{w}: {hint}")
+
+
+def check_trainable_labels(model_config, dataset) -> None:
+    """Raise `UserError` when a classifier would train on a single class (the loss is 0 from the first
+    step and an accuracy of 1 means nothing); evaluating on one class is fine, so training alone checks."""
+    if model_config.type == "conv_autoencoder":
+        return
+    present = np.unique(dataset.train_labels)
+    if len(present) < 2:
+        where = getattr(getattr(dataset, "provenance", None), "location", "") or dataset.name
+        raise UserError(f"{where}: every training label is {int(present[0]) if len(present) else '-'}; a "
+                        f"classifier (model.type {model_config.type}) needs at least two classes "
+                        "(model.type conv_autoencoder needs no labels)")
 
 
 def model_dataset(config, dataset):

@@ -208,3 +208,15 @@ def test_a_batch_larger_than_the_data_holds_only_the_data(tiny_runs, tmp_path):
     np.savez(tmp_path / "images.npz", images=np.zeros((2, 28, 28), np.uint8))
     invoke("predict", run, tmp_path / "images.npz", "--batch-size", "2000000000", "--out", tmp_path / "p.npz")
     assert json.loads((tmp_path / "e.json").read_text())["images"] == 10000
+
+
+def test_evaluate_on_a_dataset_with_fewer_classes_keeps_the_models_outputs(tiny_runs, tmp_path, rng):
+    np.savez(tmp_path / "three.npz", x_train=rng.integers(0, 256, (30, 28, 28), dtype=np.uint8),
+             y_train=np.arange(30) % 3, x_test=rng.integers(0, 256, (12, 28, 28), dtype=np.uint8),
+             y_test=np.arange(12) % 3, class_names=np.array(["ant", "bee", "cow"]))
+    invoke("evaluate", tiny_runs["mlp"], "--data", f"dataset=npz,path={tmp_path / 'three.npz'},val_size=5",
+           "--out", tmp_path / "e.json")
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["images"] == 12 and len(report["confusion_matrix"]) == 10
+    assert report["class_names"][:4] == ["ant", "bee", "cow", "3"]
+    assert [row["images"] for row in report["per_class"]][:4] == [4, 4, 4, 0]
