@@ -87,9 +87,23 @@ def main() -> None:
     sys.exit(code)
 
 
+# Click's own errors (a missing or unknown option or argument, a bad choice), whichever Click Typer uses
+CLICK_ERROR = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ == "ClickException")
+
+
 def _main() -> None:
     try:
-        app(prog_name="mlptrain")
+        # not standalone: Click's usage errors come here to be printed in one line like every other error,
+        # rather than as Typer's usage block and boxed message
+        code = app(prog_name="mlptrain", standalone_mode=False)
+    except CLICK_ERROR as err:
+        where = getattr(getattr(err, "ctx", None), "command_path", None) or "mlptrain"
+        text = f"{where}: {err.format_message()} (`{where} --help` lists what it takes)"
+        console.print(f"[bold red]error:[/] {escape(' '.join(text.split()))}", highlight=False, soft_wrap=True)
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        _say_interrupted()
+        sys.exit(1)
     except UserError as err:
         from rich.markup import escape
 
@@ -111,6 +125,10 @@ def _main() -> None:
         if isinstance(context, typer.Exit) and isinstance(context.__cause__, KeyboardInterrupt):
             _say_interrupted()
         raise
+    if code == 128 + signal.SIGINT:  # Typer turns a KeyboardInterrupt it catches into this exit code
+        _say_interrupted()
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 def _say_interrupted() -> None:

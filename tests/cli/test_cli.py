@@ -124,3 +124,18 @@ def test_existing_run_name_is_refused(tmp_path, data_dir):
     result = mlptrain("run", "adam_mnist", "backend=cpu", "--name", "taken", "--runs-dir", str(tmp_path / "runs"),
                       cwd=tmp_path, env={"MLPTRAIN_DATA_DIR": str(data_dir)})
     assert_clean_failure(result, "a run of that name exists")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["export", "runs/x"], "mlptrain export: Missing option '--format'"),
+    (["predict"], "mlptrain predict: Missing argument 'RUN_DIR'"),
+    (["evaluate", "runs/x", "--bogus"], "mlptrain evaluate: No such option: --bogus"),
+    (["bogus"], "mlptrain: No such command 'bogus'"),
+    (["configs", "bogus"], "mlptrain configs: No such command 'bogus'"),
+])
+def test_usage_mistakes_are_one_line_too(tmp_path, args, fragment):
+    """Click's usage errors (a missing or unknown option, argument or command) print one line naming the
+    command and where its help is, not a usage block and a boxed message."""
+    result = mlptrain(*args, cwd=tmp_path)
+    assert_clean_failure(result, fragment)
+    assert "--help` lists what it takes" in result.stderr
