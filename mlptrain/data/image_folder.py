@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,11 @@ def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str]:
     except OSError as error:
         raise UserError(f"{file}: cannot read ({error.strerror or error})") from None
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with warnings.catch_warnings():
+            # Pillow only warns between its two decompression-bomb limits; an image that size is refused
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+        with image:
             image.load()
             mode, transparent = image.mode, "transparency" in image.info
             if mode in MODES and not (mode == "P" and transparent):

@@ -90,7 +90,15 @@ def _no_test(root):
     (root / "test").rmdir()
 
 
+def _bomb(root):
+    """A PNG declaring 12000 x 12000 pixels, between Pillow's two limits: Pillow only warns (two lines on stderr)."""
+    from tests.test_image_files import png_declaring
+
+    (root / "train" / "dog" / "0.png").write_bytes(png_declaring(12000, 12000))
+
+
 BAD = {
+    "decompression-bomb": (_bomb, "train/dog/0.png", "not a readable image (DecompressionBombWarning: Image size"),
     "rgba": (_rgba, "train/cat/9.png", "image mode RGBA is not read"),
     "other-size": (_other_size, "test/dog/9.png", "5x4 RGB, but the first image is 6x4 RGB"),
     "grayscale-among-rgb": (_grayscale_among_rgb, "train/dog/9.png", "6x4 grayscale, but the first image is 6x4 RGB"),
@@ -104,7 +112,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD, ids=str)
-def test_bad_folder(tmp_path, rng, case):
+def test_bad_folder(tmp_path, rng, case, recwarn):
     damage, where, fragment = BAD[case]
     write_tree(tmp_path, rng)
     damage(tmp_path)
@@ -112,6 +120,7 @@ def test_bad_folder(tmp_path, rng, case):
         load_image_folder(tmp_path)
     message = str(caught.value)
     assert "\n" not in message and str(tmp_path / where).rstrip("/") in message and fragment in message, message
+    assert not [w for w in recwarn if "DecompressionBomb" in str(w.category)]  # no warning lines besides
 
 
 def test_missing_folder(tmp_path):
