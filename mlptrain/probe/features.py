@@ -250,6 +250,12 @@ def load_features(path: Path) -> FeatureSet:
     if class_names.ndim != 1 or (class_names.size and class_names.dtype.kind != "U"):
         raise UserError(f"{path}: class_names must be a 1-D array of strings, got {class_names.dtype} "
                         f"{class_names.shape}")
+    for split in ("train", "test") if class_names.size else ():  # names go by label: each label needs one
+        y = arrays[f"{split}_y"]
+        if y.min() < 0 or y.max() >= len(class_names):
+            bad = int(y.min()) if y.min() < 0 else int(y.max())
+            raise UserError(f"{path}: {split}_y holds label {bad} but class_names names {len(class_names)} classes "
+                            f"(labels 0..{len(class_names) - 1})")
     layer = (names["layer"] or "?") + (f" ({names['pool']}-pooled)" if names["pool"] else "")
     return FeatureSet(**arrays, run=names["run"] or path.stem, layer=layer, class_names=tuple(class_names.tolist()),
                       pool=names["pool"])

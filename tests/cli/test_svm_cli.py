@@ -96,3 +96,18 @@ def test_class_names_that_are_not_strings_are_refused(rng, tmp_path):
     np.savez(tmp_path / "features.npz", **arrays(rng), class_names=np.arange(3))
     assert_clean_failure(mlptrain("svm", "features.npz", cwd=tmp_path),
                          "class_names must be a 1-D array of strings, got int64 (3,)")
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"class_names": np.array(["ant", "bee"])}, "train_y holds label 2 but class_names names 2 classes (labels 0..1)"),
+    ({"train_y": np.arange(40) % 3 - 1}, "train_y holds label -1 but class_names names 3 classes"),
+    ({"test_y": np.arange(12) % 3 + 5}, "test_y holds label 7 but class_names names 3 classes (labels 0..2)"),
+])
+def test_labels_without_a_class_name_are_refused(rng, tmp_path, change, fragment):
+    from mlptrain.errors import UserError
+    from mlptrain.probe.features import load_features
+
+    np.savez(tmp_path / "features.npz", **{**arrays(rng), "class_names": np.array(["ant", "bee", "cow"]), **change})
+    with pytest.raises(UserError) as caught:
+        load_features(tmp_path / "features.npz")
+    assert fragment in str(caught.value)
