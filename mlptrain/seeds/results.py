@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlptrain.errors import UserError
+from mlptrain.safe_yaml import brief_text
 from mlptrain.statistics import Spread, spread
 
 # the final metrics a run reports, in the order tables show them; accuracy is better higher, the rest lower
@@ -68,6 +69,11 @@ def load_result(path: Path) -> Result:
     data = read_json(path)
     if path.name == "seeds.json" or "seeds" in data:
         return _seeds_result(path, data)
+    for key in FINAL_METRICS:  # absent or null where the run has none (no validation split); else a number
+        value = data.get(key)
+        if value is not None and not (_is_number(value) and math.isfinite(value)):
+            raise UserError(f"{path}: {key} is {brief_text(repr(value), 40)}; a final metric is a finite number "
+                            "(or null); not a summary.json as mlptrain writes it")
     metrics = final_metrics(data)
     if not metrics:
         raise UserError(f"{path}: no final metric ({', '.join(FINAL_METRICS)}); not a finished run's summary.json")
