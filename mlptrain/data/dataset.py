@@ -136,7 +136,13 @@ def value_statistics(images: np.ndarray, value_scale: float, source: str) -> tup
                        for s in chunks) / n
     if variance <= 0:
         raise UserError(f"{source}: every training value is {flat[0]}; a constant input has nothing to learn from")
-    return mean, float(np.sqrt(variance))
+    std = float(np.sqrt(variance))
+    with np.errstate(over="ignore"):  # the model's input is value * (1 / std) - mean / std, in float32
+        representable = np.isfinite(np.float32(1.0 / (value_scale * std))) and np.isfinite(np.float32(mean / std))
+    if not representable:
+        raise UserError(f"{source}: values of mean {mean:.3g} spread by a standard deviation of only {std:.3g}; "
+                        "standardising them overflows float32: scale or centre the features first")
+    return mean, std
 
 
 def is_subset(dataset: ImageDataset) -> bool | None:

@@ -4,6 +4,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mlptrain.data import dataset_record, load_dataset
 from mlptrain.data.npz import load_npz
@@ -180,3 +181,24 @@ def test_damaged_member(tmp_path, rng):
     with pytest.raises(UserError) as caught:
         load_npz(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(exponent=st.integers(-45, 38), offset=st.sampled_from([0.0, 1.0, 1e30]))
+def test_features_float32_cannot_standardise_are_refused_before_training(tmp_path, exponent, offset):
+    """value * (1 / std) - mean / std is the model's input in float32: where that overflows (a spread of
+    1e-41, say) the file is refused naming it; every other scale passes."""
+    from mlptrain.data.dataset import value_statistics
+
+    spread = np.linspace(0.0, 1.0, 64, dtype=np.float64) * 10.0 ** exponent
+    x = (offset + spread).astype(np.float32).reshape(16, 4)
+    if np.ptp(x) == 0:
+        return  # float32 rounds the spread away: the constant-input refusal's case
+    try:
+        mean, std = value_statistics(x, 1.0, "f.npz: x_train")
+    except UserError as err:
+        assert "standardising them overflows float32" in str(err)
+        assert not np.isfinite(np.float32(1 / x.astype(np.float64).std())) or \
+            not np.isfinite(np.float32(x.astype(np.float64).mean() / x.astype(np.float64).std()))
+    else:
+        assert np.isfinite(np.float32(1 / std)) and np.isfinite(np.float32(mean / std))
