@@ -97,11 +97,24 @@ def image_rows(array: np.ndarray, image_shape: tuple[int, ...], dtype, path: Pat
     if len(shape) == 3 and tuple(array.shape[1:]) not in accepted[:2]:
         array = array.reshape(n, shape[1], shape[2], shape[0]).transpose(0, 3, 1, 2)
     rows = array.reshape(n, size)
-    if np.dtype(dtype) == np.uint8:
-        if not (np.issubdtype(rows.dtype, np.number) and not np.iscomplexobj(rows)):
-            raise UserError(f"{path}: images of {rows.dtype}; give pixel values 0..255")
-        if rows.size and (not np.isfinite(rows).all() or rows.min() < 0 or rows.max() > 255
-                          or not np.array_equal(rows, np.round(rows))):
-            raise UserError(f"{path}: pixel values must be whole numbers 0..255 (uint8), got {rows.dtype} "
-                            f"from {rows.min()} to {rows.max()}; scale images in [0, 1] by 255")
+    check_values(rows, np.dtype(dtype), path)
     return np.ascontiguousarray(rows.astype(dtype))
+
+
+def check_values(rows: np.ndarray, dtype: np.dtype, path: Path) -> None:
+    """Pixels (dtype uint8) must be whole numbers 0..255; features (float32) finite in float32."""
+    pixels = dtype == np.uint8
+    if not (np.issubdtype(rows.dtype, np.number) and not np.iscomplexobj(rows)):
+        raise UserError(f"{path}: {'images' if pixels else 'features'} of {rows.dtype}; give "
+                        f"{'pixel values 0..255' if pixels else 'real numbers'}")
+    if not pixels:
+        with np.errstate(over="ignore"):
+            finite = np.isfinite(rows.astype(dtype))
+        if not finite.all():
+            row, column = np.argwhere(~finite)[0]
+            raise UserError(f"{path}: sample {row}, feature {column} is {rows[row, column]}; features must be finite "
+                            "numbers within float32's range (|x| < 3.4e38)")
+    elif rows.size and (not np.isfinite(rows).all() or rows.min() < 0 or rows.max() > 255
+                        or not np.array_equal(rows, np.round(rows))):
+        raise UserError(f"{path}: pixel values must be whole numbers 0..255 (uint8), got {rows.dtype} "
+                        f"from {rows.min()} to {rows.max()}; scale images in [0, 1] by 255")

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from mlptrain.errors import UserError
 from mlptrain.image_files import image_rows, read_images
@@ -99,3 +100,17 @@ def test_hostile_files_are_refused_in_one_line(tmp_path, make, fragment, recwarn
     with pytest.raises(UserError, match=fragment):
         read_images(path, MNIST)
     assert not [w for w in recwarn if "DecompressionBomb" in str(w.category)]  # no second line on stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.sampled_from([np.nan, np.inf, -np.inf, 1e39, -1e300]), row=st.integers(0, 2), column=st.integers(0, 15))
+def test_features_a_model_cannot_read_are_refused_naming_the_value(value, row, column):
+    """A features model (float32 input of D values) takes finite numbers within float32; anything else was
+    fed through and its NaN outputs blamed on the checkpoint."""
+    features = np.ones((3, 16))
+    features[row, column] = value
+    with pytest.raises(UserError, match=f"sample {row}, feature {column} is .*; features must be finite numbers"):
+        image_rows(features, (16,), np.float32, "x.npz")
+    np.testing.assert_array_equal(image_rows(np.ones((3, 16), np.int64), (16,), np.float32, "x.npz"), 1.0)
+    with pytest.raises(UserError, match="features of <U1; give real numbers"):
+        image_rows(np.full((3, 16), "a"), (16,), np.float32, "x.npz")
