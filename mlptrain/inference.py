@@ -58,6 +58,9 @@ class TrainedModel:
             return whole_split(self.backend, self.model_rows(self.dataset.test_images), self.dataset.test_labels)
         images = dataclasses.replace(self.dataset, train_images=self.model_rows(self.dataset.train_images))
         train, val, _ = resident_splits(images, self.backend, self.config.data.val_size, self.config.seed)
+        if name == "val" and not val.size:
+            raise UserError(f"--split val: the run held out no validation images (data.val_size "
+                            f"{self.config.data.val_size}); use --split test or train")
         return train if name == "train" else val
 
     def model_rows(self, images: np.ndarray) -> np.ndarray:

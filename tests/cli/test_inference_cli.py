@@ -220,3 +220,14 @@ def test_evaluate_on_a_dataset_with_fewer_classes_keeps_the_models_outputs(tiny_
     assert report["images"] == 12 and len(report["confusion_matrix"]) == 10
     assert report["class_names"][:4] == ["ant", "bee", "cow", "3"]
     assert [row["images"] for row in report["per_class"]][:4] == [4, 4, 4, 0]
+
+
+def test_evaluate_refuses_an_empty_validation_split(tiny_runs, tmp_path):
+    import shutil
+
+    run = tmp_path / "noval"
+    shutil.copytree(tiny_runs["mlp"], run)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("val_size: 5000", "val_size: 0"))
+    with pytest.raises(UserError, match=r"--split val: the run held out no validation images \(data.val_size 0\)"):
+        invoke("evaluate", run, "--split", "val", "--out", tmp_path / "e.json")
+    assert not (tmp_path / "e.json").exists()
