@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlptrain.config_keys import suggest_key, suggest_value
-from mlptrain.config_rules import check_combinations
+from mlptrain.config_rules import MODEL_KEYS, check_combinations, check_model_keys
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief, brief_text, load_yaml_text, read_yaml as read_yaml_file
 
@@ -376,7 +376,9 @@ def load_config(path: Path, overrides: list[str] = ()) -> Config:
     raw.pop(RESOLVED, None)  # a run's record of what it used: informative, never read back
     check_override_values(list(overrides))
     source = f"{path} with the overrides" if overrides else str(path)
-    return config_from_dict(apply_overrides(raw, list(overrides)), source=source)
+    config = config_from_dict(apply_overrides(raw, list(overrides)), source=source)
+    check_model_keys(config.model.type, dict(parse_override(o) for o in overrides), "override")
+    return config
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
@@ -415,10 +417,6 @@ def steps_per_epoch(train_size: int, train_config) -> int:
     """Optimizer steps (windows) per epoch of `train_size` samples: ceil(micro-batches / grad_accum_steps)."""
     micro_batches = -(-train_size // train_config.batch_size)
     return -(-micro_batches // train_config.grad_accum_steps)
-
-
-# the model keys each model type reads; a run's record leaves out the other type's
-MODEL_KEYS = {"mlp": ("hidden", "activation"), "conv_autoencoder": ("channels", "kernel_size")}
 
 
 def resolved_dict(config: Config, backend: str | None = None, data_root: str | None = None) -> dict:

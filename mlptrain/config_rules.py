@@ -51,3 +51,21 @@ def check_data(data, source: str) -> None:
     if data.label is not None and data.dataset != "cifar100":
         raise UserError(f"{source}: data.label chooses CIFAR-100's fine or coarse labels; {data.dataset} has one "
                         f"set of labels: drop data.label")
+
+
+# the model keys each model type reads; a run's record leaves out the other type's
+MODEL_KEYS = {"mlp": ("hidden", "activation"), "conv_autoencoder": ("channels", "kernel_size")}
+
+
+def check_model_keys(model_type: str, given: dict, source: str) -> None:
+    """Refuse an override (dotted key -> value) of a key the config's model type does not read: it would
+    change nothing, silently. A config file may carry both types' keys; what a user adds must count."""
+    for dotted, value in given.items():
+        leaves = [dotted.partition(".")[2]] if dotted.startswith("model.") else \
+            list(value) if dotted == "model" and isinstance(value, dict) else []
+        for leaf in leaves:
+            owner = next((kind for kind, keys in MODEL_KEYS.items() if leaf in keys), model_type)
+            if owner != model_type:
+                raise UserError(f"{source}: model.{leaf} is read only by model.type {owner}, and this config's "
+                                f"is {model_type}; drop it, or set model.type={owner}")
+

@@ -77,3 +77,41 @@ def test_the_resolved_record_holds_what_ran_and_only_its_model_type():
                                 data_root="/data")
     assert set(autoencoder["model"]) == {"type", "channels", "kernel_size", "init"} and autoencoder["data"]["root"] == "/x"
     assert config_from_dict(record) == config_from_dict({**record, "backend": "cpu"})  # a run reads it back
+
+
+@pytest.mark.parametrize("model_type, key, value", [
+    (kind, key, value) for kind, other in (("mlp", "conv_autoencoder"), ("conv_autoencoder", "mlp"))
+    for key, value in {"hidden": "[4]", "activation": "tanh", "channels": "[4]", "kernel_size": "5"}.items()
+    if key in __import__("mlptrain.config_rules").config_rules.MODEL_KEYS[other]])
+@pytest.mark.parametrize("form", ["dotted", "section"])
+def test_an_override_the_model_type_does_not_read_is_refused(tmp_path, model_type, key, value, form):
+    """An override that would change nothing (a key of the other model type) is refused, not ignored; given
+    together with model.type, the same key counts."""
+    from mlptrain.config_rules import MODEL_KEYS
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{type: {model_type}}}\n")
+    override = f"model.{key}={value}" if form == "dotted" else f"model={{{key}: {value}}}"
+    owner = next(kind for kind, keys in MODEL_KEYS.items() if key in keys)
+    with pytest.raises(UserError, match=f"override: model.{key} is read only by model.type {owner}, and this "
+                                        f"config's is {model_type}; drop it, or set model.type={owner}"):
+        load_config(path, [override])
+    config = load_config(path, [f"model.type={owner}", override])
+    assert str(getattr(config.model, key)).replace("(", "[").replace(",)", "]") == value
+
+
+def test_a_sweep_parameter_no_model_reads_is_refused_but_a_mixed_sweep_passes(tmp_path):
+    from mlptrain.sweep.spec import load_sweep
+
+    (tmp_path / "base.yaml").write_text("model: {type: mlp}\n")
+    (tmp_path / "s.yaml").write_text("base: base.yaml\nmetric: test_loss\nparameters: {model.channels: [[4], [8]]}\n")
+    with pytest.raises(UserError, match="s.yaml: parameters: model.channels is read only by model.type "
+                                        "conv_autoencoder"):
+        load_sweep(tmp_path / "s.yaml", [], lambda base, path: path.parent / base)
+    (tmp_path / "s.yaml").write_text("base: base.yaml\nmetric: test_loss\nparameters: {model.type: [mlp, "
+                                     "conv_autoencoder], model.channels: [[4], [8]], data.dataset: [cifar10]}\n")
+    assert load_sweep(tmp_path / "s.yaml", [], lambda base, path: path.parent / base).trials == 4
+    load_sweep(tmp_path / "s.yaml", ["model.kernel_size=5"], lambda base, path: path.parent / base)  # AE trials'
+    (tmp_path / "s.yaml").write_text("base: base.yaml\nmetric: test_loss\nparameters: {optim.lr: [0.1, 0.2]}\n")
+    with pytest.raises(UserError, match="override: model.kernel_size is read only by model.type conv_autoencoder"):
+        load_sweep(tmp_path / "s.yaml", ["model.kernel_size=5"], lambda base, path: path.parent / base)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
+from mlptrain.config_rules import check_model_keys
 from mlptrain.config_keys import suggest_key
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief
@@ -137,9 +138,12 @@ class Sweep:
         }))
 
 
-def _build(raw: dict, params: dict, source: str) -> Config:
+def _build(raw: dict, params: dict, source: str, read: str | None = None) -> Config:
     # JSON text is YAML, so each value takes the path of a command-line override
-    return config_from_dict(apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in params.items()]), source)
+    config = config_from_dict(apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in params.items()]), source)
+    if read is not None:  # checking the file: a parameter no combination's model reads would change nothing
+        check_model_keys(config.model.type, {read: params[read]}, source)
+    return config
 
 
 def _unknown(where: str, key, valid) -> UserError:
@@ -247,7 +251,7 @@ def _check_values(raw: dict, parameters: tuple, source: str) -> None:
             for context in contexts:
                 params = {p.name: value, **{q.name: v for q, v in zip(others, context)}}
                 try:
-                    _build(raw, params, f"{source}: parameters")
+                    _build(raw, params, f"{source}: parameters", read=p.name)
                     break
                 except UserError as err:
                     errors.append(err)
@@ -290,12 +294,15 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
     if not isinstance(base_raw, dict):
         raise UserError(f"{base}: a config must be a mapping of sections, got {type(base_raw).__name__}")
     config_raw = apply_overrides(base_raw, overrides)
-    config_from_dict(config_raw, source=f"{base} (with the command's overrides)" if overrides else str(base))
+    base_config = config_from_dict(config_raw,
+                                   source=f"{base} (with the command's overrides)" if overrides else str(base))
     method, trials, metric, direction, prune = _settings(raw, source)
     if not isinstance(raw["parameters"], dict) or not raw["parameters"]:
         raise UserError(f"{source}: parameters: expected a mapping of config keys to values or ranges, "
                         f"e.g. optim.lr: [1.0e-4, 1.0e-3]")
     parameters = tuple(_parameter(str(name), spec, method, source) for name, spec in raw["parameters"].items())
+    if "model.type" not in raw["parameters"]:  # else some trials' model may read what the others' do not
+        check_model_keys(base_config.model.type, dict(parse_override(o) for o in overrides), "override")
     for text in overrides:
         key = parse_override(text)[0]
         if key in raw["parameters"]:

@@ -103,7 +103,8 @@ def test_same_data_passes_the_resume_check(tmp_path, rng):
 def test_autoencoder_on_images_of_any_channel_count_and_a_classifier_on_one_class(tmp_path, rng):
     """The autoencoder takes C x H x W for any C (its TensorBoard picture shows channels other than 1 and 3
     as grey bands); a classifier whose training labels hold one class is refused before anything is written."""
-    np.savez(tmp_path / "c5.npz", x_train=rng.integers(0, 256, (40, 8, 8, 5), dtype=np.uint8), y_train=np.zeros(40, int),
+    np.savez(tmp_path / "c5.npz", x_train=rng.integers(0, 256, (40, 8, 8, 5), dtype=np.uint8),
+             y_train=np.zeros(40, int),
              x_test=rng.integers(0, 256, (10, 8, 8, 5), dtype=np.uint8), y_test=np.zeros(10, int))
     result = mlptrain("run", "autoencoder_cifar10", "backend=cpu", "train.epochs=1", "model.channels=[2]",
                       "data.dataset=npz", "data.path=c5.npz", "data.val_size=8", "--runs-dir", str(tmp_path / "runs"),
