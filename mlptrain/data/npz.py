@@ -54,6 +54,8 @@ def load_npz(path: str | Path) -> ImageDataset:
 
 def _read(path: Path) -> dict[str, np.ndarray]:
     """Every array of the archive, by name, after checking the names."""
+    if path.exists() and not path.is_file():  # a folder, a FIFO (reading one waits forever), a device
+        raise UserError(f"data.path {path}: not a regular file; data.dataset npz reads a file written by {SAVE_HINT}")
     try:
         with open(path, "rb") as file:
             head = file.read(6)

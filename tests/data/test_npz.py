@@ -202,3 +202,13 @@ def test_features_float32_cannot_standardise_are_refused_before_training(tmp_pat
             not np.isfinite(np.float32(x.astype(np.float64).mean() / x.astype(np.float64).std()))
     else:
         assert np.isfinite(np.float32(1 / std)) and np.isfinite(np.float32(mean / std))
+
+
+def test_a_data_path_that_is_no_regular_file_is_refused_not_waited_on(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.npz")  # opening a FIFO for reading waits for a writer: forever
+    (tmp_path / "folder.npz").mkdir()
+    for name in ("pipe.npz", "folder.npz"):
+        with pytest.raises(UserError, match=f"data.path {tmp_path / name}: not a regular file"):
+            load_npz(tmp_path / name)
