@@ -31,6 +31,7 @@ def info() -> None:
     if root is None:
         console.print(f"kernel cache: off ({CACHE_ENV}=off); every process compiles its kernels")
         return
+    check_folder(root)
     store = KernelStore(root)
     entries = store.entries()
     table = Table("", "", show_header=False, title=f"kernel cache (set {CACHE_ENV} to move or turn it off)")
@@ -55,8 +56,15 @@ def clear() -> None:
     if root is None:
         console.print(f"kernel cache: off ({CACHE_ENV}=off); nothing to clear")
         return
+    check_folder(root)
     try:
         removed = KernelStore(root).clear()
     except OSError as err:
         raise UserError(f"cache clear: {root} could not be emptied ({err.strerror or err})") from None
     console.print(f"removed {removed:,} kernels from {root}")
+
+
+def check_folder(root) -> None:
+    """The cache is a folder (or not made yet); a file there would read as an empty cache."""
+    if root.exists() and not root.is_dir():
+        raise UserError(f"kernel cache {root}: not a folder; set {CACHE_ENV} to a folder (or off)")

@@ -38,3 +38,11 @@ def test_warmup_on_the_cpu_compiles_nothing(tmp_path, data_dir):
 
 def test_warmup_refuses_a_bad_config_in_one_line(tmp_path):
     assert_clean_failure(mlptrain("warmup", "adam_mnist", "optim.lr=-1", cwd=tmp_path), "optim.lr")
+
+
+def test_a_cache_that_is_a_file_is_refused_not_shown_empty(tmp_path):
+    (tmp_path / "k").write_text("a file, not the cache folder")
+    for args in (["cache"], ["cache", "info"], ["cache", "clear"]):
+        result = mlptrain(*args, cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k")})
+        assert_clean_failure(result, f"kernel cache {tmp_path / 'k'}: not a folder; set MLPTRAIN_KERNEL_CACHE")
+    assert (tmp_path / "k").read_text() == "a file, not the cache folder"
