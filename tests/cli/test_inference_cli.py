@@ -142,7 +142,8 @@ def test_outputs_are_not_replaced_without_force(tiny_runs, tmp_path):
     x, y = np.eye(4, dtype=np.float32), np.arange(4) % 2
     np.savez(features, train_x=x, train_y=y, test_x=x, test_y=y)
     for command in (["extract-features", tiny_runs["mlp"]], ["export", tiny_runs["mlp"], "--format", "safetensors"],
-                    ["predict", tiny_runs["mlp"], target], ["svm", features], ["evaluate", tiny_runs["mlp"]]):
+                    ["predict", tiny_runs["mlp"], tmp_path / "images.npz"], ["svm", features],
+                    ["evaluate", tiny_runs["mlp"]]):
         with pytest.raises(UserError, match=f"{target} exists; add --force to overwrite it"):
             invoke(*command, "--out", target)
     assert target.read_bytes() == b"keep me"
