@@ -25,7 +25,8 @@ def positive_int(text: str, flag: str, maximum: int = MAX_INT) -> int:
     return value
 
 
-# what makes a folder a run (or a seeds / sweep directory): never replaced by a command's output, --force or not
+# the records of a run, a --seeds group or a sweep (their folders hold config.yaml, seeds.json or
+# results.json): never replaced by a command's output, --force or not
 RUN_RECORDS = ("config.yaml", "summary.json", "metrics.jsonl", "grad_norms.npy", ".lock", "seeds.json",
                "results.json", "results.csv", "study.db")
 
@@ -43,10 +44,11 @@ def new_output(path: Path, force: bool, reads: tuple = ()) -> Path:
             raise UserError(f"--out {path}: is {source}, which this command reads; name another file")
     folder = path.resolve().parent
     run = folder.parent if folder.name == "checkpoints" else folder
-    if (run / "config.yaml").is_file() and (run != folder or path.name in RUN_RECORDS
-                                            or path.name.startswith("events.out.tfevents")):
-        raise UserError(f"--out {path}: belongs to the run {run} (its config, records and "
-                        "checkpoints are never replaced); name another file")
+    marked = [name for name in ("config.yaml", "seeds.json", "results.json") if (run / name).is_file()]
+    if marked and (run != folder and marked[0] == "config.yaml" or path.name in RUN_RECORDS
+                   or path.name.startswith("events.out.tfevents")):
+        raise UserError(f"--out {path}: one of the records or checkpoints of {run}, which are never "
+                        "replaced; name another file")
     if path.exists() and not force:
         raise UserError(f"{path} exists; add --force to overwrite it, or --out another file")
     return path

@@ -172,7 +172,12 @@ def test_no_output_replaces_an_input_or_a_runs_own_files_even_with_force(tiny_ru
     for target in ("config.yaml", "checkpoints/best.npz", "checkpoints/last.npz", "summary.json", "metrics.jsonl"):
         for command in (["evaluate", run], ["export", run, "--format", "safetensors"], ["extract-features", run],
                         ["predict", run, images]):
-            commands.append(([*command, "--out", run / target], f"belongs to the run {run.resolve()}"))
+            commands.append(([*command, "--out", run / target],
+                             f"one of the records or checkpoints of {run.resolve()}"))
+    group = tmp_path / "group"  # a --seeds group's folder: its seeds.json
+    group.mkdir()
+    (group / "seeds.json").write_text("{}")
+    commands.append((["svm", features, "--out", group / "seeds.json"], f"records or checkpoints of {group}"))
     for args, fragment in commands:
         with pytest.raises(UserError, match=fragment):
             invoke(*args, "--force")
