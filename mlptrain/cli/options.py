@@ -39,6 +39,8 @@ def new_output(path: Path, force: bool, reads: tuple = ()) -> Path:
         raise UserError(f"--out {path}: is a directory; name a file in it")
     if not path.parent.is_dir():
         raise UserError(f"--out {path}: no such directory {path.parent}")
+    if path.exists() and not path.is_file():  # an output replaces its file by a rename: never /dev/null's
+        raise UserError(f"--out {path}: not a regular file (a device, pipe or socket); name a file")
     for source in (Path(r) for r in reads if r is not None):
         if path.resolve() == source.resolve() or (path.exists() and source.exists() and path.samefile(source)):
             raise UserError(f"--out {path}: is {source}, which this command reads; name another file")

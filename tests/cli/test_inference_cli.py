@@ -174,6 +174,9 @@ def test_no_output_replaces_an_input_or_a_runs_own_files_even_with_force(tiny_ru
                         ["predict", run, images]):
             commands.append(([*command, "--out", run / target],
                              f"one of the records or checkpoints of {run.resolve()}"))
+    __import__("os").mkfifo(tmp_path / "pipe")  # as /dev/null would be: replaced by a file on rename
+    commands.append((["evaluate", run, "--out", tmp_path / "pipe"],
+                     r"not a regular file \(a device, pipe or socket\)"))
     group = tmp_path / "group"  # a --seeds group's folder: its seeds.json
     group.mkdir()
     (group / "seeds.json").write_text("{}")
@@ -182,6 +185,7 @@ def test_no_output_replaces_an_input_or_a_runs_own_files_even_with_force(tiny_ru
         with pytest.raises(UserError, match=fragment):
             invoke(*args, "--force")
     assert all(path.read_bytes() == content for path, content in kept.items())
+    assert not (tmp_path / "pipe").is_file()
 
 
 def test_a_checkpoint_giving_non_finite_outputs_is_refused_not_reported(tiny_runs, tmp_path):
