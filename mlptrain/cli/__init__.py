@@ -97,6 +97,10 @@ def _main() -> None:
         # rather than as Typer's usage block and boxed message
         code = app(prog_name="mlptrain", standalone_mode=False)
     except CLICK_ERROR as err:
+        from rich.markup import escape
+
+        from mlptrain.tracking import console
+
         where = getattr(getattr(err, "ctx", None), "command_path", None) or "mlptrain"
         text = f"{where}: {err.format_message()} (`{where} --help` lists what it takes)"
         console.print(f"[bold red]error:[/] {escape(' '.join(text.split()))}", highlight=False, soft_wrap=True)
