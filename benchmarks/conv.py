@@ -4,7 +4,9 @@ The layers of `configs/autoencoder_cifar10.yaml` at batch 256 (3x3, NHWC for mlp
 with TF32 off), passes forward (with ReLU), input gradient and weight gradient, in float32 or with
 --precision bf16 / fp16 storage (cuDNN then runs in that format; our weight gradients stay float32).
 Each launch queues behind a sleep kernel (see gemm.py's `gpu_ms`), median of --repeats after a
-warm-up. Each of our outputs is compared with cuDNN's (max |difference| / max |cuDNN|). `--tiles`
+warm-up. Before anything is timed, each of our outputs is compared with cuDNN's (max |difference| /
+max |cuDNN|): beyond TOLERANCE for its precision (a tile candidate's too) the script stops with exit
+code 1, so a wrong kernel never gets a speed row. `--tiles`
 also times each candidate tile forced on the implicit-GEMM passes (the tensor-core tiles of
 MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices.
 
@@ -27,6 +29,10 @@ BATCH = 256
 LAYERS = [(32, 3, 256), (16, 256, 128), (8, 128, 128), (16, 128, 256), (32, 256, 3)]  # (side, Cin, Cout)
 OPS = ["forward", "backward_input", "backward_weight"]
 CANDIDATES = [(128, 64, 8, 8, 4, 1), (128, 128, 8, 8, 8, 1), (64, 128, 8, 4, 8, 1), (128, 128, 16, 8, 8, 1)]
+# max |ours - cuDNN| / max |cuDNN|: fp32 with TF32 off differs only in summation order (sums of up to 2,304
+# products); 16-bit outputs are each rounded once to a format of 8 (bf16) or 11 (fp16) significant bits,
+# on either side, so a few units of that rounding. A wrong kernel is off by order 1.
+TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 5e-3}
 MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64, 4, 2), (256, 128, 4, 2)]
 
 
@@ -76,6 +82,18 @@ def cudnn_launch(torch, op, t):
     return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, padding=1), lambda r: r.permute(2, 3, 1, 0)
 
 
+def relative_error(ours, expected) -> float:
+    """max |ours - expected| / max |expected|; NaN (a NaN or an unwritten element) when either holds one."""
+    return float((ours - expected).abs().max() / expected.abs().max())
+
+
+def check(error: float, precision: str, what: str) -> None:
+    """Exit 1, naming the pass, when `error` exceeds the precision's tolerance or is not a number."""
+    if not error <= TOLERANCE[precision]:  # `not <=`: NaN fails too
+        raise SystemExit(f"WRONG RESULT: {what}: max |ours - cuDNN| / max |cuDNN| = {error:.3g} exceeds the "
+                         f"{precision} tolerance {TOLERANCE[precision]:g}; nothing was timed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
@@ -119,10 +137,12 @@ def main() -> None:
                         original, conv_plan.pick_tile = conv_plan.pick_tile, lambda rows, columns, weight=False: "forced"
                 try:
                     out, launch = our_launch(cuda, torch, conv, op, t)
-                    t[out].fill_(float("nan"))
-                    ms = gpu_ms(cuda, sleep, launch, args.repeats, 5)
+                    t[out].fill_(float("nan"))  # a pass that skips part of its output cannot pass the check
                     launch()
                     torch.cuda.synchronize()
+                    error = relative_error(t[out].float(), expected)
+                    check(error, args.precision, f"{side}x{side} {cin}->{cout} {op} {name if tile is None else tile}")
+                    ms = gpu_ms(cuda, sleep, launch, args.repeats, 5)
                 except Exception as error:  # a candidate tile that does not build: say so, time the rest
                     if tile is None:
                         raise
@@ -134,7 +154,6 @@ def main() -> None:
                     elif tile is not None:
                         conv_plan.pick_tile = original
                         del conv_plan.TILES["forced"]
-                error = float((t[out].float() - expected).abs().max() / expected.abs().max())
                 rows.append({"layer": f"{side}x{side} {cin}->{cout}", "op": op,
                              "version": name if tile is None else "x".join(map(str, tile)),
                              "ms": ms, "cudnn_ms": theirs, "tflops": flops / ms / 1e9,

@@ -1,0 +1,40 @@
+"""benchmarks/conv.py's result check on the CPU (the benchmark itself needs a GPU and PyTorch): a pass
+whose output is off by more than its precision's tolerance, or holds a NaN, stops the script with exit
+code 1 before anything is timed; a pass within it goes on."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def conv_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its neighbour gemm.py
+    try:
+        spec = importlib.util.spec_from_file_location("conv_benchmark", ROOT / "benchmarks" / "conv.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+@pytest.mark.parametrize("precision, good, bad", [("fp32", 3e-6, 2e-3), ("bf16", 8e-3, 0.2), ("fp16", 1e-3, 0.05)])
+def test_a_result_beyond_its_tolerance_exits_1_before_timing(conv_benchmark, precision, good, bad):
+    conv_benchmark.check(good, precision, "16x16 256->128 forward ours")
+    conv_benchmark.check(0.0, precision, "exact")
+    for error in (bad, float("nan"), float("inf")):
+        with pytest.raises(SystemExit) as stop:
+            conv_benchmark.check(error, precision, "16x16 256->128 forward ours")
+        assert "WRONG RESULT: 16x16 256->128 forward ours" in str(stop.value.code)
+        assert f"{precision} tolerance" in str(stop.value.code) and "nothing was timed" in str(stop.value.code)
+
+
+def test_every_precision_has_a_tolerance_below_a_wrong_kernels_error(conv_benchmark):
+    # a wrong kernel (a dropped tap, a swapped channel) is off by order 1 of the output's scale
+    assert set(conv_benchmark.TOLERANCE) == {"fp32", "bf16", "fp16"}
+    assert all(0 < tol <= 0.05 for tol in conv_benchmark.TOLERANCE.values())
