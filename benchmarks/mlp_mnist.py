@@ -7,7 +7,10 @@ fp32 (PyTorch with TF32 off), fp16 (mlptrain's dynamic loss scaling; PyTorch
 autocast + GradScaler) and bf16 (autocast, no scaler). mlptrain runs its own
 epoch loop (`mlptrain.train.train_epoch`, with its periodic metric reads);
 PyTorch runs the plain eager loop. Each is warmed up for one epoch, then
-timed over --epochs epochs; the table shows medians.
+timed over --epochs epochs; the table shows medians. Each tool's loss must have
+fallen after the warm-up epoch (below WARM_UP_LOSS, from ln 10 = 2.30 at chance)
+and be below FINAL_LOSS at the end, else the script exits 1: a speed of a
+kernel that does not learn is not reported.
 
     python benchmarks/mlp_mnist.py [--epochs 5] [--batch-size 128] [--hidden 512,512]
                                    [--precisions fp32,fp16,bf16] [--json FILE]
@@ -22,6 +25,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+
+WARM_UP_LOSS = 2.0  # one epoch of Adam 1e-3 on MNIST ends near 0.1 at batch 128, 0.5 at batch 2048
+FINAL_LOSS = 1.0
+
+
+def check_learning(tool: str, precision: str, loss: float, limit: float, when: str) -> None:
+    """Exit 1 when `loss` is not finite or not below `limit`."""
+    if not loss < limit:  # `not <`: NaN fails too
+        raise SystemExit(f"WRONG RESULT: {tool} {precision}: training loss {loss:.4g} {when} is not below "
+                         f"{limit:g}; nothing is reported")
 
 
 def mlptrain_epochs(dataset, args, precision) -> list[float]:
@@ -45,6 +59,9 @@ def mlptrain_epochs(dataset, args, precision) -> list[float]:
         train_epoch(session, epoch + 1, reads.append)
         backend.synchronize()
         times.append(time.perf_counter() - t0)
+        if epoch == 0:
+            check_learning("mlptrain", precision, reads[-1]["loss"], WARM_UP_LOSS, "after the warm-up epoch")
+    check_learning("mlptrain", precision, reads[-1]["loss"], FINAL_LOSS, "at the end")
     print(f"mlptrain {precision}: last window loss {reads[-1]['loss']:.4f} acc {reads[-1]['acc']:.4f}")
     return times[1:]
 
@@ -86,6 +103,9 @@ def pytorch_epochs(dataset, args, precision) -> list[float]:
             scaler.update()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if epoch == 0:
+            check_learning("pytorch", precision, loss.item(), WARM_UP_LOSS, "after the warm-up epoch")
+    check_learning("pytorch", precision, loss.item(), FINAL_LOSS, "at the end")
     print(f"pytorch {precision}: last batch loss {loss.item():.4f}")
     return times[1:]
 

@@ -1,6 +1,7 @@
-"""benchmarks/conv.py's result check on the CPU (the benchmark itself needs a GPU and PyTorch): a pass
-whose output is off by more than its precision's tolerance, or holds a NaN, stops the script with exit
-code 1 before anything is timed; a pass within it goes on."""
+"""The benchmarks' result checks on the CPU (the benchmarks themselves need a GPU and PyTorch): a
+convolution pass of benchmarks/conv.py whose output is off by more than its precision's tolerance, or
+holds a NaN, stops the script with exit code 1 before anything is timed; benchmarks/mlp_mnist.py
+reports no speed of a model whose loss did not fall."""
 
 import importlib.util
 import sys
@@ -38,3 +39,15 @@ def test_every_precision_has_a_tolerance_below_a_wrong_kernels_error(conv_benchm
     # a wrong kernel (a dropped tap, a swapped channel) is off by order 1 of the output's scale
     assert set(conv_benchmark.TOLERANCE) == {"fp32", "bf16", "fp16"}
     assert all(0 < tol <= 0.05 for tol in conv_benchmark.TOLERANCE.values())
+
+
+def test_the_mlp_benchmark_reports_no_speed_of_a_model_that_does_not_learn():
+    spec = importlib.util.spec_from_file_location("mlp_benchmark", ROOT / "benchmarks" / "mlp_mnist.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.check_learning("mlptrain", "fp32", 0.1, module.WARM_UP_LOSS, "after the warm-up epoch")
+    for loss in (2.3, float("nan"), float("inf")):
+        with pytest.raises(SystemExit, match="WRONG RESULT: mlptrain bf16: training loss"):
+            module.check_learning("mlptrain", "bf16", loss, module.WARM_UP_LOSS, "after the warm-up epoch")
+    with pytest.raises(SystemExit, match="at the end is not below 1"):
+        module.check_learning("pytorch", "fp16", 1.5, module.FINAL_LOSS, "at the end")
