@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +22,9 @@ from pathlib import Path
 CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
 MAGIC = b"MLPTRAIN-KERNEL-1\n"
 SUFFIX = ".kernel"
+SHARD = re.compile(r"[0-9a-f]{2}")  # an entry's folder: its key's first two digits
+ENTRY = re.compile(r"[0-9a-f]{64}\.kernel")  # a sha256 key
+STRAY = re.compile(r"\.[0-9a-f]{16}\..*\.tmp")  # a write that did not finish (see `put`)
 LAST_RUN = "last-run.json"  # what the latest process that trained did with the cache (`mlptrain cache`)
 _OFF = ("", "0", "off", "none", "false")
 
@@ -108,26 +112,35 @@ class KernelStore:
             return False
 
     def empty(self) -> bool:
-        """No entry at all (cheaper than counting them)."""
-        return self.root is None or next(self.root.glob(f"*/*{SUFFIX}"), None) is None
+        """No entry at all (cheaper than listing them)."""
+        return not any(ENTRY.fullmatch(p.name) for shard in self.shards() for p in shard.iterdir())
 
-    def entries(self) -> list[Path]:
+    def shards(self) -> list[Path]:
+        """The two-hex-digit folders entries live in: only these are ever listed or removed, so a cache
+        folder pointed at a folder that holds other things (MLPTRAIN_KERNEL_CACHE=~) loses none of them."""
         if self.root is None or not self.root.is_dir():
             return []
-        return sorted(self.root.glob(f"*/*{SUFFIX}"))
+        return sorted(p for p in self.root.iterdir() if SHARD.fullmatch(p.name) and p.is_dir())
+
+    def entries(self) -> list[Path]:
+        return sorted(p for shard in self.shards() for p in shard.iterdir() if ENTRY.fullmatch(p.name))
 
     def clear(self) -> int:
-        """Remove every entry (and stray temporary files); returns the entries removed."""
+        """Remove every entry, the temporary files of interrupted writes and the shards left empty;
+        returns the entries removed."""
         removed = 0
         for path in self.entries():
             path.unlink(missing_ok=True)
             removed += 1
+        for shard in self.shards():
+            for stray in shard.iterdir():
+                if STRAY.fullmatch(stray.name):
+                    stray.unlink(missing_ok=True)
+            if not any(shard.iterdir()):
+                shard.rmdir()
         if self.root is not None and self.root.is_dir():
-            for stray in self.root.glob("*/.*.tmp"):
+            for stray in self.root.glob(".last-run.*.tmp"):
                 stray.unlink(missing_ok=True)
-            for folder in self.root.iterdir():
-                if folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
         return removed
 
     def size(self) -> int:

@@ -24,6 +24,26 @@ def test_cache_clear_empties_it(tmp_path):
     assert store.entries() == []
 
 
+def test_cache_clear_in_a_folder_of_other_things_removes_only_its_own(tmp_path):
+    """MLPTRAIN_KERNEL_CACHE pointed at a home folder: clear removes its entries, its interrupted writes and
+    its emptied shards, and nothing of the user's, however alike the names."""
+    home = tmp_path / "home"
+    store = KernelStore(home)
+    key = "ab" * 32
+    store.put(key, b"x")
+    (home / "ab" / f".{key[:16]}.k2j4.tmp").write_bytes(b"half")  # an interrupted write
+    mine = [home / "Music", home / "ab" / "notes.kernel", home / "docs" / ".draft.tmp", home / "docs" / f"{key}.kernel",
+            home / "ff" / "photo.jpg", home / ".last-run.json.bak"]
+    (home / "Music").mkdir()
+    for path in mine[1:]:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"keep")
+    result = mlptrain("cache", "clear", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(home)})
+    assert result.returncode == 0 and "removed 1 kernel" in result.stdout + result.stderr, result.stderr
+    assert all(path.exists() for path in mine)
+    assert not store.contains(key) and not (home / "ab" / f".{key[:16]}.k2j4.tmp").exists()
+
+
 def test_cache_off_says_so(tmp_path):
     result = mlptrain("cache", "info", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": "off"})
     assert result.returncode == 0 and "off" in result.stdout + result.stderr

@@ -131,7 +131,7 @@ def test_clear_removes_entries_and_strays(tmp_path):
     store = KernelStore(tmp_path)
     for i in range(3):
         store.put(f"{i:064x}", b"x")
-    (store.path(f"{0:064x}").parent / ".stray.tmp").write_bytes(b"half")
+    (store.path(f"{0:064x}").parent / f".{0:016x}.a1b2c3.tmp").write_bytes(b"half")  # as `put` names one
     assert store.clear() == 3 and store.entries() == [] and not any(tmp_path.iterdir())
 
 
