@@ -1,7 +1,7 @@
 """The benchmarks' result checks on the CPU (the benchmarks themselves need a GPU and PyTorch): a
 convolution pass of benchmarks/conv.py whose output is off by more than its precision's tolerance, or
 holds a NaN, stops the script with exit code 1 before anything is timed; benchmarks/mlp_mnist.py
-reports no speed of a model whose loss did not fall."""
+and autoencoder_cifar10.py report no speed of a model whose loss did not fall."""
 
 import importlib.util
 import sys
@@ -51,3 +51,15 @@ def test_the_mlp_benchmark_reports_no_speed_of_a_model_that_does_not_learn():
             module.check_learning("mlptrain", "bf16", loss, module.WARM_UP_LOSS, "after the warm-up epoch")
     with pytest.raises(SystemExit, match="at the end is not below 1"):
         module.check_learning("pytorch", "fp16", 1.5, module.FINAL_LOSS, "at the end")
+
+
+def test_the_autoencoder_benchmark_reports_no_speed_of_a_model_that_does_not_learn():
+    spec = importlib.util.spec_from_file_location("ae_benchmark", ROOT / "benchmarks" / "autoencoder_cifar10.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.check_learning("mlptrain", 256, "bf16", 0.013, module.FINAL_MSE, "in the last epoch")
+    for mse in (0.28, float("nan"), float("inf")):
+        with pytest.raises(SystemExit, match="WRONG RESULT: mlptrain batch 256 bf16: training MSE"):
+            module.check_learning("mlptrain", 256, "bf16", mse, module.FINAL_MSE, "in the last epoch")
+    with pytest.raises(SystemExit, match="after the warm-up epoch"):
+        module.check_learning("pytorch", 64, "fp32", float("nan"), float("inf"), "after the warm-up epoch")
