@@ -44,6 +44,14 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def _listing(folder: Path) -> list[Path]:
+    """What `folder` holds; nothing when it cannot be read (as a glob would see it)."""
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
 class KernelStore:
     """Entries by key (a hex digest) under `root`; `None` as root stores nothing."""
 
@@ -113,17 +121,17 @@ class KernelStore:
 
     def empty(self) -> bool:
         """No entry at all (cheaper than listing them)."""
-        return not any(ENTRY.fullmatch(p.name) for shard in self.shards() for p in shard.iterdir())
+        return not any(ENTRY.fullmatch(p.name) for shard in self.shards() for p in _listing(shard))
 
     def shards(self) -> list[Path]:
         """The two-hex-digit folders entries live in: only these are ever listed or removed, so a cache
         folder pointed at a folder that holds other things (MLPTRAIN_KERNEL_CACHE=~) loses none of them."""
         if self.root is None or not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.iterdir() if SHARD.fullmatch(p.name) and p.is_dir())
+        return sorted(p for p in _listing(self.root) if SHARD.fullmatch(p.name) and p.is_dir())
 
     def entries(self) -> list[Path]:
-        return sorted(p for shard in self.shards() for p in shard.iterdir() if ENTRY.fullmatch(p.name))
+        return sorted(p for shard in self.shards() for p in _listing(shard) if ENTRY.fullmatch(p.name))
 
     def clear(self) -> int:
         """Remove every entry, the temporary files of interrupted writes and the shards left empty;
@@ -133,11 +141,13 @@ class KernelStore:
             path.unlink(missing_ok=True)
             removed += 1
         for shard in self.shards():
-            for stray in shard.iterdir():
+            for stray in _listing(shard):
                 if STRAY.fullmatch(stray.name):
                     stray.unlink(missing_ok=True)
-            if not any(shard.iterdir()):
-                shard.rmdir()
+            try:
+                shard.rmdir()  # only when empty: otherwise the OS refuses, and it stays
+            except OSError:
+                pass
         if self.root is not None and self.root.is_dir():
             for stray in self.root.glob(".last-run.*.tmp"):
                 stray.unlink(missing_ok=True)
