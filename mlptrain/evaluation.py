@@ -45,23 +45,27 @@ class Evaluator:
         acc = self.backend.to_host(row_correct[lo:hi]).mean() if self.classifies else np.nan
         return float(loss), float(acc)
 
-    def epoch_record(self, val, test, epoch: int, step: int, logger) -> dict:
-        """Evaluate on val and test; log the metrics (TensorBoard, metrics.jsonl, one console line, and
-        the autoencoder's reconstructions) and return the record."""
+    def record(self, val, test, epoch: int, step: int) -> dict:
+        """Evaluate on val and test: epoch, step and val_loss/val_acc/test_loss/test_acc (val_mse/test_mse
+        for the autoencoder)."""
         val_loss, val_acc = self.evaluate(val)
         test_loss, test_acc = self.evaluate(test)
         if self.classifies:
-            record = {"epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
-                      "test_loss": test_loss, "test_acc": test_acc}
-            logger.scalars(step, {"val/loss": val_loss, "val/acc": val_acc, "test/loss": test_loss,
-                                  "test/acc": test_acc})
-            console.print(f"epoch {epoch}: val loss {val_loss:.4f} acc {val_acc:.4f} | test loss {test_loss:.4f} "
-                          f"acc {test_acc:.4f}")
+            return {"epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
+                    "test_loss": test_loss, "test_acc": test_acc}
+        return {"epoch": epoch, "step": step, "val_mse": val_loss, "test_mse": test_loss}
+
+    def epoch_record(self, val, test, epoch: int, step: int, logger) -> dict:
+        """Evaluate on val and test; log the metrics (TensorBoard, metrics.jsonl, one console line, and
+        the autoencoder's reconstructions) and return the record."""
+        r = record = self.record(val, test, epoch, step)
+        logger.scalars(step, {key.replace("_", "/"): value for key, value in r.items() if key not in ("epoch", "step")})
+        if self.classifies:
+            console.print(f"epoch {epoch}: val loss {r['val_loss']:.4f} acc {r['val_acc']:.4f} | test loss "
+                          f"{r['test_loss']:.4f} acc {r['test_acc']:.4f}")
         else:
-            record = {"epoch": epoch, "step": step, "val_mse": val_loss, "test_mse": test_loss}
-            logger.scalars(step, {"val/mse": val_loss, "test/mse": test_loss})
             logger.image("test/reconstructions", self.reconstruction_grid(test), step)
-            console.print(f"epoch {epoch}: val mse {val_loss:.5f} | test mse {test_loss:.5f}")
+            console.print(f"epoch {epoch}: val mse {r['val_mse']:.5f} | test mse {r['test_mse']:.5f}")
         logger.evaluation(record)
         return record
 

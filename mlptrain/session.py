@@ -69,10 +69,9 @@ class Session:
         """The validation metric that picks the `best` checkpoint, and whether higher is better: early
         stopping's when it is on (so that restoring the best epoch restores `best`), else val_acc (val_mse
         for the autoencoder)."""
-        stopping = self.config.train.early_stopping
         if not self.classifies:
             return "val_mse", False
-        if stopping.patience is not None and stopping.metric == "val_loss":
+        if self.stopping is not None and self.stopping.metric == "val_loss":
             return "val_loss", False
         return "val_acc", True
 

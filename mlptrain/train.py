@@ -203,12 +203,7 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
     if s.stopping is None or not s.stopping.restore_best or best.best_epoch in (0, last["epoch"]):
         return last
     s.model.load_parameters(load_checkpoint(run_dir / "checkpoints" / "best.npz"), prefix="params/")
-    (val_loss, val_acc), (test_loss, test_acc) = s.evaluator.evaluate(s.val), s.evaluator.evaluate(s.test)
-    record = {"epoch": best.best_epoch, "step": last["step"]}
-    if s.classifies:
-        record.update(val_loss=val_loss, val_acc=val_acc, test_loss=test_loss, test_acc=test_acc)
-    else:
-        record.update(val_mse=val_loss, test_mse=test_loss)
+    record = s.evaluator.record(s.val, s.test, best.best_epoch, last["step"])
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in ("epoch", "step"))
     console.print(f"restored the parameters of epoch {best.best_epoch} (checkpoints/best.npz): {metrics}")
     return record
