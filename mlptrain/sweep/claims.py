@@ -50,13 +50,17 @@ def _boot_id() -> str:
         return ""
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (the state first); raises OSError."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_start(pid: int) -> int | None:
     """The process's start time (clock ticks after boot) from /proc, or None where there is no /proc."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(_stat_fields(pid)[19])
     except (OSError, IndexError):
         return None
-    return int(fields[19])
 
 
 def this_worker() -> dict:
@@ -68,7 +72,7 @@ def this_worker() -> dict:
 def process_alive(pid: int, started: int | None) -> bool:
     """Whether process `pid` of this machine, started at `started` (ticks after boot), still runs."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = _stat_fields(pid)
     except FileNotFoundError:
         return False
     except OSError:  # no /proc (not Linux): the pid alone
@@ -76,10 +80,9 @@ def process_alive(pid: int, started: int | None) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        except PermissionError:
-            return True
+        except PermissionError:  # someone else's process: it exists
+            pass
         return True
-    fields = stat.rsplit(")", 1)[1].split()
     if fields[0] in ("Z", "X"):  # exited, not yet reaped by its parent
         return False
     return started is None or int(fields[19]) == started

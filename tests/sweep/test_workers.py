@@ -15,6 +15,7 @@ import numba.cuda
 import pytest
 
 from mlptrain.sweep import workers
+from mlptrain.sweep.claims import process_alive
 
 PRINT_GPU = [sys.executable, "-c", "import os; print('gpu=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"]
 
@@ -123,15 +124,7 @@ def test_a_worker_dies_with_its_parent(tmp_path):
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while process_alive(child, None) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
+    assert not process_alive(child, None)
 
