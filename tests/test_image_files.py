@@ -53,6 +53,16 @@ def test_npz_png_and_folder_inputs(rng, tmp_path):
     assert grey.shape == (1, 32 * 32)
 
 
+def assert_refused(tmp_path, make, fragment):
+    """`make` writes input.png (or, where it writes an .npz, input.npz); reading it for MNIST is refused."""
+    path = tmp_path / "input.png"
+    make(path)
+    if not path.exists():
+        path = path.with_suffix(".npz")
+    with pytest.raises(UserError, match=fragment):
+        read_images(path, MNIST)
+
+
 @pytest.mark.parametrize("make, fragment", [
     (lambda p: p.mkdir(), "no .png, .jpg, .jpeg files"),
     (lambda p: p.write_bytes(b"not a png"), "not a readable image"),
@@ -60,12 +70,7 @@ def test_npz_png_and_folder_inputs(rng, tmp_path):
     (lambda p: np.savez(p.with_suffix(".npz"), a=np.zeros(1), b=np.zeros(1)), "name the images one of"),
 ])
 def test_bad_files_are_refused_in_one_line(tmp_path, make, fragment):
-    path = tmp_path / "input.png"
-    make(path)
-    if not path.exists():
-        path = path.with_suffix(".npz")
-    with pytest.raises(UserError, match=fragment):
-        read_images(path, MNIST)
+    assert_refused(tmp_path, make, fragment)
 
 
 def png_declaring(width: int, height: int) -> bytes:
@@ -93,12 +98,7 @@ def png_declaring(width: int, height: int) -> bytes:
      r"holds no images \(shape \(0, 28, 28\)\)"),
 ])
 def test_hostile_files_are_refused_in_one_line(tmp_path, make, fragment, recwarn):
-    path = tmp_path / "input.png"
-    make(path)
-    if not path.exists():
-        path = path.with_suffix(".npz")
-    with pytest.raises(UserError, match=fragment):
-        read_images(path, MNIST)
+    assert_refused(tmp_path, make, fragment)
     assert not [w for w in recwarn if "DecompressionBomb" in str(w.category)]  # no second line on stderr
 
 
