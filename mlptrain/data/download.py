@@ -28,6 +28,14 @@ def md5sum(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def read_bytes(path: Path) -> bytes:
+    """The whole content of the file at `path`; an OSError becomes one `UserError` line naming it."""
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+
+
 def fetch(urls: list[str], dest: Path, md5: str | set[str], *, timeout: float = TIMEOUT_S,
           opener=None) -> None:
     """Download `dest` from the first of `urls` that delivers bytes whose md5 is `md5`

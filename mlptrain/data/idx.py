@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.data.download import read_bytes
 from mlptrain.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -35,11 +36,7 @@ def read_idx(path: str | Path) -> np.ndarray:
 def read_decompressed(path: str | Path) -> bytes:
     """The bytes of `path`, gunzipped when they start with the gzip magic (see `gunzip_if_gzipped`)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
-    return gunzip_if_gzipped(data, path)
+    return gunzip_if_gzipped(read_bytes(path), path)
 
 
 def gunzip_if_gzipped(data: bytes, source: str | Path) -> bytes:

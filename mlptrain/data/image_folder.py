@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
+from mlptrain.data.download import read_bytes
 from mlptrain.errors import UserError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp")
@@ -107,10 +108,7 @@ def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str]:
     """(pixels (H, W) or (H, W, 3) uint8, md5 of the file); the shape must equal `shape` when given."""
     from PIL import Image  # imported here: only this dataset needs Pillow
 
-    try:
-        data = file.read_bytes()
-    except OSError as error:
-        raise UserError(f"{file}: cannot read ({error.strerror or error})") from None
+    data = read_bytes(file)
     try:
         with warnings.catch_warnings():
             # Pillow only warns between its two decompression-bomb limits; an image that size is refused

@@ -10,7 +10,7 @@ import numpy as np
 
 from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
-from mlptrain.data.download import fetch, offline_error, prepare_folder
+from mlptrain.data.download import fetch, offline_error, prepare_folder, read_bytes
 from mlptrain.data.idx import GZIP_MAGIC, gunzip_if_gzipped, parse_idx
 from mlptrain.data.registry import BuiltinDataset, DataFile
 from mlptrain.errors import UserError
@@ -75,10 +75,7 @@ def _download_missing(spec: BuiltinDataset, folder: Path) -> None:
 def _read_verified(folder: Path, file: DataFile) -> tuple[np.ndarray, str, Path]:
     """(decoded array, md5 of the decompressed content, path) of `file`, which must be the published one."""
     path = _find(folder, file)
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+    raw = read_bytes(path)
     gzipped = raw.startswith(GZIP_MAGIC)
     published = gzipped and hashlib.md5(raw).hexdigest() == file.md5
     try:
