@@ -18,6 +18,7 @@ With neither, the archive is downloaded into `cifar10/` as above.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import shutil
 import tempfile
 import zlib
@@ -25,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.data.cifar_batch import read_cifar_batch
+from mlptrain.data.cifar_batch import parse_cifar_batch
 from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
-from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder
+from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder, read_bytes
 from mlptrain.data.registry import BuiltinDataset, DataFile, LabelSet
 from mlptrain.errors import UserError
 
@@ -99,13 +100,14 @@ def _read_verified(spec: BuiltinDataset, path: Path, file: DataFile,
                    labels: LabelSet) -> tuple[np.ndarray, np.ndarray, str]:
     """(images, labels, md5) of one batch. In the cache a batch must have its published md5 (that
     catches flipped bytes the structural checks cannot see); a subset's batches are checked for
-    structure alone."""
-    digest = md5sum(path)
+    structure alone. The file is read once, for its md5 and its batch."""
+    data = read_bytes(path)
+    digest = hashlib.md5(data).hexdigest()
     if _is_cache(spec, path.parent) and digest != file.md5:
         raise UserError(f"{path} is corrupt: md5 {digest}, expected the published {file.md5}; "
                         f"{_fix(spec, path.parent)}")
     try:
-        images, batch_labels = read_cifar_batch(path, labels.key, len(labels.class_names))
+        images, batch_labels = parse_cifar_batch(data, path, labels.key, len(labels.class_names))
     except UserError as error:
         raise UserError(f"{error}; {_fix(spec, path.parent)}") from None
     return images, batch_labels, digest

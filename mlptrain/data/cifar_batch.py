@@ -14,11 +14,13 @@ unpickler that resolves only the few names a batch needs and refuses the rest.
 Every malformed input raises `UserError` with one line naming the file.
 """
 
+import io
 import pickle
 from pathlib import Path
 
 import numpy as np
 
+from mlptrain.data.download import read_bytes
 from mlptrain.errors import UserError
 
 IMAGE_SHAPE = (3, 32, 32)
@@ -67,13 +69,17 @@ def read_cifar_batch(path: str | Path, labels_key: str = "labels",
     """(images, labels) of the CIFAR batch file at `path`: images uint8 (N, 3072)
     C-contiguous, labels uint8 (N,) from the entry `labels_key`, in 0..num_classes-1, N >= 1."""
     path = Path(path)
+    return parse_cifar_batch(read_bytes(path), path, labels_key, num_classes)
+
+
+def parse_cifar_batch(data: bytes, path: Path, labels_key: str = "labels",
+                      num_classes: int = NUM_CLASSES) -> tuple[np.ndarray, np.ndarray]:
+    """`read_cifar_batch` of the file's bytes `data`, already read (`path` names it in refusals)."""
     try:
-        with open(path, "rb") as file:
-            # encoding="bytes": the canonical files come from Python 2, whose str is bytes.
-            batch = _BatchUnpickler(file, encoding="bytes").load()
-            trailing = file.read(1)
-    except OSError as error:
-        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+        stream = io.BytesIO(data)
+        # encoding="bytes": the canonical files come from Python 2, whose str is bytes.
+        batch = _BatchUnpickler(stream, encoding="bytes").load()
+        trailing = stream.read(1)
     except _Refused as refused:
         raise UserError(f"{path}: refused to unpickle {refused}: a CIFAR batch needs only dicts, lists, "
                         f"bytes, ints and numpy arrays (the file may be malicious)") from None
