@@ -76,23 +76,23 @@ def _read_verified(folder: Path, file: DataFile) -> tuple[np.ndarray, str, Path]
     """(decoded array, md5 of the decompressed content, path) of `file`, which must be the published one."""
     path = _find(folder, file)
     raw = read_bytes(path)
-    gzipped = raw.startswith(GZIP_MAGIC)
-    published = gzipped and hashlib.md5(raw).hexdigest() == file.md5
+    raw_md5 = hashlib.md5(raw).hexdigest() if raw.startswith(GZIP_MAGIC) else None  # None: not gzipped
+    published = raw_md5 == file.md5
     try:
         content = gunzip_if_gzipped(raw, path)
     except UserError as error:
         raise UserError(f"{error}; {_FIX}") from None
     digest = hashlib.md5(content).hexdigest()
     if not published and digest != file.content_md5:
-        raise UserError(_mismatch(path, file, gzipped, raw, digest))
+        raise UserError(_mismatch(path, file, raw_md5, digest))
     return parse_idx(content, path), digest, path
 
 
-def _mismatch(path: Path, file: DataFile, gzipped: bool, raw: bytes, digest: str) -> str:
+def _mismatch(path: Path, file: DataFile, raw_md5: str | None, digest: str) -> str:
     if file.content_md5 is not None:  # any copy of the content verifies: name what it should be
         return f"{path} is corrupt: md5 of its content is {digest}, expected {file.content_md5}; {_FIX}"
-    if gzipped:
-        return (f"{path}: md5 {hashlib.md5(raw).hexdigest()} is not the published {file.md5} (a damaged or "
+    if raw_md5 is not None:
+        return (f"{path}: md5 {raw_md5} is not the published {file.md5} (a damaged or "
                 f"re-compressed copy); {_FIX}")
     return (f"{path}: an uncompressed copy cannot be verified (only the published md5 of {file.name}.gz is "
             f"known); put {file.name}.gz there instead, or delete it so it is downloaded")
