@@ -123,13 +123,9 @@ def _main() -> None:
     except KeyboardInterrupt as err:  # before a command has its own handling (start-up, loading data)
         _say_interrupted()
         sys.exit(128 + getattr(err, "signum", 2))
-    except SystemExit as done:
-        # Typer turns a KeyboardInterrupt it catches (Ctrl-C while it parses the arguments) into a silent exit
-        context = done.__context__
-        if isinstance(context, typer.Exit) and isinstance(context.__cause__, KeyboardInterrupt):
-            _say_interrupted()
-        raise
-    if code == 128 + signal.SIGINT:  # Typer turns a KeyboardInterrupt it catches into this exit code
+    # Typer turns a KeyboardInterrupt it catches (Ctrl-C while it parses the arguments) into typer.Exit(130),
+    # which, not standalone, comes back as this return code rather than a SystemExit
+    if code == 128 + signal.SIGINT:
         _say_interrupted()
     if isinstance(code, int) and code:
         sys.exit(code)
