@@ -97,28 +97,18 @@ def _main() -> None:
         # rather than as Typer's usage block and boxed message
         code = app(prog_name="mlptrain", standalone_mode=False)
     except CLICK_ERROR as err:
-        from rich.markup import escape
-
-        from mlptrain.tracking import console
-
         where = getattr(getattr(err, "ctx", None), "command_path", None) or "mlptrain"
         text = f"{where}: {err.format_message()} (`{where} --help` lists what it takes)"
-        console.print(f"[bold red]error:[/] {escape(' '.join(text.split()))}", highlight=False, soft_wrap=True)
+        _print_error("error:", " ".join(text.split()))
         sys.exit(err.exit_code)
     except typer.Abort:
         _say_interrupted()
         sys.exit(1)
     except UserError as err:
-        from rich.markup import escape
-
-        from mlptrain.tracking import console
-
         code = getattr(err, "exit_code", 2)
-        label = "error:" if code == 2 else "stopped:"
         text = str(err) if getattr(err, "multiline", False) else " ".join(str(err).split("\n"))
         text = text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}..."
-        # escaped: a value from the user's input may look like rich markup ("[/]")
-        console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)
+        _print_error("error:" if code == 2 else "stopped:", text)
         sys.exit(code)
     except KeyboardInterrupt as err:  # before a command has its own handling (start-up, loading data)
         _say_interrupted()
@@ -129,6 +119,15 @@ def _main() -> None:
         _say_interrupted()
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _print_error(label: str, text: str) -> None:
+    from rich.markup import escape
+
+    from mlptrain.tracking import console
+
+    # escaped: a value from the user's input may look like rich markup ("[/]")
+    console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def _say_interrupted() -> None:
