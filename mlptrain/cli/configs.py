@@ -3,7 +3,6 @@ prints one (with overrides or --resolved: the config a run would use, every defa
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import List, Optional
 
@@ -11,6 +10,7 @@ import typer
 from rich.table import Table
 
 from mlptrain.config import read_yaml
+from mlptrain.config_keys import suggest_value
 from mlptrain.errors import UserError
 from mlptrain.tracking import console
 
@@ -30,8 +30,8 @@ def builtin_sweeps() -> dict[str, Path]:
 
 def unknown_builtin(name: str, kind: str, names: list[str], where: str = "") -> UserError:
     """One line for a name that is no built-in `kind`: the closest name, and all of them."""
-    close = difflib.get_close_matches(Path(name).stem, names, n=1, cutoff=0.6)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    close = suggest_value(Path(name).stem, names)
+    hint = f"did you mean '{close}'? " if close else ""
     return UserError(f"{where}{name}: no such {kind} file or built-in {kind} ({hint}built-in: {', '.join(names)})")
 
 
