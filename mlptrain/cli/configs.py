@@ -87,12 +87,11 @@ def show(name: str = typer.Argument(..., help="a built-in config or sweep name, 
 
 def print_resolved(path: Path, overrides: list[str]) -> None:
     """The config of `path` with `overrides`, every default filled in, as YAML a run reads back."""
-    import yaml
-
     from mlptrain.config import load_config
     from mlptrain.experiment import run_record
+    from mlptrain.safe_yaml import dump_yaml
 
-    text = yaml.safe_dump(run_record(load_config(path, overrides)), sort_keys=False)
+    text = dump_yaml(run_record(load_config(path, overrides)))
     print_yaml(f"# {path.name}{' with ' + ' '.join(overrides) if overrides else ''}, resolved\n{text}")
 
 
