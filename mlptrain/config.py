@@ -309,11 +309,14 @@ def _field_value(f, tp, value, where: str):
     return value
 
 
-def check_override_values(overrides: list[str]) -> None:
+def check_override_values(overrides: list[str]) -> list[tuple[str, Any]]:
     """Each `KEY=VALUE` checked on its own, so that a bad value is blamed on the command line (`override
-    optim.lr=fast: expected float, got 'fast'`), not on the config file it lands in."""
+    optim.lr=fast: expected float, got 'fast'`), not on the config file it lands in; returns each one's
+    (dotted key, value) as `parse_override` reads it."""
+    parsed = []
     for text in overrides:
         dotted, value = parse_override(text)
+        parsed.append((dotted, value))
         if isinstance(value, dict) and dotted in valid_sections():  # a section given whole: each of its keys
             check_override_values([f"{dotted}.{key}={json.dumps(inner)}" for key, inner in value.items()])
             continue
@@ -330,6 +333,7 @@ def check_override_values(overrides: list[str]) -> None:
         f = {f.name: f for f in dataclasses.fields(cls)}[leaf]
         where = f"override {dotted}={brief_text(text.partition('=')[2].strip())}"
         _field_value(f, typing.get_type_hints(cls)[leaf], value, where)
+    return parsed
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -342,9 +346,13 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Set dotted keys in a nested dict, creating sections as needed."""
+    return _set_values(raw, (parse_override(text) for text in overrides))
+
+
+def _set_values(raw: dict, values) -> dict:
+    """`raw` with each (dotted key, value) of `values` set (`apply_overrides` once they are parsed)."""
     raw = dict(raw)
-    for text in overrides:
-        dotted, value = parse_override(text)
+    for dotted, value in values:
         if dotted not in valid_keys() and not (isinstance(value, dict) and dotted in valid_sections()):
             raise _unknown_key("override", dotted)
         node = raw
@@ -374,10 +382,10 @@ def load_config(path: Path, overrides: list[str] = ()) -> Config:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
     raw.pop(RESOLVED, None)  # a run's record of what it used: informative, never read back
-    check_override_values(list(overrides))
+    parsed = check_override_values(list(overrides))  # each override's YAML read once, here
     source = f"{path} with the overrides" if overrides else str(path)
-    config = config_from_dict(apply_overrides(raw, list(overrides)), source=source)
-    check_model_keys(config.model.type, dict(parse_override(o) for o in overrides), "override")
+    config = config_from_dict(_set_values(raw, parsed), source=source)
+    check_model_keys(config.model.type, dict(parsed), "override")
     return config
 
 
