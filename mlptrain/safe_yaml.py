@@ -21,6 +21,7 @@ Every failure is one UserError line naming the source and the line.
 from __future__ import annotations
 
 import math
+import os
 import re
 import stat
 from pathlib import Path
@@ -196,7 +197,7 @@ def read_yaml(path: Path):
     """The YAML document in the file `path` (a regular file of at most MAX_BYTES)."""
     try:
         with open(path, "rb") as file:
-            if not stat.S_ISREG(Path(file.name).stat().st_mode):
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # the file opened, not the path again
                 raise UserError(f"{path}: not a regular file")
             data = file.read(MAX_BYTES + 1)
     except FileNotFoundError:
