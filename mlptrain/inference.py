@@ -79,17 +79,21 @@ class TrainedModel:
         """(outputs, per-sample loss) over every row of `split`: logits (N, classes), or reconstructions
         (N, *image_shape) in pixels / 255, float32; the loss is the training loss (cross-entropy or the
         reconstruction MSE) computed by the same kernel."""
-        rows_max, backend = self.model.max_rows, self.backend
+        rows_max, backend, model = self.model.max_rows, self.backend, self.model
         row_loss, row_correct = backend.empty((max(split.size, 1),)), backend.empty((max(split.size, 1),), np.int32)
         unit_scale = backend.to_device(np.ones(1, np.float64))  # loss scale 1: the gradient is discarded
-        outputs = []
+        out = np.empty((split.size, self.output_width), np.float32)  # each batch copied in once, no concatenation
+        gather = backend.kernels.data.gather_batch
         with np.errstate(over="ignore", invalid="ignore"):  # a non-finite output is refused below, in one line
             for start in range(0, split.size, rows_max):
-                self.run_batch(split, start, min(rows_max, split.size - start), row_loss, row_correct, unit_scale,
-                               outputs)
+                rows = min(rows_max, split.size - start)
+                x, labels = model.batch(rows)
+                gather(split.images, split.labels, split.device_index, start, x, labels, self.scale, self.shift)
+                y = self.forward(rows)
+                model.loss(rows, row_loss, row_correct, start, 0.0, unit_scale)
+                out[start:start + rows] = to_float32(backend.to_host(y)).reshape(rows, -1)
                 if on_batch is not None:
-                    on_batch(min(rows_max, split.size - start))
-        out = np.concatenate(outputs) if outputs else np.empty((0, self.output_width), np.float32)
+                    on_batch(rows)
         loss = backend.to_host(row_loss)[:split.size].astype(np.float64)
         if not (np.isfinite(out).all() and np.isfinite(loss).all()):
             raise UserError(f"{self.run_dir}: the {self.checkpoint} checkpoint's model gives NaN or infinite outputs "
@@ -98,17 +102,6 @@ class TrainedModel:
         if not self.classifies:
             out = self.dataset_rows(out)
         return out, loss
-
-    def run_batch(self, split: ResidentSplit, start: int, rows: int, row_loss, row_correct, unit_scale,
-                  outputs: list) -> None:
-        """Rows [start, start + rows) of `split` through the model: the output appended to `outputs`, the
-        per-sample loss into `row_loss`."""
-        x, labels = self.model.batch(rows)
-        self.backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, start, x, labels,
-                                               self.scale, self.shift)
-        out = self.forward(rows)
-        self.model.loss(rows, row_loss, row_correct, start, 0.0, unit_scale)
-        outputs.append(to_float32(self.backend.to_host(out)).astype(np.float32, copy=True))
 
     def largest_parameter(self) -> float:
         return max((float(np.abs(v).max()) for v in self.parameters().values() if v.size), default=0.0)
