@@ -18,7 +18,6 @@ import numpy as np
 from mlptrain.config import Config, apply_overrides, config_from_dict, config_to_dict
 from mlptrain.data.loader import ResidentSplit, resident_splits, whole_split
 from mlptrain.errors import UserError
-from mlptrain.fallbacks import warn
 from mlptrain.precision import to_float32
 
 SPLITS = ("test", "val", "train")
@@ -132,9 +131,8 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     it (see `with_data`), `precision` replaces the run's (fp32 reads the master weights as they are).
     Raises UserError, every refusal before the dataset is read."""
     from mlptrain.experiment import Resources
-    from mlptrain.memory import check_model_fits
-    from mlptrain.nn import input_scale_shift, model_dataset
-    from mlptrain.probe.features import load_model, load_run
+    from mlptrain.nn import input_scale_shift
+    from mlptrain.probe.features import load_fitting_model, load_run, warn_fallbacks
 
     config, path = load_run(run_dir, checkpoint)
     trained_config = config
@@ -153,15 +151,9 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
         names = dataset.class_names
         names = names + tuple(str(k) for k in range(len(names), trained_on.num_classes)) if names else ()
         dataset = dataclasses.replace(dataset, num_classes=trained_on.num_classes, class_names=names)
-    # as extract-features: a batch beyond the larger split is never filled (a run may have trained with
-    # train.eval_batch_size=1e9), and what remains must fit before anything is allocated
-    rows = min(rows, max(len(dataset.train_images), len(dataset.test_images), 1))
-    fed = model_dataset(config, dataset)
-    check_model_fits(config, device, fed, rows, "--batch-size" if batch_size else "train.eval_batch_size")
-    model = load_model(config, path, device, fed, rows)
-    for note in [*device.fallbacks, dataset.provenance.cache_note]:  # after every refusal: an error stays one line
-        if note:
-            warn(note)
+    model, _ = load_fitting_model(config, path, device, dataset, rows,
+                                  "--batch-size" if batch_size else "train.eval_batch_size")
+    warn_fallbacks(device, dataset)  # after every refusal: an error stays one line
     scale, shift = input_scale_shift(model, dataset)
     return TrainedModel(run_dir, config, checkpoint, device, dataset, model, scale, shift)
 

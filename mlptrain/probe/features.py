@@ -150,22 +150,17 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     at a time (default: its train.eval_batch_size), pooled by `pool` when given (the latent only).
     `progress` is a rich Progress to show the passes in, or None. Raises UserError."""
     from mlptrain.experiment import Resources
-    from mlptrain.memory import check_model_fits
-    from mlptrain.nn import input_scale_shift, model_dataset
+    from mlptrain.nn import input_scale_shift
 
     config, path = load_run(run_dir, checkpoint)
     layer = resolve_layer(config, layer)
     backend, dataset = Resources().prepare(config)
-    dataset = model_dataset(config, dataset)
-    # a batch beyond the larger part is never filled; what remains must fit before anything is allocated
-    batch = min(batch_size or config.train.eval_batch_size, max(len(dataset.train_images), len(dataset.test_images)))
-    check_model_fits(config, backend, dataset, batch, "--batch-size")
-    model = load_model(config, path, backend, dataset, batch)
+    model, dataset = load_fitting_model(config, path, backend, dataset, batch_size or config.train.eval_batch_size,
+                                        "--batch-size")
+    batch = model.max_rows
     if pool is not None:
         check_grid(pool, model.latent_shape)
-    for note in [*backend.fallbacks, dataset.provenance.cache_note]:  # after every refusal: an error stays one line
-        if note:
-            warn(note)
+    warn_fallbacks(backend, dataset)  # after every refusal: an error stays one line
     scale, shift = input_scale_shift(model, dataset)
     splits = {"train": whole_split(backend, dataset.train_images, dataset.train_labels),
               "test": whole_split(backend, dataset.test_images, dataset.test_labels)}
@@ -190,6 +185,27 @@ def _bar(progress, name: str, total: int):
         return None
     task = progress.add_task(name, total=total)
     return lambda rows: progress.advance(task, rows)
+
+
+def load_fitting_model(config: Config, path: Path, backend, dataset, rows: int, flag: str):
+    """(the model with checkpoint `path`'s parameters, holding up to `rows` images at a time; the dataset as
+    it reads it, mlptrain.nn.model_dataset). A batch beyond the larger part is never filled (a run may have
+    trained with train.eval_batch_size=1e9), and what remains must fit before anything is allocated (`flag`
+    names the setting to lower). Raises UserError."""
+    from mlptrain.memory import check_model_fits
+    from mlptrain.nn import model_dataset
+
+    fed = model_dataset(config, dataset)
+    rows = min(rows, max(len(fed.train_images), len(fed.test_images), 1))
+    check_model_fits(config, backend, fed, rows, flag)
+    return load_model(config, path, backend, fed, rows), fed
+
+
+def warn_fallbacks(backend, dataset) -> None:
+    """One warning line for each thing the backend or the dataset cache fell back from."""
+    for note in [*backend.fallbacks, dataset.provenance.cache_note]:
+        if note:
+            warn(note)
 
 
 def load_model(config: Config, path: Path, backend, dataset, rows: int):
