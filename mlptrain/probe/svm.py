@@ -61,7 +61,7 @@ class Fit:
 def prescale_for(x: np.ndarray, standardize: bool) -> float:
     """1, or 1 / the features' peak when squaring them would overflow: standardising x / peak gives
     the same features as standardising x, without the overflow. Unstandardised, such features are refused."""
-    peak = float(np.max(np.abs(x))) if x.size else 0.0
+    peak = max(float(x.max()), -float(x.min())) if x.size else 0.0  # max |x| without an |x| copy of the features
     if peak <= LARGE:
         return 1.0
     if not standardize:
