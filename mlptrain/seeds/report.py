@@ -63,7 +63,7 @@ def compare_table(results: list[Result]) -> Table:
             difference = welch(results[0].metrics[key], s) if i else None
             table.add_row(key if i == 0 else "", label, _mean(s),
                           _difference(difference) if difference else "",
-                          _verdict(difference, key, label, names[0]) if difference else "",
+                          _verdict(difference, key, label) if difference else "",
                           end_section=i == len(results) - 1)
     return table
 
@@ -82,7 +82,7 @@ def _difference(d: Difference) -> str:
     return f"{d.delta:+.{digits}f} ± {d.half_width:.{digits}f}"
 
 
-def _verdict(d: Difference, key: str, label: str, base: str) -> str:
+def _verdict(d: Difference, key: str, label: str) -> str:
     if not d.excludes_zero:
         return "not significant" if d.half_width is not None else ""
     better = (d.delta > 0) == HIGHER_IS_BETTER.get(key, False)
