@@ -55,7 +55,9 @@ class TrainedModel:
             raise UserError(f"--split {name}: use {', '.join(SPLITS)}")
         if name == "test":
             return whole_split(self.backend, self.model_rows(self.dataset.test_images), self.dataset.test_labels)
-        images = dataclasses.replace(self.dataset, train_images=self.model_rows(self.dataset.train_images))
+        own_val = self.dataset.val_images  # a dataset's own validation split: the model's layout too
+        images = dataclasses.replace(self.dataset, train_images=self.model_rows(self.dataset.train_images),
+                                     val_images=None if own_val is None else self.model_rows(own_val))
         train, val, _ = resident_splits(images, self.backend, self.config.data.val_size, self.config.seed)
         if name == "val" and not val.size:
             raise UserError(f"--split val: the run held out no validation images (data.val_size "

@@ -241,3 +241,26 @@ def test_evaluate_refuses_an_empty_validation_split(tiny_runs, tmp_path):
     with pytest.raises(UserError, match=r"--split val: the run held out no validation images \(data.val_size 0\)"):
         invoke("evaluate", run, "--split", "val", "--out", tmp_path / "e.json")
     assert not (tmp_path / "e.json").exists()
+
+
+def test_an_autoencoders_own_validation_split_is_read_in_the_models_layout():
+    """evaluate --split val of an autoencoder on a dataset with its own validation images (an npz's val):
+    those rows reach the model NHWC like the training rows, not in the dataset's planar layout."""
+    from types import SimpleNamespace
+
+    from mlptrain.backend import CpuBackend
+    from mlptrain.data import ImageDataset
+    from mlptrain.inference import TrainedModel
+
+    rng = np.random.default_rng(0)
+    pixels = lambda n: rng.integers(0, 256, (n, 2 * 4 * 4), dtype=np.uint8)  # noqa: E731 (C, H, W) = (2, 4, 4)
+    labels = lambda n: np.zeros(n, np.uint8)  # noqa: E731
+    dataset = ImageDataset("own-val", pixels(6), labels(6), pixels(3), labels(3), (2, 4, 4), 1, 0.0, 1.0,
+                           val_images=pixels(5), val_labels=labels(5))
+    config = SimpleNamespace(data=SimpleNamespace(val_size=0), seed=0)
+    trained = TrainedModel(Path("runs/x"), config, "best", CpuBackend(), dataset,
+                           SimpleNamespace(task="reconstruction"), 1.0, 0.0)
+    for name, rows in (("val", dataset.val_images), ("train", dataset.train_images)):
+        split = trained.split(name)
+        nhwc = rows.reshape(-1, 2, 4, 4).transpose(0, 2, 3, 1).reshape(len(rows), -1)
+        np.testing.assert_array_equal(np.asarray(split.images)[split.index], nhwc)
