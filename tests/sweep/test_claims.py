@@ -19,7 +19,7 @@ from mlptrain.sweep import claims
 from tests.cli.test_cli import REPO
 
 CLAIMER = """
-import sys, time, warnings, optuna
+import glob, sys, time, warnings, optuna
 warnings.simplefilter("ignore")
 from optuna.trial import TrialState
 from mlptrain.sweep import claims
@@ -36,6 +36,11 @@ while True:
     for trial in waiting:
         if claims.claim(storage, trial._trial_id, claims.this_worker()):
             mine.append(trial.number)
+            if len(mine) == 1:  # every worker holds one before any takes a second: all four race, whatever the scheduler does
+                open(sys.argv[2] + ".first." + sys.argv[3], "w").close()
+                deadline = time.monotonic() + 60
+                while len(glob.glob(sys.argv[2] + ".first.*")) < 4 and time.monotonic() < deadline:
+                    time.sleep(0.01)
             time.sleep(0.001)
 print(" ".join(map(str, mine)))
 """
@@ -73,7 +78,7 @@ def test_concurrent_claims_take_each_trial_once(tmp_path):
     taken = sorted(int(n) for out in outputs for n in out)
     assert taken == list(range(200)), [len(o) for o in outputs]  # every trial once, none twice
     workers = {json.dumps(t.system_attrs[claims.WORKER], sort_keys=True) for t in study.get_trials()}
-    assert len(workers) >= 2 and all(t.state.name == "RUNNING" for t in study.get_trials())
+    assert len(workers) == 4 and all(t.state.name == "RUNNING" for t in study.get_trials())
 
 
 def test_process_alive_sees_exit_zombies_and_reused_pids():
