@@ -90,7 +90,7 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    print(f"\n| job | tool | wall s | first step s | compile s | kernels compiled / cached | train s | test |")
+    print("\n| job | tool | wall s | first step s | compile s | kernels compiled / cached | train s | test |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     for r in rows:

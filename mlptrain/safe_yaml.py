@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 from yaml.composer import Composer
 from yaml.events import AliasEvent
-from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from yaml.nodes import ScalarNode, SequenceNode
 from yaml.parser import Parser
 from yaml.reader import Reader
 from yaml.resolver import BaseResolver

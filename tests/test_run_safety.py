@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from mlptrain import atomic
 from mlptrain.backend import CpuBackend
-from mlptrain.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.checkpoint import save_checkpoint
 from mlptrain.config import INT64_MAX, config_from_dict, config_to_dict
 from mlptrain.errors import UserError
 from mlptrain.memory import CountingBackend, check_fits, estimate

@@ -4,7 +4,7 @@ PNG / JPEG files); class probabilities and the predicted class, or reconstructio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
@@ -13,6 +13,9 @@ from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positiv
 from mlptrain.errors import UserError
 from mlptrain.run_lock import claim_output
 from mlptrain.tracking import console
+
+if TYPE_CHECKING:  # numpy is imported when the command runs, not when the CLI starts
+    import numpy as np
 
 SHOWN = 10  # predictions printed; the file holds them all
 

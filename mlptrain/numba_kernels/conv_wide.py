@@ -187,7 +187,7 @@ def _make_wide_backward_input(dtype, size, summed, stretch, segment):
     return wide_backward_input_kernel
 
 
-def _wide_plan(width, channels):
+def wide_plan(width, channels):
     """(pixels a block covers, pixels a thread sums at once, threads a block, channel groups): each
     image row cut into even stretches of at most WIDE_STRETCH pixels, those into even segments of
     at most WIDE_SEGMENT; a thread a wide channel, blocks of whole warps."""
@@ -201,7 +201,7 @@ def _wide_launch(make, small, w, other, out, activation):
     """Launch a wide kernel: `small` the narrow image (N, H, W, C_small), `out` the wide one."""
     N, H, W, summed = small.shape
     channels = out.shape[3]
-    stretch, segment, threads, groups = _wide_plan(W, channels)
+    stretch, segment, threads, groups = wide_plan(W, channels)
     kernel = make(small.dtype, w.shape[0], summed, stretch, segment)
     kernel[(N * H * math.ceil(W / stretch), groups), threads, streams.current()](
         small.reshape(small.size), w.reshape(w.size), other, out.reshape(out.size), H, W, channels, activation)

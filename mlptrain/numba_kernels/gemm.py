@@ -32,7 +32,7 @@ from mlptrain.numba_kernels.tiles import (TILES, check_activation, dense_operand
 # --- forward y = act(x @ w + b) and backward input dx = (dy @ w.T) * act'(h) --------
 
 @functools.cache
-def _make_linear_rows(tile, dtype, backward, **jit_options):
+def make_linear_rows(tile, dtype, backward, **jit_options):
     """The kernel (a, w, other, out, activation) of a pass whose output rows are the batch's:
     forward (backward False): out = act(a @ w + other), a = x (M, K), other = b;
     backward input: out = (a @ w.T) * act'(other), a = dy (M, N), other = h, w read N-major."""
@@ -70,7 +70,7 @@ def linear_forward(x, w, b, y, activation):
         return
     tile = TILES[pick_tile(M, N)][0]
     grid, threads = launch_grid(M, N, tile)
-    _make_linear_rows(tile, x.dtype, False)[grid, threads, streams.current()](x, w, b, y, activation)
+    make_linear_rows(tile, x.dtype, False)[grid, threads, streams.current()](x, w, b, y, activation)
 
 
 def linear_backward_input(dy, w, h, dx, activation):
@@ -90,13 +90,13 @@ def linear_backward_input(dy, w, h, dx, activation):
         return
     tile = TILES[pick_tile(M, K)][0]
     grid, threads = launch_grid(M, K, tile)
-    _make_linear_rows(tile, dy.dtype, True)[grid, threads, streams.current()](dy, w, h, dx, activation)
+    make_linear_rows(tile, dy.dtype, True)[grid, threads, streams.current()](dy, w, h, dx, activation)
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
 
 @functools.cache
-def _make_linear_backward_weight(tile, dtype, **jit_options):
+def make_linear_backward_weight(tile, dtype, **jit_options):
     BM, BN, TM, TN, _, _ = tile_coords(tile)
     load, _ = codec(dtype)
     tile_product = make_tile_product(tile, dense_operand(load, False), dense_operand(load, False))
@@ -183,4 +183,4 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None):
                 x, dy, partials.reshape(chunks, K, N), chunk)
             add_chunks(partials.reshape(chunks, K * N), dw.reshape(K * N), beta)
             return
-    _make_linear_backward_weight(tile, x.dtype)[grid, threads, streams.current()](x, dy, dw, float32(beta))
+    make_linear_backward_weight(tile, x.dtype)[grid, threads, streams.current()](x, dy, dw, float32(beta))

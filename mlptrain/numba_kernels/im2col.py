@@ -9,7 +9,7 @@ per tile and its columns once per K slice into packed codes, so the loaders
 never divide and an element's fetch only unpacks fields.
 """
 
-from numba import cuda, float32, uint64
+from numba import float32, uint64
 
 from mlptrain.numba_kernels import kernel_cache, tiles
 from mlptrain.numba_kernels.tiles import Operand

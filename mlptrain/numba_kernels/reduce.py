@@ -23,7 +23,7 @@ PARTIALS = 4 if config.ENABLE_CUDASIM else 256
 SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 256
 
 
-def _column_width(columns):
+def column_width(columns):
     """Columns a block covers: 32 (a warp along a row), or fewer for narrower gradients, so the rest
     of the block's threads split the rows instead of idling."""
     width = 1
@@ -85,7 +85,7 @@ def bias_backward(dy, db, beta, workspace=None):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
     if columns == 0:
         return
-    width = _column_width(columns)
+    width = column_width(columns)
     kernel = _make_bias_backward(dy.dtype, width)
     blocks, threads = math.ceil(columns / width), (width, BIAS_THREADS // width)
     count = math.ceil(rows / CHUNK_ROWS)

@@ -26,7 +26,7 @@ def _columns(x, size):
     return windows.transpose(0, 1, 2, 4, 5, 3).reshape(n * H * W, size * size * C)
 
 
-def _image_chunks(x, size):
+def image_chunks(x, size):
     """Slices of the batch whose im2col columns fit in COLUMN_BYTES."""
     N, H, W, C = x.shape
     per_image = H * W * size * size * C * x.itemsize
@@ -46,7 +46,7 @@ def conv2d_forward(x, w, b, y, activation):
     """y = act(conv(x, w) + b), stride 1, zero 'same' padding."""
     size = w.shape[0]
     weight = _rows(w)
-    for images in _image_chunks(x, size):
+    for images in image_chunks(x, size):
         gemm.linear_forward(_columns(x[images], size), weight, b, _rows(y[images]), activation)
 
 
@@ -63,7 +63,7 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     not used)."""
     size, _, inputs, _ = w.shape
     kernel = np.ascontiguousarray(w[::-1, ::-1].transpose(2, 0, 1, 3)).reshape(inputs, -1)  # (Cin, (tap, Cout))
-    for images in _image_chunks(dy, size):
+    for images in image_chunks(dy, size):
         gemm.linear_backward_input(_columns(dy[images], size), kernel, _rows(h[images]), _rows(dx[images]),
                                    activation)
 
@@ -85,5 +85,5 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     weight = _rows(dw)
     if x.shape[0] == 0 and beta == 0.0:
         dw[...] = 0.0
-    for chunk, images in enumerate(_image_chunks(x, size)):
+    for chunk, images in enumerate(image_chunks(x, size)):
         gemm.linear_backward_weight(_columns(x[images], size), _rows(dy[images]), weight, beta if chunk == 0 else 1.0)

@@ -195,7 +195,7 @@ class _Heartbeat:
         self._thread.join()
 
 
-def _claim(study, storage, study_id: int):
+def claim_next(study, storage, study_id: int):
     """(trial, trial_id) of a queued trial this worker now runs, or None when the queue is empty. The claim
     is one transaction (mlptrain.sweep.claims), so no other worker takes the same trial."""
     worker = claims.this_worker()
@@ -224,7 +224,7 @@ def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on
     waiting_for = None
     while True:
         requeue_stale(study, storage, study_id)
-        claimed = _claim(study, storage, study_id)
+        claimed = claim_next(study, storage, study_id)
         if claimed is not None:
             _run_trial(study, storage, *claimed, sweep, sweep_dir, resources)
             if on_trial_end is not None:

@@ -229,8 +229,8 @@ def test_wide_kernels_take_a_few_summed_channels():
     assert conv_wide.wide_fits(3, 3) and conv_wide.wide_fits(3, conv_wide.WIDE_IN) and conv_wide.wide_fits(5, 1)
     assert not conv_wide.wide_fits(3, conv_wide.WIDE_IN + 1) and not conv_wide.wide_fits(5, 2)
     assert not conv_wide.wide_fits(7, 1)
-    assert conv_wide._wide_plan(32, 256) == (32, 8, 256, 1)  # the autoencoder's RGB layers
-    assert conv_wide._wide_plan(69, 37) == (35, 7, 64, 1) and conv_wide._wide_plan(11, 300) == (11, 6, 256, 2)
+    assert conv_wide.wide_plan(32, 256) == (32, 8, 256, 1)  # the autoencoder's RGB layers
+    assert conv_wide.wide_plan(69, 37) == (35, 7, 64, 1) and conv_wide.wide_plan(11, 300) == (11, 6, 256, 2)
 
 
 def test_direct_kernels_are_dispatched_by_channels(monkeypatch):

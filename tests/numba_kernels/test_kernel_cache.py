@@ -5,7 +5,6 @@ compute bitwise what freshly compiled ones do."""
 import multiprocessing
 import os
 import stat
-import sys
 
 import numpy as np
 import pytest

@@ -41,7 +41,7 @@ def test_chunked_bias_gradient_is_bitwise_deterministic(rng, monkeypatch):
 
 
 def test_column_width_shrinks_for_narrow_gradients():
-    assert [reduce._column_width(c) for c in (1, 3, 5, 32, 40, 256)] == [1, 4, 8, 32, 32, 32]
+    assert [reduce.column_width(c) for c in (1, 3, 5, 32, 40, 256)] == [1, 4, 8, 32, 32, 32]
 
 
 def test_row_slice_of_a_larger_buffer(rng):

@@ -48,7 +48,7 @@ def test_batches_in_chunks_of_images(rng, monkeypatch, column_bytes):
     2 x 4 pixels x 9 taps x 2 channels x 4 bytes = 576 bytes): every chunk
     lands where it belongs."""
     monkeypatch.setattr(conv, "COLUMN_BYTES", column_bytes)
-    assert len(conv._image_chunks(np.zeros((3, 2, 4, 2), np.float32), 3)) == (3 if column_bytes == 1 else 2)
+    assert len(conv.image_chunks(np.zeros((3, 2, 4, 2), np.float32), 3)) == (3 if column_bytes == 1 else 2)
     cases.forward_case(BACKEND, rng, (3, 2, 4, 2, 3), 3, RELU, np.float32)
     cases.backward_input_case(BACKEND, rng, (3, 2, 4, 2, 3), 3, RELU, np.uint16)
     for beta in (0.0, 1.0):

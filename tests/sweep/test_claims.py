@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 
 from mlptrain.sweep import claims

@@ -153,7 +153,7 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
     study, storage = engine.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
     with monkeypatch.context() as patch:
         patch.setattr(claims, "this_worker", dead_worker)  # the claim's worker is then gone
-        trial, _ = engine._claim(study, storage, storage.get_study_id_from_name("s"))
+        trial, _ = engine.claim_next(study, storage, storage.get_study_id_from_name("s"))
     assert trial.number == 0
 
     results = run_sweep(path, tmp_path / "runs")  # on this machine a dead pid is seen at once, no grace period
@@ -168,10 +168,10 @@ def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(
     spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [], resolve_base)
     study, storage = engine.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
     study_id = storage.get_study_id_from_name("s")
-    engine._claim(study, storage, study_id)  # this process: alive, and it never beats again
+    engine.claim_next(study, storage, study_id)  # this process: alive, and it never beats again
     with monkeypatch.context() as patch:
         patch.setattr(claims, "this_worker", lambda: {"host": "elsewhere", "boot": "", "pid": 1, "started": None})
-        engine._claim(study, storage, study_id)  # a worker on another machine
+        engine.claim_next(study, storage, study_id)  # a worker on another machine
     time.sleep(2.5)  # SQLite keeps heartbeats to the second: both heartbeats have lapsed
     engine.requeue_stale(study, storage, study_id)
     here, elsewhere, retry = study.get_trials()
