@@ -1,41 +1,66 @@
-"""Every file mlptrain writes whole (config.yaml, summary.json, checkpoints, features, reports) goes
-through `atomic_write`: a kill, a crash or a full disk at any instant leaves the previous file or the new
-one, never part of one.
+"""Every file mlptrain writes whole goes through `replacing`: the run's files (config.yaml, summary.json,
+checkpoints, features, reports) through `atomic_write`, the caches (kernels, decoded datasets) and
+downloads directly. A kill, a crash or a full disk at any instant leaves the previous file or the new
+one, never part of one, and no temporary file outlives the call (also on Ctrl-C).
 
-The bytes go to a temporary file in the same directory (so the rename stays on one file system), are
-flushed and fsynced (so the rename cannot reach the disk before the data), then `os.replace`d onto the
-name; on any failure the temporary file is removed and the old file is untouched. The temporary name
-carries the process id: several sweep workers may write one results file at once.
+The bytes go to a hidden temporary file in the same directory (so the rename stays on one file system),
+named with random digits (several sweep workers, or threads, may write one file at once) and created
+with the umask's permissions, like any file the user writes (`mkstemp`'s 0600 would hide a shared data
+root's downloads from its other users). A durable write is flushed and fsynced before the rename, so the
+rename cannot reach the disk before the data; cache entries skip that, since a torn entry fails its
+checksum when read and is rebuilt.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from mlptrain.errors import UserError
 
+TEMP_SUFFIX = ".tmp"
+
+
+@contextmanager
+def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str | None = None):
+    """A file to write `path`'s new content to; it replaces `path` when the block ends without an error.
+    OSError propagates (the caller decides what a failed write means); `prefix` names the temporary
+    file (default `.NAME.`) for callers that sweep up their own interrupted writes."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f"{prefix or '.' + path.name + '.'}{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:  # 2^32 names: another writer's, try the next
+            continue
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as file:
+            yield file
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None:
+            with suppress(OSError):  # already failing: the error that matters is the one being raised
+                tmp.unlink()
+
 
 @contextmanager
 def atomic_write(path: Path, binary: bool = False):
-    """A file to write `path`'s new content to; it replaces `path` when the block ends without an error.
-    An OSError (a full or read-only disk) becomes one UserError line naming the file."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    """`replacing`, durable, for a run's own files: an OSError (a full or read-only disk) becomes one
+    UserError line naming the file."""
     try:
-        with open(tmp, "wb" if binary else "w") as file:
+        with replacing(path, binary) as file:
             yield file
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        with suppress(OSError):  # already failing: the error that matters is the one being raised
-            tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, "
-                            "is intact") from None
-        raise
+    except OSError as err:
+        raise UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, "
+                        "is intact") from None
 
 
 def write_text(path: Path, text: str) -> None:

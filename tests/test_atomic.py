@@ -56,3 +56,29 @@ def test_an_unwritable_folder_is_one_line(tmp_path):
     blocker.write_text("")
     with pytest.raises(UserError, match="not-a-folder/config.yaml: cannot write it"):
         write_yaml(blocker / "config.yaml", {"seed": 0})
+
+
+def test_a_new_file_gets_the_umasks_permissions_like_any_file_the_user_writes(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic.write_text(tmp_path / "config.yaml", "seed: 0\n")
+        with atomic.replacing(tmp_path / "entry.kernel", durable=False) as file:
+            file.write(b"x")
+    finally:
+        os.umask(old)
+    # mkstemp's 0600 would hide a shared data root's downloads and caches from its other users
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {"config.yaml": 0o644,
+                                                                             "entry.kernel": 0o644}
+
+
+def test_a_cache_write_skips_the_fsync_and_an_interrupted_one_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: pytest.fail("a cache entry is checked when read"))
+    with atomic.replacing(tmp_path / "a.kernel", durable=False, prefix=".0123456789abcdef.") as file:
+        names = [p.name for p in tmp_path.iterdir()]
+        file.write(b"whole")
+    assert len(names) == 1 and names[0].startswith(".0123456789abcdef.") and names[0].endswith(".tmp")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.replacing(tmp_path / "a.kernel", durable=False) as file:
+            file.write(b"half")
+            raise KeyboardInterrupt
+    assert [(p.name, p.read_bytes()) for p in tmp_path.iterdir()] == [("a.kernel", b"whole")]

@@ -24,13 +24,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from mlptrain.atomic import replacing
 from mlptrain.data.dataset import ImageDataset, Provenance
 
 CACHE_ENV = "MLPTRAIN_DATA_CACHE"
@@ -179,21 +179,11 @@ def write_entry(path: Path, key: dict, dataset: ImageDataset) -> str | None:
 
 def _replace(path: Path, parts: list) -> str | None:
     """No fsync: a torn entry after a crash fails its length or CRC check and is rebuilt."""
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as file:
+        with replacing(path, durable=False) as file:
             for part in parts:
                 file.write(part)
-        os.replace(tmp, path)
-        tmp = None
         return None
     except OSError as err:
         return err.strerror or str(err)
-    finally:  # also on Ctrl-C: no temporary file (tens of MB) outlives the call
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

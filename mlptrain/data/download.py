@@ -2,13 +2,12 @@
 
 import contextlib
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from mlptrain.atomic import replacing
 from mlptrain.errors import DataNotFound, UserError
 
 CHUNK_BYTES = 1 << 20
@@ -73,16 +72,10 @@ def fetch(urls: list[str], dest: Path, md5: str | set[str], *, timeout: float = 
 
 def _fetch_one(url: str, dest: Path, expected: set[str], timeout: float, opener) -> None:
     """Stream `url` into a temporary file beside `dest`, check its md5, rename it to `dest`."""
-    fd, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    temp = Path(temp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            digest = _stream(url, out, dest.name, timeout, opener)
-        if digest not in expected:
+    with replacing(dest) as out:  # durable: the md5 is checked here, not each time the file is read
+        digest = _stream(url, out, dest.name, timeout, opener)
+        if digest not in expected:  # leaves the block by raising: the temporary file goes, dest stays as it was
             raise _MirrorFailed(f"md5 {digest} does not match the expected {' or '.join(sorted(expected))}")
-        os.replace(temp, dest)  # atomic on one file system: readers never see a partial dest
-    finally:
-        temp.unlink(missing_ok=True)  # already renamed on success, so this only cleans up failures
 
 
 def _stream(url: str, out, label: str, timeout: float, opener) -> str:

@@ -16,8 +16,9 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from mlptrain.atomic import replacing
 
 CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
 MAGIC = b"MLPTRAIN-KERNEL-1\n"
@@ -100,20 +101,12 @@ class KernelStore:
         if not self.writable:
             return False
         path = self.path(key)
-        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+            with replacing(path, durable=False, prefix=f".{key[:16]}.") as f:
                 f.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
-            os.replace(tmp, path)
             return True
         except OSError as err:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
             self.writable = False
             warn(f"the kernel cache {self.root} cannot be written ({err.strerror or err}); "
                  "compiling kernels in memory for this run")
@@ -163,10 +156,8 @@ class KernelStore:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".last-run.", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
+            with replacing(self.root / LAST_RUN, binary=False, durable=False, prefix=".last-run.") as f:
                 json.dump(record, f, indent=1)
-            os.replace(tmp, self.root / LAST_RUN)
         except OSError:
             pass
 
