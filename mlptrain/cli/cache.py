@@ -1,7 +1,9 @@
-"""`mlptrain cache [info]` shows the kernel cache (folder, entries, size, the last run's hits and misses);
-`mlptrain cache clear` empties it."""
+"""`mlptrain cache [info]` shows mlptrain's two caches: compiled GPU kernels (folder, entries, size, the
+last run's hits and misses) and decoded datasets; `mlptrain cache clear [--kernels|--data]` empties them."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -12,59 +14,97 @@ from mlptrain.tracking import console
 # kernel_store needs no numba, but importing it imports its package, which does (~1.5 s): lazily
 CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
 
-app = typer.Typer(help="Show or clear the on-disk cache of compiled GPU kernels.", invoke_without_command=True)
+app = typer.Typer(help="Show or clear the on-disk caches: compiled GPU kernels and decoded datasets.",
+                  invoke_without_command=True)
 
 
 @app.callback()
 def cache(ctx: typer.Context) -> None:
-    """Show the kernel cache (same as `mlptrain cache info`)."""
+    """Show both caches (same as `mlptrain cache info`)."""
     if ctx.invoked_subcommand is None:
         info()
 
 
 @app.command()
 def info() -> None:
-    """Where the kernel cache is, what it holds, and what the last training process did with it."""
+    """Where each cache is, what it holds, and what the last training process did with the kernel cache."""
+    from mlptrain.data import decoded_cache
     from mlptrain.numba_kernels.kernel_store import KernelStore, default_dir
 
     root = default_dir()
     if root is None:
         console.print(f"kernel cache: off ({CACHE_ENV}=off); every process compiles its kernels")
+    else:
+        check_folder(root, "kernel cache", CACHE_ENV)
+        store = KernelStore(root)
+        table = Table("", "", show_header=False, title=f"kernel cache (set {CACHE_ENV} to move or turn it off)")
+        table.add_row("folder", str(root))
+        table.add_row("entries", f"{len(store.entries()):,}")
+        table.add_row("size", f"{store.size() / 2**20:.1f} MiB")
+        last = store.last_run()
+        if last:
+            table.add_row("last run", f"{last.get('run', '?')} at {last.get('at', '?')}")
+            table.add_row("  compiled", f"{last.get('compiled', 0)} ({last.get('compile_s', 0):.1f} s, "
+                                        f"{last.get('compiled_ahead', 0)} of them ahead by "
+                                        f"{last.get('workers', 0)} workers)")
+            table.add_row("  from cache", f"{last.get('from_cache', 0)} ({last.get('load_s', 0):.2f} s)")
+        console.print(table)
+    data = decoded_cache.cache_dir()
+    if data is None:
+        console.print(f"data cache: off ({decoded_cache.CACHE_ENV}=off); every run decodes its dataset's files")
         return
-    check_folder(root)
-    store = KernelStore(root)
-    entries = store.entries()
-    table = Table("", "", show_header=False, title=f"kernel cache (set {CACHE_ENV} to move or turn it off)")
-    table.add_row("folder", str(root))
-    table.add_row("entries", f"{len(entries):,}")
-    table.add_row("size", f"{store.size() / 2**20:.1f} MiB")
-    last = store.last_run()
-    if last:
-        table.add_row("last run", f"{last.get('run', '?')} at {last.get('at', '?')}")
-        table.add_row("  compiled", f"{last.get('compiled', 0)} ({last.get('compile_s', 0):.1f} s, "
-                                    f"{last.get('compiled_ahead', 0)} of them ahead by {last.get('workers', 0)} workers)")
-        table.add_row("  from cache", f"{last.get('from_cache', 0)} ({last.get('load_s', 0):.2f} s)")
+    check_folder(data, "data cache", decoded_cache.CACHE_ENV)
+    entries = decoded_cache.entries(data)
+    table = Table("", "", show_header=False,
+                  title=f"decoded-data cache (set {decoded_cache.CACHE_ENV} to move or turn it off)")
+    table.add_row("folder", str(data))
+    names = sorted({p.name.rsplit("-", 1)[0] for p in entries})  # one entry per dataset folder (and label set)
+    table.add_row("entries", f"{len(entries):,}" + (f" ({', '.join(names)})" if names else ""))
+    table.add_row("size", f"{sum(size(p) for p in entries) / 2**20:.1f} MiB")
     console.print(table)
 
 
 @app.command()
-def clear() -> None:
-    """Remove every compiled kernel from the cache; the next run compiles them again."""
+def clear(kernels: bool = typer.Option(False, "--kernels", help="only the compiled kernels"),
+          data: bool = typer.Option(False, "--data", help="only the decoded datasets")) -> None:
+    """Empty both caches (or the one named); the next run compiles its kernels and decodes its data again."""
+    from mlptrain.data import decoded_cache
     from mlptrain.numba_kernels.kernel_store import KernelStore, default_dir
 
-    root = default_dir()
-    if root is None:
-        console.print(f"kernel cache: off ({CACHE_ENV}=off); nothing to clear")
-        return
-    check_folder(root)
+    both = not (kernels or data)
+    if kernels or both:
+        root = default_dir()
+        if root is None:
+            console.print(f"kernel cache: off ({CACHE_ENV}=off); nothing to clear")
+        else:
+            check_folder(root, "kernel cache", CACHE_ENV)
+            removed = emptied(lambda: KernelStore(root).clear(), root)
+            console.print(f"removed {removed:,} kernels from {root}", highlight=False)
+    if data or both:
+        root = decoded_cache.cache_dir()
+        if root is None:
+            console.print(f"data cache: off ({decoded_cache.CACHE_ENV}=off); nothing to clear")
+        else:
+            check_folder(root, "data cache", decoded_cache.CACHE_ENV)
+            removed = emptied(lambda: decoded_cache.clear(root), root)
+            console.print(f"removed {removed:,} decoded datasets from {root}", highlight=False)
+
+
+def emptied(clear_it, root: Path) -> int:
     try:
-        removed = KernelStore(root).clear()
+        return clear_it()
     except OSError as err:
         raise UserError(f"cache clear: {root} could not be emptied ({err.strerror or err})") from None
-    console.print(f"removed {removed:,} kernels from {root}")
 
 
-def check_folder(root) -> None:
+def size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # removed by a `clear` running beside this
+        return 0
+
+
+def check_folder(root: Path, what: str, env: str) -> None:
     """The cache is a folder (or not made yet); a file there would read as an empty cache."""
     if root.exists() and not root.is_dir():
-        raise UserError(f"kernel cache {root}: not a folder; set {CACHE_ENV} to a folder (or off)")
+        raise UserError(f"{what} {root}: not a folder; set {env} to a folder (or off)")

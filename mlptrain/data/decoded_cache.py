@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,8 @@ MAX_HEADER = 1 << 20
 ALIGN = 64
 ARRAYS = ("train_images", "train_labels", "test_images", "test_labels", "val_images", "val_labels")
 _OFF = ("", "0", "off", "none", "false")
+ENTRY = re.compile(r"[^.].*-[0-9a-f]{16}\.data")  # see entry_path
+STRAY = re.compile(r"\.[^.].*-[0-9a-f]{16}\.data\.[0-9a-f]{8}\.tmp")  # a write that did not finish (atomic.replacing)
 
 
 class CorruptEntry(Exception):
@@ -60,6 +63,31 @@ def cache_dir() -> Path | None:
 def entry_path(root: Path, name: str, folder: Path, label: str | None) -> Path:
     where = hashlib.sha256(json.dumps([name, str(folder), label]).encode()).hexdigest()[:16]
     return root / f"{name}-{where}.data"
+
+
+def entries(root: Path) -> list[Path]:
+    """The entries in `root`: only files named as `entry_path` names them, so a cache folder pointed at
+    a folder of other things (MLPTRAIN_DATA_CACHE=~) shows and loses none of them."""
+    try:
+        return sorted(p for p in root.iterdir() if ENTRY.fullmatch(p.name) and p.is_file())
+    except OSError:  # absent or unreadable: nothing of ours to show
+        return []
+
+
+def clear(root: Path) -> int:
+    """Remove every entry and the temporary files of interrupted writes; returns the entries removed.
+    Safe while a run reads one: its open file stays readable, and the next run decodes again."""
+    removed = 0
+    for path in entries(root):
+        path.unlink(missing_ok=True)
+        removed += 1
+    try:
+        strays = [p for p in root.iterdir() if STRAY.fullmatch(p.name)]
+    except OSError:
+        strays = []
+    for path in strays:
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def source_key(name: str, folder: Path, label: str | None, sources: list[Path]) -> dict:

@@ -66,3 +66,44 @@ def test_a_cache_that_is_a_file_is_refused_not_shown_empty(tmp_path):
         result = mlptrain(*args, cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k")})
         assert_clean_failure(result, f"kernel cache {tmp_path / 'k'}: not a folder; set MLPTRAIN_KERNEL_CACHE")
     assert (tmp_path / "k").read_text() == "a file, not the cache folder"
+
+
+def test_cache_shows_and_clears_the_decoded_data_too_and_only_its_own_files(tmp_path, data_dir):
+    """Both caches in one command: `clear` empties both, `--data` / `--kernels` one; in a folder of other
+    things only the cache's entries and interrupted writes go."""
+    from mlptrain.data import decoded_cache
+
+    data = tmp_path / "home"
+    data.mkdir()
+    mine = [data / "notes.data", data / "mnist-0123.data", data / ".mnist-0123456789abcdef.data.x.tmp",
+            data / "photo.jpg"]
+    for path in mine:
+        path.write_bytes(b"keep")
+    env = {"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k"), "MLPTRAIN_DATA_CACHE": str(data), "COLUMNS": "200",
+           "MLPTRAIN_DATA_DIR": str(data_dir)}
+    ran = mlptrain("warmup", "adam_mnist", "backend=cpu", cwd=tmp_path, env=env)  # decodes MNIST into the cache
+    assert ran.returncode == 0, ran.stderr
+    [entry] = decoded_cache.entries(data)
+    (data / f".{entry.name}.0badf00d.tmp").write_bytes(b"half")  # an interrupted write
+    KernelStore(tmp_path / "k").put("ab" * 32, b"x")
+
+    shown = mlptrain("cache", cwd=tmp_path, env=env)
+    out = shown.stdout + shown.stderr
+    assert shown.returncode == 0 and "1 (mnist)" in out and "kernel cache" in out, out
+    kept = mlptrain("cache", "clear", "--kernels", cwd=tmp_path, env=env)
+    out = kept.stdout + kept.stderr
+    assert "removed 1 kernels" in out and "decoded" not in out and entry.exists(), out
+    cleared = mlptrain("cache", "clear", cwd=tmp_path, env=env)
+    out = cleared.stdout + cleared.stderr
+    assert cleared.returncode == 0 and f"removed 1 decoded datasets from {data}" in out, out
+    assert sorted(data.iterdir()) == sorted(mine) and KernelStore(tmp_path / "k").entries() == []
+
+
+def test_a_data_cache_that_is_a_file_or_off_is_said_in_one_line(tmp_path):
+    (tmp_path / "d").write_text("a file")
+    env = {"MLPTRAIN_KERNEL_CACHE": "off", "MLPTRAIN_DATA_CACHE": str(tmp_path / "d")}
+    assert_clean_failure(mlptrain("cache", "clear", "--data", cwd=tmp_path, env=env),
+                         f"data cache {tmp_path / 'd'}: not a folder; set MLPTRAIN_DATA_CACHE")
+    result = mlptrain("cache", cwd=tmp_path, env={**env, "MLPTRAIN_DATA_CACHE": "off", "COLUMNS": "200"})
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "data cache: off" in out and "kernel cache: off" in out, out
