@@ -10,7 +10,6 @@ Every problem is one `UserError` line naming the file and the array; nothing is 
 
 from __future__ import annotations
 
-import difflib
 import zipfile
 import zlib
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
+from mlptrain.config_keys import suggest_value
 from mlptrain.data.download import md5sum
 from mlptrain.errors import UserError
 from mlptrain.npz_sizes import check_npz_sizes
@@ -82,8 +82,8 @@ def _read(path: Path) -> dict[str, np.ndarray]:
 def _check_names(path: Path, names: list[str]) -> None:
     for name in names:
         if name not in REQUIRED + OPTIONAL:
-            close = difflib.get_close_matches(name.lower(), REQUIRED + OPTIONAL, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
+            close = suggest_value(name.lower(), REQUIRED + OPTIONAL) if len(name) < 100 else None
+            hint = f"did you mean '{close}'? " if close else ""
             raise UserError(f"{path}: unknown array '{name}'; {hint}(valid: {', '.join(REQUIRED + OPTIONAL)})")
     missing = [name for name in REQUIRED if name not in names]
     if missing:

@@ -17,7 +17,6 @@ the file; a combination that the config rejects is only a failed trial.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import math
@@ -29,7 +28,7 @@ from typing import Callable
 
 from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
 from mlptrain.config_rules import check_model_keys
-from mlptrain.config_keys import suggest_key
+from mlptrain.config_keys import suggest_key, suggest_value
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief
 
@@ -155,8 +154,8 @@ def _unknown(where: str, key, valid) -> UserError:
 
 def _pick(value, options, where: str):
     if not isinstance(value, str) or value not in options:
-        close = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5) if len(str(value)) < 100 else []
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = suggest_value(str(value), list(options)) if len(str(value)) < 100 else None
+        hint = f"; did you mean '{close}'?" if close else ""
         raise UserError(f"{where}: {brief(value)} is not one of {', '.join(options)}{hint}")
     return value
 
