@@ -3,6 +3,8 @@ last run's hits and misses) and decoded datasets; `mlptrain cache clear [--kerne
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import typer
@@ -31,11 +33,13 @@ def info() -> None:
     from mlptrain.data import decoded_cache
     from mlptrain.numba_kernels.kernel_store import KernelStore, default_dir
 
-    root = default_dir()
+    root, data = default_dir(), decoded_cache.cache_dir()
+    for folder, what, env in ((root, "kernel cache", CACHE_ENV), (data, "data cache", decoded_cache.CACHE_ENV)):
+        if folder is not None:  # both before either is shown: the error is then the one line on stderr
+            check_folder(folder, what, env)
     if root is None:
         console.print(f"kernel cache: off ({CACHE_ENV}=off); every process compiles its kernels")
     else:
-        check_folder(root, "kernel cache", CACHE_ENV)
         store = KernelStore(root)
         table = Table("", "", show_header=False, title=f"kernel cache (set {CACHE_ENV} to move or turn it off)")
         table.add_row("folder", str(root))
@@ -49,11 +53,9 @@ def info() -> None:
                                         f"{last.get('workers', 0)} workers)")
             table.add_row("  from cache", f"{last.get('from_cache', 0)} ({last.get('load_s', 0):.2f} s)")
         console.print(table)
-    data = decoded_cache.cache_dir()
     if data is None:
         console.print(f"data cache: off ({decoded_cache.CACHE_ENV}=off); every run decodes its dataset's files")
         return
-    check_folder(data, "data cache", decoded_cache.CACHE_ENV)
     entries = decoded_cache.entries(data)
     table = Table("", "", show_header=False,
                   title=f"decoded-data cache (set {decoded_cache.CACHE_ENV} to move or turn it off)")
@@ -72,22 +74,21 @@ def clear(kernels: bool = typer.Option(False, "--kernels", help="only the compil
     from mlptrain.numba_kernels.kernel_store import KernelStore, default_dir
 
     both = not (kernels or data)
+    roots = []  # (what, folder, env, empty it): both checked before either is emptied
     if kernels or both:
-        root = default_dir()
-        if root is None:
-            console.print(f"kernel cache: off ({CACHE_ENV}=off); nothing to clear")
-        else:
-            check_folder(root, "kernel cache", CACHE_ENV)
-            removed = emptied(lambda: KernelStore(root).clear(), root)
-            console.print(f"removed {removed:,} kernels from {root}", highlight=False)
+        roots.append(("kernel cache", default_dir(), CACHE_ENV, lambda root: KernelStore(root).clear(), "kernels"))
     if data or both:
-        root = decoded_cache.cache_dir()
+        roots.append(("data cache", decoded_cache.cache_dir(), decoded_cache.CACHE_ENV, decoded_cache.clear,
+                      "decoded datasets"))
+    for what, root, env, _, _ in roots:
+        if root is not None:
+            check_folder(root, what, env)
+    for what, root, env, clear_it, things in roots:
         if root is None:
-            console.print(f"data cache: off ({decoded_cache.CACHE_ENV}=off); nothing to clear")
+            console.print(f"{what}: off ({env}=off); nothing to clear")
         else:
-            check_folder(root, "data cache", decoded_cache.CACHE_ENV)
-            removed = emptied(lambda: decoded_cache.clear(root), root)
-            console.print(f"removed {removed:,} decoded datasets from {root}", highlight=False)
+            removed = emptied(lambda: clear_it(root), root)
+            console.print(f"removed {removed:,} {things} from {root}", highlight=False)
 
 
 def emptied(clear_it, root: Path) -> int:
@@ -105,6 +106,15 @@ def size(path: Path) -> int:
 
 
 def check_folder(root: Path, what: str, env: str) -> None:
-    """The cache is a folder (or not made yet); a file there would read as an empty cache."""
-    if root.exists() and not root.is_dir():
+    """The cache is a folder (or not made yet). A file there would read as an empty cache, and so would a
+    path that can never be a folder (a symlink loop, a path through a file, a name too long): os.stat says
+    which, where Path.exists() answers False for some of them and raises for others."""
+    try:
+        mode = os.stat(root).st_mode
+    except FileNotFoundError:
+        return  # made by the first run that writes it
+    except OSError as err:
+        raise UserError(f"{what} {root}: cannot be a folder ({err.strerror or err}); "
+                        f"set {env} to a folder (or off)") from None
+    if not stat.S_ISDIR(mode):
         raise UserError(f"{what} {root}: not a folder; set {env} to a folder (or off)")

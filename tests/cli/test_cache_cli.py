@@ -107,3 +107,22 @@ def test_a_data_cache_that_is_a_file_or_off_is_said_in_one_line(tmp_path):
     result = mlptrain("cache", cwd=tmp_path, env={**env, "MLPTRAIN_DATA_CACHE": "off", "COLUMNS": "200"})
     out = result.stdout + result.stderr
     assert result.returncode == 0 and "data cache: off" in out and "kernel cache: off" in out, out
+
+
+def test_a_cache_path_that_can_never_be_a_folder_is_refused_and_clear_removes_nothing(tmp_path):
+    """A symlink loop, a path through a file and a name too long read as an empty cache (Path.exists() is
+    False for the first two) or a traceback (ENAMETOOLONG); `clear` checked the data folder only after it
+    had emptied the kernel cache."""
+    store = KernelStore(tmp_path / "k")
+    store.put("ab" * 32, b"x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "file").write_text("x")
+    bad = {"loop": tmp_path / "loop", "through a file": tmp_path / "file" / "sub", "too long": tmp_path / ("a" * 300)}
+    for why, path in bad.items():
+        for args in (["cache"], ["cache", "clear"]):
+            result = mlptrain(*args, cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k"),
+                                                        "MLPTRAIN_DATA_CACHE": str(path)})
+            assert_clean_failure(result, f"data cache {path}: cannot be a folder")
+        assert store.entries(), why
+    result = mlptrain("cache", "info", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "loop")})
+    assert_clean_failure(result, f"kernel cache {tmp_path / 'loop'}: cannot be a folder")
