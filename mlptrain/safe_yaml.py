@@ -36,6 +36,7 @@ from yaml.resolver import BaseResolver
 from yaml.scanner import Scanner
 
 from mlptrain.errors import UserError
+from mlptrain.regular_file import open_regular
 
 MAX_BYTES = 1_000_000  # a config is a few hundred bytes; a sweep file a few kilobytes
 MAX_DEPTH = 32  # a config nests 3 levels (train.loss_scale.init), a sweep file with list values 5
@@ -196,7 +197,7 @@ def load_yaml_text(text: str, source: str):
 def read_yaml(path: Path):
     """The YAML document in the file `path` (a regular file of at most MAX_BYTES)."""
     try:
-        with open(path, "rb") as file:
+        with open_regular(path) as file:  # a FIFO blocks a plain open() before fstat can refuse it
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # the file opened, not the path again
                 raise UserError(f"{path}: not a regular file")
             data = file.read(MAX_BYTES + 1)

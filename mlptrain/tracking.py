@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from mlptrain.atomic import write_text
 from mlptrain.errors import UserError
+from mlptrain.regular_file import open_regular
 
 console = Console(stderr=True)
 
@@ -44,8 +45,13 @@ class RunLogger:
     def __init__(self, run_dir: Path):
         SummaryWriter = summary_writer_class()
         self.run_dir = run_dir
+        path = run_dir / "metrics.jsonl"
+        try:  # before the writer, so a refusal leaves no new event file behind
+            self._metrics = open_regular(path, "a")  # a FIFO there would block the run
+        except OSError as err:  # a directory or a FIFO put there, a read-only run folder
+            raise UserError(f"{path}: cannot append to it ({err.strerror or err}); it must be a writable "
+                            "file (or absent)") from None
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
-        self._metrics = open(run_dir / "metrics.jsonl", "a")
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():

@@ -29,6 +29,7 @@ from mlptrain.experiment import data_root, run_config
 from mlptrain.fallbacks import warn
 from mlptrain.hparams import hparam_values, write_session
 from mlptrain.monitor import TrainingMonitor
+from mlptrain.regular_file import read_regular_text
 from mlptrain.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.run_lock import check_space
 from mlptrain.run_summary import GRAD_NORMS, run_summary
@@ -134,7 +135,7 @@ def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
     """The evaluation record of the checkpoint's epoch, from metrics.jsonl (written before the checkpoint);
     evaluated again (the same parameters, so the same numbers) when the file lost it."""
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
     except OSError:
         lines = []
     for line in reversed(lines):

@@ -33,6 +33,7 @@ import numpy as np
 
 from mlptrain.atomic import replacing
 from mlptrain.data.dataset import ImageDataset, Provenance
+from mlptrain.regular_file import open_regular
 
 CACHE_ENV = "MLPTRAIN_DATA_CACHE"
 MAGIC = b"MLPTRAIN-DATASET-1\n"
@@ -138,7 +139,7 @@ def load_cached(name: str, folder: Path, label: str | None, sources: list[Path],
 def read_entry(path: Path, key: dict) -> ImageDataset:
     """The dataset stored at `path` for `key`; FileNotFoundError when absent or made from other files
     (stale), CorruptEntry when damaged, OSError when unreadable."""
-    with open(path, "rb") as file:
+    with open_regular(path) as file:  # a FIFO here would block open() forever
         size = os.fstat(file.fileno()).st_size
         head = file.read(PREFIX)
         if len(head) < PREFIX or not head.startswith(MAGIC):

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from mlptrain.atomic import replacing
 from mlptrain.errors import DataNotFound, UserError
+from mlptrain.regular_file import open_regular, read_regular_bytes
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 30.0
@@ -21,7 +22,7 @@ class _MirrorFailed(Exception):
 def md5sum(path: str | Path) -> str:
     """Hex md5 of the file at `path`, read in chunks (never whole into memory)."""
     digest = hashlib.md5()
-    with open(path, "rb") as file:
+    with open_regular(path) as file:
         while chunk := file.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
@@ -30,7 +31,7 @@ def md5sum(path: str | Path) -> str:
 def read_bytes(path: Path) -> bytes:
     """The whole content of the file at `path`; an OSError becomes one `UserError` line naming it."""
     try:
-        return path.read_bytes()
+        return read_regular_bytes(path)  # a FIFO in the data folder would block, a device never end
     except OSError as error:
         raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from mlptrain.atomic import replacing
+from mlptrain.regular_file import read_regular_bytes, read_regular_text
 
 CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
 MAGIC = b"MLPTRAIN-KERNEL-1\n"
@@ -73,7 +74,7 @@ class KernelStore:
             return None
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            data = read_regular_bytes(path)  # a FIFO would block, a device never end
         except FileNotFoundError:
             return None
         except OSError as err:
@@ -163,6 +164,6 @@ class KernelStore:
 
     def last_run(self) -> dict | None:
         try:
-            return json.loads((self.root / LAST_RUN).read_text())
+            return json.loads(read_regular_text(self.root / LAST_RUN))
         except (OSError, ValueError, TypeError):
             return None

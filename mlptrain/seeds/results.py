@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlptrain.errors import UserError
+from mlptrain.regular_file import read_regular_text
 from mlptrain.safe_yaml import brief_text
 from mlptrain.statistics import Spread, spread
 
@@ -45,7 +46,7 @@ def read_json(path: Path) -> dict:
     try:
         if path.stat().st_size > MAX_BYTES:
             raise UserError(f"{path}: {path.stat().st_size:,} bytes, too large for a summary (at most {MAX_BYTES:,})")
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular_text(path))
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:

@@ -220,3 +220,20 @@ def test_a_run_warns_the_cache_note_once_and_records_it(tmp_path, capsys):
     assert summary["fallbacks"] == [note]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["fallbacks"] == [note]
     assert capsys.readouterr().err.count("cannot write /nowhere") == 1
+
+
+@pytest.mark.parametrize("replace", [os.mkfifo, lambda path: path.symlink_to("/dev/zero")])
+def test_an_entry_that_is_a_fifo_or_device_is_decoded_again_not_waited_on(source, cache, replace):
+    """open() of a FIFO blocks until a writer comes: every run hung at start-up."""
+    from tests.test_regular_file import within
+
+    decode = Decoder(source)
+    load(source, decode)
+    [entry] = entries(cache)
+    entry.unlink()
+    replace(entry)
+    with within(5):
+        again = load(source, decode)
+    assert decode.calls == 2 and "not a regular file" in again.provenance.cache_note
+    same(again, tiny(source.parent, 0))
+    assert entry.is_file() and load(source, decode).provenance.cache_note is None
