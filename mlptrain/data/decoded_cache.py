@@ -33,6 +33,7 @@ import numpy as np
 
 from mlptrain.atomic import replacing
 from mlptrain.data.dataset import ImageDataset, Provenance
+from mlptrain.memory import host_available
 from mlptrain.regular_file import open_regular
 
 CACHE_ENV = "MLPTRAIN_DATA_CACHE"
@@ -158,6 +159,7 @@ def read_entry(path: Path, key: dict) -> ImageDataset:
             start, total = PREFIX + length, header["bytes"]
             if size != start + total:
                 raise CorruptEntry(f"is truncated or padded ({size} bytes, expected {start + total})")
+            _check_declared(header, total)
             file.seek(start)
             data = bytearray(total)
             if file.readinto(data) != total or zlib.crc32(data) != header["crc32"]:
@@ -165,6 +167,17 @@ def read_entry(path: Path, key: dict) -> ImageDataset:
             return _dataset(header, data)
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptEntry(f"has a damaged header ({type(err).__name__}: {err})") from None
+
+
+def _check_declared(header: dict, total: int) -> None:
+    """The header's sizes before `total` bytes are allocated: a header that passes its CRC-32 yet declares more
+    than its arrays hold, or more than free memory (a huge sparse file), is corrupt, not a MemoryError."""
+    ends = [offset + int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape, offset in header["arrays"]]
+    if total != max(ends, default=0):
+        raise CorruptEntry(f"declares {total:,} bytes, its arrays {max(ends, default=0):,}")
+    free = host_available()
+    if free is not None and total > free:
+        raise CorruptEntry(f"declares {total:,} bytes, more than the {free:,} bytes of free memory")
 
 
 def _dataset(header: dict, data: bytearray) -> ImageDataset:

@@ -237,3 +237,41 @@ def test_an_entry_that_is_a_fifo_or_device_is_decoded_again_not_waited_on(source
     assert decode.calls == 2 and "not a regular file" in again.provenance.cache_note
     same(again, tiny(source.parent, 0))
     assert entry.is_file() and load(source, decode).provenance.cache_note is None
+
+
+def rewrite_header(entry, change) -> None:
+    """The entry with `change(header)` applied and its header's CRC made right again, the file then sized to
+    the bytes the header declares (sparse): a well-formed header that lies."""
+    import json
+    import zlib
+
+    from mlptrain.data.decoded_cache import PREFIX
+    raw = entry.read_bytes()
+    length = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 8], "little")
+    header = json.loads(raw[PREFIX:PREFIX + length])
+    change(header)
+    text = json.dumps(header).encode()
+    with open(entry, "wb") as file:
+        file.write(MAGIC + len(text).to_bytes(8, "little") + zlib.crc32(text).to_bytes(4, "little") + text)
+        file.truncate(PREFIX + len(text) + header["bytes"])
+
+
+def _huge_array(header) -> None:
+    header["arrays"] = [["train_images", "|u1", [1 << 40], 0]]  # one 1 TiB array, and the total to match
+    header["bytes"] = 1 << 40
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda header: header.update(bytes=1 << 40), "its arrays"),
+    (_huge_array, "free memory"),
+])
+def test_an_entry_declaring_more_than_it_holds_or_memory_is_decoded_again(source, cache, change, why):
+    """Its header passes its CRC, and the file is as long as it says (sparse): bytearray(1 TiB) was a
+    MemoryError traceback."""
+    decode = Decoder(source)
+    load(source, decode)
+    [entry] = entries(cache)
+    rewrite_header(entry, change)
+    again = load(source, decode)
+    assert decode.calls == 2 and why in again.provenance.cache_note, again.provenance.cache_note
+    same(again, tiny(source.parent, 0))
