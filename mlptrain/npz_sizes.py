@@ -23,7 +23,7 @@ HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.fo
 
 def check_npz_sizes(path: Path, what: str = "") -> None:
     """Raise UserError (naming `path` and the array) when an array of the archive declares more bytes than
-    it holds, or all of them more than the host memory available. A file that is no readable zip, or a
+    it holds, or all of them more than the host memory available, or a member is no .npy at all. A file that is no readable zip, or a
     header this cannot read, is left for np.load to report."""
     try:
         archive = zipfile.ZipFile(path)
@@ -32,6 +32,9 @@ def check_npz_sizes(path: Path, what: str = "") -> None:
     total = 0
     with archive:
         for info in archive.infolist():
+            if not _holds_npy(archive, info):  # np.load hands such a member back as bytes, not an array
+                raise UserError(f"{path}: member '{info.filename}' is not a NumPy array (.npy); the "
+                                f"{what or 'file'} is damaged or was not written by np.savez")
             declared = _declared_bytes(archive, info)
             if declared is None:
                 continue
@@ -46,6 +49,17 @@ def check_npz_sizes(path: Path, what: str = "") -> None:
     if free is not None and total > HEADROOM * free:
         raise UserError(f"{path}: its arrays take {gib(total)} in memory and {gib(free)} is available; "
                         f"use a smaller {what or 'file'}")
+
+
+def _holds_npy(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    """Whether the member starts as an .npy does; one that cannot be read is left for np.load to report."""
+    if info.is_dir():
+        return False
+    try:
+        with archive.open(info) as member:
+            return member.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):
+        return True
 
 
 def _declared_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo):

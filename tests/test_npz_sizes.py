@@ -95,3 +95,34 @@ def test_every_reader_checks_the_headers_first(tmp_path):
         with pytest.raises(UserError, match=f"array '{big}' declares shape \\(1000000000000, 4\\) of float32 "
                                             f".* the {what} is damaged or truncated"):
             read(path)
+
+
+@pytest.mark.parametrize("content", [b"hello", b"", None])
+def test_a_member_that_is_no_npy_is_refused_by_every_reader(tmp_path, content):
+    """np.load hands a member that does not start as an .npy back as bytes, not an array: every reader
+    then failed on `.ndim` or `.dtype` (an AttributeError traceback). None: a zip folder entry."""
+    from mlptrain.checkpoint import load_checkpoint
+    from mlptrain.data.npz import load_npz
+    from mlptrain.image_files import read_images
+    from mlptrain.probe.features import load_features
+
+    readers = [
+        (load_npz, ["x_train", "y_train", "x_test", "y_test"], "x_train", "npz dataset"),
+        (lambda p: read_images(p, (1, 2, 2)), ["images"], "images", "file"),
+        (load_features, ["train_x", "train_y", "test_x", "test_y"], "train_x", "features file"),
+        (load_checkpoint, ["params/fc1.weight", "meta/epoch"], "params/fc1.weight", "checkpoint"),
+    ]
+    for read, names, odd, what in readers:
+        path = tmp_path / f"{what}.npz"
+        with zipfile.ZipFile(path, "w") as archive:
+            for name in names:
+                buffer = io.BytesIO()
+                np.save(buffer, np.zeros((2, 2, 2), np.uint8))
+                if name != odd:
+                    archive.writestr(f"{name}.npy", buffer.getvalue())
+                elif content is None:
+                    archive.writestr(f"{name}.npy/", b"")
+                else:
+                    archive.writestr(f"{name}.npy", content)
+        with pytest.raises(UserError, match=f"member '{odd}.npy/?' is not a NumPy array .* the {what} is damaged"):
+            read(path)
