@@ -52,6 +52,9 @@ def read_image_file(path: Path, image_shape: tuple[int, ...]) -> np.ndarray:
                 if image.size != (width, height):
                     raise UserError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels; the model "
                                     f"reads {width}x{height} (resize it first)")
+                if getattr(image, "n_frames", 1) > 1:  # an animated PNG: convert() would take frame 1 only
+                    raise UserError(f"{path}: an animated image of {image.n_frames} frames; give each frame "
+                                    "as its own still image")
                 if image.mode not in EIGHT_BIT_MODES:
                     raise UserError(f"{path}: image mode {image.mode} is not 8 bits per channel (converting it "
                                     "would clip its values); save it as 8-bit grey or RGB")

@@ -91,6 +91,9 @@ def png_declaring(width: int, height: int) -> bytes:
     # 16-bit grey: converting it to 8 bits would clip every value above 255
     (lambda p: __import__("PIL.Image").Image.fromarray(np.full((28, 28), 60000, np.uint16)).save(p),
      "image mode I;16 is not 8 bits per channel"),
+    (lambda p: __import__("PIL.Image").Image.new("L", (28, 28)).save(
+        p, save_all=True, append_images=[__import__("PIL.Image").Image.new("L", (28, 28), 255)]),
+     "an animated image of 2 frames"),  # convert() took frame 1 and dropped the other without a word
     (lambda p: p.write_bytes(png_declaring(60000, 60000)), r"not a readable image \(DecompressionBombError"),
     (lambda p: p.write_bytes(png_declaring(12000, 12000)), "the image is 12000x12000 pixels; the model reads 28x28"),
     (lambda p: np.save(p.with_suffix(".npz").open("wb"), np.zeros((2, 784), np.uint8)), "a single .npy array"),

@@ -117,11 +117,15 @@ def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str]:
         with image:
             image.load()
             mode, transparent = image.mode, "transparency" in image.info
+            frames = getattr(image, "n_frames", 1)  # an animated PNG (or a GIF named .png) loads frame 1 only
             if mode in MODES and not (mode == "P" and transparent):
                 pixels = np.asarray(image.convert(MODES[mode]), dtype=np.uint8)
     # A damaged image surfaces as many exception types depending on the format and the damage.
     except Exception as error:
         raise UserError(f"{file}: not a readable image ({type(error).__name__}: {error})") from None
+    if frames > 1:
+        raise UserError(f"{file}: an animated image of {frames} frames; only still images are read (nothing "
+                        f"dropped): save the frame you mean as its own file")
     if mode not in MODES or (mode == "P" and transparent):
         raise UserError(f"{file}: image mode {mode}{' with transparency' if transparent else ''} is not read "
                         f"(only 8-bit grayscale or RGB, nothing dropped); convert it, e.g. image.convert('RGB')")

@@ -97,7 +97,14 @@ def _bomb(root):
     (root / "train" / "dog" / "0.png").write_bytes(png_declaring(12000, 12000))
 
 
+def _animated(root):
+    """A two-frame PNG: Pillow loads its first frame and says nothing of the second."""
+    frames = [Image.new("RGB", (6, 4), colour) for colour in ("red", "blue")]
+    frames[0].save(root / "train" / "cat" / "9.png", save_all=True, append_images=frames[1:])
+
+
 BAD = {
+    "animated": (_animated, "train/cat/9.png", "an animated image of 2 frames; only still images are read"),
     "decompression-bomb": (_bomb, "train/dog/0.png", "not a readable image (DecompressionBombWarning: Image size"),
     "rgba": (_rgba, "train/cat/9.png", "image mode RGBA is not read"),
     "other-size": (_other_size, "test/dog/9.png", "5x4 RGB, but the first image is 6x4 RGB"),
