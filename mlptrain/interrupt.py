@@ -50,8 +50,20 @@ class Terminated(KeyboardInterrupt):
     signum = signal.SIGTERM
 
 
-def _raise_terminated(signum, frame):
+_terminated = False  # whether raise_terminated has run in this process: see was_terminated
+
+
+def raise_terminated(signum, frame):
+    """A SIGTERM handler: raise `Terminated` where the signal lands."""
+    global _terminated
+    _terminated = True
     raise Terminated()
+
+
+def was_terminated() -> bool:
+    """Whether a SIGTERM was raised as `Terminated`: Typer turns every KeyboardInterrupt escaping a command into
+    exit code 130, Ctrl-C's, and this tells the CLI that it was SIGTERM's (143)."""
+    return _terminated
 
 
 @contextmanager
@@ -60,7 +72,7 @@ def sigterm_as_interrupt():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:

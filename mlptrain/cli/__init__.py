@@ -12,17 +12,24 @@ import sys
 import threading
 
 
+from mlptrain.interrupt import raise_terminated, was_terminated
+
+
 def _interrupted_at_start(kind, value, traceback) -> None:
-    """Ctrl-C while the command is still importing (before `main` runs): one line, not a traceback."""
+    """Ctrl-C or SIGTERM while the command is still importing (before `main` runs): one line, not a traceback."""
     if issubclass(kind, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(128 + getattr(value, "signum", signal.SIGINT))
     _previous_hook(kind, value, traceback)
 
 
 # first, so that it covers the imports below (numba, optuna and rich take a noticeable fraction of a second)
 _previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
+# SIGTERM (a scheduler's kill, `timeout`) takes Ctrl-C's path in every command: one line, exit 143, and the
+# atomic writes' temporary files removed; its default action killed evaluate, predict, export, svm ... silently
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, raise_terminated)
 
 import typer  # noqa: E402
 
@@ -77,6 +84,7 @@ def main() -> None:
         # shutdown, after Python has put back the default handler, and kill it with no message (exit -2).
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if code in INTERRUPTED:
         # CPython ends a process with SIGINT (exit -2, no message) once a KeyboardInterrupt has escaped code
         # that exec() ran from a string, even one caught afterwards: dataclasses and namedtuple build their
@@ -117,6 +125,7 @@ def _main() -> None:
     # which, not standalone, comes back as this return code rather than a SystemExit
     if code == 128 + signal.SIGINT:
         _say_interrupted()
+        code = 128 + signal.SIGTERM if was_terminated() else code
     if isinstance(code, int) and code:
         sys.exit(code)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,19 @@ def test_usage_mistakes_are_one_line_too(tmp_path, args, fragment):
     result = mlptrain(*args, cwd=tmp_path)
     assert_clean_failure(result, fragment)
     assert "--help` lists what it takes" in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_any_command_is_one_line_and_its_exit_code(tmp_path, signum):
+    """SIGTERM kept its default action outside `run` and `sweep`: evaluate, predict, export, svm, ... died
+    with no word (exit -15) and left an atomic write's temporary file; Typer also reported it as 130."""
+    script = ("import sys, time\nfrom mlptrain import cli\n"
+              "@cli.app.command('nap')\ndef nap():\n    print('ready', flush=True)\n    time.sleep(60)\n"
+              "sys.argv = ['mlptrain', 'nap']\ncli.main()\n")
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert process.stdout.readline() == "ready\n", process.communicate()
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 128 + signum, stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == ["interrupted"], stderr
