@@ -75,7 +75,7 @@ def _saved_config(arrays: dict) -> dict | None:
         return None
     try:
         return json.loads(saved.astype(np.uint8).tobytes().decode())
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
         return {}
 
 

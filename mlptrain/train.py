@@ -141,7 +141,7 @@ def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
     for line in reversed(lines):
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a damaged line (RecursionError: nested too deeply)
             continue
         if isinstance(record, dict) and record.get("epoch") == start.epoch:
             return record

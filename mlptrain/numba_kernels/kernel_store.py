@@ -165,5 +165,5 @@ class KernelStore:
     def last_run(self) -> dict | None:
         try:
             return json.loads(read_regular_text(self.root / LAST_RUN))
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, RecursionError):  # RecursionError: nested too deeply
             return None

@@ -53,6 +53,8 @@ def read_json(path: Path) -> dict:
         raise UserError(f"{path}: cannot read it ({err})") from None
     except ValueError as err:  # JSONDecodeError, or a number too long to parse
         raise UserError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:  # json's C decoder recurses per level: "[" * 100000 is a few hundred kB
+        raise UserError(f"{path}: not a summary (nested too deeply to read)") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -126,3 +126,13 @@ def test_a_cache_path_that_can_never_be_a_folder_is_refused_and_clear_removes_no
         assert store.entries(), why
     result = mlptrain("cache", "info", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "loop")})
     assert_clean_failure(result, f"kernel cache {tmp_path / 'loop'}: cannot be a folder")
+
+
+def test_a_last_run_record_nested_too_deeply_is_not_shown_and_not_a_traceback(tmp_path):
+    """json.loads raises RecursionError, not a ValueError, on "[" * 100000: `mlptrain cache` was a traceback."""
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "last-run.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = mlptrain("cache", cwd=tmp_path, env={"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k"),
+                                                  "MLPTRAIN_DATA_CACHE": "off", "COLUMNS": "200"})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "last run" not in result.stdout + result.stderr

@@ -88,6 +88,7 @@ def test_load_result_from_a_seeds_dir_a_run_dir_and_the_files(tmp_path):
      "unknown metric 'speed'"),
     ('{"seeds": "0,1", "metrics": {}, "dataset": {"name": "mnist"}}', "'seeds' must be a non-empty list"),
     ('{"seeds": [0, 1], "metrics": [], "dataset": {"name": "mnist"}}', "'metrics' must map"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # json's decoder raised RecursionError: a traceback
 ])
 def test_load_result_refuses_what_mlptrain_does_not_write(tmp_path, content, message):
     path = tmp_path / ("seeds.json" if "seeds" in content else "summary.json")
