@@ -1,6 +1,6 @@
 """The rules of a config that span more than one key (config.py checks each key on its own): data.path with
-the user datasets, warmup with the schedules that have one, early stopping with the model's metrics and a
-validation split."""
+the user datasets, warmup with the schedules that have one, early stopping and the plateau schedule with a
+validation split (and early stopping with the model's metrics)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def check_combinations(config, source: str) -> None:
     if schedule.name == "inverse_sqrt" and not warmup:
         raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
                         f"or schedule.warmup_epochs")
+    if schedule.name == "plateau" and config.data.val_size == 0:
+        # with no validation split every record's metric is NaN, which never improves: the rate was cut
+        # each `patience + 1` epochs on nothing, without a word
+        raise UserError(f"{source}: schedule.name 'plateau' reads the validation metric, and data.val_size is 0; "
+                        "hold out validation images or use another schedule")
     check_early_stopping(config, source)
 
 

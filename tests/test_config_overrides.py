@@ -68,6 +68,16 @@ def test_early_stopping_refuses_what_it_cannot_watch(raw, fragment):
     config_from_dict(off)  # off, the same keys are harmless
 
 
+@pytest.mark.parametrize("raw, fragment", [
+    # no validation: every record's metric was NaN, which never improves, so the rate was cut on nothing
+    ({"data": {"val_size": 0}, "schedule": {"name": "plateau"}}, "'plateau' reads the validation metric"),
+])
+def test_schedules_refuse_what_they_cannot_do(raw, fragment):
+    with pytest.raises(UserError, match=fragment):
+        config_from_dict(raw)
+    config_from_dict({**raw, "schedule": {"name": "constant"}})  # the same keys otherwise are fine
+
+
 def test_the_resolved_record_holds_what_ran_and_only_its_model_type():
     mlp = config_from_dict({"model": {"type": "mlp", "hidden": [16]}})
     record = resolved_dict(mlp, backend="cpu", data_root="/data")
