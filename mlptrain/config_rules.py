@@ -1,6 +1,6 @@
 """The rules of a config that span more than one key (config.py checks each key on its own): data.path with
 the user datasets, warmup with the schedules that have one, early stopping and the plateau schedule with a
-validation split (and early stopping with the model's metrics)."""
+validation split (and early stopping with the model's metrics), step decay with the run's length."""
 
 from __future__ import annotations
 
@@ -27,7 +27,27 @@ def check_combinations(config, source: str) -> None:
         # each `patience + 1` epochs on nothing, without a word
         raise UserError(f"{source}: schedule.name 'plateau' reads the validation metric, and data.val_size is 0; "
                         "hold out validation images or use another schedule")
+    check_step_decay(config, source)
     check_early_stopping(config, source)
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_step_decay(config, source: str) -> None:
+    """`step` multiplies the rate by gamma every step_size epochs: a gamma above 1 can take it past float32
+    (a 1e308 gamma overflowed Python's float at the second decay: an OverflowError traceback)."""
+    schedule = config.schedule
+    if schedule.name != "step" or schedule.gamma <= 1:
+        return
+    decays = (config.train.epochs - 1) // schedule.step_size
+    try:
+        final = config.optim.lr * schedule.gamma ** decays
+    except OverflowError:
+        final = float("inf")
+    if not final <= FLOAT32_MAX:
+        raise UserError(f"{source}: schedule.gamma {schedule.gamma:g} over {decays:,} decays takes the learning rate "
+                        f"past float32's range ({FLOAT32_MAX:.3g}); step decays with a gamma below 1")
 
 
 def check_early_stopping(config, source: str) -> None:

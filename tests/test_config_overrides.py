@@ -71,11 +71,15 @@ def test_early_stopping_refuses_what_it_cannot_watch(raw, fragment):
 @pytest.mark.parametrize("raw, fragment", [
     # no validation: every record's metric was NaN, which never improves, so the rate was cut on nothing
     ({"data": {"val_size": 0}, "schedule": {"name": "plateau"}}, "'plateau' reads the validation metric"),
+    # 1e308 ** 2 overflowed Python's float inside the schedule: an OverflowError traceback at the first step
+    ({"schedule": {"name": "step", "gamma": 1e308, "step_size": 1}}, "past float32's range"),
+    ({"schedule": {"name": "step", "gamma": 10.0, "step_size": 1}, "train": {"epochs": 100}}, "over 99 decays"),
 ])
 def test_schedules_refuse_what_they_cannot_do(raw, fragment):
     with pytest.raises(UserError, match=fragment):
         config_from_dict(raw)
     config_from_dict({**raw, "schedule": {"name": "constant"}})  # the same keys otherwise are fine
+    config_from_dict({"schedule": {"name": "step", "gamma": 10.0, "step_size": 1}, "train": {"epochs": 4}})
 
 
 def test_the_resolved_record_holds_what_ran_and_only_its_model_type():
