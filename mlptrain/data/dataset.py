@@ -12,6 +12,7 @@ import numpy as np
 
 from mlptrain.data.registry import BUILTIN
 from mlptrain.errors import UserError
+from mlptrain.user_paths import expand_user, user_cache_dir
 
 PIXEL_SCALE = 255.0  # uint8 pixels are divided by this before standardising; float features by 1
 CHUNK_VALUES = 1 << 20  # values per chunk of the statistics: bounded temporary memory on any dataset
@@ -101,9 +102,8 @@ def default_data_root() -> Path:
     """
     explicit = os.environ.get("MLPTRAIN_DATA_DIR")
     if explicit:
-        return Path(explicit).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME")
-    return (Path(cache).expanduser() if cache else Path.home() / ".cache") / "mlptrain"
+        return expand_user(explicit, "MLPTRAIN_DATA_DIR")
+    return user_cache_dir() / "mlptrain"
 
 
 def value_statistics(images: np.ndarray, value_scale: float, source: str) -> tuple[float, float]:

@@ -35,6 +35,7 @@ from mlptrain.atomic import replacing
 from mlptrain.data.dataset import ImageDataset, Provenance
 from mlptrain.memory import host_available
 from mlptrain.regular_file import open_regular
+from mlptrain.user_paths import expand_user, user_cache_dir
 
 CACHE_ENV = "MLPTRAIN_DATA_CACHE"
 MAGIC = b"MLPTRAIN-DATASET-1\n"
@@ -57,9 +58,8 @@ def cache_dir() -> Path | None:
     or ~/.cache/mlptrain/decoded."""
     value = os.environ.get(CACHE_ENV)
     if value is not None:
-        return None if value.strip().lower() in _OFF else Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mlptrain" / "decoded"
+        return None if value.strip().lower() in _OFF else expand_user(value, CACHE_ENV)
+    return user_cache_dir() / "mlptrain" / "decoded"
 
 
 def entry_path(root: Path, name: str, folder: Path, label: str | None) -> Path:

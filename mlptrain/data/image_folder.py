@@ -21,6 +21,7 @@ import numpy as np
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.data.download import read_bytes
 from mlptrain.errors import UserError
+from mlptrain.user_paths import expand_user
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp")
 # Pillow mode -> the lossless mode it is read as; others (alpha, 16-bit, CMYK) are refused.
@@ -30,7 +31,7 @@ LAYOUT = "DIR/train/<class>/*.png and DIR/test/<class>/*.png"
 
 def load_image_folder(path: str | Path) -> ImageDataset:
     """The dataset in the folder at `path` (see the module docstring)."""
-    root = Path(path).expanduser().resolve()
+    root = expand_user(str(path), "data.path").resolve()
     for split in ("train", "test"):
         if not (root / split).is_dir():
             raise UserError(f"data.path {root}: no {split}/ folder; data.dataset folder reads {LAYOUT}")

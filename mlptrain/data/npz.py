@@ -21,6 +21,7 @@ from mlptrain.config_keys import suggest_value
 from mlptrain.data.download import md5sum
 from mlptrain.errors import UserError
 from mlptrain.npz_sizes import check_npz_sizes
+from mlptrain.user_paths import expand_user
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")
@@ -31,7 +32,7 @@ ZIP_MAGIC, NPY_MAGIC = b"PK", b"\x93NUMPY"
 
 def load_npz(path: str | Path) -> ImageDataset:
     """The dataset in the .npz at `path`; raises `UserError` for the first problem found."""
-    path = Path(path).expanduser().resolve()
+    path = expand_user(str(path), "data.path").resolve()
     arrays = _read(path)
     splits = [s for s in ("train", "val", "test") if f"x_{s}" in arrays]
     samples = {s: _samples(path, f"x_{s}", arrays[f"x_{s}"]) for s in splits}

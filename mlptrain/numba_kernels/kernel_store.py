@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mlptrain.atomic import replacing
 from mlptrain.regular_file import read_regular_bytes, read_regular_text
+from mlptrain.user_paths import expand_user, user_cache_dir
 
 CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
 MAGIC = b"MLPTRAIN-KERNEL-1\n"
@@ -36,9 +37,8 @@ def default_dir() -> Path | None:
     $XDG_CACHE_HOME/mlptrain/kernels or ~/.cache/mlptrain/kernels."""
     value = os.environ.get(CACHE_ENV)
     if value is not None:
-        return None if value.strip().lower() in _OFF else Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mlptrain" / "kernels"
+        return None if value.strip().lower() in _OFF else expand_user(value, CACHE_ENV)
+    return user_cache_dir() / "mlptrain" / "kernels"
 
 
 def warn(message: str) -> None:

@@ -1,0 +1,33 @@
+"""Paths a user gives through the environment or a config (`~/data`, `~alice/cache`), with `~` expanded, and
+the user's cache folder. Path.expanduser() and Path.home() raise RuntimeError for a `~user` with no such user
+or a process with no home directory (no $HOME, no passwd entry: a container's arbitrary uid); that becomes
+one line naming the setting."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlptrain.errors import UserError
+
+
+def expand_user(value: str, what: str) -> Path:
+    """Path(value) with a leading `~` or `~user` expanded; UserError naming `what` when it cannot be."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        tilde = value.split("/", 1)[0]
+        raise UserError(f"{what}={value}: cannot expand {tilde} (no such user, or no home directory); give the "
+                        f"full path") from None
+
+
+def user_cache_dir() -> Path:
+    """$XDG_CACHE_HOME, else ~/.cache."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if base:
+        return expand_user(base, "XDG_CACHE_HOME")
+    try:
+        return Path.home() / ".cache"
+    except RuntimeError:
+        raise UserError("no home directory to keep mlptrain's caches in ($HOME is unset and the user has "
+                        "none); set XDG_CACHE_HOME, or MLPTRAIN_DATA_DIR and the cache variables") from None
