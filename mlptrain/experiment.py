@@ -7,6 +7,7 @@ on the GPU, numba's compiled kernels with them).
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 
 from mlptrain.backend import cuda_usable, get_backend
@@ -15,7 +16,7 @@ from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_val_size
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
-from mlptrain.run_lock import lock_run
+from mlptrain.run_lock import LOCK_NAME, lock_run, release_run
 from mlptrain.runs import create_run_dir, write_yaml
 
 
@@ -60,8 +61,15 @@ def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suff
     """The new run directory, locked for this process and holding the resolved config (see
     `create_run_dir` for the name) and, given the dataset, what the run read (`run_config`)."""
     run_dir = create_run_dir(runs_dir, name, stem, suffix_on_clash)
-    lock_run(run_dir, "the run")  # held while this process works in it
-    write_yaml(run_dir / "config.yaml", run_config(config, dataset, backend))
+    try:
+        lock_run(run_dir, "the run")  # held while this process works in it
+        write_yaml(run_dir / "config.yaml", run_config(config, dataset, backend))
+    except BaseException:  # a full disk or Ctrl-C here: no run folder holding only its lock is left behind
+        release_run(run_dir)
+        with suppress(OSError):  # the folder was made just above, so nothing else is in it
+            (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            run_dir.rmdir()
+        raise
     return run_dir
 
 

@@ -272,3 +272,20 @@ def test_ctrl_c_inside_exec_generated_code_exits_130_with_one_line(tmp_path):
 
 def test_int64_bound_is_what_a_checkpoint_holds():
     assert np.array(INT64_MAX, np.int64) == INT64_MAX
+
+
+def test_a_run_folder_that_could_not_get_its_config_is_not_left_behind(tmp_path, monkeypatch):
+    """A full disk at config.yaml left runs/<name>/ holding only .lock: a half-made run that took the name
+    (`--name` then refused it: 'a run of that name exists') and that --resume could not use."""
+    from mlptrain import experiment
+
+    def full(path, data):
+        raise UserError(f"{path}: cannot write it (No space left on device); the previous file, if any, is intact")
+
+    monkeypatch.setattr(experiment, "write_yaml", full)
+    with pytest.raises(UserError, match="No space left"):
+        experiment.create_run(config_from_dict({}), tmp_path / "runs", "r", "stem")
+    assert list((tmp_path / "runs").iterdir()) == []
+    monkeypatch.undo()
+    assert experiment.create_run(config_from_dict({}), tmp_path / "runs", "r", "stem") == tmp_path / "runs" / "r"
+    release_run(tmp_path / "runs" / "r")
