@@ -22,11 +22,8 @@ def check_combinations(config, source: str) -> None:
     if schedule.name == "inverse_sqrt" and not warmup:
         raise UserError(f"{source}: schedule.name 'inverse_sqrt' needs schedule.warmup_steps (e.g. 4000) "
                         f"or schedule.warmup_epochs")
-    if schedule.name == "plateau" and config.data.val_size == 0:
-        # with no validation split every record's metric is NaN, which never improves: the rate was cut
-        # each `patience + 1` epochs on nothing, without a word
-        raise UserError(f"{source}: schedule.name 'plateau' reads the validation metric, and data.val_size is 0; "
-                        "hold out validation images or use another schedule")
+    if config.data.dataset not in USER_DATASETS:  # a built-in dataset has no validation split of its own
+        check_validation(config, source, has_val_split=False)
     check_step_decay(config, source)
     check_early_stopping(config, source)
 
@@ -58,9 +55,21 @@ def check_early_stopping(config, source: str) -> None:
     if stopping.metric == wrong:
         valid = "val_loss or val_acc" if config.model.type == "mlp" else "val_loss (its val_mse) or val_mse"
         raise UserError(f"{source}: train.early_stopping.metric: a {config.model.type} reports no {wrong}; use {valid}")
-    if config.data.val_size == 0:
+
+
+def check_validation(config, source: str, has_val_split: bool) -> None:
+    """Early stopping and the plateau schedule read the validation metric: without validation images every
+    record's metric is NaN, which never improves (the plateau rate was cut each `patience + 1` epochs on
+    nothing, without a word). A dataset with its own validation split (an npz's x_val, a folder's val/) has
+    them whatever data.val_size says, so the user datasets are checked again once loaded."""
+    if has_val_split or config.data.val_size != 0:
+        return
+    if config.train.early_stopping.patience is not None:
         raise UserError(f"{source}: train.early_stopping watches the validation metric, and data.val_size is 0; "
                         "hold out validation images or drop train.early_stopping.patience")
+    if config.schedule.name == "plateau":
+        raise UserError(f"{source}: schedule.name 'plateau' reads the validation metric, and data.val_size is 0; "
+                        "hold out validation images or use another schedule")
 
 
 USER_DATASETS = {"npz": "the .npz file, e.g. data.path=my.npz",

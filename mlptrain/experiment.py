@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlptrain.backend import cuda_usable, get_backend
 from mlptrain.config import RESOLVED, Config, read_yaml, resolved_dict
+from mlptrain.config_rules import check_validation
 from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_val_size
 from mlptrain.errors import UserError
@@ -35,6 +36,7 @@ class Resources:
             root = Path(data.root) if data.root else None
             self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label)
         check_val_size(self._datasets[key], data.val_size)
+        check_validation(config, "config", self._datasets[key].has_val_split)
         check_model_input(config.model, self._datasets[key])
         return self._datasets[key]
 

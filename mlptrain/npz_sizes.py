@@ -23,8 +23,8 @@ HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.fo
 
 def check_npz_sizes(path: Path, what: str = "") -> None:
     """Raise UserError (naming `path` and the array) when an array of the archive declares more bytes than
-    it holds, or all of them more than the host memory available, or a member is no .npy at all. A file that is no readable zip, or a
-    header this cannot read, is left for np.load to report."""
+    it holds, or all of them more than the host memory available, or a member is no .npy at all. A file that
+    is no readable zip, or a header this cannot read, is left for np.load to report."""
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):

@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 
-
 from mlptrain.interrupt import raise_terminated, was_terminated
 
 

@@ -115,3 +115,21 @@ def test_autoencoder_on_images_of_any_channel_count_and_a_classifier_on_one_clas
     assert_clean_failure(result, f"{tmp_path / 'c5.npz'}: every training label is 0; a classifier (model.type mlp) "
                                  "needs at least two classes")
     assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_an_npz_with_its_own_validation_split_serves_early_stopping_and_plateau_at_val_size_0(tmp_path, rng):
+    """data.val_size holds nothing out of a dataset that has x_val: early stopping and the plateau schedule
+    watch that split, so val_size 0 is no reason to refuse them; without x_val it is, once the file is read."""
+    tiny_npz(tmp_path / "tiny.npz", rng)
+    with np.load(tmp_path / "tiny.npz") as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    np.savez(tmp_path / "val.npz", **arrays, x_val=arrays["x_test"][:12], y_val=arrays["y_test"][:12])
+    watched = ["data.dataset=npz", "data.val_size=0", "train.early_stopping.patience=2", "schedule.name=plateau"]
+    result = mlptrain(*run_args(tmp_path, *watched, "data.path=val.npz"), cwd=tmp_path, env=NO_NETWORK)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())["dataset"]["val"] == 12
+    for setting in ("train.early_stopping.patience=2", "schedule.name=plateau"):
+        args = run_args(tmp_path, "data.dataset=npz", "data.val_size=0", setting, "data.path=tiny.npz")
+        refused = mlptrain(*args[:-1], "s", cwd=tmp_path, env=NO_NETWORK)  # the run would be named s
+        assert_clean_failure(refused, "the validation metric, and data.val_size is 0")
+        assert not (tmp_path / "runs" / "s").exists()
