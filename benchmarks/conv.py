@@ -1,7 +1,8 @@
 """GPU time of each pass of each autoencoder convolution: mlptrain's kernels against cuDNN, one GPU, one run.
 
 The layers of `configs/autoencoder_cifar10.yaml` at batch 256 (3x3, NHWC for mlptrain; cuDNN with TF32
-off and autotuning on, timed in NCHW and in channels_last, the faster of the two reported as its figure), passes forward (with ReLU), input gradient and weight gradient, in float32 or with
+off and autotuning on, timed in NCHW and in channels_last, the faster of the two reported as its figure),
+passes forward (with ReLU), input gradient and weight gradient, in float32 or with
 --precision bf16 / fp16 storage (cuDNN then runs in that format; our weight gradients stay float32).
 Each launch queues behind a sleep kernel (see gemm.py's `gpu_ms`), median of --repeats after a
 warm-up. Before anything is timed, each of our outputs is compared with cuDNN's (max |difference| /
@@ -174,8 +175,9 @@ def main() -> None:
     print("\n| layer | pass | version | ms | cuDNN ms (layout) | TFLOP/s | cuDNN TFLOP/s | ratio | rel. error |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['layer']} | {r['op']} | {r['version']} | {r['ms']:.3f} | {r['cudnn_ms']:.3f} ({r['cudnn_layout']}) | "
-              f"{r['tflops']:.1f} | {r['cudnn_tflops']:.1f} | {r['cudnn_ms'] / r['ms']:.2f} | {r['rel_error']:.1e} |")
+        print(f"| {r['layer']} | {r['op']} | {r['version']} | {r['ms']:.3f} | "
+              f"{r['cudnn_ms']:.3f} ({r['cudnn_layout']}) | {r['tflops']:.1f} | {r['cudnn_tflops']:.1f} | "
+              f"{r['cudnn_ms'] / r['ms']:.2f} | {r['rel_error']:.1e} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

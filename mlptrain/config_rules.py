@@ -102,4 +102,3 @@ def check_model_keys(model_type: str, given: dict, source: str) -> None:
             if owner != model_type:
                 raise UserError(f"{source}: model.{leaf} is read only by model.type {owner}, and this config's "
                                 f"is {model_type}; drop it, or set model.type={owner}")
-

@@ -58,7 +58,7 @@ class Evaluator:
     def epoch_record(self, val, test, epoch: int, step: int, logger) -> dict:
         """Evaluate on val and test; log the metrics (TensorBoard, metrics.jsonl, one console line, and
         the autoencoder's reconstructions) and return the record."""
-        r = record = self.record(val, test, epoch, step)
+        r = self.record(val, test, epoch, step)
         logger.scalars(step, {key.replace("_", "/"): value for key, value in r.items() if key not in ("epoch", "step")})
         if self.classifies:
             console.print(f"epoch {epoch}: val loss {r['val_loss']:.4f} acc {r['val_acc']:.4f} | test loss "
@@ -66,8 +66,8 @@ class Evaluator:
         else:
             logger.image("test/reconstructions", self.reconstruction_grid(test), step)
             console.print(f"epoch {epoch}: val mse {r['val_mse']:.5f} | test mse {r['test_mse']:.5f}")
-        logger.evaluation(record)
-        return record
+        logger.evaluation(r)
+        return r
 
     def reconstruction_grid(self, split, count: int = 8) -> np.ndarray:
         """The first `count` images of `split` (top row) above their reconstructions, (2H, count*W, C) in

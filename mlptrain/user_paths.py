@@ -21,6 +21,18 @@ def expand_user(value: str, what: str) -> Path:
                         f"full path") from None
 
 
+OFF = ("", "0", "off", "none", "false")  # a cache variable set to one of these turns that cache off
+
+
+def cache_folder(env: str, name: str) -> Path | None:
+    """The folder of one of mlptrain's caches: $`env` (None when it says off), else the user cache
+    folder's mlptrain/`name`."""
+    value = os.environ.get(env)
+    if value is not None:
+        return None if value.strip().lower() in OFF else expand_user(value, env)
+    return user_cache_dir() / "mlptrain" / name
+
+
 def user_cache_dir() -> Path:
     """$XDG_CACHE_HOME, else ~/.cache."""
     base = os.environ.get("XDG_CACHE_HOME")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlptrain.errors import UserError
+from mlptrain.run_lock import LOCK_NAME
 from mlptrain.safe_yaml import brief_text
 
 
@@ -27,7 +28,7 @@ def positive_int(text: str, flag: str, maximum: int = MAX_INT) -> int:
 
 # the records of a run, a --seeds group or a sweep (their folders hold config.yaml, seeds.json or
 # results.json): never replaced by a command's output, --force or not
-RUN_RECORDS = ("config.yaml", "summary.json", "metrics.jsonl", "grad_norms.npy", ".lock", "seeds.json",
+RUN_RECORDS = ("config.yaml", "summary.json", "metrics.jsonl", "grad_norms.npy", LOCK_NAME, "seeds.json",
                "results.json", "results.csv", "study.db")
 
 

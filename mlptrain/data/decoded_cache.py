@@ -35,7 +35,7 @@ from mlptrain.atomic import replacing
 from mlptrain.data.dataset import ImageDataset, Provenance
 from mlptrain.memory import host_available
 from mlptrain.regular_file import open_regular
-from mlptrain.user_paths import expand_user, user_cache_dir
+from mlptrain.user_paths import cache_folder
 
 CACHE_ENV = "MLPTRAIN_DATA_CACHE"
 MAGIC = b"MLPTRAIN-DATASET-1\n"
@@ -44,7 +44,6 @@ PREFIX = len(MAGIC) + 8 + 4  # the magic, the header's length and its CRC-32
 MAX_HEADER = 1 << 20
 ALIGN = 64
 ARRAYS = ("train_images", "train_labels", "test_images", "test_labels", "val_images", "val_labels")
-_OFF = ("", "0", "off", "none", "false")
 ENTRY = re.compile(r"[^.].*-[0-9a-f]{16}\.data")  # see entry_path
 STRAY = re.compile(r"\.[^.].*-[0-9a-f]{16}\.data\.[0-9a-f]{8}\.tmp")  # a write that did not finish (atomic.replacing)
 
@@ -56,10 +55,7 @@ class CorruptEntry(Exception):
 def cache_dir() -> Path | None:
     """$MLPTRAIN_DATA_CACHE (a folder; `off` turns the cache off: None), else $XDG_CACHE_HOME/mlptrain/decoded
     or ~/.cache/mlptrain/decoded."""
-    value = os.environ.get(CACHE_ENV)
-    if value is not None:
-        return None if value.strip().lower() in _OFF else expand_user(value, CACHE_ENV)
-    return user_cache_dir() / "mlptrain" / "decoded"
+    return cache_folder(CACHE_ENV, "decoded")
 
 
 def entry_path(root: Path, name: str, folder: Path, label: str | None) -> Path:
@@ -79,17 +75,14 @@ def entries(root: Path) -> list[Path]:
 def clear(root: Path) -> int:
     """Remove every entry and the temporary files of interrupted writes; returns the entries removed.
     Safe while a run reads one: its open file stays readable, and the next run decodes again."""
-    removed = 0
-    for path in entries(root):
-        path.unlink(missing_ok=True)
-        removed += 1
     try:
-        strays = [p for p in root.iterdir() if STRAY.fullmatch(p.name)]
-    except OSError:
-        strays = []
-    for path in strays:
+        listing = list(root.iterdir())
+    except OSError:  # absent or unreadable: nothing of ours to remove
+        return 0
+    ours = [p for p in listing if ENTRY.fullmatch(p.name) and p.is_file()]
+    for path in ours + [p for p in listing if STRAY.fullmatch(p.name)]:
         path.unlink(missing_ok=True)
-    return removed
+    return len(ours)
 
 
 def source_key(name: str, folder: Path, label: str | None, sources: list[Path]) -> dict:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.config_keys import suggest_value
+from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.data.download import md5sum
 from mlptrain.errors import UserError
 from mlptrain.npz_sizes import check_npz_sizes

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 from mlptrain.atomic import replacing
 from mlptrain.regular_file import read_regular_bytes, read_regular_text
-from mlptrain.user_paths import expand_user, user_cache_dir
+from mlptrain.user_paths import cache_folder
 
 CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
 MAGIC = b"MLPTRAIN-KERNEL-1\n"
@@ -29,16 +28,12 @@ SHARD = re.compile(r"[0-9a-f]{2}")  # an entry's folder: its key's first two dig
 ENTRY = re.compile(r"[0-9a-f]{64}\.kernel")  # a sha256 key
 STRAY = re.compile(r"\.[0-9a-f]{16}\..*\.tmp")  # a write that did not finish (see `put`)
 LAST_RUN = "last-run.json"  # what the latest process that trained did with the cache (`mlptrain cache`)
-_OFF = ("", "0", "off", "none", "false")
 
 
 def default_dir() -> Path | None:
     """$MLPTRAIN_KERNEL_CACHE (a folder; `off` disables the cache), else the user cache folder:
     $XDG_CACHE_HOME/mlptrain/kernels or ~/.cache/mlptrain/kernels."""
-    value = os.environ.get(CACHE_ENV)
-    if value is not None:
-        return None if value.strip().lower() in _OFF else expand_user(value, CACHE_ENV)
-    return user_cache_dir() / "mlptrain" / "kernels"
+    return cache_folder(CACHE_ENV, "kernels")
 
 
 def warn(message: str) -> None:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
-from mlptrain.config_rules import check_model_keys
 from mlptrain.config_keys import suggest_key, suggest_value
+from mlptrain.config_rules import check_model_keys
 from mlptrain.errors import UserError
 from mlptrain.safe_yaml import brief
 
@@ -300,10 +300,10 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
         raise UserError(f"{source}: parameters: expected a mapping of config keys to values or ranges, "
                         f"e.g. optim.lr: [1.0e-4, 1.0e-3]")
     parameters = tuple(_parameter(str(name), spec, method, source) for name, spec in raw["parameters"].items())
+    given = [parse_override(text) for text in overrides]
     if "model.type" not in raw["parameters"]:  # else some trials' model may read what the others' do not
-        check_model_keys(base_config.model.type, dict(parse_override(o) for o in overrides), "override")
-    for text in overrides:
-        key = parse_override(text)[0]
+        check_model_keys(base_config.model.type, dict(given), "override")
+    for text, (key, _) in zip(overrides, given):
         if key in raw["parameters"]:
             raise UserError(f"override '{text}': {source} varies {key}; drop the override or the parameter")
     if method == "grid":
