@@ -4,7 +4,7 @@ Both train the model of `configs/autoencoder_cifar10.yaml` (conv3x3 3-256-128 + 
 decoder with nearest 2x upsampling, MSE on pixels / 255) with Adam (lr 1e-3) on the CIFAR-10 training
 images found under $MLPTRAIN_DATA_DIR (the shared subset: 4,585 after the validation split), the whole
 set resident on the GPU as uint8 and each batch gathered and scaled on the device. mlptrain runs its own
-optimizer steps (`mlptrain.window.TrainingWindow.run`); PyTorch the plain eager loop, NCHW, cuDNN autotuning on,
+optimizer steps (`mlptrain.training.window.TrainingWindow.run`); PyTorch the plain eager loop, NCHW, cuDNN autotuning on,
 TF32 off, with autocast (+ GradScaler for fp16) for the mixed-precision rows. Each is warmed up for one
 epoch, then timed over --epochs epochs; the table shows the median epoch's images/s. A tool whose
 MSE is not finite after the warm-up epoch, or not below FINAL_MSE at the end (an output near zero
@@ -50,10 +50,10 @@ def flops_per_image(channels=CHANNELS, side=32, kernel=3) -> float:
 
 
 def mlptrain_rates(dataset, args, batch, precision) -> list[float]:
-    from mlptrain.backend import get_backend
-    from mlptrain.config import config_from_dict
+    from mlptrain.backends.selection import get_backend
+    from mlptrain.config.schema import config_from_dict
     from mlptrain.data.loader import epoch_order
-    from mlptrain.session import build_session
+    from mlptrain.training.session import build_session
 
     config = config_from_dict({
         "backend": "cuda", "seed": 0, "data": {"dataset": "cifar10", "val_size": 500},

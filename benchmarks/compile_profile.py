@@ -20,12 +20,12 @@ def main():
     parser.add_argument("--profile-top", type=int, default=25)
     args = parser.parse_args()
 
+    from mlptrain.backends.kernel_cache import cache as kernel_cache
     from mlptrain.cli.configs import resolve_config
-    from mlptrain.config import load_config
-    from mlptrain.experiment import Resources
-    from mlptrain.numba_kernels import kernel_cache
-    from mlptrain.compilation import plan_launches
-    from mlptrain.session import build_session
+    from mlptrain.config.schema import load_config
+    from mlptrain.training.compilation import plan_launches
+    from mlptrain.training.experiment import Resources
+    from mlptrain.training.session import build_session
 
     kernel_cache.use_store(None)
     config = load_config(resolve_config(args.config), ["backend=cuda", *args.overrides])

@@ -110,7 +110,7 @@ def main() -> None:
     import torch
     from numba import cuda
 
-    from mlptrain.numba_kernels import conv, conv_mma, conv_plan
+    from mlptrain.backends.numba_kernels import conv, conv_mma, conv_plan
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     mma = args.precision != "fp32"

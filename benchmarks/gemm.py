@@ -81,7 +81,7 @@ def our_launch(cuda, gemm, op, t, candidate=None):
         (m, k), n = a["x"].shape, a["dy"].shape[1]
         workspace = cuda.device_array(max(1, gemm.linear_backward_weight_workspace(m, k, n)), np.float32)
         return lambda: gemm.linear_backward_weight(a["x"], a["dy"], a["out"], 0.0, workspace)
-    from mlptrain.numba_kernels import tiles  # main() imports it only for itself
+    from mlptrain.backends.numba_kernels import tiles  # main() imports it only for itself
 
     factory = {"forward": lambda tile, dtype, **o: gemm.make_linear_rows(tile, dtype, False, **o),
                "backward_input": lambda tile, dtype, **o: gemm.make_linear_rows(tile, dtype, True, **o),
@@ -154,7 +154,7 @@ def main() -> int:
     import torch
     from numba import cuda
 
-    from mlptrain.numba_kernels import gemm
+    from mlptrain.backends.numba_kernels import gemm
 
     torch.backends.cuda.matmul.allow_tf32 = False
 

@@ -5,7 +5,7 @@ images at batch 128, with the whole dataset already on the GPU as uint8 and
 batches gathered + normalised on the device, in each precision asked for:
 fp32 (PyTorch with TF32 off), fp16 (mlptrain's dynamic loss scaling; PyTorch
 autocast + GradScaler) and bf16 (autocast, no scaler). mlptrain runs its own
-epoch loop (`mlptrain.train.train_epoch`, with its periodic metric reads);
+epoch loop (`mlptrain.training.loop.train_epoch`, with its periodic metric reads);
 PyTorch runs the plain eager loop. Each is warmed up for one epoch, then
 timed over --epochs epochs; the table shows medians. Each tool's loss must have
 fallen after the warm-up epoch (below WARM_UP_LOSS, from ln 10 = 2.30 at chance)
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 WARM_UP_LOSS = 2.0  # one epoch of Adam 1e-3 on MNIST ends near 0.1 at batch 128, 0.5 at batch 2048
 FINAL_LOSS = 1.0
 
@@ -39,10 +38,10 @@ def check_learning(tool: str, precision: str, loss: float, limit: float, when: s
 
 
 def mlptrain_epochs(dataset, args, precision) -> list[float]:
-    from mlptrain.backend import get_backend
-    from mlptrain.config import config_from_dict
-    from mlptrain.session import build_session
-    from mlptrain.train import train_epoch
+    from mlptrain.backends.selection import get_backend
+    from mlptrain.config.schema import config_from_dict
+    from mlptrain.training.loop import train_epoch
+    from mlptrain.training.session import build_session
 
     config = config_from_dict({
         "backend": "cuda", "seed": 0,

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # mlptrain.statistics, when run from a checkout without an install
+sys.path.insert(0, str(HERE.parent))  # mlptrain.seeds.statistics, when run from a checkout without an install
 
-from mlptrain.statistics import decimals, spread, welch  # noqa: E402
+from mlptrain.seeds.statistics import decimals, spread, welch  # noqa: E402
 
 METRIC = {"adam_mnist": "test_acc", "autoencoder_cifar10": "test_mse"}
 TOOLS = ("mlptrain", "pytorch")

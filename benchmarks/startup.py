@@ -37,8 +37,8 @@ import mlptrain
 marks['package'] = mlptrain.STARTED
 import mlptrain.cli
 marks['cli imported'] = time.time()
-import mlptrain.cli.run as run, mlptrain.config as config, mlptrain.experiment as experiment
-import mlptrain.session as session, mlptrain.train as train, mlptrain.window as window
+import mlptrain.cli.run as run, mlptrain.config.schema as config, mlptrain.training.experiment as experiment
+import mlptrain.training.session as session, mlptrain.training.loop as train, mlptrain.training.window as window
 
 def timed(owners, name, label):
     # every module that holds the name (a command may import it at the top or when it runs)

@@ -1,6 +1,6 @@
 """GPU time of each launcher in one autoencoder training step (CUDA backend): where a step's time goes.
 
-Every launcher of `mlptrain.numba_kernels` is wrapped so that CUDA events bracket its launches; the step
+Every launcher of `mlptrain.backends.numba_kernels` is wrapped so that CUDA events bracket its launches; the step
 is queued behind a sleep kernel, so the GPU runs its kernels back to back whatever the host's launch
 cost, and each event pair times the GPU work of one call. Calls made inside another launcher count in
 the outer one. One table: each call (launcher and shapes), its median ms over --repeats steps after a
@@ -80,12 +80,12 @@ def main() -> None:
 
     from numba import cuda
 
-    from mlptrain import numba_kernels
-    from mlptrain.backend import get_backend
-    from mlptrain.config import config_from_dict
+    from mlptrain.backends import numba_kernels
+    from mlptrain.backends.selection import get_backend
+    from mlptrain.config.schema import config_from_dict
     from mlptrain.data import load_dataset
     from mlptrain.data.loader import epoch_order
-    from mlptrain.session import build_session
+    from mlptrain.training.session import build_session
 
     config = config_from_dict({
         "backend": "cuda", "seed": 0, "data": {"dataset": "cifar10", "val_size": 500},

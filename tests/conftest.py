@@ -92,11 +92,11 @@ def tiny_runs(tmp_path_factory):
     if not (DATA_DIR / "mnist").is_dir():
         real_data_missing("real datasets")
     from mlptrain.cli.configs import resolve_config
-    from mlptrain.config import load_config
-    from mlptrain.experiment import Resources, create_run
-    from mlptrain.run_lock import release_run
-    from mlptrain.session import build_session
-    from mlptrain.train import train
+    from mlptrain.config.schema import load_config
+    from mlptrain.runs.lock import release_run
+    from mlptrain.training.experiment import Resources, create_run
+    from mlptrain.training.loop import train
+    from mlptrain.training.session import build_session
 
     runs_dir, resources, out = tmp_path_factory.mktemp("tiny") / "runs", Resources(), {}
     for name, (config_name, overrides) in TINY_RUNS.items():

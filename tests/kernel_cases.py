@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from mlptrain.dtypes import from_float32, to_float32
 from mlptrain.optim import step_state
-from mlptrain.precision import from_float32, to_float32
 from tests import reference as ref
 
 FORMATS = [np.float32, np.float16, np.uint16]  # fp32, fp16, bf16 storage
@@ -24,7 +24,7 @@ FORMAT_IDS = ["fp32", "fp16", "bf16"]
 
 @dataclass(frozen=True)
 class Backend:
-    kernels: ModuleType  # mlptrain.numba_kernels or mlptrain.numpy_kernels
+    kernels: ModuleType  # mlptrain.backends.numba_kernels or mlptrain.backends.numpy_kernels
     to_device: Callable  # host array -> a fresh array the kernels take
     to_host: Callable  # such an array -> NumPy array
 
@@ -39,16 +39,16 @@ def numba_backend():
     """CUDA device arrays (the real GPU or the simulator, as conftest chose)."""
     from numba import cuda
 
-    import mlptrain.numba_kernels
+    import mlptrain.backends.numba_kernels
 
-    return Backend(mlptrain.numba_kernels, cuda.to_device, lambda array: array.copy_to_host())
+    return Backend(mlptrain.backends.numba_kernels, cuda.to_device, lambda array: array.copy_to_host())
 
 
 def numpy_backend():
     """Plain NumPy; `to_device` copies, so kernels never write the test's own arrays."""
-    import mlptrain.numpy_kernels
+    import mlptrain.backends.numpy_kernels
 
-    return Backend(mlptrain.numpy_kernels, np.array, np.asarray)
+    return Backend(mlptrain.backends.numpy_kernels, np.array, np.asarray)
 
 
 def random(rng, *shape):

@@ -19,7 +19,7 @@ sigmoid are 1-Lipschitz, so an error in z carries to act(z) at most as is.
 import numpy as np
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.precision import from_float32
+from mlptrain.dtypes import from_float32
 from tests.reference import activate, activation_grad, assert_within
 
 U32 = 2.0**-24

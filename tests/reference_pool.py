@@ -14,7 +14,7 @@ half its subnormal spacing near zero.
 
 import numpy as np
 
-from mlptrain.precision import from_float32, to_float32
+from mlptrain.dtypes import from_float32, to_float32
 from tests.reference import assert_within
 
 POSITIONS = ((0, 0), (0, 1), (1, 0), (1, 1))  # window position k = 2 * row + column

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlptrain.statistics import spread, welch
+from mlptrain.seeds.statistics import spread, welch
 from tests.conftest import DATA_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

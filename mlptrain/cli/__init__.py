@@ -55,7 +55,7 @@ def _interrupt_in_callback(unraisable) -> None:
 _previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
 _previous_unraisable, sys.unraisablehook = sys.unraisablehook, _interrupt_in_callback
 
-from mlptrain.interrupt import raise_terminated, was_terminated  # noqa: E402
+from mlptrain.cli.signals import raise_terminated, was_terminated  # noqa: E402
 
 # SIGTERM (a scheduler's kill, `timeout`) takes Ctrl-C's path in every command: one line, exit 143, and the
 # atomic writes' temporary files removed; its default action killed evaluate, predict, export, svm ... silently
@@ -164,7 +164,7 @@ def _main() -> None:
 def _print_error(label: str, text: str) -> None:
     from rich.markup import escape
 
-    from mlptrain.tracking import console
+    from mlptrain.runs.records import console
 
     # escaped: a value from the user's input may look like rich markup ("[/]")
     console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)

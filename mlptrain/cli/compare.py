@@ -9,7 +9,7 @@ from typing import List
 import typer
 
 from mlptrain.errors import UserError
-from mlptrain.tracking import console
+from mlptrain.runs.records import console
 
 
 def compare(

@@ -9,12 +9,12 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from mlptrain.config import read_yaml
-from mlptrain.config_keys import suggest_value
+from mlptrain.config.schema import read_yaml
+from mlptrain.config.suggestions import suggest_value
 from mlptrain.errors import UserError
-from mlptrain.tracking import console
+from mlptrain.runs.records import console
 
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "configs"
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "config" / "builtin"
 SWEEP_PREFIX = "sweep_"  # built-in sweep files live beside the configs but are not configs
 
 app = typer.Typer(help="List and show the built-in configs and sweeps.", invoke_without_command=True)
@@ -87,9 +87,9 @@ def show(name: str = typer.Argument(..., help="a built-in config or sweep name, 
 
 def print_resolved(path: Path, overrides: list[str]) -> None:
     """The config of `path` with `overrides`, every default filled in, as YAML a run reads back."""
-    from mlptrain.config import load_config
-    from mlptrain.experiment import run_record
-    from mlptrain.safe_yaml import dump_yaml
+    from mlptrain.config.safe_yaml import dump_yaml
+    from mlptrain.config.schema import load_config
+    from mlptrain.training.experiment import run_record
 
     text = dump_yaml(run_record(load_config(path, overrides)))
     print_yaml(f"# {path.name}{' with ' + ' '.join(overrides) if overrides else ''}, resolved\n{text}")

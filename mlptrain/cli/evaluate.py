@@ -11,8 +11,8 @@ from rich import box
 from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
-from mlptrain.run_lock import claim_output
-from mlptrain.tracking import console, pass_progress, write_json
+from mlptrain.runs.lock import claim_output
+from mlptrain.runs.records import console, pass_progress, write_json
 
 
 def evaluate(
@@ -31,8 +31,8 @@ def evaluate(
 ) -> None:
     """Evaluate a trained run's checkpoint on a split; prints tables, writes eval-<split>.json."""
     from mlptrain.errors import UserError
-    from mlptrain.evaluation_report import evaluation_report
-    from mlptrain.inference import SPLITS, load_trained
+    from mlptrain.inference.model import SPLITS, load_trained
+    from mlptrain.inference.report import evaluation_report
     from mlptrain.probe.features import load_run
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read

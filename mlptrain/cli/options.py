@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
-from mlptrain.run_lock import LOCK_NAME
-from mlptrain.safe_yaml import brief_text
-
+from mlptrain.runs.lock import LOCK_NAME
 
 MAX_INT = 2**31 - 1  # what liblinear's iteration count and a batch's rows (int32 offsets) can hold
 

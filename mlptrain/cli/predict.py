@@ -11,8 +11,8 @@ from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
 from mlptrain.errors import UserError
-from mlptrain.run_lock import claim_output
-from mlptrain.tracking import console
+from mlptrain.runs.lock import claim_output
+from mlptrain.runs.records import console
 
 if TYPE_CHECKING:  # numpy is imported when the command runs, not when the CLI starts
     import numpy as np
@@ -34,10 +34,10 @@ def predict(
     """Run a trained model on images; writes probabilities and classes (or reconstructions) to an .npz."""
     import numpy as np
 
-    from mlptrain.atomic import atomic_write
-    from mlptrain.image_files import read_images
-    from mlptrain.inference import load_trained, softmax
+    from mlptrain.inference.image_files import read_images
+    from mlptrain.inference.model import load_trained, softmax
     from mlptrain.probe.features import load_run
+    from mlptrain.util.atomic import atomic_write
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     rows = positive_int(batch_size, "--batch-size") if batch_size is not None else None

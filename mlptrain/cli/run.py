@@ -34,14 +34,14 @@ def run(
     from rich.table import Table
 
     from mlptrain.cli.seeds import run_seeds
-    from mlptrain.config import load_config
-    from mlptrain.experiment import Resources, check_same_dataset, create_run
-    from mlptrain.interrupt import StopOnSignal
-    from mlptrain.resume import prepare_resume
-    from mlptrain.runs import check_run_name
-    from mlptrain.session import build_session
-    from mlptrain.tracking import console
-    from mlptrain.train import train
+    from mlptrain.cli.signals import StopOnSignal
+    from mlptrain.config.schema import load_config
+    from mlptrain.runs.folders import check_run_name
+    from mlptrain.runs.records import console
+    from mlptrain.training.experiment import Resources, check_same_dataset, create_run
+    from mlptrain.training.loop import train
+    from mlptrain.training.resume import prepare_resume
+    from mlptrain.training.session import build_session
 
     overrides = overrides or []
     start = None

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlptrain.config import load_config, parse_override
+from mlptrain.cli.signals import StopOnSignal
+from mlptrain.config.schema import load_config, parse_override
 from mlptrain.errors import UserError
-from mlptrain.experiment import Resources
-from mlptrain.interrupt import StopOnSignal
-from mlptrain.runs import check_run_name
-from mlptrain.tracking import console
+from mlptrain.runs.folders import check_run_name
+from mlptrain.runs.records import console
+from mlptrain.training.experiment import Resources
 
 
 def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path, name: str | None) -> None:
     from mlptrain.seeds.report import seeds_table
     from mlptrain.seeds.results import load_result
-    from mlptrain.seeds.runner import parse_seeds, run_seeds as train_seeds
+    from mlptrain.seeds.runner import parse_seeds
+    from mlptrain.seeds.runner import run_seeds as train_seeds
 
     seeds = parse_seeds(seeds_text)
     if any(parse_override(text)[0] == "seed" for text in overrides):

@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from mlptrain.cli.options import new_output, positive_int
-from mlptrain.run_lock import claim_output
-from mlptrain.tracking import console, write_json
+from mlptrain.runs.lock import claim_output
+from mlptrain.runs.records import console, write_json
 
 
 def svm(

@@ -12,11 +12,10 @@ from rich.console import Console
 from rich.measure import Measurement
 
 from mlptrain.cli.configs import builtin_configs, builtin_sweeps, unknown_builtin
+from mlptrain.cli.signals import interrupt_exit_code, sigterm_as_interrupt
 from mlptrain.errors import UserError
-from mlptrain.interrupt import interrupt_exit_code, sigterm_as_interrupt
-from mlptrain.runs import check_run_name
-from mlptrain.tracking import console
-
+from mlptrain.runs.folders import check_run_name
+from mlptrain.runs.records import console
 
 MAX_WORKERS = 256  # processes on one machine; more machines share a study through --storage
 
@@ -56,11 +55,11 @@ def sweep(
                                 "are several)"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
-    from mlptrain.config import config_from_dict
-    from mlptrain.experiment import Resources, check_inputs  # numpy and the data loaders: only when used
+    from mlptrain.config.schema import config_from_dict
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
-    from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.report import results_table, trial_rows, write_results
+    from mlptrain.sweep.spec import load_sweep
+    from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: only when used
 
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [], resolve_base)
@@ -103,7 +102,7 @@ def sweep(
 def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, path, overrides, runs_dir,
           name, url, base_config) -> list[str]:
     """Run trials here (one worker) or in `workers` child processes; returns a line per failed worker."""
-    from mlptrain.backend import cuda_usable
+    from mlptrain.backends.selection import cuda_usable
     from mlptrain.cli.warmup import warm_in_child
     from mlptrain.sweep.workers import run_workers
 

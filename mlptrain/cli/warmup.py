@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from mlptrain.cli.configs import resolve_config
-from mlptrain.tracking import console
+from mlptrain.runs.records import console
 
 
 def warmup(
@@ -20,10 +20,10 @@ def warmup(
     overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. train.precision=bf16"),
 ) -> None:
     """Compile the kernels a config needs into the kernel cache (`mlptrain cache` shows it), then exit."""
-    from mlptrain.compilation import compile_kernels
-    from mlptrain.config import load_config
-    from mlptrain.experiment import Resources
-    from mlptrain.session import build_session
+    from mlptrain.config.schema import load_config
+    from mlptrain.training.compilation import compile_kernels
+    from mlptrain.training.experiment import Resources
+    from mlptrain.training.session import build_session
 
     cfg = load_config(resolve_config(config), overrides or [])
     backend, dataset = Resources().prepare(cfg, start_compilers=True)
@@ -37,7 +37,7 @@ def warm_in_child(config: dict, log: Path) -> None:
     """`mlptrain warmup` of a resolved config in a child process, which fills the kernel cache and exits
     (freeing its GPU): a sweep runs it before starting its workers, so that no worker compiles. Its output
     goes to `log`; a failure is one warning line, and the workers then compile for themselves."""
-    from mlptrain.runs import write_yaml
+    from mlptrain.runs.folders import write_yaml
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.yaml"

@@ -10,7 +10,7 @@ Where the batches are read from, under the data root (shown for CIFAR-10; CIFAR-
                                          Every batch must have its published md5.
     cifar10-subset/cifar-10-batches-py/  a subset in the same format (as in ../shared/datasets),
                                          read only when `cifar10/` does not exist, checked for
-                                         structure; a run on it warns and records it (mlptrain.fallbacks)
+                                         structure; a run on it warns and records it (mlptrain.training.fallbacks)
 
 With neither, the archive is downloaded into `cifar10/` as above.
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.data.cifar_batch import parse_cifar_batch
-from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
+from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder, read_bytes
 from mlptrain.data.registry import BuiltinDataset, DataFile, LabelSet
 from mlptrain.errors import UserError

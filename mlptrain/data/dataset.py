@@ -12,7 +12,7 @@ import numpy as np
 
 from mlptrain.data.registry import BUILTIN
 from mlptrain.errors import UserError
-from mlptrain.user_paths import expand_user, user_cache_dir
+from mlptrain.util.user_paths import expand_user, user_cache_dir
 
 PIXEL_SCALE = 255.0  # uint8 pixels are divided by this before standardising; float features by 1
 CHUNK_VALUES = 1 << 20  # values per chunk of the statistics: bounded temporary memory on any dataset

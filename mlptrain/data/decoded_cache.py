@@ -14,7 +14,7 @@ length and CRC match (else it is corrupt: decoded again and rewritten, with one 
 written to a temporary file and renamed into place, so concurrent runs each leave a whole entry.
 
 What the cache could not do reaches the user as the dataset's `cache_note`, which a run warns once and
-records in summary.json's `fallbacks` (mlptrain.fallbacks): the folder cannot be written (read-only, full,
+records in summary.json's `fallbacks` (mlptrain.training.fallbacks): the folder cannot be written (read-only, full,
 not a folder), or an entry was corrupt. `MLPTRAIN_DATA_CACHE=off` turns the cache off without a word.
 """
 
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.atomic import replacing
 from mlptrain.data.dataset import ImageDataset, Provenance
-from mlptrain.memory import host_available
-from mlptrain.regular_file import open_regular
-from mlptrain.user_paths import cache_folder
+from mlptrain.training.memory_plan import host_available
+from mlptrain.util.atomic import replacing
+from mlptrain.util.regular_file import open_regular
+from mlptrain.util.user_paths import cache_folder
 
 CACHE_ENV = "MLPTRAIN_DATA_CACHE"
 MAGIC = b"MLPTRAIN-DATASET-1\n"

@@ -7,9 +7,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from mlptrain.atomic import replacing
 from mlptrain.errors import DataNotFound, UserError
-from mlptrain.regular_file import open_regular, read_regular_bytes
+from mlptrain.util.atomic import replacing
+from mlptrain.util.regular_file import open_regular, read_regular_bytes
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 30.0

@@ -21,7 +21,7 @@ import numpy as np
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.data.download import read_bytes
 from mlptrain.errors import UserError
-from mlptrain.user_paths import expand_user
+from mlptrain.util.user_paths import expand_user
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp")
 # Pillow mode -> the lossless mode it is read as; others (alpha, 16-bit, CMYK) are refused.

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
+from mlptrain.data.decoded_cache import load_cached
 from mlptrain.data.download import fetch, offline_error, prepare_folder, read_bytes
 from mlptrain.data.idx import GZIP_MAGIC, gunzip_if_gzipped, parse_idx
 from mlptrain.data.registry import BuiltinDataset, DataFile

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.config_keys import suggest_value
+from mlptrain.config.suggestions import suggest_value
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.data.download import md5sum
 from mlptrain.errors import UserError
-from mlptrain.npz_sizes import check_npz_sizes
-from mlptrain.user_paths import expand_user
+from mlptrain.util.npz_sizes import check_npz_sizes
+from mlptrain.util.user_paths import expand_user
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")

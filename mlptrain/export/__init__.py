@@ -63,8 +63,7 @@ def export_bytes(trained, fmt: str) -> tuple[bytes, Check | None]:
 def check_onnx(trained, model) -> Check:
     """Run `model` with onnxruntime and `trained` with mlptrain on the first CHECK_IMAGES test images."""
     from mlptrain.export.onnx_graph import run_onnx
-
-    from mlptrain.inference import softmax
+    from mlptrain.inference.model import softmax
 
     pixels = trained.dataset.test_images[:CHECK_IMAGES]
     expected = trained.images(pixels).reshape(len(pixels), -1)

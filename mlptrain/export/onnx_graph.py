@@ -55,7 +55,7 @@ class GraphBuilder:
 
 
 def onnx_model(trained):
-    """The ModelProto of a `mlptrain.inference.TrainedModel`."""
+    """The ModelProto of a `mlptrain.inference.model.TrainedModel`."""
     onnx, _ = require_onnx()
     from onnx import TensorProto, helper, numpy_helper
 

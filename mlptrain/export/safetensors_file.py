@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 
-from mlptrain.config import resolved_dict
+from mlptrain.config.schema import resolved_dict
 
 
 def metadata(trained) -> dict[str, str]:

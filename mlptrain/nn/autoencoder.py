@@ -26,9 +26,9 @@ import math
 import numpy as np
 
 from mlptrain.activation import NONE, RELU
+from mlptrain.dtypes import STORAGE
 from mlptrain.nn.graph import StaticGraph
 from mlptrain.nn.params import FlatBuffer, Layout
-from mlptrain.precision import STORAGE
 
 
 def autoencoder_convs(channels: list[int], image_channels: int = 3) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ Weights (every layer, the output layer included):
     glorot_uniform  U(-a, a), a = sqrt(6 / (fan_in + fan_out)) Glorot and Bengio (2010)
 
 Biases: `pytorch` U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (torch.nn.Linear's and Conv2d's default), or `zeros`.
-The names and the defaults per model are mlptrain.config's (model.init).
+The names and the defaults per model are mlptrain.config.schema's (model.init).
 """
 
 from __future__ import annotations

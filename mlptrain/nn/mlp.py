@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from mlptrain.activation import ACTIVATIONS, NONE
+from mlptrain.dtypes import STORAGE
 from mlptrain.nn.graph import StaticGraph
 from mlptrain.nn.params import FlatBuffer, Layout
-from mlptrain.precision import STORAGE
 
 
 def mlp_layout(widths: list[int]) -> Layout:

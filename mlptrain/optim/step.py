@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlptrain.optim import step_state as slots
 from mlptrain.errors import UserError
+from mlptrain.optim import step_state as slots
 from mlptrain.optim.optimizers import Optimizer
 
 

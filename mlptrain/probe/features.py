@@ -30,14 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.checkpoint import load_checkpoint, save_checkpoint
-from mlptrain.config import Config, load_config
+from mlptrain.config.schema import Config, load_config
 from mlptrain.data.loader import ResidentSplit, whole_split
+from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
-from mlptrain.fallbacks import warn
-from mlptrain.npz_sizes import check_npz_sizes
-from mlptrain.precision import to_float32
 from mlptrain.probe.pooling import GridPool, check_grid
+from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.training.fallbacks import warn
+from mlptrain.util.npz_sizes import check_npz_sizes
 
 CHECKPOINTS = ("best", "last")
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
@@ -118,7 +118,7 @@ def read_layer(model, rows: int, layer: str):
 def encode_split(model, backend, split: ResidentSplit, layer: str, batch: int, scale: float, shift: float,
                  on_batch=None, pool: GridPool | None = None) -> np.ndarray:
     """float32 (split.size, width) features of every image of `split`, in its order, `batch` rows at a time
-    (the pattern of mlptrain.train.evaluate: gather + normalise on the device, then the layers); with
+    (the pattern of mlptrain.training.loop.evaluate: gather + normalise on the device, then the layers); with
     `pool`, each batch's latent pooled over its grid."""
     width = layer_width(model, layer) if pool is None else pool.width(model.latent_shape)
     out = np.empty((split.size, width), np.float32)
@@ -149,8 +149,8 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     """The run's `layer` over its dataset's train and test parts, on the run's backend, `batch_size` images
     at a time (default: its train.eval_batch_size), pooled by `pool` when given (the latent only).
     `progress` is a rich Progress to show the passes in, or None. Raises UserError."""
-    from mlptrain.experiment import Resources
     from mlptrain.nn import input_scale_shift
+    from mlptrain.training.experiment import Resources
 
     config, path = load_run(run_dir, checkpoint)
     layer = resolve_layer(config, layer)
@@ -192,8 +192,8 @@ def load_fitting_model(config: Config, path: Path, backend, dataset, rows: int, 
     it reads it, mlptrain.nn.model_dataset). A batch beyond the larger part is never filled (a run may have
     trained with train.eval_batch_size=1e9), and what remains must fit before anything is allocated (`flag`
     names the setting to lower). Raises UserError."""
-    from mlptrain.memory import check_model_fits
     from mlptrain.nn import model_dataset
+    from mlptrain.training.memory_plan import check_model_fits
 
     fed = model_dataset(config, dataset)
     rows = min(rows, max(len(fed.train_images), len(fed.test_images), 1))

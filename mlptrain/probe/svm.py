@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
-from mlptrain.safe_yaml import brief_text
 from mlptrain.probe.features import FeatureSet
 
 SEED = 0  # the held-out split and liblinear's coordinate order

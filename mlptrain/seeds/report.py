@@ -7,7 +7,7 @@ from rich.table import Table
 
 from mlptrain.errors import UserError
 from mlptrain.seeds.results import FINAL_METRICS, HIGHER_IS_BETTER, Result
-from mlptrain.statistics import Difference, Spread, decimals, welch
+from mlptrain.seeds.statistics import Difference, Spread, decimals, welch
 
 
 def seeds_table(seeds: list[int], metrics: dict[str, Spread]) -> Table:

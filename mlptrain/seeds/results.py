@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
-from mlptrain.regular_file import read_regular_text
-from mlptrain.safe_yaml import brief_text
-from mlptrain.statistics import Spread, spread
+from mlptrain.seeds.statistics import Spread, spread
+from mlptrain.util.regular_file import read_regular_text
 
 # the final metrics a run reports, in the order tables show them; accuracy is better higher, the rest lower
 FINAL_METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "test_mse", "val_mse")

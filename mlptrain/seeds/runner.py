@@ -1,6 +1,6 @@
 """`mlptrain run CONFIG --seeds N`: one run per seed, one after another in this process, then seeds.json.
 
-The runs share the process's backend and dataset (mlptrain.experiment.Resources) and, on a GPU, the
+The runs share the process's backend and dataset (mlptrain.training.experiment.Resources) and, on a GPU, the
 kernels compiled for the first. `NAME/seed-S/` is an ordinary run directory (resume it, extract its
 features); `NAME/seeds.json` holds each final metric's values over the seeds, their mean, standard
 deviation and 95% confidence interval (Student t), and is written only once every seed has finished.
@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from mlptrain.config import INT64_MAX, Config
+from mlptrain.config.schema import INT64_MAX, Config
 from mlptrain.errors import UserError
-from mlptrain.experiment import Resources, create_run
-from mlptrain.runs import create_run_dir
+from mlptrain.runs.folders import create_run_dir
+from mlptrain.runs.records import console, write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, final_metrics
-from mlptrain.statistics import CONFIDENCE, spread
-from mlptrain.tracking import console, write_json
+from mlptrain.seeds.statistics import CONFIDENCE, spread
+from mlptrain.training.experiment import Resources, create_run
 
 MAX_SEEDS = 1000
 MAX_SEED = INT64_MAX  # the config's own bound on `seed`
@@ -52,8 +52,8 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     """Train `config` once per seed in `runs_dir/NAME/seed-S/` and write `NAME/seeds.json`; returns
     (NAME's path, the seeds record). Every session is built before its directory is created; a seed that
     fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json."""
-    from mlptrain.session import build_session
-    from mlptrain.train import train
+    from mlptrain.training.loop import train
+    from mlptrain.training.session import build_session
 
     group, summaries = None, []
     for i, seed in enumerate(seeds):

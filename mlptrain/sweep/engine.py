@@ -32,12 +32,12 @@ import optuna
 from optuna.trial import TrialState
 
 from mlptrain.errors import UserError
-from mlptrain.experiment import Resources, create_run
-from mlptrain.run_lock import release_run
+from mlptrain.runs.lock import release_run
+from mlptrain.runs.records import console
 from mlptrain.sweep import claims
-from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
-from mlptrain.tracking import console
+from mlptrain.sweep.spec import METRICS, Sweep
+from mlptrain.training.experiment import Resources, create_run
 
 HEARTBEAT_S = 10  # how often a running trial says it is alive
 GRACE_S = 30  # silence after which its worker is taken for dead and the trial is queued again
@@ -282,8 +282,8 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
 
 
 def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources) -> dict:
-    from mlptrain.session import build_session
-    from mlptrain.train import train
+    from mlptrain.training.loop import train
+    from mlptrain.training.session import build_session
 
     attempt.config = sweep.trial_config(attempt.params, "its config")
     session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mlptrain.atomic import write_text
+from mlptrain.util.atomic import write_text
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
 _ORDER = {"complete": 0, "pruned": 1, "running": 2, "waiting": 3, "failed": 4}
@@ -108,9 +108,9 @@ def results_table(rows: list[dict], sweep, title: str) -> Table:
 
 def log_hparams(run_dir: Path) -> None:
     """The HParams session of a run that stopped early (pruned or failed), as a finished run writes its
-    own (mlptrain.hparams: its metric columns are the run's own scalars, up to where it stopped); the
+    own (mlptrain.training.hparams: its metric columns are the run's own scalars, up to where it stopped); the
     values are those of its config.yaml, which records the backend and data folder it used."""
-    from mlptrain.config import load_config
-    from mlptrain.hparams import hparam_values, log_session
+    from mlptrain.config.schema import load_config
+    from mlptrain.training.hparams import hparam_values, log_session
 
     log_session(run_dir, hparam_values(load_config(run_dir / "config.yaml")))

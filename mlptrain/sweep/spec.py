@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mlptrain.config import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
-from mlptrain.config_keys import suggest_key, suggest_value
-from mlptrain.config_rules import check_model_keys
+from mlptrain.config.rules import check_model_keys
+from mlptrain.config.safe_yaml import brief
+from mlptrain.config.schema import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
+from mlptrain.config.suggestions import suggest_key, suggest_value
 from mlptrain.errors import UserError
-from mlptrain.safe_yaml import brief
 
 # The summary.json keys a sweep can rank by, with their natural direction: a classifier's accuracy and
 # loss, the autoencoder's reconstruction MSE. The PER_EPOCH ones are in every evaluation record too, so

@@ -14,9 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from mlptrain.backend import cuda_usable
+from mlptrain.backends.selection import cuda_usable
+from mlptrain.runs.records import console
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
-from mlptrain.tracking import console
 
 POLL_S = 2
 STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed

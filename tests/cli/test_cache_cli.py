@@ -1,6 +1,6 @@
 """`mlptrain cache` and `mlptrain warmup` as a user meets them (CPU: no kernel is compiled here)."""
 
-from mlptrain.numba_kernels.kernel_store import KernelStore
+from mlptrain.backends.kernel_cache.store import KernelStore
 from tests.cli.test_cli import assert_clean_failure, mlptrain
 
 

@@ -87,9 +87,9 @@ def test_bad_npz_and_unfit_model_write_nothing(tmp_path, rng):
 
 
 def test_same_data_passes_the_resume_check(tmp_path, rng):
-    from mlptrain.config import config_from_dict
+    from mlptrain.config.schema import config_from_dict
     from mlptrain.data import load_dataset
-    from mlptrain.experiment import check_same_dataset, create_run
+    from mlptrain.training.experiment import check_same_dataset, create_run
 
     tiny_npz(tmp_path / "tiny.npz", rng)
     config = config_from_dict({"data": {"dataset": "npz", "path": str(tmp_path / "tiny.npz"), "val_size": 10}})

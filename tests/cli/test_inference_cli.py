@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 
 from mlptrain.cli import app
 from mlptrain.errors import UserError
-from mlptrain.inference import load_trained
+from mlptrain.inference.model import load_trained
 from tests.cli.test_cli import mlptrain
 
 
 def invoke(*args):
     """Run a command in this process; the run locks it took are released, as at the end of its process."""
-    from mlptrain.run_lock import release_run
+    from mlptrain.runs.lock import release_run
 
     try:
         result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=True)
@@ -103,10 +103,10 @@ def test_predict_a_classifier_on_an_npz_and_the_autoencoder_on_pngs(tiny_runs, t
 
 
 def test_export_safetensors_holds_the_checkpoint_and_the_config(tiny_runs, tmp_path):
-    from safetensors.numpy import load_file
     from safetensors import safe_open
+    from safetensors.numpy import load_file
 
-    from mlptrain.checkpoint import load_checkpoint
+    from mlptrain.training.checkpoint import load_checkpoint
 
     invoke("export", tiny_runs["ae"], "--format", "safetensors", "--out", tmp_path / "ae.safetensors")
     tensors = load_file(tmp_path / "ae.safetensors")
@@ -248,9 +248,9 @@ def test_an_autoencoders_own_validation_split_is_read_in_the_models_layout():
     those rows reach the model NHWC like the training rows, not in the dataset's planar layout."""
     from types import SimpleNamespace
 
-    from mlptrain.backend import CpuBackend
+    from mlptrain.backends.selection import CpuBackend
     from mlptrain.data import ImageDataset
-    from mlptrain.inference import TrainedModel
+    from mlptrain.inference.model import TrainedModel
 
     rng = np.random.default_rng(0)
     pixels = lambda n: rng.integers(0, 256, (n, 2 * 4 * 4), dtype=np.uint8)  # noqa: E731 (C, H, W) = (2, 4, 4)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from mlptrain.checkpoint import load_checkpoint
+from mlptrain.training.checkpoint import load_checkpoint
 from tests.cli.test_cli import assert_clean_failure, mlptrain
 
 # a small MLP trains an MNIST epoch on the CPU in well under a second: enough epochs to interrupt

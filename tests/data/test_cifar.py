@@ -22,7 +22,7 @@ from mlptrain.data import cifar as cifar_module
 from mlptrain.data.cifar import load_cifar
 from mlptrain.data.registry import BUILTIN, DataFile
 from mlptrain.errors import UserError
-from mlptrain.fallbacks import subset_note
+from mlptrain.training.fallbacks import subset_note
 from tests.data.test_cifar_batch import assert_one_line
 
 CIFAR10, CIFAR100 = BUILTIN["cifar10"], BUILTIN["cifar100"]

@@ -204,11 +204,11 @@ def test_a_run_warns_the_cache_note_once_and_records_it(tmp_path, capsys):
     import dataclasses
     import json
 
-    from mlptrain.backend import CpuBackend
-    from mlptrain.session import build_session
-    from mlptrain.train import train
-    from tests.test_accumulation import make_config, synthetic_dataset
-    from tests.test_resume import new_run
+    from mlptrain.backends.selection import CpuBackend
+    from mlptrain.training.loop import train
+    from mlptrain.training.session import build_session
+    from tests.training.test_accumulation import make_config, synthetic_dataset
+    from tests.training.test_resume import new_run
 
     note = "data cache: cannot write /nowhere (Read-only file system); tiny is decoded from its files on every run"
     data = synthetic_dataset()
@@ -225,7 +225,7 @@ def test_a_run_warns_the_cache_note_once_and_records_it(tmp_path, capsys):
 @pytest.mark.parametrize("replace", [os.mkfifo, lambda path: path.symlink_to("/dev/zero")])
 def test_an_entry_that_is_a_fifo_or_device_is_decoded_again_not_waited_on(source, cache, replace):
     """open() of a FIFO blocks until a writer comes: every run hung at start-up."""
-    from tests.test_regular_file import within
+    from tests.util.test_regular_file import within
 
     decode = Decoder(source)
     load(source, decode)

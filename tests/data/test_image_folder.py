@@ -92,7 +92,7 @@ def _no_test(root):
 
 def _bomb(root):
     """A PNG declaring 12000 x 12000 pixels, between Pillow's two limits: Pillow only warns (two lines on stderr)."""
-    from tests.test_image_files import png_declaring
+    from tests.inference.test_image_files import png_declaring
 
     (root / "train" / "dog" / "0.png").write_bytes(png_declaring(12000, 12000))
 

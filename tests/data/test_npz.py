@@ -4,7 +4,8 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mlptrain.data import dataset_record, load_dataset
 from mlptrain.data.npz import load_npz

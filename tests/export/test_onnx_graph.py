@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlptrain.backend import CpuBackend
-from mlptrain.config import config_from_dict
+from mlptrain.backends.selection import CpuBackend
+from mlptrain.config.schema import config_from_dict
 from mlptrain.data import ImageDataset
 from mlptrain.export import check_onnx, export_bytes
-from mlptrain.inference import TrainedModel
+from mlptrain.inference.model import TrainedModel
 from mlptrain.nn import input_scale_shift, make_model, model_dataset
 
 # onnx and onnxruntime come with the dev extra (it includes [export]): a missing one fails here, never skips

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mlptrain.activation import ACTIVATIONS, NONE
-from mlptrain.backend import CpuBackend
+from mlptrain.backends.numpy_kernels import gemm, loss, reduce
+from mlptrain.backends.selection import CpuBackend
 from mlptrain.nn.mlp import MLP
-from mlptrain.numpy_kernels import gemm, loss, reduce
 
 
 def act64(z, name):

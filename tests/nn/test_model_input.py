@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from mlptrain.backend import CpuBackend
-from mlptrain.config import config_from_dict
+from mlptrain.backends.selection import CpuBackend
+from mlptrain.config.schema import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
-from mlptrain.session import build_session
-from mlptrain.train import train_epoch
+from mlptrain.training.loop import train_epoch
+from mlptrain.training.session import build_session
 
 
 def dataset(rng, image_shape, dtype=np.uint8, train=24, test=6, classes=3):

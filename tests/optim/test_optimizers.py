@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from mlptrain.backend import CpuBackend
-from mlptrain.config import OptimConfig
+from mlptrain.backends.selection import CpuBackend
+from mlptrain.config.schema import OptimConfig
 from mlptrain.errors import UserError
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim import OptimizerStep, make_optimizer

@@ -7,13 +7,13 @@ Mostly on the CPU backend; the CUDA backend (simulator in CI) runs the same rule
 import numpy as np
 import pytest
 
-from mlptrain.optim import step_state as slots
-from mlptrain.backend import CpuBackend
-from mlptrain.config import LossScaleConfig
+from mlptrain.backends.selection import CpuBackend
+from mlptrain.config.schema import LossScaleConfig
+from mlptrain.dtypes import from_float32
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim import LossScaling, OptimizerStep
+from mlptrain.optim import step_state as slots
 from mlptrain.optim.optimizers import SGD, Adam, Momentum, Optimizer
-from mlptrain.precision import from_float32
 from tests import reference as ref
 
 LAYOUT = Layout(("w", "b"), ((4, 3), (3,)))
@@ -274,7 +274,7 @@ def test_the_lr_factor_multiplies_the_schedule():
 
 @pytest.fixture
 def cuda_backend():
-    from mlptrain.backend import CudaBackend
+    from mlptrain.backends.selection import CudaBackend
 
     return CudaBackend()
 

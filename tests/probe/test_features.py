@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from mlptrain.backend import CpuBackend
-from mlptrain.checkpoint import load_checkpoint
-from mlptrain.config import load_config
+from mlptrain.backends.selection import CpuBackend
+from mlptrain.config.schema import load_config
 from mlptrain.data import load_dataset
 from mlptrain.data.loader import whole_split
-from mlptrain.probe.features import encode_split, extract_features
+from mlptrain.dtypes import float32_from_bf16, from_float32
 from mlptrain.nn import make_model, model_dataset
-from mlptrain.precision import float32_from_bf16, from_float32
+from mlptrain.probe.features import encode_split, extract_features
+from mlptrain.training.checkpoint import load_checkpoint
 from tests.conftest import DATA_DIR
 
 TRAIN_ROWS = [0, 1, 17, 2500, 59999]  # a few rows, the last one included
@@ -135,8 +135,8 @@ def test_bf16_activations_are_saved_as_their_exact_float32_values(tiny_runs):
 def test_cuda_extraction_matches_the_cpu_backend(rng):
     """encode_split on the CUDA backend (the simulator in CI) against the NumPy one, same parameters,
     a tiny autoencoder on 8x8 images."""
-    from mlptrain.backend import get_backend
-    from mlptrain.config import config_from_dict
+    from mlptrain.backends.selection import get_backend
+    from mlptrain.config.schema import config_from_dict
     from tests.nn.test_autoencoder import tiny_images
 
     config = config_from_dict({"data": {"dataset": "cifar10"}, "model": {"type": "conv_autoencoder",

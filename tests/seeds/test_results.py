@@ -10,7 +10,7 @@ from mlptrain.errors import UserError
 from mlptrain.seeds.report import check_comparable, compare_table, seeds_table
 from mlptrain.seeds.results import final_metrics, load_result
 from mlptrain.seeds.runner import MAX_SEED, parse_seeds, seeds_record
-from mlptrain.statistics import spread
+from mlptrain.seeds.statistics import spread
 
 MNIST = {"name": "mnist", "train": 55000, "val": 5000, "test": 10000, "subset": False}
 

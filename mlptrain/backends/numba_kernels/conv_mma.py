@@ -1,0 +1,137 @@
+"""The convolutions' implicit GEMMs on tensor cores, for bf16 / fp16 storage (CUDA backend).
+
+conv.py's three passes with gemm_mma's tile product in place of gemm's: the
+same im2col operands read as raw 16-bit bits, summed in float32 by mma
+instructions, and the same epilogues and two-pass weight gradient. conv.py
+dispatches here for 16-bit storage when `fits`: the pixel-row passes read
+their im2col side in channel pairs (one uint32 load each), so the channels
+summed must be even; the weight gradient sums pixels and takes any shape.
+
+    forward          y  = act(im2col(x) @ w + b)        A: x viewed (N, H, W, Cin / 2) uint32    B: w (K, Cout)
+    backward input   dx = (im2col(dy) @ w') * act'(h)    A: dy viewed as uint32 pairs             B: flipped w (K, Cin)
+    backward weight  partials = im2col(x).T @ dy         A: x (16-bit)                             B: dy (pixels, Cout)
+
+No atomics: each output is summed by one warp in a fixed order, and the
+weight gradient's chunks are added in chunk order, so results are bitwise
+reproducible. The launchers are the second half of conv's, which have checked
+every argument.
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import config, cuda, float32
+
+from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.numba_kernels import chunks, gemm_mma, streams, tiles
+from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
+from mlptrain.backends.numba_kernels.im2col import image_columns_operand, image_rows_operand
+from mlptrain.backends.numba_kernels.precision import codec
+from mlptrain.backends.numba_kernels.tiles import dense_operand
+
+KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
+TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
+
+
+SIMULATED_CAPABILITY = (8, 0)  # the simulator emulates the mma as a GPU of compute capability 8.0 runs it
+
+
+@functools.cache
+def capability():
+    """This GPU's compute capability, which decides whether the passes run here (conv_plan); older
+    GPUs keep conv's CUDA-core tiles."""
+    return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else tuple(cuda.get_current_device().compute_capability)
+
+
+def _grid(rows, columns, tile):
+    BM, BN = tile[:2]
+    return math.ceil(columns / BN), math.ceil(rows / BM)
+
+
+def _options(tile):
+    return {} if config.ENABLE_CUDASIM else {"launch_bounds": (gemm_mma.threads(tile),)}
+
+
+def _pairs(array):
+    """A C-contiguous 16-bit array viewed as uint32 pairs along its last axis."""
+    return array.view(np.uint32)
+
+
+# --- the pixel-row passes: forward and backward input ---------------------------------
+
+@functools.cache
+def _make_pixel_rows(tile, dtype, size, backward):
+    """The forward's kernel (x, w, b, y, activation): y = act(im2col(x) @ w + b); with `backward`,
+    the input gradient's (dy, flipped, h, dx, activation): dx = (im2col(dy) @ flipped) * act'(h).
+    The two differ only in their epilogue, which takes the same arguments."""
+    BM, BN = tile[:2]
+    layout = gemm_mma.layout(tile)
+    TM, TN = layout.TM, layout.TN
+    load, store = codec(dtype)
+    tile_product = gemm_mma.make_tile_product(
+        tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    bias_activation, activation_grad = tiles.make_epilogues(layout, load, store)
+    epilogue = activation_grad if backward else bias_activation
+
+    # Block (by, bx) owns pixels by*BM:+BM and channels bx*BN:+BN of the output; each warp sums its
+    # part over every (tap, summed channel) and writes it through the epilogue. The input gradient
+    # is a gather over the flipped kernel: each dx[pixel, cin] summed by one warp. No atomics.
+    @kernel_cache.jit(**_options(tile))
+    def conv2d_pixel_rows_mma_kernel(a, w, c, out, activation):
+        pixels, columns = out.shape  # out viewed (N*H*W, C); w (KS*KS*C_summed, C) as uint16
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        acc = cuda.local.array((TM, TN), float32)
+        if tile_product(a, w, acc, m0, n0, pixels, columns, 0, w.shape[0]):
+            epilogue(acc, c, out, m0, n0, pixels, columns, activation)
+
+    return conv2d_pixel_rows_mma_kernel
+
+
+def forward(x, w, b, y, activation):
+    """conv.conv2d_forward on tensor cores; x's Cin even."""
+    N, H, W, Cin = x.shape
+    size, _, _, Cout = w.shape
+    pixels = N * H * W
+    _make_pixel_rows(TILE, x.dtype, size, False)[_grid(pixels, Cout, TILE), gemm_mma.threads(TILE), streams.current()](
+        _pairs(x), w.reshape(size * size * Cin, Cout).view(np.uint16), b, y.reshape(pixels, Cout), activation)
+
+
+def backward_input(dy, flipped, h, dx, activation):
+    """conv.conv2d_backward_input on tensor cores, from the kernel rearranged by conv.flip_kernel
+    into a (KS*KS*Cout, Cin) matrix; dy's Cout even."""
+    N, H, W, Cin = dx.shape
+    size = math.isqrt(flipped.shape[0] // dy.shape[3])
+    pixels = N * H * W
+    _make_pixel_rows(TILE, dy.dtype, size, True)[_grid(pixels, Cin, TILE), gemm_mma.threads(TILE), streams.current()](
+        _pairs(dy), flipped.view(np.uint16), h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation)
+
+
+# --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
+
+def weight_plan(x_shape, w_shape):
+    """(chunk, chunks, most chunks) of the pixel chunks (chunks.blocks_chunk_plan)."""
+    N, H, W, Cin = x_shape
+    size, _, _, Cout = w_shape
+    return chunks.blocks_chunk_plan(N * H * W, math.prod(_grid(size * size * Cin, Cout, TILE)))
+
+
+@functools.cache
+def _make_weight_partials(tile, dtype, size):
+    product = gemm_mma.make_tile_product(
+        tile, image_columns_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    return chunks.make_weight_partials(product, gemm_mma.layout(tile), tile[:2], **_options(tile))
+
+
+def weight_partials(x, dy, size, workspace):
+    """The (chunks, KS*KS*Cin * Cout) partial sums of the weight gradient in `workspace`, each over one
+    pixel chunk of weight_plan, for chunks.add_chunks to add."""
+    N, H, W, Cin = x.shape
+    Cout = dy.shape[3]
+    pixels, rows = N * H * W, size * size * Cin
+    chunk, chunks, _ = weight_plan(x.shape, (size, size, Cin, Cout))
+    partials = workspace[:chunks * rows * Cout].reshape(chunks, rows, Cout)
+    gx, gy = _grid(rows, Cout, TILE)
+    _make_weight_partials(TILE, x.dtype, size)[(gx, gy, chunks), gemm_mma.threads(TILE), streams.current()](
+        x.view(np.uint16), dy.reshape(pixels, Cout).view(np.uint16), partials, chunk)
+    return partials.reshape(chunks, rows * Cout)

@@ -1,0 +1,200 @@
+"""Tile products on tensor cores for 16-bit operands (CUDA backend).
+
+The mixed-precision twin of gemm's tile product: the same `Operand`s (a
+stored matrix, or a convolution's im2col read on the fly), the same
+(a, b, acc, m0, n0, M, N, k_begin, k_end) call and the same epilogues, but
+the products run as tensor_core.mma instructions on bf16 / fp16 inputs with
+float32 accumulators. CUDA-core FMAs had topped out at 21-22 TFLOP/s in the
+autoencoder's convolutions, in every precision.
+
+A tile is (BM, BN, WM, WN): a block of WM x WN warps computes a BM x BN tile
+of the output, each warp a (BM / WM) x (BN / WN) part of it in 16 x 8
+fragments. K advances in slices of BK = 32. Both operands are staged in
+shared memory as [row, k pair]: one uint32 holds the 16-bit values of k and
+k + 1 of one row, which is what an mma fragment register holds, so each
+fragment register is one 4-byte shared load. The row pitch of BK / 2 + 4
+words puts the 8 rows x 4 k pairs a fragment load touches on 32 distinct
+banks.
+
+An operand supplies its elements as raw bits (uint32): a k-contiguous one
+(`k_contiguous`) as *pairs*, read from the array viewed as uint32 (its K must
+be even), a k-strided one as single 16-bit values, two of which a thread
+packs. Each warp loads a k-contiguous slice along k (16 threads a row) and a
+k-strided one as 8 adjacent rows x 4 k pairs (stores on distinct banks).
+
+Every output is summed by one warp in a fixed order (the mma sequence over
+k), with no atomics, so results are bitwise reproducible on one GPU model.
+"""
+
+from numba import config, cuda, float32, int64, uint32, uint64
+
+from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.numba_kernels import tiles
+from mlptrain.backends.numba_kernels.tensor_core import mma
+
+BK = 32  # k a slice: two m16n8k16 steps
+PAIRS = BK // 2
+PITCH = PAIRS + 4  # uint32 words a staged row
+
+
+@kernel_cache.device
+def bits(v):
+    """A stored 16-bit value (or a uint32 pair of them) as uint32 bits."""
+    return uint32(v)
+
+
+@kernel_cache.device
+def bits_zero():
+    return uint32(0)
+
+
+def _tile_shape(tile):
+    BM, BN, WM, WN = tile
+    if BM % (16 * WM) or BN % (8 * WN) or BM % 8 or BN % 8:
+        raise ValueError(f"tile {tile}: warps must cover 16 x 8 fragments")
+    return BM, BN, WM, WN, BM // WM // 16, BN // WN // 8, 32 * WM * WN
+
+
+def threads(tile):
+    return _tile_shape(tile)[6]
+
+
+def _make_stage(operand, ROWS, THREADS):
+    """(rows, load, store, loads): a block's share of one BK x ROWS slice of an operand. Unit e of
+    the ROWS x PAIRS units is (row, k pair) `unit(e)`; thread t takes units t, t + THREADS, ...: the
+    codes of their rows once per tile, their bits into registers once per slice, then to shared
+    memory at row * PITCH + pair."""
+    _, row, column, fetch, along_k = operand
+    UNITS = ROWS * PAIRS
+    LOADS = UNITS // THREADS
+    if UNITS % THREADS:
+        raise ValueError(f"{UNITS} units of a slice do not split over {THREADS} threads")
+
+    @kernel_cache.device
+    def unit(e):
+        if along_k:
+            return e // PAIRS, e % PAIRS
+        return (e // (8 * PAIRS)) * 8 + e % 8, (e // 8) % PAIRS
+
+    @kernel_cache.device
+    def rows(array, geometry, codes, i0, I, t):
+        for l in range(LOADS):
+            r, _ = unit(t + l * THREADS)
+            codes[l] = row(array, geometry, i0 + r, I)
+
+    @kernel_cache.device
+    def load(array, geometry, codes, regs, k0, K, t):
+        for l in range(LOADS):
+            _, p = unit(t + l * THREADS)
+            k = k0 + 2 * p
+            if along_k:  # the array holds pairs: pair k / 2 of K / 2
+                regs[l] = fetch(array, geometry, codes[l], column(array, geometry, k >> 1, K >> 1))
+            else:
+                low = fetch(array, geometry, codes[l], column(array, geometry, k, K))
+                high = fetch(array, geometry, codes[l], column(array, geometry, k + 1, K))
+                regs[l] = low | (high << uint32(16))
+
+    @kernel_cache.device
+    def store(shared, regs, t):
+        for l in range(LOADS):
+            r, p = unit(t + l * THREADS)
+            shared[r * PITCH + p] = regs[l]
+
+    return rows, load, store, LOADS
+
+
+def layout(tile):
+    """The tiles.Layout of make_tile_product's threads: acc[2 i + h, 2 j + c] is fragment (i, j)'s
+    register 2 h + c, output row (warp's first) + 16 i + 8 h + lane // 4, column (warp's first) +
+    8 j + 2 (lane % 4) + c."""
+    BM, BN, WM, WN, FM, FN, _ = _tile_shape(tile)
+
+    @kernel_cache.device
+    def row_of(m0, i):
+        warp, lane = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
+        return m0 + (warp // WN) * (BM // WM) + 16 * (i >> 1) + 8 * (i & 1) + lane // 4
+
+    @kernel_cache.device
+    def col_of(n0, j):
+        warp, lane = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
+        return n0 + (warp % WN) * (BN // WN) + 8 * (j >> 1) + 2 * (lane % 4) + (j & 1)
+
+    return tiles.Layout(2 * FM, 2 * FN, row_of, col_of)
+
+
+def make_tile_product(tile, a_operand, b_operand, kind):
+    """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this
+    thread's outputs (see `layout`), on tensor cores for 16-bit inputs of `kind`; always True (every
+    thread holds complete sums). Elements outside (M, N) and [k_begin, k_end) read as zero; k_begin
+    must be even. The next slice is fetched into registers while the current one is multiplied."""
+    BM, BN, WM, WN, FM, FN, THREADS = _tile_shape(tile)
+    rows_a, load_a, store_a, A_LOADS = _make_stage(a_operand, BM, THREADS)
+    rows_b, load_b, store_b, B_LOADS = _make_stage(b_operand, BN, THREADS)
+    prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
+    product = mma(kind)
+    ROW_STEP = 8 * PITCH  # a fragment's rows g and g + 8
+    A_WORDS, B_WORDS = BM * PITCH, BN * PITCH
+
+    if config.ENABLE_CUDASIM:  # the simulator takes no alignment, and tells shared arrays apart by line
+        @kernel_cache.device
+        def slices():
+            As = cuda.shared.array(A_WORDS, uint32)
+            Bs = cuda.shared.array(B_WORDS, uint32)
+            return As, Bs
+    else:
+        @kernel_cache.device
+        def slices():
+            As = cuda.shared.array(A_WORDS, uint32, alignment=16)
+            Bs = cuda.shared.array(B_WORDS, uint32, alignment=16)
+            return As, Bs
+
+    @kernel_cache.device
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        a = cuda.local.array((FM, 4), uint32)
+        b = cuda.local.array((FN, 2), uint32)
+        for s in range(0, PAIRS, 8):  # the slice's two k16 steps
+            for i in range(FM):
+                p = a_first + uint64(16 * i * PITCH + s)
+                a[i, 0], a[i, 1] = As[p], As[p + uint64(ROW_STEP)]
+                a[i, 2], a[i, 3] = As[p + uint64(4)], As[p + uint64(ROW_STEP + 4)]
+            for j in range(FN):
+                p = b_first + uint64(8 * j * PITCH + s)
+                b[j, 0], b[j, 1] = Bs[p], Bs[p + uint64(4)]
+            for i in range(FM):
+                for j in range(FN):
+                    (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
+                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
+                        a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
+                        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
+
+    @kernel_cache.device
+    def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
+        As, Bs = slices()
+        a_regs = cuda.local.array(A_LOADS, uint32)
+        b_regs = cuda.local.array(B_LOADS, uint32)
+        a_codes = cuda.local.array(A_LOADS, int64)
+        b_codes = cuda.local.array(B_LOADS, int64)
+        ga, gb = prepare_a(a), prepare_b(b)
+        t = cuda.threadIdx.x
+        warp, lane = t // 32, t % 32
+        a_first = uint64(((warp // WN) * (BM // WM) + lane // 4) * PITCH + lane % 4)
+        b_first = uint64(((warp % WN) * (BN // WN) + lane // 4) * PITCH + lane % 4)
+        for i in range(2 * FM):
+            for j in range(2 * FN):
+                acc[i, j] = float32(0)
+        rows_a(a, ga, a_codes, m0, M, t)
+        rows_b(b, gb, b_codes, n0, N, t)
+        load_a(a, ga, a_codes, a_regs, k_begin, k_end, t)
+        load_b(b, gb, b_codes, b_regs, k_begin, k_end, t)
+        for k0 in range(k_begin, k_end, BK):
+            store_a(As, a_regs, t)
+            store_b(Bs, b_regs, t)
+            cuda.syncthreads()
+            if k0 + BK < k_end:
+                load_a(a, ga, a_codes, a_regs, k0 + BK, k_end, t)
+                load_b(b, gb, b_codes, b_regs, k0 + BK, k_end, t)
+            multiply_slice(As, Bs, a_first, b_first, acc)
+            cuda.syncthreads()
+        return True
+
+    return tile_product

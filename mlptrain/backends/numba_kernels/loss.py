@@ -1,0 +1,159 @@
+"""Fused losses, forward + backward in one launch (CUDA backend)."""
+
+import functools
+import math
+
+from numba import cuda, float32, int32
+
+from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.numba_kernels import streams
+from mlptrain.backends.numba_kernels.checks import require, require_one_of
+from mlptrain.backends.numba_kernels.data import checked_cursor
+from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+
+THREADS = 128
+
+
+@functools.cache
+def _make_softmax_cross_entropy(dtype):
+    load, store = codec(dtype)
+
+    # One thread per row: it owns row_loss/row_correct[offset + i] and the
+    # whole row dlogits[i], so no atomics. Rows are short (classes), three
+    # passes over the row (max, sum of exp, gradient) stay in L1.
+    @kernel_cache.jit
+    def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
+                                     loss_scale):
+        i = cuda.grid(1)
+        rows, classes = logits.shape
+        if i >= rows:
+            return
+        offset += cursor[0]
+        best, best_index = load(logits[i, 0]), 0
+        for j in range(1, classes):
+            if load(logits[i, j]) > best:  # strict: the first maximum wins, as np.argmax
+                best, best_index = load(logits[i, j]), j
+        total = float32(0)
+        for j in range(classes):
+            total += math.exp(load(logits[i, j]) - best)
+        label = labels[i]
+        if 0 <= label < classes:
+            row_loss[offset + i] = math.log(total) - (load(logits[i, label]) - best)
+        else:  # a bad label shows up as a NaN loss instead of a wild read
+            row_loss[offset + i] = float32(math.nan)
+        row_correct[offset + i] = int32(1) if best_index == label else int32(0)
+        scale = grad_scale * float32(loss_scale[0])
+        for j in range(classes):
+            p = math.exp(load(logits[i, j]) - best) / total
+            if j == label:
+                p -= float32(1)
+            dlogits[i, j] = store(p * scale)
+
+    return softmax_cross_entropy_kernel
+
+
+def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
+                          cursor=None):
+    """Per row i of logits (M, C) with integer label labels[i]:
+
+    row_loss[offset + i]    = logsumexp(logits[i]) - logits[i, labels[i]]
+    row_correct[offset + i] = argmax(logits[i]) == labels[i]   (first max wins)
+    dlogits[i]              = (softmax(logits[i]) - onehot(labels[i])) * grad_scale * loss_scale[0]
+
+    logits and dlogits share a storage format; the loss is computed in float32.
+    grad_scale is a host float (1 / samples in the optimizer window); loss_scale
+    a 1-element float64 device array (fp16's dynamic loss scale, else 1), read
+    on the device. Labels are int32 in [0, C); a label outside gives a NaN loss.
+    """
+    require_one_of("logits", logits, STORAGE_DTYPES, (None, None))
+    rows, classes = logits.shape
+    require("labels", labels, "int32", (rows,))
+    require("dlogits", dlogits, logits.dtype, (rows, classes))
+    require("row_loss", row_loss, "float32", (None,))
+    require("row_correct", row_correct, "int32", (None,))
+    require("loss_scale", loss_scale, "float64", (1,))
+    if classes == 0:
+        raise ValueError("logits must have at least one class column")
+    if offset < 0 or offset + rows > min(row_loss.shape[0], row_correct.shape[0]):
+        raise ValueError(
+            f"rows {offset}..{offset + rows} do not fit row_loss ({row_loss.shape[0]}) "
+            f"and row_correct ({row_correct.shape[0]})"
+        )
+    if rows == 0:
+        return
+    blocks = math.ceil(rows / THREADS)
+    _make_softmax_cross_entropy(logits.dtype)[blocks, THREADS, streams.current()](
+        logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset, float32(grad_scale), loss_scale
+    )
+
+
+# --- mean squared error ------------------------------------------------------------
+
+MSE_THREADS = 256  # the most threads per row; D = 3072 gives each 12 elements
+
+
+@functools.cache
+def _make_mse(dtype):
+    load, store = codec(dtype)
+
+    # Block i owns row i: doutput[i] and row_loss[offset + i], so no atomics.
+    # Thread t takes elements t, t + blockDim, ... (coalesced), writes their
+    # gradients and sums their squares in order; a shared-memory tree whose
+    # pairing depends only on blockDim then adds the threads' sums, so every
+    # run adds in the same order.
+    @kernel_cache.jit
+    def mse_kernel(output, target, doutput, row_loss, cursor, offset, coefficient, loss_scale):
+        partial = cuda.shared.array(MSE_THREADS, float32)
+        i, t, threads = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
+        width = output.shape[1]
+        scale = coefficient * float32(loss_scale[0])
+        total = float32(0)
+        for j in range(t, width, threads):
+            d = load(output[i, j]) - load(target[i, j])
+            total += d * d
+            doutput[i, j] = store(d * scale)
+        partial[t] = total
+        cuda.syncthreads()
+        half = threads // 2
+        while half > 0:
+            if t < half:
+                partial[t] += partial[t + half]
+            cuda.syncthreads()
+            half //= 2
+        if t == 0:
+            row_loss[cursor[0] + offset + i] = partial[0] / float32(width)
+
+    return mse_kernel
+
+
+def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale, cursor=None):
+    """Per row i of output (M, D) against target (M, D):
+
+    row_loss[offset + i] = mean over j of (output[i, j] - target[i, j])^2
+    doutput[i]           = 2 (output[i] - target[i]) / D * grad_scale * loss_scale[0]
+
+    output, target and doutput share a storage format; the loss is float32,
+    computed in float32. grad_scale is a host float (1 / samples in the
+    optimizer window; 0 evaluates only); loss_scale a 1-element float64 device
+    array (fp16's dynamic loss scale, else 1), read on the device. 2 / D *
+    grad_scale is rounded to float32 on the host, then multiplied by the loss
+    scale on the device.
+    """
+    require_one_of("output", output, STORAGE_DTYPES, (None, None))
+    rows, width = output.shape
+    require("target", target, output.dtype, (rows, width))
+    require("doutput", doutput, output.dtype, (rows, width))
+    require("row_loss", row_loss, "float32", (None,))
+    require("loss_scale", loss_scale, "float64", (1,))
+    if width == 0:
+        raise ValueError("output must have at least one column")
+    if offset < 0 or offset + rows > row_loss.shape[0]:
+        raise ValueError(f"rows {offset}..{offset + rows} do not fit row_loss ({row_loss.shape[0]})")
+    if rows == 0:
+        return
+    # a power of two (the tree halves it), no more threads than a row has elements, at least a warp
+    threads = min(MSE_THREADS, max(32, 1 << (width - 1).bit_length()))
+    coefficient = float32(2.0 / width * grad_scale)
+    _make_mse(output.dtype)[rows, threads, streams.current()](
+        output, target, doutput, row_loss, checked_cursor(cursor), offset, coefficient, loss_scale)
+

@@ -1,0 +1,91 @@
+"""Dense layers as GEMMs with fused epilogues (NumPy backend).
+
+Layout: x (M, K) row-major activations, w (K, N) weights, b (N,), y (M, N).
+Activations and weights share one storage format (float32, float16, or bf16 in
+uint16); products are computed in float32 and rounded to the format once, as
+the CUDA kernels do. Weight gradients are float32.
+"""
+
+import numpy as np
+
+from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.dtypes import from_float32, round_to_storage, to_float32
+
+LOW_PRECISION = (np.dtype(np.float16), np.dtype(np.uint16))
+
+
+def _apply_activation(y, activation):
+    if activation == RELU:
+        np.maximum(y, 0.0, out=y)
+    elif activation == TANH:
+        np.tanh(y, out=y)
+    elif activation == SIGMOID:
+        np.negative(y, out=y)
+        with np.errstate(over="ignore"):  # exp(-z) = inf for z << 0 gives 1 / (1 + inf) = 0: exact
+            np.exp(y, out=y)
+        y += 1.0
+        np.reciprocal(y, out=y)
+    elif activation != NONE:
+        raise ValueError(f"unknown activation code {activation}")
+
+
+def _activation_grad(h, activation):
+    """d act / d z expressed through the activation's output h."""
+    if activation == RELU:
+        return (h > 0).astype(h.dtype)
+    if activation == TANH:
+        return 1.0 - h * h
+    if activation == SIGMOID:
+        return h * (1.0 - h)
+    raise ValueError(f"unknown activation code {activation}")
+
+
+def linear_forward(x, w, b, y, activation):
+    """y = act(x @ w + b)."""
+    if y.dtype not in LOW_PRECISION:
+        np.matmul(x, w, out=y)
+        y += b
+        _apply_activation(y, activation)
+        return
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        z = to_float32(x) @ to_float32(w)
+        z += to_float32(b)
+    if activation in (TANH, SIGMOID):  # the CUDA kernel rounds z before the squash: so do we
+        z = round_to_storage(z, y.dtype)
+    _apply_activation(z, activation)
+    y[...] = from_float32(z, y.dtype)
+
+
+def linear_backward_input(dy, w, h, dx, activation):
+    """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
+    if dx.dtype not in LOW_PRECISION:
+        np.matmul(dy, w.T, out=dx)
+        if activation != NONE:
+            dx *= _activation_grad(h, activation)
+        return
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        grad = to_float32(dy) @ to_float32(w).T
+    if activation != NONE:  # the CUDA kernel rounds the product before the activation's derivative
+        grad = round_to_storage(grad, dx.dtype) * _activation_grad(to_float32(h), activation)
+    dx[...] = from_float32(grad, dx.dtype)
+
+
+def linear_backward_weight_workspace(batch, inputs, outputs):
+    """The NumPy twin sums through BLAS and needs no workspace: 0 elements."""
+    return 0
+
+
+def linear_variants(rows, inputs, outputs, workspace=True):
+    """Every pass runs through NumPy's BLAS here."""
+    return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
+
+
+def linear_backward_weight(x, dy, dw, beta, workspace=None):
+    """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32; workspace is not used."""
+    x, dy = to_float32(x), to_float32(dy)
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        if beta == 0.0:
+            np.matmul(x.T, dy, out=dw)
+        else:
+            dw *= beta
+            dw += x.T @ dy

@@ -1,0 +1,81 @@
+"""The optimizer step over the flat buffers (NumPy backend).
+
+The same three calls as the CUDA backend: `reduce.sum_of_squares`,
+`finish_step` (the very rules the CUDA kernel compiles, from
+`mlptrain.optim.step_state`) and one in-place update that reads its scalars from the
+step state. The formulas are documented in `mlptrain.optim.optimizers`.
+"""
+
+import numpy as np
+
+from mlptrain.dtypes import from_float32
+from mlptrain.optim import step_state
+from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
+
+
+def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
+                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
+    """See `mlptrain.optim.step_state.finish_step`."""
+    step_state.finish_step(partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
+                           bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
+                           float(growth_interval))
+
+
+def _scalars(state):
+    return np.float32(state[LR]), np.float32(state[GRAD_MULTIPLIER])
+
+
+def _write_compute(param, compute):
+    if compute is not param:
+        compute[...] = from_float32(param, compute.dtype)
+
+
+def sgd_update(param, grad, compute, state, weight_decay):
+    """p -= lr * (g + wd * p), g the summed gradient times the step's multiplier."""
+    if state[APPLY] == 0:
+        return
+    lr, multiplier = _scalars(state)
+    g = grad * multiplier
+    if weight_decay:
+        g += np.float32(weight_decay) * param
+    param -= lr * g
+    _write_compute(param, compute)
+
+
+def momentum_update(param, grad, velocity, compute, state, momentum, weight_decay, nesterov):
+    """g' = g + wd p; v = mu v + g'; p -= lr * (g' + mu v if nesterov else v)"""
+    if state[APPLY] == 0:
+        return
+    lr, multiplier = _scalars(state)
+    g = grad * multiplier
+    if weight_decay:
+        g += np.float32(weight_decay) * param
+    velocity *= np.float32(momentum)
+    velocity += g
+    step = g + np.float32(momentum) * velocity if nesterov else velocity
+    param -= lr * step
+    _write_compute(param, compute)
+
+
+def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled):
+    """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
+    come from the step state."""
+    if state[APPLY] == 0:
+        return
+    lr, multiplier = _scalars(state)
+    # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
+    one_minus_beta1, one_minus_beta2 = np.float32(1.0 - beta1), np.float32(1.0 - beta2)
+    beta1, beta2 = np.float32(beta1), np.float32(beta2)
+    g = grad * multiplier
+    if weight_decay and decoupled:
+        param *= np.float32(1) - lr * np.float32(weight_decay)
+    elif weight_decay:
+        g += np.float32(weight_decay) * param
+    m *= beta1
+    m += one_minus_beta1 * g
+    v *= beta2
+    v += one_minus_beta2 * g * g
+    step_size = lr / np.float32(state[BIAS_CORRECTION1])
+    denom = np.sqrt(v) / np.float32(state[BIAS_CORRECTION2]) + np.float32(eps)
+    param -= step_size * m / denom
+    _write_compute(param, compute)

@@ -1,0 +1,32 @@
+"""Deterministic reductions (NumPy backend)."""
+
+import numpy as np
+
+from mlptrain.dtypes import to_float32
+
+PARTIALS = 256
+
+
+def bias_backward_workspace(rows, columns):
+    """The NumPy twin needs no workspace."""
+    return 0
+
+
+def bias_backward(dy, db, beta, workspace=None):
+    """db = beta * db + sum over rows of dy; dy in any storage format, db float32 (workspace unused)."""
+    total = to_float32(dy).sum(axis=0, dtype=np.float32)
+    if beta == 0.0:
+        db[...] = total
+    else:
+        db *= beta
+        db += total
+
+
+def sum_of_squares(x, partials):
+    """partials[b] = the sum of x[i]^2 over block b's share of x; sum(partials) = ||x||^2.
+
+    The NumPy twin puts the whole sum (in float64) in partials[0].
+    """
+    partials[...] = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN gradients must show up, not warn
+        partials[0] = np.dot(x.astype(np.float64), x.astype(np.float64))

@@ -1,0 +1,1 @@
+"""Training one run: the loop (loop.py) and the collaborators it calls."""

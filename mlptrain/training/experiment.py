@@ -1,0 +1,111 @@
+"""One experiment: a validated config, the backend and data it needs, and its run directory.
+
+`mlptrain run` trains one experiment; a sweep trains many in one process, so
+`Resources` keeps each backend and dataset once and the trials share them (and,
+on the GPU, numba's compiled kernels with them).
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from pathlib import Path
+
+from mlptrain.backends.selection import cuda_usable, get_backend
+from mlptrain.config.rules import check_validation
+from mlptrain.config.schema import RESOLVED, Config, read_yaml, resolved_dict
+from mlptrain.data import dataset_record, default_data_root, load_dataset
+from mlptrain.data.loader import check_val_size
+from mlptrain.errors import UserError
+from mlptrain.nn import check_model_input
+from mlptrain.runs.folders import create_run_dir, write_yaml
+from mlptrain.runs.lock import LOCK_NAME, lock_run, release_run
+
+
+class Resources:
+    """Backends by name and datasets by their data section, loaded on first use."""
+
+    def __init__(self):
+        self._backends = {}
+        self._datasets = {}
+
+    def dataset(self, config: Config):
+        """The config's dataset, checked against data.val_size and the model; raises UserError."""
+        data = config.data
+        key = (data.dataset, data.root, data.path, data.label)
+        if key not in self._datasets:
+            root = Path(data.root) if data.root else None
+            self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label)
+        check_val_size(self._datasets[key], data.val_size)
+        check_validation(config, "config", self._datasets[key].has_val_split)
+        check_model_input(config.model, self._datasets[key])
+        return self._datasets[key]
+
+    def prepare(self, config: Config, start_compilers: bool = False):
+        """(backend, dataset) for `config`; raises UserError. start_compilers: on a GPU with no compiled
+        kernels yet, start the compile workers before loading the data (a run that will train)."""
+        if config.backend not in self._backends:
+            self._backends[config.backend] = get_backend(config.backend)
+            if start_compilers:
+                self._backends[config.backend].start_compilers()
+        return self._backends[config.backend], self.dataset(config)
+
+
+def check_inputs(config: Config) -> None:
+    """What `Resources.prepare` checks, without starting a GPU context: for a process that only
+    starts workers, which take the GPUs."""
+    if config.backend == "cuda" and not cuda_usable():
+        get_backend("cuda")  # raises its one-line reason
+    Resources().dataset(config)
+
+
+def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False,
+               dataset=None, backend: str | None = None) -> Path:
+    """The new run directory, locked for this process and holding the resolved config (see
+    `create_run_dir` for the name) and, given the dataset, what the run read (`run_config`)."""
+    run_dir = create_run_dir(runs_dir, name, stem, suffix_on_clash)
+    try:
+        lock_run(run_dir, "the run")  # held while this process works in it
+        write_yaml(run_dir / "config.yaml", run_config(config, dataset, backend))
+    except BaseException:  # a full disk or Ctrl-C here: no run folder holding only its lock is left behind
+        release_run(run_dir)
+        with suppress(OSError):  # the folder was made just above, so nothing else is in it
+            (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            run_dir.rmdir()
+        raise
+    return run_dir
+
+
+def run_config(config: Config, dataset=None, backend: str | None = None) -> dict:
+    """What a run's config.yaml holds: the config as the run uses it (`run_record`: overrides applied, the
+    backend it runs on, the data folder it reads, its own model type's keys), and under `resolved` what
+    the run actually read (the dataset: `mlptrain.data.dataset_record`)."""
+    document = run_record(config, backend)
+    if dataset is not None:
+        document[RESOLVED] = {"dataset": dataset_record(dataset, config.data.val_size)}
+    return document
+
+
+def run_record(config: Config, backend: str | None = None) -> dict:
+    """The config as a run records it: `backend` the one it runs on (auto resolved), `data.root` the
+    folder it reads, and only its own model type's keys (mlptrain.config.schema.resolved_dict)."""
+    return resolved_dict(config, backend, data_root(config))
+
+
+def data_root(config: Config) -> Path:
+    """The folder the config's dataset is read from."""
+    return Path(config.data.root) if config.data.root else default_data_root()
+
+
+def check_same_dataset(run_dir: Path, config: Config, dataset) -> None:
+    """Refuse to resume `run_dir` on other data than it started with: the checksum its config.yaml
+    recorded must be the loaded dataset's (a run written before the record existed is not checked)."""
+    raw = read_yaml(run_dir / "config.yaml")
+    resolved = raw.get(RESOLVED) if isinstance(raw, dict) else None
+    recorded = resolved.get("dataset") if isinstance(resolved, dict) else None
+    if not isinstance(recorded, dict) or "checksum" not in recorded:
+        return
+    now = dataset_record(dataset, config.data.val_size)
+    if now["checksum"] != recorded["checksum"]:
+        raise UserError(f"--resume {run_dir}: its data changed since the run started ({now['location']} has "
+                        f"checksum {now['checksum']}, the run recorded {recorded['checksum']} from "
+                        f"{recorded.get('location')}); resume with the data it started with")

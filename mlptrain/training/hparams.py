@@ -1,0 +1,47 @@
+"""A run's entry in TensorBoard's HParams dashboard: its hyperparameters, written into the run's own event
+file (so the dashboard lists each run once, under its own name).
+
+Only the session is written (its start info: the hyperparameters; its end info), no experiment summary:
+the dashboard then builds the table from every session it finds, marks the hyperparameters whose values
+differ between runs and lists those first (a sweep's varied keys lead, the constant ones follow), and
+takes its metric columns from the runs' own scalars (`val/acc`, `test/loss`, ...: their last values), so
+no one-point `hparam/*` charts are needed.
+"""
+
+from __future__ import annotations
+
+from mlptrain.config.schema import Config, resolved_dict
+
+
+def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
+    """Dotted keys to scalar values (lists and None as text) of the config as the run used it (see
+    `resolved_dict`), with the effective batch size; the description is left out."""
+    def flatten(values: dict, prefix: str):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                yield from flatten(value, f"{prefix}{key}.")
+            elif key != "description":
+                yield prefix + key, str(value) if isinstance(value, (list, type(None))) else value
+
+    values = dict(flatten(resolved_dict(config, backend, data_root), ""))
+    values["train.effective_batch_size"] = config.train.effective_batch_size
+    return values
+
+
+def write_session(writer, values: dict) -> None:
+    """The session start and end infos of `values` into a tensorboardX SummaryWriter's own event file."""
+    from tensorboardX.summary import hparams
+
+    _, start, end = hparams(values, {})
+    writer.file_writer.add_summary(start)
+    writer.file_writer.add_summary(end)
+
+
+def log_session(run_dir, values: dict) -> None:
+    """`write_session` for a run whose writer is closed (a sweep trial that was pruned or failed): a new
+    event file in the run's own directory, which TensorBoard reads as the same run."""
+    from tensorboardX import SummaryWriter
+
+    # the suffix keeps it apart from the run's own file, whose name may carry the same second
+    with SummaryWriter(logdir=str(run_dir), filename_suffix=".hparams") as writer:
+        write_session(writer, values)

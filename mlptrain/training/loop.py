@@ -1,0 +1,232 @@
+"""The training loop.
+
+An epoch is a sequence of windows of `batch_size * grad_accum_steps` samples taken in the epoch's order
+(a function of seed and epoch only, so the windows do not depend on how they are split); each window is
+ONE optimizer step (mlptrain.training.window). Per-sample losses and hits land in device buffers indexed by
+position in the epoch; the host reads them, and the step state, every `train.log_every` optimizer steps
+(mlptrain.training.monitor): the loop's only synchronisation. After each epoch: evaluation (mlptrain.training.evaluation),
+checkpoints, and at the end the run summary (mlptrain.training.summary).
+
+Checkpoints record the position (epoch, window) and everything that evolves, so a run stopped by
+Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: see mlptrain.training.resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mlptrain.data.loader import epoch_order
+from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
+from mlptrain.runs.folders import write_yaml
+from mlptrain.runs.lock import check_space
+from mlptrain.runs.records import RunLogger, console, write_json
+from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.training.compilation import compile_kernels, kernel_records
+from mlptrain.training.experiment import data_root, run_config
+from mlptrain.training.fallbacks import warn
+from mlptrain.training.hparams import hparam_values, write_session
+from mlptrain.training.monitor import TrainingMonitor
+from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restore
+from mlptrain.training.session import Session
+from mlptrain.training.summary import GRAD_NORMS, run_summary
+from mlptrain.util.atomic import atomic_write
+from mlptrain.util.regular_file import read_regular_text
+
+
+def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
+          records: dict | None = None) -> dict:
+    """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json.
+
+    `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
+    written to metrics.jsonl (epoch, step, val_*/test_* metrics); an exception it raises stops the
+    run there (a sweep prunes a trial this way) after that epoch's checkpoint is written.
+    `resume` continues from a checkpoint of this run (mlptrain.training.resume.prepare_resume). When
+    `stop.signum` becomes set, the loop writes `last` after the current optimizer step and raises
+    TrainingInterrupted. `records` are extra summary fields. On a resumed run `wall_s` covers the resumed
+    part, `wall_s_total` the whole run. With train.early_stopping the run may end before train.epochs,
+    with the best epoch's parameters restored."""
+    s.stop = stop
+    check_space(run_dir, 3 * checkpoint_bytes(s) + 2**20, "its checkpoints")  # last, best and a temporary
+    start = _resume(s, resume, run_dir) if resume is not None else Position()
+    _announce(s, run_dir)
+    records = {**compile_kernels(s), **(records or {})}
+    logger = RunLogger(run_dir)
+    try:
+        with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window) as monitor:
+            finished = resume is not None and resume.finished  # killed after its last checkpoint: only the summary
+            best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
+            last = _last_record(s, run_dir, start, logger) if finished else {}
+            for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
+                done = train_epoch(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
+                if done < s.steps_per_epoch:
+                    _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
+                last = s.evaluator.epoch_record(s.val, s.test, epoch, s.step.read()["steps"], logger)
+                best, stopped = _after_evaluation(s, run_dir, last, best)
+                if on_evaluation is not None:
+                    on_evaluation(last)
+                if stopped:
+                    break
+                if s.stop_requested and epoch < s.config.train.epochs:
+                    _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
+        trained, last = last["epoch"], _restore_best(s, run_dir, last, best)
+        records = {"epochs": trained, "best_epoch": best.best_epoch, "stopped_early": stopped,
+                   "restored_best": last["epoch"] != trained, "resumed": resume is not None, **records,
+                   **kernel_records(s, run_dir.name)}
+        summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
+        write_session(logger.writer, hparam_values(s.config, s.backend.name, data_root(s.config)))
+    except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
+        raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
+                        "intact") from None
+    finally:
+        logger.close()
+    save_grad_norms(run_dir / GRAD_NORMS, s.step)
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
+    """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on. Each
+    `train.log_every` steps, and at the epoch's end, the host reads the per-sample losses since the
+    last read and the step state (the loop's only synchronisation) and hands `on_read` a dict of
+    epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
+    acc, samples and seconds. Returns the windows done: fewer than `s.steps_per_epoch` when a stop
+    was requested."""
+    config, window = s.config, s.config.train.effective_batch_size
+    s.window.start_epoch(epoch_order(s.train, config.seed, epoch))
+    t_window, read_from = time.perf_counter(), first_window * window
+    for i in range(first_window, s.steps_per_epoch):
+        start = i * window
+        rows = min(window, s.train.size - start)
+        s.window.run(start, rows)
+        if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
+            t_window, read_from = _read(s, epoch, i, read_from, start + rows, t_window, on_read)
+        if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
+            return i + 1
+    return s.steps_per_epoch
+
+
+def _read(s: Session, epoch: int, i: int, read_from: int, read_to: int, t_window: float, on_read):
+    """Hand `on_read` the metrics of samples [read_from, read_to) of the epoch; returns the next
+    window's (start time, read_from)."""
+    loss, acc = s.evaluator.mean_loss_and_accuracy(s.window.row_loss, s.window.row_correct, read_from, read_to)
+    state = s.step.read()
+    on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": state["steps"], "lr": state["lr"],
+             "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
+             "loss": loss, "acc": acc, "samples": read_to - read_from, "seconds": time.perf_counter() - t_window})
+    return time.perf_counter(), read_to
+
+
+def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
+    # before anything is written: a mismatched checkpoint changes nothing
+    start = restore(resume, s.model, s.step, s.plateau, s.selection[0], s.steps_per_epoch)
+    s.wall_before = start.wall_s
+    write_yaml(run_dir / "config.yaml", run_config(s.config, s.dataset, s.backend.name))  # train.epochs may have grown
+    console.print(f"resuming {run_dir} after epoch {start.epoch}"
+                  f"{f' and {start.window} steps' if start.window else ''}")
+    return start
+
+
+def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
+    """The evaluation record of the checkpoint's epoch, from metrics.jsonl (written before the checkpoint);
+    evaluated again (the same parameters, so the same numbers) when the file lost it."""
+    try:
+        lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # a damaged line (RecursionError: nested too deeply)
+            continue
+        if isinstance(record, dict) and record.get("epoch") == start.epoch:
+            return record
+    return s.evaluator.epoch_record(s.val, s.test, start.epoch, s.step.read()["steps"], logger)
+
+
+def checkpoint_bytes(s: Session) -> int:
+    """About what one checkpoint takes on disk: parameters, optimizer state, the per-step grad-norm record."""
+    params = s.model.layout.size
+    return 4 * params * (1 + len(s.step.optimizer.state)) + 8 * s.config.train.epochs * s.steps_per_epoch
+
+
+def _announce(s: Session, run_dir: Path) -> None:
+    """One warning line per fallback known so far, then the run's shape."""
+    for note in s.fallbacks:
+        warn(note)
+    t = s.config.train
+    console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {s.backend.device_name}, "
+                  f"{t.precision}; {s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; "
+                  f"effective batch {t.effective_batch_size} (batch {t.batch_size} x {t.grad_accum_steps} "
+                  f"accumulated), {s.steps_per_epoch} optimizer steps per epoch")
+
+
+def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -> tuple[Position, bool]:
+    """Stop on a non-finite validation loss; step the plateau schedule; write the `last` (when due) and
+    `best` (when improved by more than train.early_stopping.min_delta) checkpoints. Returns the best value
+    so far of the selection metric with its epoch (as a Position's `best` and `best_epoch`), and whether
+    early stopping ends the run here."""
+    epoch, step = record["epoch"], record["step"]
+    val_loss = record["val_loss" if s.classifies else "val_mse"]
+    if not np.isfinite(val_loss) and s.val.size:
+        raise TrainingDiverged(f"the validation loss became {val_loss} after epoch {epoch} (optimizer step "
+                               f"{step}); the learning rate optim.lr={s.config.optim.lr} is likely too high")
+    if s.plateau is not None:  # before the checkpoint, which must hold the plateau's state after this epoch
+        metric = s.config.schedule.metric if s.classifies else "val_mse"
+        s.step.set_lr_factor(s.plateau.observe(record[metric]))
+    (key, higher_is_better), delta = s.selection, s.config.train.early_stopping.min_delta
+    value = record[key]
+    if best.best is None or (value > best.best + delta if higher_is_better else value < best.best - delta):
+        best = Position(epoch, 0, value, epoch)
+    stopped = s.stopping is not None and epoch - best.best_epoch >= s.stopping.patience and epoch < s.config.train.epochs
+    save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs or stopped
+    if save_last or best.best_epoch == epoch:
+        arrays = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
+        if save_last:
+            save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
+        if best.best_epoch == epoch:
+            save_checkpoint(run_dir / "checkpoints" / "best.npz", arrays)
+    if stopped:
+        console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
+                      f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
+                      "evaluation(s)")
+    return best, stopped
+
+
+def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict:
+    """With early stopping's restore_best, load `best` into the model (when a later epoch ended the run)
+    and evaluate it: the run ends with, and its summary reports, the best epoch's parameters. Returns the
+    evaluation record the summary reports."""
+    if s.stopping is None or not s.stopping.restore_best or best.best_epoch in (0, last["epoch"]):
+        return last
+    s.model.load_parameters(load_checkpoint(run_dir / "checkpoints" / "best.npz"), prefix="params/")
+    record = s.evaluator.record(s.val, s.test, best.best_epoch, last["step"])
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in ("epoch", "step"))
+    console.print(f"restored the parameters of epoch {best.best_epoch} (checkpoints/best.npz): {metrics}")
+    return record
+
+
+def _stop(s: Session, run_dir: Path, position: Position) -> None:
+    """Write `last` at `position` (after the optimizer step just finished) and raise TrainingInterrupted."""
+    save_checkpoint(run_dir / "checkpoints" / "last.npz", _checkpoint(s, position))
+    epoch = position.epoch + (1 if position.window else 0)
+    raise TrainingInterrupted(f"interrupted at epoch {epoch} step {s.step.read()['steps']}; "
+                              f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
+
+
+def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint of `s` at `position` (see mlptrain.training.resume.checkpoint_arrays), with the
+    run's seconds so far."""
+    position = dataclasses.replace(position, wall_s=s.wall_before + time.perf_counter() - s.started)
+    return checkpoint_arrays(s.model, s.step, s.plateau, position, s.config, s.selection[0])
+
+
+def save_grad_norms(path: Path, step) -> None:
+    """The pre-clip gradient norm of every optimizer step (float32, .npy), written atomically."""
+    history = np.asarray(step.grad_norm_history(0, step.read()["windows"]), np.float32)
+    with atomic_write(path, binary=True) as file:
+        np.save(file, history)

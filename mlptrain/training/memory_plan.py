@@ -1,0 +1,196 @@
+"""What a run needs in memory, estimated from its config before anything is allocated or written.
+
+The estimate lays the run's buffers out with the real constructors (model, optimizer state, training
+window, evaluator, resident data) on a `CountingBackend`, which records each allocation's bytes and
+hands back a zero-stride view instead of memory, so it follows the code as it changes. Per-step records
+(the lr table and the grad-norm record on the device; the lr table's construction, the monitor's reads
+and summary.json's grad_norm_history on the host) and the host copies made to initialise and
+checkpoint the parameters are added by their formulas. A config that does not fit is refused with one
+line that says what would: the batch size that fits (with accumulation to keep the effective batch),
+a smaller evaluation batch, or which part is too large.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+HEADROOM = 0.9  # of what is free: the allocator, the CUDA context and the interpreter need the rest
+DEVICE_BYTES_PER_STEP = 16  # the lr table and the grad-norm record, float64 each
+HOST_BYTES_PER_STEP = 120  # the lr table built through a Python list, grad_norm_history in summary.json
+MAX_TOTAL_STEPS = 2**31 - 1  # optimizer steps of a run: the device step counter and every per-step record
+
+
+class CountingBackend:
+    """A backend that allocates nothing: the bytes each `empty`, `zeros` or `to_device` would take are
+    added up, and a read-only zero-stride array of the asked shape stands in for the buffer."""
+
+    def __init__(self, backend):
+        self.backend, self.kernels, self.name = backend, backend.kernels, backend.name
+        self.bytes = 0
+
+    def _stand_in(self, shape, dtype):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = np.dtype(dtype)
+        self.bytes += math.prod(shape) * dtype.itemsize
+        return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape, strides=(0,) * len(shape),
+                                               writeable=False)
+
+    def empty(self, shape, dtype=np.float32):
+        return self._stand_in(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        return self._stand_in(shape, dtype)
+
+    def to_device(self, array):
+        array = np.asarray(array)
+        return self._stand_in(array.shape, array.dtype)
+
+
+@dataclass(frozen=True)
+class Need:
+    """Bytes a run needs: on its device (the host for the cpu backend) and on the host besides."""
+
+    device: int
+    host: int
+    per_row_device: int  # what one more row of the largest batch adds on the device
+
+
+def buffer_rows(config, train_size: int, eval_size: int) -> int:
+    """Rows the model's buffers hold: the larger of a micro-batch and an evaluation batch, neither
+    larger than its split (a batch beyond the split is never filled)."""
+    return max(min(config.train.batch_size, max(train_size, 1)), min(config.train.eval_batch_size, max(eval_size, 1)))
+
+
+def _device_bytes(config, backend, dataset, rows: int) -> tuple[int, int, int]:
+    """(device bytes, parameter count, optimizer steps) of the run's buffers with `rows` batch rows."""
+    from mlptrain.config.schema import steps_per_epoch
+    from mlptrain.data.loader import resident_splits
+    from mlptrain.nn import make_model
+    from mlptrain.optim import make_optimizer
+    from mlptrain.training.evaluation import Evaluator
+    from mlptrain.training.window import TrainingWindow
+
+    counting = CountingBackend(backend)
+    train, val, test = resident_splits(dataset, counting, config.data.val_size, config.seed)
+    model = make_model(config, counting, dataset, rows)
+    make_optimizer(config.optim, counting, model.params)
+    TrainingWindow(counting, model, None, train, 1.0, 0.0, config.train)
+    Evaluator(counting, model, config.train.eval_batch_size, max(val.size, test.size), 1.0, 0.0)
+    steps = config.train.epochs * steps_per_epoch(train.size, config.train)
+    return counting.bytes + DEVICE_BYTES_PER_STEP * min(steps, MAX_TOTAL_STEPS + 1), model.layout.size, steps
+
+
+def estimate(config, backend, dataset) -> tuple[Need, int, int]:
+    """(what the run needs, its batch rows, its optimizer steps) for a dataset already passed through
+    `nn.model_dataset`."""
+    n = len(dataset.train_images)
+    val_size = min(config.data.val_size, n)
+    rows = buffer_rows(config, n - val_size, max(val_size, len(dataset.test_images)))
+    device, params, steps = _device_bytes(config, backend, dataset, rows)
+    more, _, _ = _device_bytes(config, backend, dataset, rows + 1)
+    largest_layer = max((math.prod(s) for s in _layout(config, backend, dataset).shapes), default=0)
+    # initialisation draws each layer in float64; a checkpoint copies parameters and optimizer state twice
+    host = 8 * largest_layer + 2 * 4 * params * 4 + HOST_BYTES_PER_STEP * min(steps, MAX_TOTAL_STEPS + 1)
+    return Need(device, host, more - device), rows, steps
+
+
+def _layout(config, backend, dataset):
+    from mlptrain.nn import make_model
+
+    return make_model(config, CountingBackend(backend), dataset, 1).layout
+
+
+def available(backend) -> tuple[int | None, int | None]:
+    """(free device bytes, available host bytes); None where unknown. The cpu backend's device is the host."""
+    host = host_available()
+    if backend.name != "cuda":
+        return host, host
+    try:
+        from numba import cuda
+
+        free, _ = cuda.current_context().get_memory_info()
+        return int(free), host
+    except Exception:  # the simulator, or a driver that will not say: the allocation itself will tell
+        return None, host
+
+
+def host_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**28 else f"{n / 2**20:,.1f} MiB"
+
+
+def check_fits(config, backend, dataset) -> None:
+    """Refuse, with one line saying what would fit, a run whose buffers exceed the memory free now."""
+    need, rows, steps = estimate(config, backend, dataset)
+    if steps > MAX_TOTAL_STEPS:
+        raise UserError(f"train.epochs={config.train.epochs}: {steps:,} optimizer steps; a run takes at most "
+                        f"{MAX_TOTAL_STEPS:,} (its step counter and per-step records)")
+    device_free, host_free = available(backend)
+    where = "GPU" if backend.name == "cuda" else "host"
+    device_need = need.device + (need.host if backend.name != "cuda" else 0)
+    if device_free is not None and device_need > HEADROOM * device_free:
+        raise UserError(f"the run needs about {gib(device_need)} of {where} memory and {gib(device_free)} is free; "
+                        f"{_what_fits(config, need, rows, device_need - HEADROOM * device_free, steps)}")
+    if backend.name == "cuda" and host_free is not None and need.host > HEADROOM * host_free:
+        raise UserError(f"the run needs about {gib(need.host)} of host memory and {gib(host_free)} is available; "
+                        f"{_what_fits(config, need, rows, need.host - HEADROOM * host_free, steps)}")
+
+
+def _what_fits(config, need: Need, rows: int, excess: float, steps: int) -> str:
+    t = config.train
+    fewer = math.ceil(excess / need.per_row_device) if need.per_row_device else rows
+    fits, parts = rows - fewer, []
+    if fits >= 1 and t.batch_size > fits:
+        accumulate = math.ceil(t.batch_size * t.grad_accum_steps / fits)
+        parts.append(f"train.batch_size={fits} train.grad_accum_steps={accumulate}")
+    if fits >= 1 and t.eval_batch_size > fits:
+        parts.append(f"train.eval_batch_size={fits}")
+    if parts:
+        return f"{' '.join(parts)} would fit (the effective batch kept by accumulating)"
+    if steps * (DEVICE_BYTES_PER_STEP + HOST_BYTES_PER_STEP) > excess:
+        return f"its {steps:,} optimizer steps' records alone do not; lower train.epochs"
+    return "its model alone does not; make model.hidden or model.channels smaller"
+
+
+def check_model_fits(config, backend, dataset, rows: int, flag: str) -> None:
+    """Refuse a model with `rows` batch rows and the whole dataset resident (feature extraction) that
+    exceeds the memory free now, naming the `flag` value that would fit."""
+    from mlptrain.data.loader import whole_split
+    from mlptrain.nn import make_model
+
+    def need(r: int) -> int:
+        counting = CountingBackend(backend)
+        whole_split(counting, dataset.train_images, dataset.train_labels)
+        whole_split(counting, dataset.test_images, dataset.test_labels)
+        make_model(config, counting, dataset, r)
+        return counting.bytes + 4 * (len(dataset.train_images) + len(dataset.test_images)) * \
+            math.prod(dataset.image_shape)  # the float32 features on the host, at most as wide as the input
+
+    free, _ = available(backend)
+    total = need(rows)
+    if free is None or total <= HEADROOM * free:
+        return
+    per_row = max(need(rows + 1) - total, 1)
+    fits = rows - math.ceil((total - HEADROOM * free) / per_row)
+    hint = f"{flag} {fits} would fit" if fits >= 1 else "even one image at a time does not fit"
+    raise UserError(f"{flag} {rows}: needs about {gib(total)} of {'GPU' if backend.name == 'cuda' else 'host'} "
+                    f"memory and {gib(free)} is free; {hint}")

@@ -1,0 +1,69 @@
+"""What the host does with each metric read of the training loop (every `train.log_every` optimizer
+steps and at each epoch's end, the loop's only synchronisation): stop on a non-finite loss, log the
+scalars, move the progress bar, and keep the throughput the run summary reports."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mlptrain.errors import TrainingDiverged
+from mlptrain.runs.records import console
+from mlptrain.training.progress import training_progress
+
+
+class TrainingMonitor:
+    """A context (the progress bar's lifetime) that is called with each read: a dict of epoch,
+    step_in_epoch, step, lr, grad_norm, loss_scale, skipped, loss, acc, samples and seconds."""
+
+    def __init__(self, logger, config, steps_per_epoch: int, classifies: bool, epoch: int = 0, window: int = 0):
+        """`epoch` epochs and `window` steps of the next are done already (a resumed run)."""
+        self.logger, self.config, self.per_epoch, self.classifies = logger, config, steps_per_epoch, classifies
+        self.done = (epoch, window)
+        self.seconds, self.samples, self.rates = 0.0, 0, []  # time in training steps, samples, each read's rate
+
+    def __enter__(self) -> "TrainingMonitor":
+        epoch, window = self.done
+        self.progress = training_progress(console).__enter__()
+        self.started, self.steps_at_start = time.monotonic(), epoch * self.per_epoch + window
+        self.task = self.progress.add_task("train", total=self.per_epoch, completed=window, epoch=epoch + 1,
+                                           epochs=self.config.train.epochs, loss=None, acc=None, rate=0.0,
+                                           ends_at=None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.update(self.task, ends_at=time.monotonic())  # stopped early or not: nothing left to wait for
+        self.progress.__exit__(*exc)
+
+    def __call__(self, w: dict) -> None:
+        if not np.isfinite(w["loss"]):
+            raise TrainingDiverged(
+                f"the training loss became {w['loss']} at optimizer step {w['step']} (epoch {w['epoch']}); "
+                f"the learning rate optim.lr={self.config.optim.lr} is likely too high")
+        rate = w["samples"] / w["seconds"]
+        self.seconds += w["seconds"]
+        self.samples += w["samples"]
+        self.rates.append(rate)
+        scalars = {"train/loss": w["loss"], "opt/lr": w["lr"], "opt/grad_norm": w["grad_norm"],
+                   "perf/samples_per_s": rate}
+        if self.classifies:
+            scalars["train/acc"] = w["acc"]
+        if self.config.train.precision == "fp16":
+            scalars.update({"amp/loss_scale": w["loss_scale"], "amp/skipped_steps": w["skipped"]})
+        self.logger.scalars(w["step"], scalars)
+        done = (w["epoch"] - 1) * self.per_epoch + w["step_in_epoch"]
+        # the run's average pace since this process started training (evaluations included): a steady ETA
+        pace = (time.monotonic() - self.started) / max(done - self.steps_at_start, 1)
+        remaining = self.config.train.epochs * self.per_epoch - done
+        self.progress.update(self.task, completed=w["step_in_epoch"], epoch=w["epoch"], loss=w["loss"],
+                             acc=w["acc"] if self.classifies else None, rate=self.samples / self.seconds,
+                             ends_at=time.monotonic() + remaining * pace)
+
+    def throughput(self) -> dict:
+        """summary.json's samples_per_s (the median over reads: the steady state, without the first
+        launches' JIT compilation), mean_samples_per_s and train_s."""
+        if not self.rates:  # a resumed run that only had its summary left to write
+            return {"samples_per_s": None, "mean_samples_per_s": None, "train_s": 0.0}
+        return {"samples_per_s": float(np.median(self.rates)), "mean_samples_per_s": self.samples / self.seconds,
+                "train_s": self.seconds}

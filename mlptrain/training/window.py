@@ -1,0 +1,107 @@
+"""One optimizer step over a window of samples, and the CUDA graph that replays it.
+
+A window is `train.batch_size * train.grad_accum_steps` samples taken in the epoch's order: for each
+micro-batch, gather + normalise it on the device, forward, the loss (its gradient scaled by 1 / samples
+in the window), and backward adding into the flat float32 gradient buffer; then ONE optimizer step
+(`OptimizerStep`: norm, device-side loss scaling / skip / clipping / lr, fused update). Per-sample losses
+and hits land in `row_loss` / `row_correct`, indexed by position in the epoch, for the host to read
+where it synchronises anyway.
+
+The window's position is read on the device from `cursor`, which the step advances on the device, so
+consecutive windows need no host copy (a copy from pageable memory would wait for the GPU). On a GPU
+the first full window runs launch by launch (compiling the kernels), then its launches are captured as
+one CUDA graph that every later full window replays: the same kernels with the same arguments, so the
+results are bitwise those of launching them one by one. Where no graph can be captured, the launches
+go one by one; on a CUDA backend that is a fallback (one warning line, recorded in summary.json).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mlptrain.training.fallbacks import warn
+
+
+class TrainingWindow:
+    """The epoch's order, per-sample results and device cursor of the training split, allocated once
+    (their addresses never change, so a captured graph stays valid), and the launches of one step."""
+
+    def __init__(self, backend, model, step, split, scale: float, shift: float, train_config):
+        self.backend, self.model, self.step, self.split = backend, model, step, split
+        self.scale, self.shift = scale, shift  # pixel -> pixel * scale + shift, in the gather kernel
+        self.batch_size, self.full_rows = train_config.batch_size, train_config.effective_batch_size
+        self.order = backend.empty((split.size,), np.int32)  # refilled in place each epoch
+        self.row_loss = backend.empty((split.size,))
+        self.row_correct = backend.empty((split.size,), np.int32)
+        self.cursor = backend.zeros((1,), np.int64)  # the window's start in the order: a replay reads it
+        self.cursor_at: int | None = None  # where the device cursor stands after the launches queued so far
+        self.graph = None
+        self.graph_tried = not train_config.cuda_graphs  # nothing to try when they are off
+        self.graphs_off = None if train_config.cuda_graphs else "train.cuda_graphs is false"
+        self.fallback: str | None = None  # the warning line when a CUDA backend runs without a graph
+        self.first_step_at: float | None = None  # time.time() when the first step was queued (summary.json)
+
+    def start_epoch(self, order: np.ndarray) -> None:
+        """Load the epoch's order (a host copy, then a synchronisation: the loop's clock starts after it)."""
+        self.backend.copy_from_host(self.order, order)
+        self.backend.synchronize()
+
+    def run(self, start: int, rows: int) -> None:
+        """One optimizer step over the `rows` samples at `start` in the epoch's order: its micro-batches add
+        up the gradient of the window's mean loss (so the update equals one batch of `rows`), then one
+        update. A full window replays the graph once there is one."""
+        if self.cursor_at != start:
+            self.backend.copy_from_host(self.cursor, np.array([start], np.int64))
+        full = rows == self.full_rows
+        if full and self.graph is not None:
+            self.graph.replay()
+        else:
+            self._launches(rows)
+            if full and not self.graph_tried:
+                self.graph_tried = True
+                self._capture(rows)
+        self.cursor_at = start + rows
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+
+    def plan(self, rows: int) -> None:
+        """The launches of a window of `rows` samples, for kernel_cache.planning to record (they do not run
+        there, and nothing here changes)."""
+        self._launches(rows)
+
+    def _launches(self, rows: int) -> None:
+        """The launches of one window of `rows` samples at the device cursor, which the last one advances."""
+        k = self.backend.kernels
+        s, model = self.split, self.model
+        for offset in range(0, rows, self.batch_size):
+            n = min(self.batch_size, rows - offset)
+            x, labels = model.batch(n)
+            k.data.gather_batch(s.images, s.labels, self.order, offset, x, labels, self.scale, self.shift, self.cursor)
+            model.forward(n)
+            model.loss(n, self.row_loss, self.row_correct, offset, 1.0 / rows, self.step.loss_scale, self.cursor)
+            model.backward(n, beta=0.0 if offset == 0 else 1.0)
+        self.step(model.params.flat, model.grads.flat, model.compute.flat)
+        k.data.advance_cursor(self.cursor, rows)
+
+    def _capture(self, rows: int) -> None:
+        """Record a full window's launches as a graph; where none is recorded, say why."""
+        try:
+            self.graph = self.backend.capture(lambda: self._launches(rows))
+        except RuntimeError as err:  # the driver refused the capture: launch one by one, as without graphs
+            self.graphs_off = f"the driver refused the capture ({err})"
+            self.fallback = warn(f"no CUDA graph ({err}); launching kernels one by one")
+            return
+        if self.graph is None:
+            self.graphs_off = self.backend.graphs_unavailable()
+            if self.backend.name == "cuda":
+                self.fallback = warn(f"no CUDA graph ({self.graphs_off}); launching kernels one by one")
+
+    def graphs_record(self) -> dict:
+        """summary.json's `cuda_graphs` (whether full windows replayed a graph) and `cuda_graphs_off` (why
+        not; None when they did)."""
+        off = self.graphs_off
+        if self.graph is None and off is None:
+            off = "no full window (train.batch_size x train.grad_accum_steps samples) ran"
+        return {"cuda_graphs": self.graph is not None, "cuda_graphs_off": off}

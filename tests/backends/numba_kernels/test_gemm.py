@@ -1,0 +1,147 @@
+"""CUDA GEMM kernels against float64 references, for every block tile.
+
+Shapes are (M, K, N) of the layer: x (M, K), w (K, N), y (M, N). They are tiny
+and awkward (1, 7, 33, 65, 130: not multiples of any tile) because on CI the
+kernels run under the CUDA simulator; tiny outputs pick the SMALL tile, and
+`test_every_tile` forces each tile on a shape whose K spans several K steps.
+The cases both backends run live in `tests.kernel_cases`.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.backends.numba_kernels import chunks, gemm, tiles
+from tests import kernel_cases as cases
+from tests.kernel_cases import hidden_output, random
+
+pytestmark = pytest.mark.gpu
+
+BACKEND = cases.numba_backend()
+ALL_ACTIVATIONS = [((7, 33, 65), activation) for activation in (NONE, RELU, TANH, SIGMOID)]
+
+
+def poisoned(shape):
+    return BACKEND.poisoned(shape)
+
+
+@pytest.mark.parametrize("shape, activation", [((1, 1, 1), RELU), *ALL_ACTIVATIONS, ((130, 70, 7), TANH)])
+def test_linear_forward(rng, shape, activation):
+    cases.linear_forward(BACKEND, rng, shape, activation)
+
+
+@pytest.mark.parametrize("shape, activation", [((1, 1, 1), RELU), *ALL_ACTIVATIONS, ((5, 9, 140), SIGMOID)])
+def test_linear_backward_input(rng, shape, activation):
+    cases.linear_backward_input(BACKEND, rng, shape, activation)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 33, 65), (130, 9, 7)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_linear_backward_weight(rng, shape, beta):
+    cases.linear_backward_weight(BACKEND, rng, shape, beta)
+
+
+def test_row_slices_of_a_larger_buffer(rng):
+    cases.row_slices_of_a_larger_buffer(BACKEND, rng, RELU)
+
+
+@pytest.mark.parametrize("tile", list(tiles.TILES))
+def test_every_tile(rng, monkeypatch, tile):
+    """Each tile, forced, on one shape: K = 70 spans several K steps of every
+    K-split group, and the outputs span several blocks of SMALL."""
+    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns: tile)
+    m, k, n = 37, 70, 45
+    x, w, b, dy, old = random(rng, m, k), random(rng, k, n), random(rng, n), random(rng, m, n), random(rng, k, n)
+    h = hidden_output(rng, (m, k), SIGMOID)
+    y, dx, dw = poisoned((m, n)), poisoned((m, k)), cuda.to_device(old)
+    gemm.linear_forward(cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), y, TANH)
+    gemm.linear_backward_input(cuda.to_device(dy), cuda.to_device(w), cuda.to_device(h), dx, SIGMOID)
+    gemm.linear_backward_weight(cuda.to_device(x), cuda.to_device(dy), dw, 1.0)
+    outputs = [a.copy_to_host() for a in (y, dx, dw)]
+    cases.check_layer((x, w, b, dy, h, old), outputs, TANH, SIGMOID, 1.0)
+
+
+def layer_twice(x, w, b, dy, h, activation):
+    """Host (y, dx, dw) of one layer's three GEMMs (beta 0), from two launches
+    on fresh poisoned outputs, with the two runs asserted bitwise equal."""
+    (m, k), n = x.shape, w.shape[1]
+    d_x, d_w, d_b, d_dy, d_h = (cuda.to_device(a) for a in (x, w, b, dy, h))
+    runs = []
+    for _ in range(2):
+        y, dx, dw = poisoned((m, n)), poisoned((m, k)), poisoned((k, n))
+        gemm.linear_forward(d_x, d_w, d_b, y, activation)
+        gemm.linear_backward_input(d_dy, d_w, d_h, dx, activation)
+        gemm.linear_backward_weight(d_x, d_dy, dw, 0.0)
+        runs.append([a.copy_to_host() for a in (y, dx, dw)])
+    for first, second in zip(*runs):
+        np.testing.assert_array_equal(first.view(np.uint32), second.view(np.uint32))
+    return runs[0]
+
+
+def test_bitwise_deterministic(rng):
+    m, k, n = 33, 17, 7
+    x, w, b, dy = random(rng, m, k), random(rng, k, n), random(rng, n), random(rng, m, n)
+    layer_twice(x, w, b, dy, hidden_output(rng, (m, k), TANH), TANH)
+
+
+def test_launchers_reject_bad_arguments(rng):
+    x, w, b, y = (cuda.to_device(a) for a in (random(rng, 4, 3), random(rng, 3, 2), random(rng, 2), random(rng, 4, 2)))
+    with pytest.raises(ValueError, match="w has shape"):
+        gemm.linear_forward(x, cuda.to_device(random(rng, 5, 2)), b, y, RELU)
+    with pytest.raises(ValueError, match="float32"):
+        gemm.linear_forward(x, w, b, cuda.to_device(np.zeros((4, 2))), RELU)
+    with pytest.raises(ValueError, match="w must be float16"):  # one storage format per product
+        gemm.linear_forward(cuda.to_device(np.zeros((4, 3), np.float16)), w, b, y, RELU)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gemm.linear_forward(cuda.to_device(random(rng, 4, 6))[:, :3], w, b, y, RELU)
+    with pytest.raises(ValueError, match="device array"):
+        gemm.linear_forward(x, random(rng, 3, 2), b, y, RELU)
+    with pytest.raises(ValueError, match="activation"):
+        gemm.linear_forward(x, w, b, y, 7)
+    with pytest.raises(ValueError, match="beta"):
+        gemm.linear_backward_weight(x, y, cuda.to_device(random(rng, 3, 2)), 0.5)
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("shape", [(128, 784, 512), (128, 512, 10), (1024, 1000, 777), (2048, 300, 4096)])
+def test_mlp_sizes_on_the_gpu(rng, shape):
+    """Realistic sizes (every tile gets used), each checked and launched twice."""
+    m, k, n = shape
+    x, w, b, dy = random(rng, m, k), random(rng, k, n), random(rng, n), random(rng, m, n)
+    h = hidden_output(rng, (m, k), RELU)
+    outputs = layer_twice(x, w, b, dy, h, RELU)
+    cases.check_layer((x, w, b, dy, h, np.zeros((k, n))), outputs, RELU, RELU, 0.0)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+@pytest.mark.parametrize("shape, activation", [((7, 33, 65), RELU), ((5, 20, 9), TANH), ((3, 9, 4), SIGMOID)])
+def test_low_precision_products(rng, dtype, shape, activation):
+    """fp16 / bf16 storage, float32 sums: the three products of a layer within the format's rounding."""
+    cases.linear_forward(BACKEND, rng, shape, activation, dtype)
+    cases.linear_backward_input(BACKEND, rng, shape, activation, dtype)
+    cases.linear_backward_weight(BACKEND, rng, shape, 1.0, dtype)
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+def test_low_precision_mlp_sizes_on_the_gpu(rng, dtype):
+    for shape in [(128, 784, 512), (128, 512, 10)]:
+        cases.linear_forward(BACKEND, rng, shape, RELU, dtype)
+        cases.linear_backward_input(BACKEND, rng, shape, RELU, dtype)
+        cases.linear_backward_weight(BACKEND, rng, shape, 0.0, dtype)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("shape", [(200, 7, 5), (131, 33, 9)])
+def test_backward_weight_summed_in_chunks(rng, monkeypatch, shape, beta):
+    """A long batch over a small output, given its workspace, is summed in chunks (chunks of 64 here,
+    the last one short) by separate blocks, then added in order."""
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 64)
+    m, k, n = shape
+    chunk, count, _ = chunks.chunk_plan(m, k, n, tiles.TILES[gemm.pick_tile(k, n)][0])
+    assert count > 1 and gemm.linear_backward_weight_workspace(m, k, n) >= count * k * n
+    cases.linear_backward_weight(BACKEND, rng, shape, beta, workspace=True)

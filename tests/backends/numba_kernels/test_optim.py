@@ -1,0 +1,107 @@
+"""CUDA optimizer updates against float64 references (the cases both backends
+run live in `tests.kernel_cases`)."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from mlptrain.backends import numpy_kernels
+from mlptrain.backends.numba_kernels import optim, reduce
+from mlptrain.optim.step_state import LOSS_SCALE, LR_FACTOR, SIZE
+from tests import kernel_cases as cases
+from tests import reference as ref
+from tests.kernel_cases import buffers, close
+
+pytestmark = pytest.mark.gpu
+
+BACKEND = cases.numba_backend()
+SIZES = [1, 300]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_sgd_update(rng, size, weight_decay):
+    cases.sgd_update(BACKEND, rng, size, weight_decay)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_update(rng, size, nesterov):
+    cases.momentum_update(BACKEND, rng, size, nesterov)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("weight_decay, decoupled", [(0.0, False), (0.1, False), (0.1, True)])
+@pytest.mark.parametrize("step", [1, 7])
+def test_adam_update(rng, size, weight_decay, decoupled, step):
+    cases.adam_update(BACKEND, rng, size, weight_decay, decoupled, step)
+
+
+def test_bitwise_deterministic(rng):
+    param, grad, m = buffers(rng, 77, 3)
+    v = np.abs(m)
+    results = []
+    for _ in range(2):
+        updated = cases.adam_run(BACKEND, param, grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 3)
+        results.append([a.view(np.uint32) for a in updated])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_launchers_reject_bad_arguments():
+    param = cuda.to_device(np.zeros(5, np.float32))
+    state = cases.state_for(BACKEND, 0.1)
+    with pytest.raises(ValueError, match="grad has shape"):
+        optim.sgd_update(param, cuda.to_device(np.zeros(4, np.float32)), param, state, 0.0)
+    with pytest.raises(ValueError, match="velocity must be float32"):
+        optim.momentum_update(param, param, cuda.to_device(np.zeros(5)), param, state, 0.9, 0.0, False)
+    with pytest.raises(ValueError, match="state has shape"):
+        optim.adam_update(param, param, param, param, param, state[:3], 0.9, 0.999, 1e-8, 0.0, False)
+    with pytest.raises(ValueError, match="compute must be"):
+        optim.sgd_update(param, param, cuda.to_device(np.zeros(5, np.int32)), state, 0.0)
+
+
+@pytest.mark.real_gpu
+def test_whole_mlp_buffer_on_the_gpu(rng):
+    """A 784-512-512-10 MLP's 670k parameters: more than one grid-stride pass."""
+    size = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    param, grad, m = buffers(rng, size, 3)
+    v = np.abs(m)
+    got_param, _, _, _ = cases.adam_run(BACKEND, param, grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, True, 5)
+    expected_param, _, _ = ref.adam_update(param, cases.MULTIPLIER * grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01,
+                                           True, 5)
+    close(got_param, expected_param, lr=1e-3)
+
+
+LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
+
+
+@LOW_PRECISION
+def test_updates_refresh_the_compute_copy(rng, dtype):
+    cases.sgd_update(BACKEND, rng, 300, 0.01, dtype)
+    cases.momentum_update(BACKEND, rng, 300, True, dtype)
+    cases.adam_update(BACKEND, rng, 300, 0.1, True, 3, dtype)
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_skipped_update_touches_nothing(rng, dtype):
+    cases.skipped_update_touches_nothing(BACKEND, rng, 300, dtype)
+
+
+def test_finish_step_kernel_follows_the_shared_rules(rng):
+    """The one-thread kernel and the NumPy backend run `step_state.finish_step`: same state after a
+    finite window, a clipped one and an inf one."""
+    table = np.linspace(1e-3, 1e-4, 5)
+    host = {"state": np.zeros(SIZE), "norms": np.zeros(4)}
+    host["state"][LOSS_SCALE], host["state"][LR_FACTOR] = 1024.0, 1.0
+    device = {k: cuda.to_device(v) for k, v in host.items()}
+    for partial_sum in (4.0 * 1024**2, 900.0 * 1024**2, np.inf):
+        partials = np.zeros(reduce.PARTIALS, np.float32)
+        partials[3] = partial_sum
+        rules = (2.0, 0.9, 0.999, True, 2.0, 0.5, 2)  # max_norm, betas, fp16 scaling: growth, backoff, interval
+        numpy_kernels.optim.finish_step(partials, host["state"], table, host["norms"], *rules)
+        optim.finish_step(cuda.to_device(partials), device["state"], cuda.to_device(table), device["norms"], *rules)
+        np.testing.assert_array_equal(device["state"].copy_to_host(), host["state"])
+    np.testing.assert_array_equal(device["norms"].copy_to_host(), host["norms"])
+    np.testing.assert_allclose(host["norms"][:2], [2.0, 30.0])
+

@@ -1,0 +1,158 @@
+"""The training loop on both backends: the CUDA graph (on the simulator in CI, on the GPU when
+present) must follow the NumPy graph step for step on a tiny synthetic dataset."""
+
+import numpy as np
+import pytest
+
+from mlptrain.backends.selection import CpuBackend, CudaBackend
+from mlptrain.config.schema import config_from_dict
+from mlptrain.data.dataset import ImageDataset
+from mlptrain.runs.records import console
+from mlptrain.training.loop import train_epoch
+from mlptrain.training.session import build_session
+from tests.conftest import ON_SIMULATOR
+
+OPTIMIZERS = [{"name": "sgd", "lr": 0.1}, {"name": "momentum", "lr": 0.05},
+              {"name": "adamw", "lr": 0.01, "weight_decay": 0.1}]
+
+
+def tiny_dataset(rng, features=10, classes=3, train=40, test=9):
+    def images(n):
+        return rng.integers(0, 256, (n, features), dtype=np.uint8)
+
+    return ImageDataset(name="tiny", train_images=images(train),
+                        train_labels=rng.integers(0, classes, train, dtype=np.uint8),
+                        test_images=images(test), test_labels=rng.integers(0, classes, test, dtype=np.uint8),
+                        image_shape=(1, 1, features), num_classes=classes, mean=0.5, std=0.25)
+
+
+def one_epoch_on_both_backends(config, dataset):
+    """[(parameters, metric reads, validation (loss, acc))] after one epoch on the NumPy, then the CUDA backend."""
+    results = []
+    for backend in (CpuBackend(), CudaBackend()):
+        session = build_session(config, backend, dataset)
+        reads = []
+        train_epoch(session, 1, reads.append)
+        results.append((session.model.params.to_host_dict(), reads, session.evaluator.evaluate(session.val)))
+    return results
+
+
+def assert_one_epoch_is_bitwise_repeatable_on_the_gpu(config, dataset):
+    """Two sessions with one seed, one epoch each on the CUDA backend: every parameter bit equal."""
+    runs = []
+    for _ in range(2):
+        session = build_session(config, CudaBackend(), dataset)
+        train_epoch(session, 1, lambda window: None)
+        runs.append(session.model.params.to_host_dict())
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
+
+
+@pytest.mark.gpu
+# the simulator takes ~25 s per case: it checks the wiring once; the optimizer kernels have their own tests
+@pytest.mark.parametrize("optim", OPTIMIZERS[-1:] if ON_SIMULATOR else OPTIMIZERS)
+def test_cuda_graph_matches_numpy_graph(rng, optim):
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6, 5]}, "optim": optim,
+                               "train": {"batch_size": 8, "eval_batch_size": 4, "log_every": 2}})
+    (cpu_params, cpu_reads, cpu_eval), (gpu_params, gpu_reads, gpu_eval) = one_epoch_on_both_backends(config, dataset)
+    for name in cpu_params:
+        np.testing.assert_allclose(gpu_params[name], cpu_params[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert [r["step"] for r in gpu_reads] == [r["step"] for r in cpu_reads] == [2, 4, 5]
+    np.testing.assert_allclose([r["loss"] for r in gpu_reads], [r["loss"] for r in cpu_reads], rtol=1e-4)
+    np.testing.assert_allclose(gpu_eval, cpu_eval, rtol=1e-4)
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_graphs_agree_on_the_gpu(rng, precision):
+    """fp16 / bf16 with accumulation and clipping: the backends round the same float32 sums, summed in
+    different orders, so they agree to the format's precision, not to float32's."""
+    dataset = tiny_dataset(rng, features=64, classes=10, train=600, test=50)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 50}, "model": {"hidden": [32]},
+                               "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1},
+                               "train": {"batch_size": 16, "grad_accum_steps": 3, "clip_grad_norm": 0.5,
+                                         "precision": precision}})
+    results = []
+    for backend in (CpuBackend(), CudaBackend()):
+        session = build_session(config, backend, dataset)
+        reads = []
+        train_epoch(session, 1, reads.append)
+        results.append((session.model.params.to_host_dict(), reads))
+    (cpu_params, cpu_reads), (gpu_params, gpu_reads) = results
+    assert [r["step"] for r in gpu_reads] == [r["step"] for r in cpu_reads]
+    for name in cpu_params:
+        np.testing.assert_allclose(gpu_params[name], cpu_params[name], rtol=0.05, atol=2e-3, err_msg=name)
+
+
+@pytest.mark.real_gpu
+def test_same_seed_gives_bitwise_identical_runs_on_the_gpu(rng):
+    dataset = tiny_dataset(rng, features=784, classes=10, train=3000, test=500)
+    config = config_from_dict({"seed": 5, "data": {"val_size": 500}, "model": {"hidden": [512, 512]},
+                               "train": {"batch_size": 128}})
+    assert_one_epoch_is_bitwise_repeatable_on_the_gpu(config, dataset)
+
+
+GRAPH_CASES = {
+    # accumulation over 3 micro-batches, and a partial last window (launched one by one) in every epoch
+    "mlp-fp32-accum": ({"model": {"hidden": [64, 32]}, "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1},
+                        "train": {"batch_size": 16, "grad_accum_steps": 3, "clip_grad_norm": 0.5}}, 64),
+    "mlp-fp16": ({"model": {"hidden": [64]}, "train": {"batch_size": 32, "precision": "fp16"}}, 64),
+    "autoencoder-bf16": ({"data": {"dataset": "cifar10", "val_size": 8}, "model": {"type": "conv_autoencoder", "channels": [8, 4]},
+                          "train": {"batch_size": 8, "precision": "bf16"}}, None),
+}
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("case", GRAPH_CASES)
+def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
+    """Two epochs with full windows replayed from one CUDA graph against the same two epochs launched one
+    by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used."""
+    options, features = GRAPH_CASES[case]
+    if features is None:
+        dataset = ImageDataset(name="tiny-rgb", train_images=rng.integers(0, 256, (90, 8 * 8 * 3), dtype=np.uint8),
+                               train_labels=rng.integers(0, 10, 90, dtype=np.uint8),
+                               test_images=rng.integers(0, 256, (10, 8 * 8 * 3), dtype=np.uint8),
+                               test_labels=rng.integers(0, 10, 10, dtype=np.uint8),
+                               image_shape=(3, 8, 8), num_classes=10, mean=0.5, std=0.25)
+    else:
+        dataset = tiny_dataset(rng, features=features, classes=10, train=700, test=50)
+    runs = []
+    for graphs in (True, False):
+        config = config_from_dict({"seed": 7, "data": {"val_size": 50}, **options,
+                                   "train": {**options["train"], "log_every": 3, "cuda_graphs": graphs}})
+        session = build_session(config, CudaBackend(), dataset)
+        reads = []
+        for epoch in (1, 2):
+            train_epoch(session, epoch, reads.append)
+        assert (session.window.graph is not None) == graphs
+        runs.append(({**session.model.params.to_host_dict(), **session.step.state_dict()},
+                     [(r["step"], r["loss"], r["grad_norm"]) for r in reads], session.evaluator.evaluate(session.val)))
+    (arrays, reads, val), (eager_arrays, eager_reads, eager_val) = runs
+    for name in eager_arrays:
+        np.testing.assert_array_equal(arrays[name], eager_arrays[name], err_msg=name)
+    assert reads == eager_reads and len(reads) > 4
+    np.testing.assert_array_equal(val, eager_val)
+
+
+def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
+    """A driver that refuses the graph capture costs speed, not the run: a warning, then the same
+    results as without graphs."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "log_every": 2}})
+    results = []
+    for refuse in (True, False):
+        backend = CpuBackend()
+        if refuse:
+            def capture(record):
+                raise RuntimeError("cuStreamBeginCapture failed: CUDA_ERROR_NOT_SUPPORTED")
+            monkeypatch.setattr(backend, "capture", capture)
+        session = build_session(config, backend, dataset)
+        with console.capture() as printed:
+            train_epoch(session, 1, lambda window: None)
+        assert session.window.graph is None and session.window.graph_tried
+        assert ("no CUDA graph (cuStreamBeginCapture failed" in printed.get()) == refuse
+        results.append(session.model.params.to_host_dict())
+    for name in results[0]:
+        np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)

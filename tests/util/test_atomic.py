@@ -1,0 +1,84 @@
+"""mlptrain.util.atomic: a file is replaced whole or not at all, and its data reach the disk before the rename."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from mlptrain.errors import UserError
+from mlptrain.runs.folders import write_yaml
+from mlptrain.runs.records import write_json
+from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.util import atomic
+
+
+def test_the_new_content_replaces_the_file_after_an_fsync(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    path.write_text("old")
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append("fsync") or real_fsync(fd))
+    monkeypatch.setattr(atomic.os, "replace", lambda a, b: events.append("replace") or real_replace(a, b))
+    write_json(path, {"test_acc": 0.5, "val_loss": float("nan")})
+    assert events == ["fsync", "replace"]
+    assert path.read_text() == '{\n  "test_acc": 0.5,\n  "val_loss": null\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_an_error_while_writing_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("old")
+    with pytest.raises(KeyError):
+        with atomic.atomic_write(path) as file:
+            file.write("half a file")
+            raise KeyError("boom")
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_checkpoint_survives(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.npz"
+    save_checkpoint(path, {"params/w": np.arange(3.0)})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    with pytest.raises(UserError, match=r"last\.npz: cannot write it \(No space left on device\)"):
+        save_checkpoint(path, {"params/w": np.zeros(3)})
+    np.testing.assert_array_equal(load_checkpoint(path)["params/w"], np.arange(3.0))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.npz"]
+
+
+def test_an_unwritable_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="not-a-folder/config.yaml: cannot write it"):
+        write_yaml(blocker / "config.yaml", {"seed": 0})
+
+
+def test_a_new_file_gets_the_umasks_permissions_like_any_file_the_user_writes(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic.write_text(tmp_path / "config.yaml", "seed: 0\n")
+        with atomic.replacing(tmp_path / "entry.kernel", durable=False) as file:
+            file.write(b"x")
+    finally:
+        os.umask(old)
+    # mkstemp's 0600 would hide a shared data root's downloads and caches from its other users
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {"config.yaml": 0o644,
+                                                                             "entry.kernel": 0o644}
+
+
+def test_a_cache_write_skips_the_fsync_and_an_interrupted_one_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: pytest.fail("a cache entry is checked when read"))
+    with atomic.replacing(tmp_path / "a.kernel", durable=False, prefix=".0123456789abcdef.") as file:
+        names = [p.name for p in tmp_path.iterdir()]
+        file.write(b"whole")
+    assert len(names) == 1 and names[0].startswith(".0123456789abcdef.") and names[0].endswith(".tmp")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.replacing(tmp_path / "a.kernel", durable=False) as file:
+            file.write(b"half")
+            raise KeyboardInterrupt
+    assert [(p.name, p.read_bytes()) for p in tmp_path.iterdir()] == [("a.kernel", b"whole")]
