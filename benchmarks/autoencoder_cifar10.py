@@ -51,7 +51,7 @@ def flops_per_image(channels=CHANNELS, side=32, kernel=3) -> float:
 
 def mlptrain_rates(dataset, args, batch, precision) -> list[float]:
     from mlptrain.backends.selection import get_backend
-    from mlptrain.config.schema import config_from_dict
+    from mlptrain.config.load import config_from_dict
     from mlptrain.data.loader import epoch_order
     from mlptrain.training.session import build_session
 

@@ -22,7 +22,7 @@ def main():
 
     from mlptrain.backends.kernel_cache import cache as kernel_cache
     from mlptrain.cli.configs import resolve_config
-    from mlptrain.config.schema import load_config
+    from mlptrain.config.load import load_config
     from mlptrain.training.compilation import plan_launches
     from mlptrain.training.experiment import Resources
     from mlptrain.training.session import build_session

@@ -39,7 +39,7 @@ def check_learning(tool: str, precision: str, loss: float, limit: float, when: s
 
 def mlptrain_epochs(dataset, args, precision) -> list[float]:
     from mlptrain.backends.selection import get_backend
-    from mlptrain.config.schema import config_from_dict
+    from mlptrain.config.load import config_from_dict
     from mlptrain.training.loop import train_epoch
     from mlptrain.training.session import build_session
 

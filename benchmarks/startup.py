@@ -37,7 +37,7 @@ import mlptrain
 marks['package'] = mlptrain.STARTED
 import mlptrain.cli
 marks['cli imported'] = time.time()
-import mlptrain.cli.run as run, mlptrain.config.schema as config, mlptrain.training.experiment as experiment
+import mlptrain.cli.run as run, mlptrain.config.load as config, mlptrain.training.experiment as experiment
 import mlptrain.training.session as session, mlptrain.training.loop as train, mlptrain.training.window as window
 
 def timed(owners, name, label):

@@ -82,7 +82,7 @@ def main() -> None:
 
     from mlptrain.backends import numba_kernels
     from mlptrain.backends.selection import get_backend
-    from mlptrain.config.schema import config_from_dict
+    from mlptrain.config.load import config_from_dict
     from mlptrain.data import load_dataset
     from mlptrain.data.loader import epoch_order
     from mlptrain.training.session import build_session

@@ -92,7 +92,7 @@ def tiny_runs(tmp_path_factory):
     if not (DATA_DIR / "mnist").is_dir():
         real_data_missing("real datasets")
     from mlptrain.cli.configs import resolve_config
-    from mlptrain.config.schema import load_config
+    from mlptrain.config.load import load_config
     from mlptrain.runs.lock import release_run
     from mlptrain.training.experiment import Resources, create_run
     from mlptrain.training.loop import train

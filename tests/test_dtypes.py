@@ -5,7 +5,7 @@ precision training on the CPU backend."""
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
+from mlptrain.backends.cpu import CpuBackend
 from mlptrain.dtypes import (
     STORAGE,
     bf16_from_float32,

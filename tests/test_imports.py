@@ -1,5 +1,6 @@
-"""The package's import graph: every module imports on its own, and no module imports one that imports
-it back (DESIGN: arrows point one way).
+"""The package's import graph: every module imports on its own, no module imports one that imports it back,
+no folder imports one that imports it back, and every arrow points down the layers below (DESIGN: arrows
+point one way). Only the backends import numba, and an import inside a function says why it is there.
 
 The graph is read from the source with `ast`, imports inside functions included (a deferred import
 hides a cycle from Python but not from a reader). `from mlptrain.a import b` is an arrow to the module
@@ -17,6 +18,19 @@ from pathlib import Path
 import mlptrain
 
 PACKAGE = Path(mlptrain.__file__).resolve().parent
+
+# The folders (and top-level modules) of the package, top to bottom: a module imports modules of its own
+# layer or of a lower one, never of a higher one. Within a layer, the folder graph must still have no loop.
+LAYERS = (
+    ("__main__", "cli"),  # the command
+    ("sweep", "seeds", "probe", "export"),  # workflows over many runs or over a trained run
+    ("inference",),  # a trained run loaded back
+    ("training",),  # one run: the loop and its collaborators
+    ("runs", "nn", "data", "backends"),  # run folders; models; datasets; devices and their kernels
+    ("optim", "config"),  # the step rules both kernel sets compile; the config schema
+    ("util",),  # files, paths, host memory, the console
+    ("errors", "activation", "dtypes", ""),  # "": the package's own __init__ (version, start time)
+)
 
 
 def modules() -> dict[str, Path]:
@@ -77,6 +91,88 @@ def test_the_import_graph_has_no_cycle():
     assert len(edges) > 40 and "mlptrain.training.loop" in edges["mlptrain.cli.run"] | edges["mlptrain.sweep.engine"]
     cycle = find_cycle(edges)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def folder(module: str) -> str:
+    """The package's folder (or top-level module) that `module` belongs to; "" for the package itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def folder_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    folders = {folder(name) for name in edges}
+    return {f: {folder(t) for name, targets in edges.items() if folder(name) == f for t in targets} - {f}
+            for f in folders}
+
+
+def test_the_folders_have_no_cycle():
+    cycle = find_cycle(folder_graph(graph()))
+    assert cycle is None, "import cycle between folders: " + " -> ".join(cycle)
+
+
+def test_every_folder_has_a_layer():
+    layered = {name for layer in LAYERS for name in layer}
+    assert {folder(name) for name in graph()} == layered
+
+
+def test_imports_point_down_the_layers():
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    upward = [f"{name} -> {target}" for name, targets in graph().items() for target in sorted(targets)
+              if rank[folder(target)] < rank[folder(name)]]
+    assert upward == [], "imports up the layers:\n" + "\n".join(upward)
+
+
+def test_a_loop_between_folders_is_seen():
+    """Two modules in different folders that import each other's folder (not each other) make a loop."""
+    edges = {"mlptrain.data.a": {"mlptrain.util.b"}, "mlptrain.util.b": set(), "mlptrain.util.c": {"mlptrain.data.d"},
+             "mlptrain.data.d": set()}
+    assert find_cycle(edges) is None
+    assert find_cycle(folder_graph(edges)) in (["data", "util", "data"], ["util", "data", "util"])
+
+
+def function_level_imports(path: Path):
+    """(line, imported module, the import's block has a comment) of each import inside a function. The
+    block is the import with the imports, comments and blank lines right above it in the function."""
+    source = path.read_text()
+    lines = source.splitlines()
+    for function in ast.walk(ast.parse(source, str(path))):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        imports = [node for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        starts = {line for node in imports for line in range(node.lineno, node.end_lineno + 1)}
+        for node in imports:
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            said = "#" in lines[node.end_lineno - 1]
+            line = node.lineno - 1
+            while not said and line > function.lineno:
+                text = lines[line - 1].strip()
+                if text.startswith("#"):
+                    said = True
+                elif text and line not in starts:
+                    break
+                line -= 1
+            yield node.lineno, module or "", said
+
+
+def test_only_the_backends_import_numba():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for name, path in modules().items()
+             if folder(name) != "backends" for line, module, _ in function_level_imports(path)
+             if module.split(".")[0] in ("numba", "llvmlite")]
+    for name, path in modules().items():
+        if folder(name) != "backends":
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "numba" for a in node.names) or \
+                        isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "numba":
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert found == []
+
+
+def test_an_import_inside_a_function_says_why():
+    """A deferred import keeps start-up fast (numba, onnx, a command's own modules) or it should be at the
+    top: a loop it dodges is a loop the graph above would have to see. Its block carries a comment."""
+    silent = [f"{path.relative_to(PACKAGE.parent)}:{line} ({module})" for path in modules().values()
+              for line, module, said in function_level_imports(path) if not said]
+    assert silent == [], "imports inside functions with no comment saying why:\n" + "\n".join(silent)
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -1,187 +1,14 @@
-"""The two backends behind one small interface.
+"""`backend: auto | cuda | cpu`: the backend a run gets.
 
-A `Backend` allocates arrays on its device, moves arrays between host and
-device, and exposes its kernel package as `kernels` (numba_kernels or
-numpy_kernels: same modules, same function names and signatures).
-Only `get_backend` imports numba, so the CPU path never pays for CUDA.
+`auto` asks the CUDA driver library first (milliseconds, no numba import) and takes the CPU with a noted
+fallback when no GPU is usable.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import math
-import os
-import sys
-
-import numpy as np
-
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend, cuda_unusable_reason
 from mlptrain.errors import UserError
-
-
-class CpuBackend:
-    name = "cpu"
-
-    def __init__(self, fallback: str | None = None):
-        from mlptrain.backends import numpy_kernels
-
-        self.kernels = numpy_kernels
-        self.device_name = "cpu (NumPy)"
-        self.fallbacks = [fallback] if fallback else []  # why this backend runs instead of the one asked for
-
-    def empty(self, shape, dtype=np.float32):
-        return np.empty(shape, dtype)
-
-    def zeros(self, shape, dtype=np.float32):
-        return np.zeros(shape, dtype)
-
-    def to_device(self, array):
-        return np.ascontiguousarray(array).copy()
-
-    def to_host(self, array):
-        return np.array(array, copy=True)
-
-    def copy_from_host(self, dst, src):
-        dst[...] = src
-
-    def synchronize(self):
-        pass
-
-    def capture(self, record):
-        """A replayable recording of the launches `record()` makes, or None where there is none (here)."""
-        return None
-
-    def graphs_unavailable(self) -> str | None:
-        """Why `capture` records nothing (None: it records)."""
-        return "the cpu backend launches no CUDA kernels"
-
-    def start_compilers(self):
-        """NumPy needs no compiling."""
-
-
-class CudaBackend:
-    name = "cuda"
-
-    def __init__(self):
-        import numba
-        from numba import cuda
-
-        from mlptrain.backends import numba_kernels
-
-        # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
-        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
-        self._cuda = cuda
-        self.kernels = numba_kernels
-        self.fallbacks = []
-        raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
-        self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
-
-    def empty(self, shape, dtype=np.float32):
-        with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
-            return self._cuda.device_array(shape, dtype)
-
-    def zeros(self, shape, dtype=np.float32):
-        with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
-            return self._cuda.to_device(np.zeros(shape, dtype))
-
-    def to_device(self, array):
-        array = np.ascontiguousarray(array)
-        with gpu_memory_errors(array.nbytes):
-            return self._cuda.to_device(array)
-
-    def to_host(self, array):
-        return array.copy_to_host()
-
-    def copy_from_host(self, dst, src):
-        dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype))
-
-    def synchronize(self):
-        self._cuda.synchronize()
-
-    def start_compilers(self):
-        """On a machine with no compiled kernels yet, start the processes that will compile them, so that
-        they start while the data loads (numba_kernels.kernel_cache)."""
-        from mlptrain.backends.kernel_cache import cache as kernel_cache
-
-        kernel_cache.start_workers_if_cold()
-
-    def capture(self, record):
-        """The launches `record()` makes, captured (not run) as a CUDA graph whose `replay()` queues them all
-        at once; None on the simulator."""
-        from mlptrain.backends.numba_kernels import streams
-
-        return streams.Graph(record) if streams.graphs_supported() else None
-
-    def graphs_unavailable(self) -> str | None:
-        """Why `capture` records nothing (None: it records)."""
-        from numba import config
-
-        from mlptrain.backends.numba_kernels import streams
-
-        if streams.graphs_supported():
-            return None
-        if config.ENABLE_CUDASIM:
-            return "the CUDA simulator cannot capture graphs"
-        return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
-
-
-OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
-@contextlib.contextmanager
-def gpu_memory_errors(nbytes: int):
-    """The driver's out-of-memory error on an allocation of `nbytes` as one line saying what to change (the
-    memory estimate, mlptrain.training.memory_plan, refuses what it knows cannot fit before anything is allocated; this
-    catches what it could not know: other processes on the GPU, fragmentation)."""
-    try:
-        yield
-    except Exception as err:
-        if getattr(err, "code", None) != OUT_OF_MEMORY and "OUT_OF_MEMORY" not in str(err):
-            raise
-        raise UserError(f"the GPU ran out of memory allocating {nbytes / 2**20:,.1f} MiB; use a smaller "
-                        "train.batch_size (with train.grad_accum_steps for the same effective batch), a smaller "
-                        "model or train.eval_batch_size, or free the GPU (nvidia-smi shows who holds it)") from None
-
-
-def driver_unusable_reason() -> str | None:
-    """Why the CUDA driver has no GPU to offer, found in milliseconds by asking the driver library itself
-    (ctypes: no numba import, no CUDA context); None when it reports a GPU, or when only numba can tell
-    (the CUDA simulator, a system other than Linux)."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not sys.platform.startswith("linux"):
-        return None
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "no CUDA driver: libcuda.so.1 not found"
-    count = ctypes.c_int(0)
-    status = driver.cuInit(0)
-    if status != 0:
-        return f"the CUDA driver failed to start (cuInit error {status})"
-    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-        return "the CUDA driver sees no GPU"
-    return None
-
-
-def cuda_unusable_reason() -> str | None:
-    """None when a GPU is usable, else why not, on one line (the driver's own words where it has some).
-    The driver is asked first: importing numba and probing through it takes seconds on a machine
-    without a GPU, which `backend: auto` would pay on every run there."""
-    reason = driver_unusable_reason()
-    if reason is not None:
-        return reason
-    try:
-        from numba import cuda
-
-        if cuda.is_available():
-            return None
-        len(cuda.gpus)  # raises the driver's reason, which is_available() swallows
-        return "numba found no CUDA GPU"
-    except Exception as err:  # a missing or broken driver or toolkit means: not usable, and this is why
-        return " ".join(str(err).split()).rstrip(" :") or type(err).__name__
-
-
-def cuda_usable() -> bool:
-    return cuda_unusable_reason() is None
 
 
 def get_backend(name: str):
@@ -195,7 +22,7 @@ def get_backend(name: str):
             return CudaBackend()
         return CpuBackend(fallback=f"backend auto: no usable GPU ({reason}); running on the CPU")
     if name == "cuda":
-        if not cuda_usable():
+        if cuda_unusable_reason() is not None:
             raise UserError("backend=cuda: no usable NVIDIA GPU or CUDA driver was found; use backend=cpu or backend=auto")
         return CudaBackend()
     raise UserError(f"backend: '{name}' is not one of auto, cuda, cpu")

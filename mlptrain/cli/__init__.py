@@ -11,56 +11,10 @@ import signal
 import sys
 import threading
 
-
-def _interruption(error: BaseException | None) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM (a KeyboardInterrupt) that `error` is or was caused by: Python wraps one that
-    lands in a class's `__set_name__` (dataclasses, at import) in a RuntimeError."""
-    for _ in range(100):  # a chain is short; the bound only guards against a cycle
-        if error is None or isinstance(error, KeyboardInterrupt):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def _interrupted_at_start(kind, value, traceback) -> None:
-    """Ctrl-C or SIGTERM while the command is still importing (before `main` runs), or during a command's
-    own imports: one line, not a traceback."""
-    interrupt = _interruption(value)
-    if interrupt is not None:
-        sys.stderr.write("interrupted\n")
-        sys.stderr.flush()
-        os._exit(128 + getattr(interrupt, "signum", signal.SIGINT))
-    _previous_hook(kind, value, traceback)
-
-
-def _interrupt_in_callback(unraisable) -> None:
-    """A Ctrl-C or SIGTERM that lands where Python cannot raise (a weakref callback, such as the import
-    system's module-lock cleanup; a __del__) is printed as "Exception ignored in: ..." with a traceback and
-    dropped, and the command runs on as if never interrupted. The signal is sent again a moment later, from
-    another thread: sent from here, its handler would run inside this hook and be dropped the same way."""
-    interrupt = _interruption(unraisable.exc_value)
-    if interrupt is None:
-        _previous_unraisable(unraisable)
-        return
-    signum = getattr(interrupt, "signum", signal.SIGINT)
-    try:
-        again = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signum))
-        again.daemon = True
-        again.start()
-    except RuntimeError:  # no new thread at interpreter shutdown: end as an interrupted command ends
-        _interrupted_at_start(KeyboardInterrupt, interrupt, None)
-
-
 # first, so that they cover the imports below (numba, optuna and rich take a noticeable fraction of a second)
-_previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
-_previous_unraisable, sys.unraisablehook = sys.unraisablehook, _interrupt_in_callback
+from mlptrain.cli import signals  # signals imports only the standard library
 
-from mlptrain.cli.signals import raise_terminated, was_terminated  # noqa: E402
-
-# SIGTERM (a scheduler's kill, `timeout`) takes Ctrl-C's path in every command: one line, exit 143, and the
-# atomic writes' temporary files removed; its default action killed evaluate, predict, export, svm ... silently
-if threading.current_thread() is threading.main_thread():
-    signal.signal(signal.SIGTERM, raise_terminated)
+signals.catch_interrupts_from_start()
 
 import typer  # noqa: E402
 
@@ -156,15 +110,16 @@ def _main() -> None:
     # which, not standalone, comes back as this return code rather than a SystemExit
     if code == 128 + signal.SIGINT:
         _say_interrupted()
-        code = 128 + signal.SIGTERM if was_terminated() else code
+        code = 128 + signal.SIGTERM if signals.was_terminated() else code
     if isinstance(code, int) and code:
         sys.exit(code)
 
 
 def _print_error(label: str, text: str) -> None:
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from rich.markup import escape
 
-    from mlptrain.runs.records import console
+    from mlptrain.util.console import console
 
     # escaped: a value from the user's input may look like rich markup ("[/]")
     console.print(f"[bold red]{label}[/] {escape(text)}", highlight=False, soft_wrap=True)

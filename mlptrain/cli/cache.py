@@ -10,11 +10,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from mlptrain.backends.kernel_cache.store import CACHE_ENV, KernelStore, default_dir
 from mlptrain.errors import UserError
-from mlptrain.runs.records import console
-
-# kernel_store needs no numba, but importing it imports its package, which does (~1.5 s): lazily
-CACHE_ENV = "MLPTRAIN_KERNEL_CACHE"
+from mlptrain.util.console import console
 
 app = typer.Typer(help="Show or clear the on-disk caches: compiled GPU kernels and decoded datasets.",
                   invoke_without_command=True)
@@ -30,8 +28,7 @@ def cache(ctx: typer.Context) -> None:
 @app.command()
 def info() -> None:
     """Where each cache is, what it holds, and what the last training process did with the kernel cache."""
-    from mlptrain.backends.kernel_cache.store import KernelStore, default_dir
-    from mlptrain.data import decoded_cache
+    from mlptrain.data import decoded_cache  # here: the data package imports every parser, a cost other commands skip
 
     root, data = default_dir(), decoded_cache.cache_dir()
     for folder, what, env in ((root, "kernel cache", CACHE_ENV), (data, "data cache", decoded_cache.CACHE_ENV)):
@@ -70,8 +67,7 @@ def info() -> None:
 def clear(kernels: bool = typer.Option(False, "--kernels", help="only the compiled kernels"),
           data: bool = typer.Option(False, "--data", help="only the decoded datasets")) -> None:
     """Empty both caches (or the one named); the next run compiles its kernels and decodes its data again."""
-    from mlptrain.backends.kernel_cache.store import KernelStore, default_dir
-    from mlptrain.data import decoded_cache
+    from mlptrain.data import decoded_cache  # here: the data package imports every parser, a cost other commands skip
 
     both = not (kernels or data)
     roots = []  # (what, folder, env, empty it): both checked before either is emptied

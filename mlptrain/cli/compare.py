@@ -9,7 +9,7 @@ from typing import List
 import typer
 
 from mlptrain.errors import UserError
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 
 def compare(
@@ -18,6 +18,7 @@ def compare(
                                               "(their seeds.json); the first is the baseline"),
 ) -> None:
     """Compare the final metrics of runs or seed groups, with 95% confidence intervals."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.seeds.report import compare_table, legend
     from mlptrain.seeds.results import load_result
 

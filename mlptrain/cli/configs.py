@@ -9,10 +9,10 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from mlptrain.config.schema import read_yaml
+from mlptrain.config.load import read_yaml
 from mlptrain.config.suggestions import suggest_value
 from mlptrain.errors import UserError
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "config" / "builtin"
 SWEEP_PREFIX = "sweep_"  # built-in sweep files live beside the configs but are not configs
@@ -87,8 +87,9 @@ def show(name: str = typer.Argument(..., help="a built-in config or sweep name, 
 
 def print_resolved(path: Path, overrides: list[str]) -> None:
     """The config of `path` with `overrides`, every default filled in, as YAML a run reads back."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.config.load import load_config
     from mlptrain.config.safe_yaml import dump_yaml
-    from mlptrain.config.schema import load_config
     from mlptrain.training.experiment import run_record
 
     text = dump_yaml(run_record(load_config(path, overrides)))

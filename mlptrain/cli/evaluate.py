@@ -12,7 +12,8 @@ from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
 from mlptrain.runs.lock import claim_output
-from mlptrain.runs.records import console, pass_progress, write_json
+from mlptrain.runs.records import write_json
+from mlptrain.util.console import console, pass_progress
 
 
 def evaluate(
@@ -30,10 +31,11 @@ def evaluate(
                                              help="images per batch (default: the run's train.eval_batch_size)"),
 ) -> None:
     """Evaluate a trained run's checkpoint on a split; prints tables, writes eval-<split>.json."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.errors import UserError
+    from mlptrain.inference.loading import load_run
     from mlptrain.inference.model import SPLITS, load_trained
     from mlptrain.inference.report import evaluation_report
-    from mlptrain.probe.features import load_run
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read
     if split not in SPLITS:

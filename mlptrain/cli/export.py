@@ -10,7 +10,7 @@ import typer
 
 from mlptrain.cli.options import new_output
 from mlptrain.runs.lock import claim_output
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 
 def export(
@@ -22,9 +22,10 @@ def export(
     checkpoint: str = typer.Option("best", "--checkpoint", metavar="best|last", help="which checkpoint to export"),
 ) -> None:
     """Export a trained model's float32 weights as safetensors, or the model as an ONNX graph."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.export import CHECK_IMAGES, FORMATS, check_format, export_bytes
+    from mlptrain.inference.loading import load_run
     from mlptrain.inference.model import load_trained
-    from mlptrain.probe.features import load_run
     from mlptrain.util.atomic import atomic_write
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read

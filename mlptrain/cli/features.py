@@ -10,7 +10,7 @@ import typer
 
 from mlptrain.cli.options import new_output, positive_int
 from mlptrain.runs.lock import claim_output
-from mlptrain.runs.records import console, pass_progress
+from mlptrain.util.console import console, pass_progress
 
 
 def extract_features(
@@ -28,8 +28,10 @@ def extract_features(
     grid: Optional[str] = typer.Option(None, "--grid", metavar="G", help="the pooling grid (default 2: quadrants)"),
 ) -> None:
     """Run a trained model's encoder over its dataset; writes train_x, train_y, test_x, test_y to an .npz."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.inference.loading import load_run
     from mlptrain.probe.features import extract_features as extract
-    from mlptrain.probe.features import load_run, resolve_layer, save_features
+    from mlptrain.probe.features import resolve_layer, save_features
     from mlptrain.probe.pooling import grid_pool
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read

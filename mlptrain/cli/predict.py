@@ -12,7 +12,7 @@ from rich.table import Table
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
 from mlptrain.errors import UserError
 from mlptrain.runs.lock import claim_output
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 if TYPE_CHECKING:  # numpy is imported when the command runs, not when the CLI starts
     import numpy as np
@@ -32,11 +32,12 @@ def predict(
                                              help="images per batch (default: the run's train.eval_batch_size)"),
 ) -> None:
     """Run a trained model on images; writes probabilities and classes (or reconstructions) to an .npz."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     import numpy as np
 
     from mlptrain.inference.image_files import read_images
+    from mlptrain.inference.loading import load_run
     from mlptrain.inference.model import load_trained, softmax
-    from mlptrain.probe.features import load_run
     from mlptrain.util.atomic import atomic_write
 
     config, _ = load_run(run_dir, checkpoint)  # every refusal before the dataset is read

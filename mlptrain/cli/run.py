@@ -35,13 +35,13 @@ def run(
 
     from mlptrain.cli.seeds import run_seeds
     from mlptrain.cli.signals import StopOnSignal
-    from mlptrain.config.schema import load_config
+    from mlptrain.config.load import load_config
     from mlptrain.runs.folders import check_run_name
-    from mlptrain.runs.records import console
     from mlptrain.training.experiment import Resources, check_same_dataset, create_run
     from mlptrain.training.loop import train
     from mlptrain.training.resume import prepare_resume
     from mlptrain.training.session import build_session
+    from mlptrain.util.console import console
 
     overrides = overrides or []
     start = None

@@ -6,14 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlptrain.cli.signals import StopOnSignal
-from mlptrain.config.schema import load_config, parse_override
+from mlptrain.config.load import load_config, parse_override
 from mlptrain.errors import UserError
 from mlptrain.runs.folders import check_run_name
-from mlptrain.runs.records import console
 from mlptrain.training.experiment import Resources
+from mlptrain.util.console import console
 
 
 def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path, name: str | None) -> None:
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.seeds.report import seeds_table
     from mlptrain.seeds.results import load_result
     from mlptrain.seeds.runner import parse_seeds

@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM during training: finish the optimizer step, checkpoint, exit.
+"""Ctrl-C and SIGTERM: one line and the right exit code in every command, from the first import on; during
+training, finish the optimizer step, checkpoint, exit.
 
 The handler only records the signal; the training loop reads that Python attribute after each
 optimizer step (no device synchronisation), so the step in flight completes and the checkpoint it
@@ -15,6 +16,7 @@ import threading
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_previous_hook, _previous_unraisable = sys.excepthook, sys.unraisablehook  # replaced by catch_interrupts_from_start
 
 
 class StopOnSignal:
@@ -82,3 +84,54 @@ def sigterm_as_interrupt():
 def interrupt_exit_code(err: KeyboardInterrupt) -> int:
     """130 for Ctrl-C, 143 for SIGTERM, as a shell reports a process killed by either."""
     return 128 + getattr(err, "signum", signal.SIGINT)
+
+
+def _interruption(error: BaseException | None) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (a KeyboardInterrupt) that `error` is or was caused by: Python wraps one that
+    lands in a class's `__set_name__` (dataclasses, at import) in a RuntimeError."""
+    for _ in range(100):  # a chain is short; the bound only guards against a cycle
+        if error is None or isinstance(error, KeyboardInterrupt):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _interrupted_at_start(kind, value, traceback) -> None:
+    """Ctrl-C or SIGTERM while the command is still importing (before `main` runs), or during a command's
+    own imports: one line, not a traceback."""
+    interrupt = _interruption(value)
+    if interrupt is not None:
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+        os._exit(128 + getattr(interrupt, "signum", signal.SIGINT))
+    _previous_hook(kind, value, traceback)
+
+
+def _interrupt_in_callback(unraisable) -> None:
+    """A Ctrl-C or SIGTERM that lands where Python cannot raise (a weakref callback, such as the import
+    system's module-lock cleanup; a __del__) is printed as "Exception ignored in: ..." with a traceback and
+    dropped, and the command runs on as if never interrupted. The signal is sent again a moment later, from
+    another thread: sent from here, its handler would run inside this hook and be dropped the same way."""
+    interrupt = _interruption(unraisable.exc_value)
+    if interrupt is None:
+        _previous_unraisable(unraisable)
+        return
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    try:
+        again = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signum))
+        again.daemon = True
+        again.start()
+    except RuntimeError:  # no new thread at interpreter shutdown: end as an interrupted command ends
+        _interrupted_at_start(KeyboardInterrupt, interrupt, None)
+
+
+def catch_interrupts_from_start() -> None:
+    """Called first by the `mlptrain` command, before its heavy imports: a Ctrl-C or SIGTERM from here on is
+    one line, never a traceback, and SIGTERM (a scheduler's kill, `timeout`) takes Ctrl-C's path in every
+    command: one line, exit 143, the atomic writes' temporary files removed (its default action killed
+    evaluate, predict, export, svm ... silently)."""
+    global _previous_hook, _previous_unraisable
+    _previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
+    _previous_unraisable, sys.unraisablehook = sys.unraisablehook, _interrupt_in_callback
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_terminated)

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from mlptrain.cli.options import new_output, positive_int
 from mlptrain.runs.lock import claim_output
-from mlptrain.runs.records import console, write_json
+from mlptrain.runs.records import write_json
+from mlptrain.util.console import console
 
 
 def svm(
@@ -29,6 +30,7 @@ def svm(
     force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
 ) -> None:
     """Train a linear SVM on train_x/train_y of a features file and evaluate it on test_x/test_y."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.probe.features import load_features
     from mlptrain.probe.svm import parse_c_values, svm_report
 

@@ -15,7 +15,7 @@ from mlptrain.cli.configs import builtin_configs, builtin_sweeps, unknown_builti
 from mlptrain.cli.signals import interrupt_exit_code, sigterm_as_interrupt
 from mlptrain.errors import UserError
 from mlptrain.runs.folders import check_run_name
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 MAX_WORKERS = 256  # processes on one machine; more machines share a study through --storage
 
@@ -55,7 +55,8 @@ def sweep(
                                 "are several)"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
-    from mlptrain.config.schema import config_from_dict
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.config.load import config_from_dict
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
     from mlptrain.sweep.report import results_table, trial_rows, write_results
     from mlptrain.sweep.spec import load_sweep
@@ -102,7 +103,8 @@ def sweep(
 def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, path, overrides, runs_dir,
           name, url, base_config) -> list[str]:
     """Run trials here (one worker) or in `workers` child processes; returns a line per failed worker."""
-    from mlptrain.backends.selection import cuda_usable
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.backends.cuda import cuda_usable
     from mlptrain.cli.warmup import warm_in_child
     from mlptrain.sweep.workers import run_workers
 

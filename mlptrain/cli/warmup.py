@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from mlptrain.cli.configs import resolve_config
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 
 def warmup(
@@ -20,7 +20,8 @@ def warmup(
     overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. train.precision=bf16"),
 ) -> None:
     """Compile the kernels a config needs into the kernel cache (`mlptrain cache` shows it), then exit."""
-    from mlptrain.config.schema import load_config
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.config.load import load_config
     from mlptrain.training.compilation import compile_kernels
     from mlptrain.training.experiment import Resources
     from mlptrain.training.session import build_session
@@ -37,6 +38,7 @@ def warm_in_child(config: dict, log: Path) -> None:
     """`mlptrain warmup` of a resolved config in a child process, which fills the kernel cache and exits
     (freeing its GPU): a sweep runs it before starting its workers, so that no worker compiles. Its output
     goes to `log`; a failure is one warning line, and the workers then compile for themselves."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.runs.folders import write_yaml
 
     with tempfile.TemporaryDirectory() as folder:

@@ -1,1 +1,2 @@
-"""Experiment configs: the typed schema, loading and overrides, cross-key rules, key suggestions, the safe YAML reader, and the built-in configs (builtin/)."""
+"""Experiment configs: the typed schema, loading and overrides, cross-key rules, key suggestions, the safe YAML
+reader, and the built-in configs (builtin/)."""

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.data.dataset import ImageDataset, Provenance
-from mlptrain.training.memory_plan import host_available
 from mlptrain.util.atomic import replacing
+from mlptrain.util.host_memory import host_available
 from mlptrain.util.regular_file import open_regular
 from mlptrain.util.user_paths import cache_folder
 

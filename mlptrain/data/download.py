@@ -2,6 +2,8 @@
 
 import contextlib
 import hashlib
+import http.client
+import urllib.error
 from pathlib import Path
 
 from rich.console import Console
@@ -81,8 +83,6 @@ def _fetch_one(url: str, dest: Path, expected: set[str], timeout: float, opener)
 
 def _stream(url: str, out, label: str, timeout: float, opener) -> str:
     """Copy the body of `url` into the open file `out`; return its hex md5."""
-    import http.client
-
     digest = hashlib.md5()
     try:
         response = opener(url, timeout=timeout)
@@ -118,8 +118,6 @@ def _progress(url: str) -> Progress:
 
 def _describe(error: BaseException) -> str:
     """A short reason for a failed request, without urllib's `<urlopen error ...>` wrapping."""
-    import urllib.error
-
     if isinstance(error, urllib.error.HTTPError):
         return f"HTTP {error.code} {error.reason}"
     if isinstance(error, urllib.error.URLError):

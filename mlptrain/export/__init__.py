@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlptrain.errors import UserError
+from mlptrain.export.onnx_graph import onnx_model, require_onnx, run_onnx
+from mlptrain.export.safetensors_file import safetensors_bytes
+from mlptrain.inference.model import softmax
 
 FORMATS = {"safetensors": ".safetensors", "onnx": ".onnx"}
 CHECK_IMAGES = 256  # test images the ONNX graph is checked on
@@ -38,8 +41,6 @@ def check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: use {' or '.join(FORMATS)}")
     if fmt == "onnx":
-        from mlptrain.export.onnx_graph import require_onnx
-
         require_onnx()
     return fmt
 
@@ -47,10 +48,7 @@ def check_format(fmt: str) -> str:
 def export_bytes(trained, fmt: str) -> tuple[bytes, Check | None]:
     """The file's bytes and, for ONNX, its check; raises UserError when the check fails."""
     if fmt == "safetensors":
-        from mlptrain.export.safetensors_file import safetensors_bytes
-
         return safetensors_bytes(trained), None
-    from mlptrain.export.onnx_graph import onnx_model
 
     model = onnx_model(trained)
     check = check_onnx(trained, model)
@@ -62,9 +60,6 @@ def export_bytes(trained, fmt: str) -> tuple[bytes, Check | None]:
 
 def check_onnx(trained, model) -> Check:
     """Run `model` with onnxruntime and `trained` with mlptrain on the first CHECK_IMAGES test images."""
-    from mlptrain.export.onnx_graph import run_onnx
-    from mlptrain.inference.model import softmax
-
     pixels = trained.dataset.test_images[:CHECK_IMAGES]
     expected = trained.images(pixels).reshape(len(pixels), -1)
     outputs = run_onnx(model, pixels.reshape(-1, *trained.image_shape).astype(np.float32))

@@ -28,6 +28,7 @@ ACTIVATION_OPS = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 def require_onnx():
     """(onnx, onnxruntime), or a UserError saying how to install them (they are an optional extra)."""
     try:
+        # onnx is the optional export extra, and slow to import: only when exporting to ONNX
         import onnx
         import onnxruntime
     except ImportError as err:
@@ -57,6 +58,7 @@ class GraphBuilder:
 def onnx_model(trained):
     """The ModelProto of a `mlptrain.inference.model.TrainedModel`."""
     onnx, _ = require_onnx()
+    # onnx is the optional export extra, and slow to import: only when exporting to ONNX
     from onnx import TensorProto, helper, numpy_helper
 
     g = GraphBuilder(helper, numpy_helper)

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 
-from mlptrain.config.schema import resolved_dict
+from mlptrain.config.load import resolved_dict
 
 
 def metadata(trained) -> dict[str, str]:
@@ -28,6 +28,7 @@ def metadata(trained) -> dict[str, str]:
 
 def safetensors_bytes(trained) -> bytes:
     """The file's bytes (written by the caller, atomically)."""
+    # only when exporting: no other command needs it
     from safetensors.numpy import save
 
     tensors = {name: np.ascontiguousarray(value, np.float32) for name, value in trained.parameters().items()}

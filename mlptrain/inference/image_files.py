@@ -39,6 +39,7 @@ def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tup
 
 def read_image_file(path: Path, image_shape: tuple[int, ...]) -> np.ndarray:
     """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (not resized)."""
+    # Pillow only when image files are read
     from PIL import Image
 
     if len(image_shape) != 3 or image_shape[0] not in (1, 3):

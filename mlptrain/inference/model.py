@@ -15,10 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.config.schema import Config, apply_overrides, config_from_dict, config_to_dict
+from mlptrain.config.load import apply_overrides, config_from_dict, config_to_dict
+from mlptrain.config.schema import Config
 from mlptrain.data.loader import ResidentSplit, resident_splits, whole_split
 from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
+from mlptrain.inference.loading import load_fitting_model, load_run, warn_fallbacks
+from mlptrain.nn import input_scale_shift
+from mlptrain.training.experiment import Resources
 
 SPLITS = ("test", "val", "train")
 
@@ -132,10 +136,6 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     once (default: the run's train.eval_batch_size); `data` names another dataset of the same shape to feed
     it (see `with_data`), `precision` replaces the run's (fp32 reads the master weights as they are).
     Raises UserError, every refusal before the dataset is read."""
-    from mlptrain.nn import input_scale_shift
-    from mlptrain.probe.features import load_fitting_model, load_run, warn_fallbacks
-    from mlptrain.training.experiment import Resources
-
     config, path = load_run(run_dir, checkpoint)
     trained_config = config
     if data is not None:

@@ -30,16 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.config.schema import Config, load_config
+from mlptrain.config.schema import Config
 from mlptrain.data.loader import ResidentSplit, whole_split
 from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
+from mlptrain.inference.loading import load_fitting_model, load_run, warn_fallbacks
+from mlptrain.nn import input_scale_shift
 from mlptrain.probe.pooling import GridPool, check_grid
-from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
-from mlptrain.training.fallbacks import warn
+from mlptrain.training.checkpoint import save_checkpoint
+from mlptrain.training.experiment import Resources
 from mlptrain.util.npz_sizes import check_npz_sizes
 
-CHECKPOINTS = ("best", "last")
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
 
 
@@ -55,24 +56,7 @@ class FeatureSet:
     pool: str = ""  # "avg 2x2", "max 4x4", ...: how the layer was pooled; "" when it was not
 
 
-# ---- which run, which checkpoint, which layer: all checked before the dataset is read
-
-
-def load_run(run_dir: Path, checkpoint: str) -> tuple[Config, Path]:
-    """The run's config and the path of its `checkpoint` (best or last); raises UserError."""
-    if checkpoint not in CHECKPOINTS:
-        raise UserError(f"--checkpoint {checkpoint}: use best or last")
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir}: no config.yaml, so not a run directory")
-    config = load_config(run_dir / "config.yaml")
-    path = run_dir / "checkpoints" / f"{checkpoint}.npz"
-    if not path.is_file():
-        others = [name for name in CHECKPOINTS if (run_dir / "checkpoints" / f"{name}.npz").is_file()]
-        hint = f"use --checkpoint {others[0]}" if others else "the run stopped before its first checkpoint"
-        raise UserError(f"{run_dir}: no checkpoints/{checkpoint}.npz ({hint})")
-    return config, path
+# ---- which layer: checked before the dataset is read
 
 
 def layer_names(config: Config) -> list[str]:
@@ -149,9 +133,6 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     """The run's `layer` over its dataset's train and test parts, on the run's backend, `batch_size` images
     at a time (default: its train.eval_batch_size), pooled by `pool` when given (the latent only).
     `progress` is a rich Progress to show the passes in, or None. Raises UserError."""
-    from mlptrain.nn import input_scale_shift
-    from mlptrain.training.experiment import Resources
-
     config, path = load_run(run_dir, checkpoint)
     layer = resolve_layer(config, layer)
     backend, dataset = Resources().prepare(config)
@@ -185,41 +166,6 @@ def _bar(progress, name: str, total: int):
         return None
     task = progress.add_task(name, total=total)
     return lambda rows: progress.advance(task, rows)
-
-
-def load_fitting_model(config: Config, path: Path, backend, dataset, rows: int, flag: str):
-    """(the model with checkpoint `path`'s parameters, holding up to `rows` images at a time; the dataset as
-    it reads it, mlptrain.nn.model_dataset). A batch beyond the larger part is never filled (a run may have
-    trained with train.eval_batch_size=1e9), and what remains must fit before anything is allocated (`flag`
-    names the setting to lower). Raises UserError."""
-    from mlptrain.nn import model_dataset
-    from mlptrain.training.memory_plan import check_model_fits
-
-    fed = model_dataset(config, dataset)
-    rows = min(rows, max(len(fed.train_images), len(fed.test_images), 1))
-    check_model_fits(config, backend, fed, rows, flag)
-    return load_model(config, path, backend, fed, rows), fed
-
-
-def warn_fallbacks(backend, dataset) -> None:
-    """One warning line for each thing the backend or the dataset cache fell back from."""
-    for note in [*backend.fallbacks, dataset.provenance.cache_note]:
-        if note:
-            warn(note)
-
-
-def load_model(config: Config, path: Path, backend, dataset, rows: int):
-    """The run's model, holding `rows` images at a time, with the parameters of checkpoint `path`; raises
-    UserError when they do not fit the config."""
-    from mlptrain.nn import make_model
-
-    arrays = load_checkpoint(path)
-    model = make_model(config, backend, dataset, rows)
-    try:
-        model.load_parameters(arrays, prefix="params/")  # also fills the fp16 / bf16 compute copy
-    except UserError as err:
-        raise UserError(f"{path}: {err}; was the config.yaml beside it changed?") from None
-    return model
 
 
 # ---- the .npz file

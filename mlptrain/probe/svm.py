@@ -72,6 +72,7 @@ def prescale_for(x: np.ndarray, standardize: bool) -> float:
 
 def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter: int) -> Fit:
     """Scaler (fitted on `x` only) and LinearSVC; `converged` is False when liblinear stopped at max_iter."""
+    # scikit-learn is slow to import: only when an SVM is fitted
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import LinearSVC
@@ -95,6 +96,7 @@ def fit_svm(x: np.ndarray, y: np.ndarray, c: float, standardize: bool, max_iter:
 def held_out_accuracies(x: np.ndarray, y: np.ndarray, cs: list[float], standardize: bool,
                         max_iter: int) -> list[dict]:
     """{C, val_acc, converged} for each C: fitted on a stratified (1 - HELD_OUT) of (x, y), scored on the rest."""
+    # scikit-learn is slow to import: only when an SVM is fitted
     from sklearn.model_selection import train_test_split
 
     try:
@@ -114,6 +116,7 @@ def svm_report(features: FeatureSet, path: Path, cs: list[float], standardize: b
                max_iter: int = 1000) -> dict:
     """Fit (choosing C on held-out training features when several are given), evaluate, and return what
     svm.json holds. Raises UserError."""
+    # scikit-learn is slow to import: only when an SVM is fitted
     from sklearn.metrics import confusion_matrix
 
     try:

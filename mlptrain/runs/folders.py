@@ -7,9 +7,9 @@ import re
 import time
 from pathlib import Path
 
-from mlptrain.util.atomic import write_text
-from mlptrain.errors import UserError
 from mlptrain.config.safe_yaml import dump_yaml
+from mlptrain.errors import UserError
+from mlptrain.util.atomic import write_text
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

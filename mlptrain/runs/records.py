@@ -1,4 +1,4 @@
-"""What a run leaves behind: TensorBoard scalars, metrics.jsonl, summary.json, and a progress bar."""
+"""What a run leaves behind: TensorBoard scalars and images, metrics.jsonl, and JSON records such as summary.json."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ import math
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-from mlptrain.util.atomic import write_text
 from mlptrain.errors import UserError
+from mlptrain.util.atomic import write_text
 from mlptrain.util.regular_file import open_regular
-
-console = Console(stderr=True)
 
 
 def _json_value(value):
@@ -28,11 +23,13 @@ def summary_writer_class():
     installed, only to accept torch tensors (4.1 of a warm MNIST run's 9 s on the GPU machine), and we
     hand it NumPy. torch is hidden during that one import, unless something already imported it."""
     if "torch" in sys.modules:
+        # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
         from tensorboardX import SummaryWriter
 
         return SummaryWriter
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
     try:
+        # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
         from tensorboardX import SummaryWriter
     finally:
         del sys.modules["torch"]
@@ -78,26 +75,3 @@ def write_json(path: Path, data: dict) -> None:
     """Top-level non-finite floats become null (JSON has no NaN); written atomically."""
     write_text(path, json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
 
-
-class _FirstTaskProgress(Progress):
-    """A Progress whose display starts with its first task, so that a command refused before any pass
-    (a bad flag checked after loading the model) prints its one line and nothing else."""
-
-    def __enter__(self) -> "_FirstTaskProgress":
-        return self
-
-    def add_task(self, *args, **kwargs):
-        if not self.live.is_started:
-            self.start()
-        return super().add_task(*args, **kwargs)
-
-    def stop(self) -> None:
-        if self.live.is_started:  # rich's own stop prints a blank line even when nothing was shown
-            super().stop()
-
-
-def pass_progress() -> Progress:
-    """A pass over a dataset outside training (feature extraction): images done per split."""
-    return _FirstTaskProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TextColumn("images"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                              transient=False)

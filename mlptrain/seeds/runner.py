@@ -14,10 +14,13 @@ from pathlib import Path
 from mlptrain.config.schema import INT64_MAX, Config
 from mlptrain.errors import UserError
 from mlptrain.runs.folders import create_run_dir
-from mlptrain.runs.records import console, write_json
+from mlptrain.runs.records import write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run
+from mlptrain.training.loop import train
+from mlptrain.training.session import build_session
+from mlptrain.util.console import console
 
 MAX_SEEDS = 1000
 MAX_SEED = INT64_MAX  # the config's own bound on `seed`
@@ -52,9 +55,6 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     """Train `config` once per seed in `runs_dir/NAME/seed-S/` and write `NAME/seeds.json`; returns
     (NAME's path, the seeds record). Every session is built before its directory is created; a seed that
     fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json."""
-    from mlptrain.training.loop import train
-    from mlptrain.training.session import build_session
-
     group, summaries = None, []
     for i, seed in enumerate(seeds):
         seeded = dataclasses.replace(config, seed=seed)

@@ -26,6 +26,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
 import optuna
@@ -33,11 +34,13 @@ from optuna.trial import TrialState
 
 from mlptrain.errors import UserError
 from mlptrain.runs.lock import release_run
-from mlptrain.runs.records import console
 from mlptrain.sweep import claims
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
+from mlptrain.training.loop import train
+from mlptrain.training.session import build_session
+from mlptrain.util.console import console
 
 HEARTBEAT_S = 10  # how often a running trial says it is alive
 GRACE_S = 30  # silence after which its worker is taken for dead and the trial is queued again
@@ -85,8 +88,6 @@ def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
 def database_url(url: str) -> str:
     """`url` with a PostgreSQL driver named when it names none: SQLAlchemy 2.1's default for postgresql://
     is psycopg 3, so psycopg2 alone would fail; whichever is installed is used, psycopg first."""
-    from importlib.util import find_spec
-
     if not url.startswith(("postgresql://", "postgres://")):
         return url
     rest = url.split("://", 1)[1]
@@ -109,6 +110,7 @@ def _storage(url: str):
 
 
 def _redacted(url: str) -> str:
+    # SQLAlchemy (Optuna's storage) only when a storage URL is given
     from sqlalchemy.engine import make_url
 
     try:
@@ -118,6 +120,7 @@ def _redacted(url: str) -> str:
 
 
 def check_storage_url(url: str) -> None:
+    # SQLAlchemy (Optuna's storage) only when a storage URL is given
     from sqlalchemy.engine import make_url
 
     try:
@@ -282,9 +285,6 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
 
 
 def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources) -> dict:
-    from mlptrain.training.loop import train
-    from mlptrain.training.session import build_session
-
     attempt.config = sweep.trial_config(attempt.params, "its config")
     session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder
     attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from mlptrain.config.load import load_config
+from mlptrain.training.hparams import hparam_values, log_session
 from mlptrain.util.atomic import write_text
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
@@ -110,7 +112,4 @@ def log_hparams(run_dir: Path) -> None:
     """The HParams session of a run that stopped early (pruned or failed), as a finished run writes its
     own (mlptrain.training.hparams: its metric columns are the run's own scalars, up to where it stopped); the
     values are those of its config.yaml, which records the backend and data folder it used."""
-    from mlptrain.config.schema import load_config
-    from mlptrain.training.hparams import hparam_values, log_session
-
     log_session(run_dir, hparam_values(load_config(run_dir / "config.yaml")))

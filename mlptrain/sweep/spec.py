@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mlptrain.config.load import apply_overrides, config_from_dict, parse_override, read_yaml
 from mlptrain.config.rules import check_model_keys
 from mlptrain.config.safe_yaml import brief
-from mlptrain.config.schema import Config, apply_overrides, config_from_dict, parse_override, read_yaml, valid_keys
+from mlptrain.config.schema import Config, valid_keys
 from mlptrain.config.suggestions import suggest_key, suggest_value
 from mlptrain.errors import UserError
 

@@ -8,15 +8,16 @@ several), reports trials as they end, and passes Ctrl-C on.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from mlptrain.backends.selection import cuda_usable
-from mlptrain.runs.records import console
+from mlptrain.backends.cuda import cuda_usable, gpu_count
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
+from mlptrain.util.console import console
 
 POLL_S = 2
 STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed
@@ -31,9 +32,7 @@ def gpu_slots(backend: str) -> list[str | None]:
     if visible is not None:
         ids = [v.strip() for v in visible.split(",") if v.strip()]
     else:
-        from numba import cuda
-
-        ids = [str(i) for i in range(len(cuda.gpus))]
+        ids = [str(i) for i in range(gpu_count())]
     return ids if len(ids) > 1 else [None]
 
 
@@ -78,8 +77,6 @@ def stop_workers(procs, signum: int) -> None:
 def die_with_parent() -> None:
     """In each worker (Linux): SIGTERM when the parent dies, even by SIGKILL, so that none is orphaned."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: a parent killed with SIGKILL leaves its workers running
         pass

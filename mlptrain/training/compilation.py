@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 
 from mlptrain import STARTED
-from mlptrain.runs.records import console
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.session import Session
+from mlptrain.util.console import console
 
 
 def plan_launches(s: Session):
     """The kernels (and argument types) a run launches, recorded without running them."""
+    # here and below, not at the top: the kernel cache imports numba, which a CPU run never pays for
     from mlptrain.backends.kernel_cache import cache as kernel_cache
 
     window, eval_batch = s.config.train.effective_batch_size, s.config.train.eval_batch_size
@@ -40,7 +41,7 @@ def compile_kernels(s: Session) -> dict:
     records = {"startup_s": round(time.time() - STARTED, 3)}
     if s.backend.name != "cuda":
         return records
-    from mlptrain.backends.kernel_cache import cache as kernel_cache
+    from mlptrain.backends.kernel_cache import cache as kernel_cache  # imports numba: GPU runs only
 
     started = time.perf_counter()
     plan = plan_launches(s)
@@ -88,7 +89,7 @@ def kernel_records(s: Session, run: str) -> dict:
                "kernel_plan": s.model.kernel_plan(s.config.train.batch_size)}
     if s.backend.name != "cuda":
         return records
-    from mlptrain.backends.kernel_cache import cache as kernel_cache
+    from mlptrain.backends.kernel_cache import cache as kernel_cache  # imports numba: GPU runs only
 
     stats = kernel_cache.STATS.as_dict()
     kernel_cache.store().write_last_run({"run": run, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **stats})

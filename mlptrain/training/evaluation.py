@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlptrain.dtypes import to_float32
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 
 class Evaluator:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from contextlib import suppress
 from pathlib import Path
 
-from mlptrain.backends.selection import cuda_usable, get_backend
+from mlptrain.backends.cuda import cuda_usable
+from mlptrain.backends.selection import get_backend
+from mlptrain.config.load import RESOLVED, read_yaml, resolved_dict
 from mlptrain.config.rules import check_validation
-from mlptrain.config.schema import RESOLVED, Config, read_yaml, resolved_dict
+from mlptrain.config.schema import Config
 from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_val_size
 from mlptrain.errors import UserError
@@ -87,7 +89,7 @@ def run_config(config: Config, dataset=None, backend: str | None = None) -> dict
 
 def run_record(config: Config, backend: str | None = None) -> dict:
     """The config as a run records it: `backend` the one it runs on (auto resolved), `data.root` the
-    folder it reads, and only its own model type's keys (mlptrain.config.schema.resolved_dict)."""
+    folder it reads, and only its own model type's keys (mlptrain.config.load.resolved_dict)."""
     return resolved_dict(config, backend, data_root(config))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mlptrain.data.dataset import is_subset
 from mlptrain.data.registry import BUILTIN
-from mlptrain.runs.records import console
+from mlptrain.util.console import console
 
 __all__ = ["is_subset", "subset_note", "warn"]
 

@@ -10,7 +10,8 @@ no one-point `hparam/*` charts are needed.
 
 from __future__ import annotations
 
-from mlptrain.config.schema import Config, resolved_dict
+from mlptrain.config.load import resolved_dict
+from mlptrain.config.schema import Config
 
 
 def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
@@ -30,6 +31,7 @@ def hparam_values(config: Config, backend: str | None = None, data_root=None) ->
 
 def write_session(writer, values: dict) -> None:
     """The session start and end infos of `values` into a tensorboardX SummaryWriter's own event file."""
+    # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
     from tensorboardX.summary import hparams
 
     _, start, end = hparams(values, {})
@@ -40,6 +42,7 @@ def write_session(writer, values: dict) -> None:
 def log_session(run_dir, values: dict) -> None:
     """`write_session` for a run whose writer is closed (a sweep trial that was pruned or failed): a new
     event file in the run's own directory, which TensorBoard reads as the same run."""
+    # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
     from tensorboardX import SummaryWriter
 
     # the suffix keeps it apart from the run's own file, whose name may carry the same second

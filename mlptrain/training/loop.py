@@ -24,7 +24,7 @@ from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.runs.folders import write_yaml
 from mlptrain.runs.lock import check_space
-from mlptrain.runs.records import RunLogger, console, write_json
+from mlptrain.runs.records import RunLogger, write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.experiment import data_root, run_config
@@ -35,6 +35,7 @@ from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restor
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
 from mlptrain.util.atomic import atomic_write
+from mlptrain.util.console import console
 from mlptrain.util.regular_file import read_regular_text
 
 

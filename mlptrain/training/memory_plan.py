@@ -13,43 +13,21 @@ a smaller evaluation batch, or which part is too large.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
-import numpy as np
-
+from mlptrain.backends.counting import CountingBackend
+from mlptrain.config.schema import steps_per_epoch
+from mlptrain.data.loader import resident_splits, whole_split
 from mlptrain.errors import UserError
+from mlptrain.nn import make_model
+from mlptrain.optim import make_optimizer
+from mlptrain.training.evaluation import Evaluator
+from mlptrain.training.window import TrainingWindow
+from mlptrain.util.host_memory import HEADROOM, gib, host_available
 
-HEADROOM = 0.9  # of what is free: the allocator, the CUDA context and the interpreter need the rest
 DEVICE_BYTES_PER_STEP = 16  # the lr table and the grad-norm record, float64 each
 HOST_BYTES_PER_STEP = 120  # the lr table built through a Python list, grad_norm_history in summary.json
 MAX_TOTAL_STEPS = 2**31 - 1  # optimizer steps of a run: the device step counter and every per-step record
-
-
-class CountingBackend:
-    """A backend that allocates nothing: the bytes each `empty`, `zeros` or `to_device` would take are
-    added up, and a read-only zero-stride array of the asked shape stands in for the buffer."""
-
-    def __init__(self, backend):
-        self.backend, self.kernels, self.name = backend, backend.kernels, backend.name
-        self.bytes = 0
-
-    def _stand_in(self, shape, dtype):
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        dtype = np.dtype(dtype)
-        self.bytes += math.prod(shape) * dtype.itemsize
-        return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape, strides=(0,) * len(shape),
-                                               writeable=False)
-
-    def empty(self, shape, dtype=np.float32):
-        return self._stand_in(shape, dtype)
-
-    def zeros(self, shape, dtype=np.float32):
-        return self._stand_in(shape, dtype)
-
-    def to_device(self, array):
-        array = np.asarray(array)
-        return self._stand_in(array.shape, array.dtype)
 
 
 @dataclass(frozen=True)
@@ -69,13 +47,6 @@ def buffer_rows(config, train_size: int, eval_size: int) -> int:
 
 def _device_bytes(config, backend, dataset, rows: int) -> tuple[int, int, int]:
     """(device bytes, parameter count, optimizer steps) of the run's buffers with `rows` batch rows."""
-    from mlptrain.config.schema import steps_per_epoch
-    from mlptrain.data.loader import resident_splits
-    from mlptrain.nn import make_model
-    from mlptrain.optim import make_optimizer
-    from mlptrain.training.evaluation import Evaluator
-    from mlptrain.training.window import TrainingWindow
-
     counting = CountingBackend(backend)
     train, val, test = resident_splits(dataset, counting, config.data.val_size, config.seed)
     model = make_model(config, counting, dataset, rows)
@@ -101,41 +72,12 @@ def estimate(config, backend, dataset) -> tuple[Need, int, int]:
 
 
 def _layout(config, backend, dataset):
-    from mlptrain.nn import make_model
-
     return make_model(config, CountingBackend(backend), dataset, 1).layout
 
 
 def available(backend) -> tuple[int | None, int | None]:
     """(free device bytes, available host bytes); None where unknown. The cpu backend's device is the host."""
-    host = host_available()
-    if backend.name != "cuda":
-        return host, host
-    try:
-        from numba import cuda
-
-        free, _ = cuda.current_context().get_memory_info()
-        return int(free), host
-    except Exception:  # the simulator, or a driver that will not say: the allocation itself will tell
-        return None, host
-
-
-def host_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def gib(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB" if n >= 2**28 else f"{n / 2**20:,.1f} MiB"
+    return backend.free_bytes(), host_available()
 
 
 def check_fits(config, backend, dataset) -> None:
@@ -174,9 +116,6 @@ def _what_fits(config, need: Need, rows: int, excess: float, steps: int) -> str:
 def check_model_fits(config, backend, dataset, rows: int, flag: str) -> None:
     """Refuse a model with `rows` batch rows and the whole dataset resident (feature extraction) that
     exceeds the memory free now, naming the `flag` value that would fit."""
-    from mlptrain.data.loader import whole_split
-    from mlptrain.nn import make_model
-
     def need(r: int) -> int:
         counting = CountingBackend(backend)
         whole_split(counting, dataset.train_images, dataset.train_labels)

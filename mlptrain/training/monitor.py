@@ -9,8 +9,8 @@ import time
 import numpy as np
 
 from mlptrain.errors import TrainingDiverged
-from mlptrain.runs.records import console
 from mlptrain.training.progress import training_progress
+from mlptrain.util.console import console
 
 
 class TrainingMonitor:

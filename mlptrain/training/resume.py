@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.config.schema import Config, load_config, parse_override, resolved_dict
+from mlptrain.config.load import load_config, parse_override, resolved_dict
+from mlptrain.config.schema import Config
 from mlptrain.errors import TrainingDiverged, UserError
 from mlptrain.runs.lock import lock_run
 from mlptrain.training.checkpoint import load_checkpoint

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.errors import UserError
-from mlptrain.training.memory_plan import HEADROOM, gib, host_available
+from mlptrain.util.host_memory import HEADROOM, gib, host_available
 
 HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlptrain.backends.selection import CudaBackend, gpu_memory_errors
+from mlptrain.backends.cuda import CudaBackend, gpu_memory_errors
 from mlptrain.errors import UserError
 
 

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from mlptrain.backends.selection import cuda_unusable_reason, driver_unusable_reason, get_backend
+from mlptrain.backends.cuda import cuda_unusable_reason, driver_unusable_reason
+from mlptrain.backends.selection import get_backend
 
 
 class FakeDriver:

@@ -87,7 +87,7 @@ def test_bad_npz_and_unfit_model_write_nothing(tmp_path, rng):
 
 
 def test_same_data_passes_the_resume_check(tmp_path, rng):
-    from mlptrain.config.schema import config_from_dict
+    from mlptrain.config.load import config_from_dict
     from mlptrain.data import load_dataset
     from mlptrain.training.experiment import check_same_dataset, create_run
 

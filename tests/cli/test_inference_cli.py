@@ -248,7 +248,7 @@ def test_an_autoencoders_own_validation_split_is_read_in_the_models_layout():
     those rows reach the model NHWC like the training rows, not in the dataset's planar layout."""
     from types import SimpleNamespace
 
-    from mlptrain.backends.selection import CpuBackend
+    from mlptrain.backends.cpu import CpuBackend
     from mlptrain.data import ImageDataset
     from mlptrain.inference.model import TrainedModel
 

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 import yaml
 
-from mlptrain.config.schema import DataConfig, config_from_dict, load_config
+from mlptrain.config.load import config_from_dict, load_config
+from mlptrain.config.schema import DataConfig
 from mlptrain.data import DATASETS
 from mlptrain.errors import UserError
 

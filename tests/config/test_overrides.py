@@ -3,7 +3,8 @@ a section can be given whole; early stopping's rules; the config a run records (
 
 import pytest
 
-from mlptrain.config.schema import config_from_dict, load_config, resolved_dict, valid_keys
+from mlptrain.config.load import config_from_dict, load_config, resolved_dict
+from mlptrain.config.schema import valid_keys
 from mlptrain.config.suggestions import suggest_key
 from mlptrain.errors import UserError
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mlptrain.config.load import load_config, parse_override
 from mlptrain.config.safe_yaml import MAX_BYTES, MAX_DEPTH, brief, dump_yaml, load_yaml_text, read_yaml
-from mlptrain.config.schema import load_config, parse_override
 from mlptrain.errors import UserError
 
 BOMB = "\n".join(['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'] +

@@ -2,16 +2,8 @@ import dataclasses
 
 import pytest
 
-from mlptrain.config.schema import (
-    Config,
-    InitConfig,
-    apply_overrides,
-    config_from_dict,
-    config_to_dict,
-    init_scheme,
-    load_config,
-    valid_keys,
-)
+from mlptrain.config.load import apply_overrides, config_from_dict, config_to_dict, load_config
+from mlptrain.config.schema import Config, InitConfig, init_scheme, valid_keys
 from mlptrain.errors import UserError
 
 

@@ -204,7 +204,7 @@ def test_a_run_warns_the_cache_note_once_and_records_it(tmp_path, capsys):
     import dataclasses
     import json
 
-    from mlptrain.backends.selection import CpuBackend
+    from mlptrain.backends.cpu import CpuBackend
     from mlptrain.training.loop import train
     from mlptrain.training.session import build_session
     from tests.training.test_accumulation import make_config, synthetic_dataset

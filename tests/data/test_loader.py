@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
+from mlptrain.backends.cpu import CpuBackend
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.data.loader import check_val_size, resident_splits
 from tests import kernel_cases as cases

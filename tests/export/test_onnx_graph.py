@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import config_from_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import config_from_dict
 from mlptrain.data import ImageDataset
 from mlptrain.export import check_onnx, export_bytes
 from mlptrain.inference.model import TrainedModel

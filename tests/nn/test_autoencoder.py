@@ -4,16 +4,18 @@ forward written here, the CUDA graph against the NumPy graph, and bitwise determ
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import config_from_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.nn.autoencoder import ConvAutoencoder, autoencoder_convs
 from mlptrain.training.loop import train_epoch
 from mlptrain.training.session import build_session
 from tests.conftest import ON_SIMULATOR
 from tests.nn.test_mlp_gradients import central_difference
-from tests.training.test_train_backends import (assert_one_epoch_is_bitwise_repeatable_on_the_gpu,
-    one_epoch_on_both_backends)
+from tests.training.test_train_backends import (
+    assert_one_epoch_is_bitwise_repeatable_on_the_gpu,
+    one_epoch_on_both_backends,
+)
 
 
 def conv64(x, w, b):

@@ -7,8 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import BIAS_SCHEMES, WEIGHT_SCHEMES, config_from_dict, config_to_dict, init_scheme
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import config_from_dict, config_to_dict
+from mlptrain.config.schema import BIAS_SCHEMES, WEIGHT_SCHEMES, init_scheme
 from mlptrain.errors import UserError
 from mlptrain.nn.autoencoder import ConvAutoencoder
 from mlptrain.nn.init import bias_init, fans, init_layers, weight_init
@@ -123,7 +124,7 @@ def test_config_refusals_name_the_key(raw, message):
 
 
 def test_a_section_given_a_plain_value_names_its_keys(tmp_path):
-    from mlptrain.config.schema import load_config
+    from mlptrain.config.load import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("model: {type: mlp}\n")

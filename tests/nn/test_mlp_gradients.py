@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mlptrain.activation import ACTIVATIONS, NONE
+from mlptrain.backends.cpu import CpuBackend
 from mlptrain.backends.numpy_kernels import gemm, loss, reduce
-from mlptrain.backends.selection import CpuBackend
 from mlptrain.nn.mlp import MLP
 
 

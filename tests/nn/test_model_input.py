@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import config_from_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import config_from_dict
 from mlptrain.data.dataset import ImageDataset
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input

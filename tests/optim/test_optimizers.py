@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
+from mlptrain.backends.cpu import CpuBackend
 from mlptrain.config.schema import OptimConfig
 from mlptrain.errors import UserError
 from mlptrain.nn.params import FlatBuffer, Layout

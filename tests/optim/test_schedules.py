@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from mlptrain.config.schema import ScheduleConfig, config_from_dict
+from mlptrain.config.load import config_from_dict
+from mlptrain.config.schema import ScheduleConfig
 from mlptrain.errors import UserError
 from mlptrain.optim.schedules import SCHEDULES, Plateau, lr_table, make_schedule
 

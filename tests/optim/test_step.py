@@ -7,7 +7,7 @@ Mostly on the CPU backend; the CUDA backend (simulator in CI) runs the same rule
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
+from mlptrain.backends.cpu import CpuBackend
 from mlptrain.config.schema import LossScaleConfig
 from mlptrain.dtypes import from_float32
 from mlptrain.nn.params import FlatBuffer, Layout
@@ -274,7 +274,7 @@ def test_the_lr_factor_multiplies_the_schedule():
 
 @pytest.fixture
 def cuda_backend():
-    from mlptrain.backends.selection import CudaBackend
+    from mlptrain.backends.cuda import CudaBackend
 
     return CudaBackend()
 

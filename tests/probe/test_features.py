@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import load_config
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import load_config
 from mlptrain.data import load_dataset
 from mlptrain.data.loader import whole_split
 from mlptrain.dtypes import float32_from_bf16, from_float32
@@ -136,7 +136,7 @@ def test_cuda_extraction_matches_the_cpu_backend(rng):
     """encode_split on the CUDA backend (the simulator in CI) against the NumPy one, same parameters,
     a tiny autoencoder on 8x8 images."""
     from mlptrain.backends.selection import get_backend
-    from mlptrain.config.schema import config_from_dict
+    from mlptrain.config.load import config_from_dict
     from tests.nn.test_autoencoder import tiny_images
 
     config = config_from_dict({"data": {"dataset": "cifar10"}, "model": {"type": "conv_autoencoder",

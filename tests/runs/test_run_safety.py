@@ -14,15 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import INT64_MAX, config_from_dict, config_to_dict
+from mlptrain.backends.counting import CountingBackend
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import config_from_dict, config_to_dict
+from mlptrain.config.schema import INT64_MAX
 from mlptrain.errors import UserError
 from mlptrain.nn import model_dataset
 from mlptrain.runs.folders import write_yaml
 from mlptrain.runs.lock import release_run
 from mlptrain.training.checkpoint import save_checkpoint
 from mlptrain.training.loop import train
-from mlptrain.training.memory_plan import CountingBackend, check_fits, estimate
+from mlptrain.training.memory_plan import check_fits, estimate
 from mlptrain.training.resume import prepare_resume
 from mlptrain.training.session import build_session
 from mlptrain.util import atomic

@@ -18,7 +18,6 @@ import pytest
 import typer
 import yaml
 
-import mlptrain.training.loop
 from mlptrain.cli.configs import builtin_configs
 from mlptrain.cli.sweep import builtin_sweeps, resolve_base, sweep
 from mlptrain.data import DATASETS, ImageDataset
@@ -50,13 +49,13 @@ def tiny_mnist(monkeypatch):
 @pytest.fixture
 def trains(monkeypatch):
     """The list of configs `train` was called with, in order."""
-    calls, real = [], mlptrain.training.loop.train
+    calls, real = [], engine.train
 
     def counting(session, *args, **kwargs):
         calls.append(session.config)
         return real(session, *args, **kwargs)
 
-    monkeypatch.setattr(mlptrain.training.loop, "train", counting)
+    monkeypatch.setattr(engine, "train", counting)
     return calls
 
 
@@ -116,21 +115,21 @@ def test_an_invalid_combination_fails_only_its_trial(tmp_path, tiny_mnist):
 
 
 def test_resume_after_ctrl_c_runs_only_what_is_missing(tmp_path, tiny_mnist, trains, monkeypatch):
-    real = mlptrain.training.loop.train
+    real = engine.train
 
     def interrupted_third(session, *args, **kwargs):
         if len(trains) == 2:
             raise KeyboardInterrupt
         return real(session, *args, **kwargs)
 
-    monkeypatch.setattr(mlptrain.training.loop, "train", interrupted_third)
+    monkeypatch.setattr(engine, "train", interrupted_third)
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]})
     with pytest.raises(typer.Exit):
         run_sweep(path, tmp_path / "runs")
     half = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
     assert [t["state"] for t in half["trials"]] == ["complete", "complete", "waiting", "waiting"]
 
-    monkeypatch.setattr(mlptrain.training.loop, "train", real)
+    monkeypatch.setattr(engine, "train", real)
     results = run_sweep(path, tmp_path / "runs")
     assert sorted(c.optim.lr for c in trains[2:]) == [3e-3, 4e-3]
     assert sorted(t["params"]["optim.lr"] for t in results["trials"]) == [1e-3, 2e-3, 3e-3, 4e-3]

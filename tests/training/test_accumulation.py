@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend, CudaBackend
-from mlptrain.config.schema import config_from_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend
+from mlptrain.config.load import config_from_dict
 from mlptrain.data import ImageDataset
 from mlptrain.data.loader import epoch_order
 from mlptrain.training.loop import train, train_epoch

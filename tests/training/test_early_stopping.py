@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
+from mlptrain.backends.cpu import CpuBackend
 from mlptrain.errors import UserError
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.loop import train

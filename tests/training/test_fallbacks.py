@@ -5,14 +5,16 @@ import numpy as np
 import pytest
 
 from mlptrain.backends import selection as backend_module
-from mlptrain.backends.selection import CpuBackend, CudaBackend, get_backend
-from mlptrain.config.schema import config_from_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend
+from mlptrain.backends.selection import get_backend
+from mlptrain.config.load import config_from_dict
 from mlptrain.data.dataset import ImageDataset
-from mlptrain.runs.records import console
 from mlptrain.training.fallbacks import is_subset
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
 from mlptrain.training.summary import fallbacks
+from mlptrain.util.console import console
 from tests.conftest import ON_SIMULATOR
 
 NO_DRIVER = "Error at driver init: CUDA driver library cannot be found"

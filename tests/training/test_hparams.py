@@ -1,7 +1,7 @@
 """The HParams dashboard as TensorBoard builds it from mlptrain's sessions: one run each, the varied
 hyperparameters first, metric columns from the runs' own scalars (no hparam/* charts)."""
 
-from mlptrain.config.schema import config_from_dict
+from mlptrain.config.load import config_from_dict
 from mlptrain.training.hparams import hparam_values, write_session
 
 

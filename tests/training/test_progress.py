@@ -45,7 +45,7 @@ class Logger:
 
 
 def test_the_monitor_reports_the_runs_rate_and_a_steady_eta(monkeypatch):
-    from mlptrain.config.schema import config_from_dict
+    from mlptrain.config.load import config_from_dict
 
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])

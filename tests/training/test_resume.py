@@ -10,8 +10,8 @@ import signal
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend
-from mlptrain.config.schema import config_to_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.config.load import config_to_dict
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim import Plateau

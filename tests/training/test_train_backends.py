@@ -4,12 +4,13 @@ present) must follow the NumPy graph step for step on a tiny synthetic dataset."
 import numpy as np
 import pytest
 
-from mlptrain.backends.selection import CpuBackend, CudaBackend
-from mlptrain.config.schema import config_from_dict
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend
+from mlptrain.config.load import config_from_dict
 from mlptrain.data.dataset import ImageDataset
-from mlptrain.runs.records import console
 from mlptrain.training.loop import train_epoch
 from mlptrain.training.session import build_session
+from mlptrain.util.console import console
 from tests.conftest import ON_SIMULATOR
 
 OPTIMIZERS = [{"name": "sgd", "lr": 0.1}, {"name": "momentum", "lr": 0.05},

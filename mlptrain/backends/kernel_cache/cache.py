@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import multiprocessing
 import os
 import pickle
@@ -26,6 +27,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 
 from numba import config, cuda
 
@@ -78,11 +80,10 @@ def use_store(root) -> KernelStore:
 @functools.cache
 def environment() -> tuple:
     """What besides the kernel itself changes its machine code (computed once per process)."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
     import numba
 
     try:
-        from importlib.metadata import version
-
         numba_cuda = version("numba-cuda")
     except Exception:  # an unusual install: the version then stays out of the key, numba's is in
         numba_cuda = "unknown"
@@ -95,8 +96,6 @@ def environment() -> tuple:
 
 def kernel_key(py_func, targetoptions: dict, argtypes, environment_: tuple) -> str:
     """The cache key of one compiled kernel; raises Unfingerprintable."""
-    import hashlib
-
     text = repr((fingerprint(py_func), fingerprint(dict(targetoptions)), tuple(str(t) for t in argtypes),
                  environment_))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -120,6 +119,7 @@ class DiskCache:
             return None
 
     def load_overload(self, sig, target_context):
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
         from numba.cuda.dispatcher import _Kernel
 
         key, started = self.key(sig), time.perf_counter()
@@ -289,6 +289,7 @@ def _new_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def _compile_in_workers(missing, pool: ProcessPoolExecutor, workers: int) -> None:
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from numba.cuda import serialize
 
     started = time.perf_counter()

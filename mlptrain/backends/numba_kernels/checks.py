@@ -5,7 +5,10 @@ rank or shape, a non-contiguous view, or a host array (which Numba would copy
 to the device and back on every launch).
 """
 
+import functools
+
 import numpy as np
+from numba import cuda
 
 
 def require(name, array, dtype, shape):
@@ -30,3 +33,17 @@ def require_one_of(name, array, dtypes, shape):
         names = " or ".join(str(np.dtype(d)) for d in dtypes)
         raise ValueError(f"{name} must be {names}, got {array.dtype}")
     require(name, array, array.dtype, shape)
+
+
+def checked_cursor(cursor):
+    """The cursor a launch reads: the one given (a 1-element int64 device array), or a shared zero for
+    launches given none (evaluation and tests walk through their arrays from the host)."""
+    if cursor is None:
+        return _zero_cursor()
+    require("cursor", cursor, "int64", (1,))
+    return cursor
+
+
+@functools.cache
+def _zero_cursor():
+    return cuda.to_device(np.zeros(1, np.int64))

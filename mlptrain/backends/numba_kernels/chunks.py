@@ -92,3 +92,12 @@ def add_chunks(partials, dw, beta):
     """dw = beta * dw + partials summed over axis 0 in order; partials (chunks, E), dw (E,) float32."""
     blocks = max(1, min(SUM_MAX_BLOCKS, math.ceil(dw.shape[0] / SUM_THREADS)))
     chunk_sum_kernel[blocks, SUM_THREADS, streams.current()](partials, dw, float32(beta))
+
+
+def column_width(columns):
+    """Columns a block covers: 32 (a warp along a row), or fewer for narrower gradients, so the rest
+    of the block's threads split the rows instead of idling."""
+    width = 1
+    while width < min(columns, 32):
+        width *= 2
+    return width

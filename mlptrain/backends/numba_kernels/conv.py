@@ -35,9 +35,9 @@ from numba import config, cuda, float32
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, streams, tiles
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
 from mlptrain.backends.numba_kernels.im2col import flipped_kernel_operand, image_columns_operand, image_rows_operand
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 
 # Backward weight: pixels are cut into chunks summed by separate blocks (chunks.chunk_plan), a fixed

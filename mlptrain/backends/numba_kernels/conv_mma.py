@@ -25,9 +25,9 @@ from numba import config, cuda, float32
 
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import chunks, gemm_mma, streams, tiles
+from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.backends.numba_kernels.im2col import image_columns_operand, image_rows_operand
-from mlptrain.backends.numba_kernels.precision import codec
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 
 KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}

@@ -28,7 +28,7 @@ from numba import config, cuda, float32, uint64
 from mlptrain.activation import RELU, SIGMOID, TANH
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import chunks, streams, tiles
-from mlptrain.backends.numba_kernels.precision import codec
+from mlptrain.backends.numba_kernels.codecs import codec
 
 NARROW_OUT = 4  # outputs of at most this many channels take these kernels...
 MAX_TAP_OUTPUTS = 36  # ...when KS * KS * Cout weight-gradient sums fit a thread's registers

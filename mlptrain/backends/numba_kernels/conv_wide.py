@@ -22,8 +22,8 @@ from numba import cuda, float32, uint64
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import streams, tiles
+from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.conv_narrow import LANES, even_segment, launch_bounds
-from mlptrain.backends.numba_kernels.precision import codec
 
 WIDE_IN = 4  # convolutions summing at most this many channels a tap...
 MAX_TAP_INPUTS = 36  # ...when the KS * KS * C weights of a wide channel fit a thread's registers

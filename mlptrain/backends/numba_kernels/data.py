@@ -3,13 +3,12 @@
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32, int32, int64
 
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import require, require_one_of
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_one_of
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 256
 MAX_ROW_BLOCKS = 65535  # the grid's y limit; more rows loop
@@ -58,20 +57,6 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS))
     _make_gather_batch(x.dtype)[grid, THREADS, streams.current()](images, labels, indices, checked_cursor(cursor),
                                                                   start, x, y, float32(scale), float32(shift))
-
-
-def checked_cursor(cursor):
-    """The cursor a launch reads: the one given (a 1-element int64 device array), or a shared zero for
-    launches given none (evaluation and tests walk through their arrays from the host)."""
-    if cursor is None:
-        return _zero_cursor()
-    require("cursor", cursor, "int64", (1,))
-    return cursor
-
-
-@functools.cache
-def _zero_cursor():
-    return cuda.to_device(np.zeros(1, np.int64))
 
 
 @kernel_cache.jit

@@ -25,7 +25,7 @@ from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.tiles import (
     TILES,
     check_activation,

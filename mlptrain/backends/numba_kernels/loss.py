@@ -7,9 +7,8 @@ from numba import cuda, float32, int32
 
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import require, require_one_of
-from mlptrain.backends.numba_kernels.data import checked_cursor
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_one_of
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 128
 

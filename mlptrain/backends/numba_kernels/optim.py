@@ -16,7 +16,7 @@ from numba import cuda, float32
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 

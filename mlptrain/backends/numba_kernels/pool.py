@@ -28,7 +28,7 @@ from numba import cuda, float32, uint8
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 256
 # Each block walks rows z, z + gridDim.z, ...: a grid of about MAX_BLOCKS blocks

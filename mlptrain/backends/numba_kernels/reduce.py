@@ -8,7 +8,8 @@ from numba import config, cuda, float32
 from mlptrain.backends.kernel_cache import cache as kernel_cache
 from mlptrain.backends.numba_kernels import chunks, streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
-from mlptrain.backends.numba_kernels.precision import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.chunks import column_width
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 BIAS_THREADS = 256
 # bias_backward: rows are cut into chunks of CHUNK_ROWS, each summed by its own blocks; with a
@@ -22,15 +23,6 @@ CHUNK_ROWS = 1024
 # thread in Python: there a small grid keeps a training step to seconds.
 PARTIALS = 4 if config.ENABLE_CUDASIM else 256
 SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 256
-
-
-def column_width(columns):
-    """Columns a block covers: 32 (a warp along a row), or fewer for narrower gradients, so the rest
-    of the block's threads split the rows instead of idling."""
-    width = 1
-    while width < min(columns, 32):
-        width *= 2
-    return width
 
 
 @functools.cache

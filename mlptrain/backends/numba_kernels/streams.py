@@ -31,6 +31,7 @@ def current():
 
 def graphs_supported() -> bool:
     """CUDA graphs need a real GPU and the driver bindings (numba-cuda's `cuda.bindings`)."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from numba import config
 
     if config.ENABLE_CUDASIM:
@@ -43,6 +44,7 @@ def graphs_supported() -> bool:
 
 def _check(result, what):
     """cuda.bindings calls return (CUresult, *values)."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from cuda.bindings import driver
 
     err, *values = result
@@ -56,6 +58,7 @@ class Graph:
 
     def __init__(self, record):
         global _stream
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
         from cuda.bindings import driver
 
         raw = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
@@ -77,12 +80,14 @@ class Graph:
         weakref.finalize(self, _destroy, self._exec, raw)
 
     def replay(self) -> None:
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
         from cuda.bindings import driver
 
         _check(driver.cuGraphLaunch(self._exec, driver.CUstream(0)), "cuGraphLaunch")
 
 
 def _destroy(graph_exec, stream):
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from cuda.bindings import driver
 
     driver.cuGraphExecDestroy(graph_exec)

@@ -66,6 +66,7 @@ def _simulated(kind):
 
 
 def _inline(kind):
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 

@@ -6,6 +6,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.backends.numba_kernels import reduce
+from mlptrain.backends.numba_kernels.chunks import column_width
 from tests import kernel_cases as cases
 from tests import reference as ref
 
@@ -41,7 +42,7 @@ def test_chunked_bias_gradient_is_bitwise_deterministic(rng, monkeypatch):
 
 
 def test_column_width_shrinks_for_narrow_gradients():
-    assert [reduce.column_width(c) for c in (1, 3, 5, 32, 40, 256)] == [1, 4, 8, 32, 32, 32]
+    assert [column_width(c) for c in (1, 3, 5, 32, 40, 256)] == [1, 4, 8, 32, 32, 32]
 
 
 def test_row_slice_of_a_larger_buffer(rng):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlptrain.activation import NONE, RELU
-from mlptrain.backends.numpy_kernels import conv, reduce
+from mlptrain.backends.numpy_kernels import conv, im2col, reduce
 from tests import kernel_cases
 from tests import reference as ref
 from tests import reference_conv as cases
@@ -47,8 +47,8 @@ def test_batches_in_chunks_of_images(rng, monkeypatch, column_bytes):
     """im2col columns of one image at a time, or of two (an image's are
     2 x 4 pixels x 9 taps x 2 channels x 4 bytes = 576 bytes): every chunk
     lands where it belongs."""
-    monkeypatch.setattr(conv, "COLUMN_BYTES", column_bytes)
-    assert len(conv.image_chunks(np.zeros((3, 2, 4, 2), np.float32), 3)) == (3 if column_bytes == 1 else 2)
+    monkeypatch.setattr(im2col, "COLUMN_BYTES", column_bytes)
+    assert len(im2col.image_chunks(np.zeros((3, 2, 4, 2), np.float32), 3)) == (3 if column_bytes == 1 else 2)
     cases.forward_case(BACKEND, rng, (3, 2, 4, 2, 3), 3, RELU, np.float32)
     cases.backward_input_case(BACKEND, rng, (3, 2, 4, 2, 3), 3, RELU, np.uint16)
     for beta in (0.0, 1.0):

@@ -1,0 +1,52 @@
+"""The CPU backend: NumPy arrays on the host and the NumPy kernel set (numpy_kernels/)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlptrain.backends import numpy_kernels
+from mlptrain.util.host_memory import host_available
+
+
+class CpuBackend:
+    """Satisfies `mlptrain.backends.protocol.Backend` with NumPy arrays; its device is the host."""
+
+    name = "cpu"
+
+    def __init__(self, fallback: str | None = None):
+        self.kernels = numpy_kernels
+        self.device_name = "cpu (NumPy)"
+        self.fallbacks = [fallback] if fallback else []  # why this backend runs instead of the one asked for
+
+    def empty(self, shape, dtype=np.float32):
+        return np.empty(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        return np.zeros(shape, dtype)
+
+    def to_device(self, array):
+        return np.ascontiguousarray(array).copy()
+
+    def to_host(self, array):
+        return np.array(array, copy=True)
+
+    def copy_from_host(self, dst, src):
+        dst[...] = src
+
+    def synchronize(self):
+        pass
+
+    def free_bytes(self) -> int | None:
+        """Bytes the device (here the host) can still give; None where the system will not say."""
+        return host_available()
+
+    def capture(self, record):
+        """A replayable recording of the launches `record()` makes, or None where there is none (here)."""
+        return None
+
+    def graphs_unavailable(self) -> str | None:
+        """Why `capture` records nothing (None: it records)."""
+        return "the cpu backend launches no CUDA kernels"
+
+    def start_compilers(self):
+        """NumPy needs no compiling."""

@@ -1,0 +1,164 @@
+"""The CUDA backend: numba device arrays and the Numba kernel set (numba_kernels/), and whether a GPU is
+usable at all. numba is imported only once a `CudaBackend` is made or the driver library could not answer,
+so the CPU path never pays for it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import sys
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+
+class CudaBackend:
+    """Satisfies `mlptrain.backends.protocol.Backend` with numba device arrays."""
+
+    name = "cuda"
+
+    def __init__(self):
+        # here, not at the top: the CPU path and `backend: auto` without a GPU never import numba (seconds)
+        import numba
+        from numba import cuda
+
+        from mlptrain.backends import numba_kernels
+
+        # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
+        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        self._cuda = cuda
+        self.kernels = numba_kernels
+        self.fallbacks = []
+        raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+        self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def empty(self, shape, dtype=np.float32):
+        with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
+            return self._cuda.device_array(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
+            return self._cuda.to_device(np.zeros(shape, dtype))
+
+    def to_device(self, array):
+        array = np.ascontiguousarray(array)
+        with gpu_memory_errors(array.nbytes):
+            return self._cuda.to_device(array)
+
+    def to_host(self, array):
+        return array.copy_to_host()
+
+    def copy_from_host(self, dst, src):
+        dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype))
+
+    def synchronize(self):
+        self._cuda.synchronize()
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
+        itself will tell)."""
+        try:
+            free, _ = self._cuda.current_context().get_memory_info()
+            return int(free)
+        except Exception:
+            return None
+
+    def start_compilers(self):
+        """On a machine with no compiled kernels yet, start the processes that will compile them, so that
+        they start while the data loads (numba_kernels.kernel_cache)."""
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        from mlptrain.backends.kernel_cache import cache as kernel_cache
+
+        kernel_cache.start_workers_if_cold()
+
+    def capture(self, record):
+        """The launches `record()` makes, captured (not run) as a CUDA graph whose `replay()` queues them all
+        at once; None on the simulator."""
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        from mlptrain.backends.numba_kernels import streams
+
+        return streams.Graph(record) if streams.graphs_supported() else None
+
+    def graphs_unavailable(self) -> str | None:
+        """Why `capture` records nothing (None: it records)."""
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        from numba import config
+
+        from mlptrain.backends.numba_kernels import streams
+
+        if streams.graphs_supported():
+            return None
+        if config.ENABLE_CUDASIM:
+            return "the CUDA simulator cannot capture graphs"
+        return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
+
+
+OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+@contextlib.contextmanager
+def gpu_memory_errors(nbytes: int):
+    """The driver's out-of-memory error on an allocation of `nbytes` as one line saying what to change (the
+    memory estimate, mlptrain.training.memory_plan, refuses what it knows cannot fit before anything is allocated; this
+    catches what it could not know: other processes on the GPU, fragmentation)."""
+    try:
+        yield
+    except Exception as err:
+        if getattr(err, "code", None) != OUT_OF_MEMORY and "OUT_OF_MEMORY" not in str(err):
+            raise
+        raise UserError(f"the GPU ran out of memory allocating {nbytes / 2**20:,.1f} MiB; use a smaller "
+                        "train.batch_size (with train.grad_accum_steps for the same effective batch), a smaller "
+                        "model or train.eval_batch_size, or free the GPU (nvidia-smi shows who holds it)") from None
+
+
+def driver_unusable_reason() -> str | None:
+    """Why the CUDA driver has no GPU to offer, found in milliseconds by asking the driver library itself
+    (ctypes: no numba import, no CUDA context); None when it reports a GPU, or when only numba can tell
+    (the CUDA simulator, a system other than Linux)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not sys.platform.startswith("linux"):
+        return None
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver: libcuda.so.1 not found"
+    count = ctypes.c_int(0)
+    status = driver.cuInit(0)
+    if status != 0:
+        return f"the CUDA driver failed to start (cuInit error {status})"
+    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return "the CUDA driver sees no GPU"
+    return None
+
+
+def cuda_unusable_reason() -> str | None:
+    """None when a GPU is usable, else why not, on one line (the driver's own words where it has some).
+    The driver is asked first: importing numba and probing through it takes seconds on a machine
+    without a GPU, which `backend: auto` would pay on every run there."""
+    reason = driver_unusable_reason()
+    if reason is not None:
+        return reason
+    try:
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        from numba import cuda
+
+        if cuda.is_available():
+            return None
+        len(cuda.gpus)  # raises the driver's reason, which is_available() swallows
+        return "numba found no CUDA GPU"
+    except Exception as err:  # a missing or broken driver or toolkit means: not usable, and this is why
+        return " ".join(str(err).split()).rstrip(" :") or type(err).__name__
+
+
+def cuda_usable() -> bool:
+    return cuda_unusable_reason() is None
+
+
+def gpu_count() -> int:
+    """GPUs this process sees (CUDA_VISIBLE_DEVICES applied); numba asks the driver."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    from numba import cuda
+
+    return len(cuda.gpus)

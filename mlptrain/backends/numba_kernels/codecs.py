@@ -1,0 +1,69 @@
+"""Storage formats on the device: `codec(dtype)` returns the device functions (load, store) a kernel factory
+closes over. load turns a stored element into float32, store rounds a float32 to the storage format (round
+to nearest, ties to even). A kernel built for float32 storage gets identity functions, so fp32 pays nothing
+for the choice. bf16 lives in uint16 (see `mlptrain.dtypes`). Every kernel family that stores activations
+or weights in a low format builds on these; precision.py's cast kernels among them.
+"""
+
+import numpy as np
+from numba import config, float32, int32, types, uint16, uint32
+
+from mlptrain.backends.kernel_cache import cache as kernel_cache
+
+if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: the same casts in NumPy
+    def float_bits(v):
+        return np.array(v, np.float32).view(np.uint32)[()]
+
+    def bits_float(u):
+        return np.array(int(u) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
+else:
+    from numba.cuda import libdevice
+
+    @kernel_cache.device
+    def float_bits(v):
+        return uint32(libdevice.float_as_int(v))
+
+    @kernel_cache.device
+    def bits_float(u):
+        return libdevice.int_as_float(int32(u))
+
+
+@kernel_cache.device
+def _identity(v):
+    return v
+
+
+@kernel_cache.device
+def _load_fp16(x):
+    return float32(x)
+
+
+@kernel_cache.device
+def _store_fp16(v):
+    return types.float16(v)
+
+
+@kernel_cache.device
+def _load_bf16(x):
+    return bits_float(uint32(x) << 16)
+
+
+@kernel_cache.device
+def _store_bf16(v):
+    u = float_bits(v)
+    if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN: keep it a quiet NaN rather than round it to inf
+        return uint16((u >> 16) | 0x40)
+    return uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+
+_CODECS = {
+    np.dtype(np.float32): (_identity, _identity),
+    np.dtype(np.float16): (_load_fp16, _store_fp16),
+    np.dtype(np.uint16): (_load_bf16, _store_bf16),
+}
+STORAGE_DTYPES = tuple(str(d) for d in _CODECS)
+
+
+def codec(dtype):
+    """(load, store) device functions for a storage dtype."""
+    return _CODECS[np.dtype(dtype)]

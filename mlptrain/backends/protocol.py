@@ -1,0 +1,53 @@
+"""What a backend is: the one interface the model, the optimizer and the training loop use, whichever
+device runs them. `CpuBackend` (cpu.py) and `CudaBackend` (cuda.py) satisfy it; tests/backends/test_protocol.py
+checks both, and that their kernel sets are twins.
+
+A backend's `kernels` is a kernel set: a package with one module per kernel family below, each offering
+the same public functions with the same signatures on both backends (numpy_kernels/ and numba_kernels/),
+over that backend's arrays.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable, Protocol, runtime_checkable
+
+FAMILIES = ("conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str  # "cpu" or "cuda"
+    device_name: str  # what summary.json records as the device
+    kernels: ModuleType  # the kernel set: a module per name in FAMILIES
+    fallbacks: list[str]  # why this backend runs instead of the one asked for (one line each)
+
+    def empty(self, shape, dtype=...) -> Any:
+        """An uninitialised array on the device."""
+
+    def zeros(self, shape, dtype=...) -> Any:
+        """A zeroed array on the device."""
+
+    def to_device(self, array) -> Any:
+        """A device copy of a host array."""
+
+    def to_host(self, array) -> Any:
+        """A NumPy copy of a device array."""
+
+    def copy_from_host(self, dst, src) -> None:
+        """`src` (host) written into the existing device array `dst`."""
+
+    def synchronize(self) -> None:
+        """Wait until every queued launch has finished."""
+
+    def free_bytes(self) -> int | None:
+        """Bytes the device can still give now; None where it will not say."""
+
+    def capture(self, record: Callable[[], None]) -> Any:
+        """A replayable recording (`.replay()`) of the launches `record()` makes, or None."""
+
+    def graphs_unavailable(self) -> str | None:
+        """Why `capture` records nothing; None when it records."""
+
+    def start_compilers(self) -> None:
+        """Start compiling the kernels a run will need, where compiling is needed."""

@@ -1,0 +1,63 @@
+"""A trained run loaded back: its config and checkpoint (best or last), its model with the checkpoint's
+parameters, sized to fit the memory free now. evaluate, predict, export and extract-features stand on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlptrain.config.load import load_config
+from mlptrain.config.schema import Config
+from mlptrain.errors import UserError
+from mlptrain.nn import make_model, model_dataset
+from mlptrain.training.checkpoint import load_checkpoint
+from mlptrain.training.fallbacks import warn
+from mlptrain.training.memory_plan import check_model_fits
+
+CHECKPOINTS = ("best", "last")
+
+
+def load_run(run_dir: Path, checkpoint: str) -> tuple[Config, Path]:
+    """The run's config and the path of its `checkpoint` (best or last); raises UserError."""
+    if checkpoint not in CHECKPOINTS:
+        raise UserError(f"--checkpoint {checkpoint}: use best or last")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir}: no config.yaml, so not a run directory")
+    config = load_config(run_dir / "config.yaml")
+    path = run_dir / "checkpoints" / f"{checkpoint}.npz"
+    if not path.is_file():
+        others = [name for name in CHECKPOINTS if (run_dir / "checkpoints" / f"{name}.npz").is_file()]
+        hint = f"use --checkpoint {others[0]}" if others else "the run stopped before its first checkpoint"
+        raise UserError(f"{run_dir}: no checkpoints/{checkpoint}.npz ({hint})")
+    return config, path
+
+
+def load_fitting_model(config: Config, path: Path, backend, dataset, rows: int, flag: str):
+    """(the model with checkpoint `path`'s parameters, holding up to `rows` images at a time; the dataset as
+    it reads it, mlptrain.nn.model_dataset). A batch beyond the larger part is never filled (a run may have
+    trained with train.eval_batch_size=1e9), and what remains must fit before anything is allocated (`flag`
+    names the setting to lower). Raises UserError."""
+    fed = model_dataset(config, dataset)
+    rows = min(rows, max(len(fed.train_images), len(fed.test_images), 1))
+    check_model_fits(config, backend, fed, rows, flag)
+    return load_model(config, path, backend, fed, rows), fed
+
+
+def warn_fallbacks(backend, dataset) -> None:
+    """One warning line for each thing the backend or the dataset cache fell back from."""
+    for note in [*backend.fallbacks, dataset.provenance.cache_note]:
+        if note:
+            warn(note)
+
+
+def load_model(config: Config, path: Path, backend, dataset, rows: int):
+    """The run's model, holding `rows` images at a time, with the parameters of checkpoint `path`; raises
+    UserError when they do not fit the config."""
+    arrays = load_checkpoint(path)
+    model = make_model(config, backend, dataset, rows)
+    try:
+        model.load_parameters(arrays, prefix="params/")  # also fills the fp16 / bf16 compute copy
+    except UserError as err:
+        raise UserError(f"{path}: {err}; was the config.yaml beside it changed?") from None
+    return model
