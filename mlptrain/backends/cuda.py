@@ -114,10 +114,10 @@ def gpu_memory_errors(nbytes: int):
                         "model or train.eval_batch_size, or free the GPU (nvidia-smi shows who holds it)") from None
 
 
-def driver_unusable_reason() -> str | None:
-    """Why the CUDA driver has no GPU to offer, found in milliseconds by asking the driver library itself
-    (ctypes: no numba import, no CUDA context); None when it reports a GPU, or when only numba can tell
-    (the CUDA simulator, a system other than Linux)."""
+def driver_gpu_count() -> int | str | None:
+    """The GPUs the CUDA driver offers this process (CUDA_VISIBLE_DEVICES applied), found in milliseconds by
+    asking the driver library itself (ctypes: no numba import, no CUDA context); a string saying why the
+    driver offers none; None when only numba can tell (the CUDA simulator, a system other than Linux)."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not sys.platform.startswith("linux"):
         return None
     try:
@@ -130,7 +130,14 @@ def driver_unusable_reason() -> str | None:
         return f"the CUDA driver failed to start (cuInit error {status})"
     if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
         return "the CUDA driver sees no GPU"
-    return None
+    return count.value
+
+
+def driver_unusable_reason() -> str | None:
+    """Why the CUDA driver has no GPU to offer (driver_gpu_count); None when it reports a GPU, or when only
+    numba can tell."""
+    found = driver_gpu_count()
+    return found if isinstance(found, str) else None
 
 
 def cuda_unusable_reason() -> str | None:
@@ -157,8 +164,14 @@ def cuda_usable() -> bool:
 
 
 def gpu_count() -> int:
-    """GPUs this process sees (CUDA_VISIBLE_DEVICES applied); numba asks the driver."""
-    # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    """GPUs this process can use (CUDA_VISIBLE_DEVICES applied): the driver's count, or numba's where only
+    numba can tell (the simulator); 0 when no GPU is usable."""
+    found = driver_gpu_count()
+    if isinstance(found, int):
+        return found
+    if isinstance(found, str):
+        return 0
+    # imported on first use: numba takes seconds to import, and only the simulator or a non-Linux system gets here
     from numba import cuda
 
-    return len(cuda.gpus)
+    return len(cuda.gpus) if cuda_usable() else 0

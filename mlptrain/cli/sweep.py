@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -53,6 +54,9 @@ def sweep(
                                           "(default: an SQLite file in the sweep's folder)"),
     workers: int = typer.Option(1, "--workers", help="trials at once on this machine (one GPU each when there "
                                 "are several)"),
+    worker: bool = typer.Option(False, "--worker", hidden=True,
+                                help="started by a sweep command of this machine, which opened the study: take "
+                                     "trials until none is queued, then exit"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
@@ -60,7 +64,8 @@ def sweep(
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
     from mlptrain.sweep.report import results_table, trial_rows, write_results
     from mlptrain.sweep.spec import load_sweep
-    from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: only when used
+    from mlptrain.sweep.workers import start_workers, stop_workers
+    from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [], resolve_base)
@@ -72,21 +77,33 @@ def sweep(
     engine.check_storage_url(url)
     resources, base_config = Resources(), config_from_dict(spec.raw)
     if workers == 1:
-        resources.prepare(base_config)
-    else:
-        check_inputs(base_config)
-    study, study_storage = _open(engine, spec, sweep_dir, name, url)
+        resources.prepare(base_config)  # refusals before the sweep's folder exists
+    else:  # the same refusals, without a GPU context: the workers start before this process makes one
+        check_inputs(base_config, resources)
+    created = not sweep_dir.exists()
+    children, command = {}, [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
+                             str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
+    try:
+        _make_folder(sweep_dir)
+        if workers > 1:  # first: their start (imports, GPU, data) overlaps ours; they wait for the study
+            children = start_workers(command, workers, base_config.backend, sweep_dir, first=1)
+        study, study_storage = engine.open_study(spec, sweep_dir, name, url, worker=worker)
+    except BaseException:
+        stop_workers(list(children.values()), signal.SIGTERM)
+        if created:
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+        raise
 
-    def save():
-        write_results(sweep_dir, spec, trial_rows(study, spec))
+    def save():  # after each trial; the sweep's end (or Ctrl-C) writes them durably
+        write_results(sweep_dir, spec, trial_rows(study, spec), durable=False)
 
     problems = []
     try:
         with sigterm_as_interrupt():
-            problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, path, overrides,
-                             runs_dir, name, url, base_config)
+            problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command,
+                             base_config, worker, children)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: every running trial is queued again
-        save()
+        write_results(sweep_dir, spec, trial_rows(study, spec))
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
         raise typer.Exit(interrupt_exit_code(err))
     rows = trial_rows(study, spec)
@@ -100,22 +117,24 @@ def sweep(
         raise UserError("; ".join(problems))
 
 
-def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, path, overrides, runs_dir,
-          name, url, base_config) -> list[str]:
-    """Run trials here (one worker) or in `workers` child processes; returns a line per failed worker."""
+def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, base_config, worker,
+          children) -> list[str]:
+    """Run trials here, and with `workers` > 1 in the `children` started beside this process; returns a line
+    per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
+    another."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.backends.cuda import cuda_usable
-    from mlptrain.cli.warmup import warm_in_child
     from mlptrain.sweep.workers import run_workers
 
+    def here():
+        resources.prepare(base_config)  # a no-op with one worker: prepared before the study was opened
+        engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,
+                    wait_for_others=not worker and workers == 1)
+
     if workers == 1:
-        engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save)
+        here()
         return []
-    command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
-               str(runs_dir), "--name", name, "--storage", url, "--workers", "1"]
-    if base_config.backend != "cpu" and cuda_usable():
-        warm_in_child(spec.raw, sweep_dir / "warmup.log")
-    return run_workers(command, workers, base_config.backend, sweep_dir, study, spec)
+    return run_workers(command, workers, base_config.backend, sweep_dir, study, spec, study_storage, here=here,
+                       procs=children)
 
 
 def _show(table) -> None:
@@ -127,16 +146,8 @@ def _show(table) -> None:
                 ).print(table)
 
 
-def _open(engine, spec, sweep_dir: Path, name: str, url: str):
-    """The study, in a sweep folder created for it if needed (and removed again if it cannot open)."""
-    created = not sweep_dir.exists()
+def _make_folder(sweep_dir: Path) -> None:
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"{sweep_dir}: cannot create the sweep folder ({err.strerror})") from None
-    try:
-        return engine.open_study(spec, sweep_dir, name, url)
-    except UserError:
-        if created:
-            shutil.rmtree(sweep_dir, ignore_errors=True)
-        raise

@@ -3,10 +3,6 @@ then exit, so that later runs (a cluster image's, a sweep's workers) start at on
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -32,21 +28,3 @@ def warmup(
         console.print(f"backend {backend.name}: the NumPy kernels need no compiling")
         return
     compile_kernels(build_session(cfg, backend, dataset))
-
-
-def warm_in_child(config: dict, log: Path) -> None:
-    """`mlptrain warmup` of a resolved config in a child process, which fills the kernel cache and exits
-    (freeing its GPU): a sweep runs it before starting its workers, so that no worker compiles. Its output
-    goes to `log`; a failure is one warning line, and the workers then compile for themselves."""
-    # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.runs.folders import write_yaml
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.yaml"
-        write_yaml(path, {k: v for k, v in config.items() if k != "description"})
-        with console.status("compiling the sweep's kernels once, for every worker"), open(log, "a") as out:
-            done = subprocess.run([sys.executable, "-m", "mlptrain", "warmup", str(path)], stdout=out,
-                                  stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        console.print(f"[bold yellow]warning:[/] compiling the kernels ahead failed (see {log}); "
-                      "each worker compiles its own")

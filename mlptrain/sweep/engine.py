@@ -31,6 +31,7 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+from sqlalchemy import event
 
 from mlptrain.errors import UserError
 from mlptrain.runs.lock import release_run
@@ -47,6 +48,7 @@ GRACE_S = 30  # silence after which its worker is taken for dead and the trial i
 POLL_S = 2  # how often a worker with nothing to take looks again
 SETUP_WAIT_S = 60  # how long to wait for another worker to finish queueing a new study's trials
 PRUNE_AFTER_TRIALS = 5  # Optuna's default: the median of fewer finished trials is noise
+READY = ".study-ready"  # in the sweep folder once its study exists: `--worker` children wait for it
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -98,15 +100,41 @@ def database_url(url: str) -> str:
                     "(psycopg 3), or psycopg2 and write postgresql+psycopg2://")
 
 
-def _storage(url: str):
+def _storage(url: str, checked: bool = False):
+    """Optuna's RDB storage at `url`. `checked`: the sweep's own command has just made (or checked) the
+    tables, so their creation and the schema's version check are skipped."""
     url = database_url(url)
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # workers wait their turn
     try:
         with _quiet():
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=GRACE_S)
+                                              grace_period=GRACE_S, skip_compatibility_check=checked,
+                                              skip_table_creation=checked)
     except Exception as err:  # a bad URL, a missing driver, an unreachable server: one line
         raise UserError(f"--storage {_redacted(url)}: cannot open it ({type(err).__name__}: {err})") from None
+
+
+def _write_ahead_log(storage) -> None:
+    """SQLite in write-ahead-log mode (a setting of the file, kept): readers no longer block the writer nor it
+    them, so workers' polls, heartbeats and claims do not queue behind each other (sqlite.org/wal.html)."""
+    if storage.engine.url.get_backend_name() == "sqlite":
+        with storage.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+
+
+def _sync_at_checkpoints(storage) -> None:
+    """Each SQLite connection with synchronous=NORMAL: in WAL mode a commit then needs no fsync of its own
+    (the WAL is synced at checkpoints) and the file still cannot be corrupted; a power cut may only undo the
+    last commits, so a claimed trial runs again (sqlite.org/pragma.html#pragma_synchronous). A trial makes
+    a dozen commits (claim, heartbeats, attributes, its outcome)."""
+    if storage.engine.url.get_backend_name() != "sqlite":
+        return
+
+    def on_connect(connection, _record):
+        connection.execute("PRAGMA synchronous=NORMAL")
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # the connections opened so far were made before the listener
 
 
 def _redacted(url: str) -> str:
@@ -138,24 +166,46 @@ def _setup_lock(folder: Path):
         yield
 
 
-def open_study(sweep: Sweep, sweep_dir: Path, name: str, url: str):
+def open_study(sweep: Sweep, sweep_dir: Path, name: str, url: str, worker: bool = False):
     """(study, storage): the study `name`, created with its whole queue, or the one that exists,
-    which must be this same sweep."""
+    which must be this same sweep. `worker`: a `--worker` child of this machine's sweep command, which
+    opens the study (it waits for that) and checks it: the child loads it without the set-up lock and
+    schema checks."""
     pruner = optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER_TRIALS) if sweep.prune \
         else optuna.pruners.NopPruner()
+    if worker:
+        _wait_for_study(sweep_dir, url)
+        storage = _storage(url, checked=True)
+        _sync_at_checkpoints(storage)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(sweep), pruner=pruner)
+        _check_same_sweep(study, sweep, sweep_dir, url)
+        return study, storage
     with _setup_lock(sweep_dir):
         storage = _storage(url)
+        _write_ahead_log(storage)
+        _sync_at_checkpoints(storage)
         try:
             study = optuna.create_study(storage=storage, study_name=name, sampler=_sampler(sweep), pruner=pruner,
                                         direction=sweep.direction)
         except optuna.exceptions.DuplicatedStudyError:
             study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(sweep), pruner=pruner)
             _check_same_sweep(study, sweep, sweep_dir, url)
-            return study, storage
-        for params in sweep.grid() if sweep.method == "grid" else [{}] * sweep.trials:
-            study.enqueue_trial(params)
-        study.set_user_attr("sweep", sweep.definition())  # last: tells other workers the queue is complete
+        else:
+            for params in sweep.grid() if sweep.method == "grid" else [{}] * sweep.trials:
+                study.enqueue_trial(params)
+            study.set_user_attr("sweep", sweep.definition())  # last: tells other workers the queue is complete
+        (sweep_dir / READY).touch()
     return study, storage
+
+
+def _wait_for_study(sweep_dir: Path, url: str) -> None:
+    """A `--worker` child starts before its parent has opened the study (so that its own start overlaps
+    the parent's): it waits until the study exists."""
+    deadline = time.monotonic() + SETUP_WAIT_S
+    while not (sweep_dir / READY).exists():
+        if time.monotonic() > deadline:
+            raise UserError(f"{_redacted(url)}: the sweep command that started this worker never opened its study")
+        time.sleep(0.05)
 
 
 def _check_same_sweep(study, sweep: Sweep, sweep_dir: Path, url: str) -> None:
@@ -210,19 +260,26 @@ def claim_next(study, storage, study_id: int):
     return None
 
 
-def requeue_stale(study, storage, study_id: int) -> None:
+def requeue_stale(study, storage, study_id: int) -> int:
     """Fail the running trials whose worker is gone (claims.abandoned) and queue each again; of several
-    workers doing this at once, only the one whose release succeeds queues the re-run."""
+    workers doing this at once, only the one whose release succeeds queues the re-run. Returns how many
+    this call queued again."""
+    queued = 0
     for trial_id in claims.abandoned(storage, study_id, GRACE_S):
         if claims.release(storage, trial_id):
             frozen = storage.get_trial(trial_id)
             console.print(f"trial {frozen.number}: its worker is gone; queued again")
             _requeue(study, frozen)
+            queued += 1
+    return queued
 
 
-def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None) -> None:
-    """Run queued trials until none is left, then wait for the ones other workers are running: when one
-    of those workers dies, its trial is queued again and taken here."""
+def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None,
+         wait_for_others: bool = True) -> None:
+    """Run queued trials until none is left, then (`wait_for_others`) wait for the ones other workers are
+    running: when one of those workers dies, its trial is queued again and taken here. A worker started by
+    this machine's sweep command does not wait: that parent sees its children end and queues a dead one's
+    trial again itself (mlptrain.sweep.workers)."""
     study_id = storage.get_study_id_from_name(study.study_name)
     waiting_for = None
     while True:
@@ -233,6 +290,8 @@ def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on
             if on_trial_end is not None:
                 on_trial_end()
             continue
+        if not wait_for_others:
+            return
         running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         if not running:
             return

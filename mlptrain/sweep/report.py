@@ -56,11 +56,13 @@ def _plain(value):
     return value
 
 
-def write_results(sweep_dir: Path, sweep, rows: list[dict]) -> None:
+def write_results(sweep_dir: Path, sweep, rows: list[dict], durable: bool = True) -> None:
+    """results.json and results.csv, from the study's rows. After each trial they are written without an
+    fsync (`durable=False`): the study is the durable record, and the sweep's end writes them durably."""
     top = best(rows, sweep.direction)
     results = {"sweep": sweep_dir.name, "method": sweep.method, "metric": sweep.metric,
                "direction": sweep.direction, "best": top["number"] if top else None, "trials": rows}
-    write_text(sweep_dir / "results.json", json.dumps(_plain(results), indent=2) + "\n")
+    write_text(sweep_dir / "results.json", json.dumps(_plain(results), indent=2) + "\n", durable)
     names = [p.name for p in sweep.parameters]
     out = io.StringIO()
     writer = csv.writer(out)
@@ -69,7 +71,7 @@ def write_results(sweep_dir: Path, sweep, rows: list[dict]) -> None:
         params = [_csv_value(row["params"].get(n)) for n in names]
         writer.writerow([row["number"], row["state"], _csv_value(row["value"]), *params, row["run_dir"] or "",
                          row["error"] or ""])
-    write_text(sweep_dir / "results.csv", out.getvalue())
+    write_text(sweep_dir / "results.csv", out.getvalue(), durable)
 
 
 def _csv_value(value) -> str:

@@ -17,6 +17,7 @@ the file; a combination that the config rejects is only a failed trial.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -126,7 +127,13 @@ class Sweep:
         return {p.name: p.decode(stored[p.name]) for p in self.parameters if p.name in stored}
 
     def trial_config(self, params: dict, source: str) -> Config:
-        return _build(self.raw, params, source)
+        """A trial's config. A trial is never resumed (a re-run starts afresh), so unless its config sets
+        train.checkpoint_every_epochs it writes its checkpoints once, at its end: `last` and `best`."""
+        config = _build(self.raw, params, source)
+        if "checkpoint_every_epochs" in (self.raw.get("train") or {}) or "train.checkpoint_every_epochs" in params:
+            return config
+        return dataclasses.replace(config, train=dataclasses.replace(config.train,
+                                                                     checkpoint_every_epochs=config.train.epochs))
 
     def definition(self) -> dict:
         """What makes two runs of the sweep command the same sweep (JSON values), for resuming: the base

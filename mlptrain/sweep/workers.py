@@ -1,9 +1,13 @@
-"""`--workers K`: K child processes, each the same sweep command with one worker.
+"""`--workers K`: this process and K - 1 child processes, each taking trials from the same study.
 
-Each child takes queued trials from the shared study like any other worker, so
-K processes here and more on other machines divide one sweep the same way. The
-parent trains nothing: it starts the children (one GPU each when there are
-several), reports trials as they end, and passes Ctrl-C on.
+Each child is the same sweep command with one worker (`--worker`), and takes queued trials from the
+shared study like any other worker, so K processes here and more on other machines divide one sweep
+the same way. The command itself is worker 0: it starts its children first (one GPU each when there
+are several: it keeps the first, they take the others in turn), so their start-up overlaps its own,
+then trains beside them while a thread watches them. A child exits as soon as nothing is queued;
+when one dies, its trial is queued again at once and another child takes its place (at most K - 1
+times in all, so a trial that kills every worker cannot loop). The sweep ends when the last worker
+does. Ctrl-C reaches the children from here, once.
 """
 
 from __future__ import annotations
@@ -12,51 +16,134 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
-from mlptrain.backends.cuda import cuda_usable, gpu_count
+from mlptrain.backends.cuda import gpu_count
+from mlptrain.sweep import claims
+from mlptrain.sweep.engine import requeue_stale
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.util.console import console
 
-POLL_S = 2
+POLL_S = 2  # how often the parent reports the trials its children finished
+WAIT_S = 0.05  # how often it looks at its children: the sweep ends within this of its last worker
 STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def gpu_slots(backend: str) -> list[str | None]:
     """The CUDA_VISIBLE_DEVICES of each worker in turn: one GPU each when there are several, else unpinned."""
-    if backend == "cpu" or not cuda_usable():
+    if backend == "cpu":
+        return [None]
+    count = gpu_count()  # the driver's own count: the parent never imports numba or makes a CUDA context
+    if count < 2:
         return [None]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-    else:
-        ids = [str(i) for i in range(gpu_count())]
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else \
+        [str(i) for i in range(count)]
     return ids if len(ids) > 1 else [None]
 
 
-def run_workers(command: list[str], workers: int, backend: str, sweep_dir: Path, study, sweep) -> list[str]:
-    """Runs `command` in `workers` processes until all exit; returns a line for each that failed."""
+def start_workers(command: list[str], workers: int, backend: str, sweep_dir: Path, first: int = 0) -> dict:
+    """Start workers `first` .. `workers` - 1 running `command` (worker 0 is this process when `first` is 1),
+    one GPU each in turn when there are several; returns {index: process}."""
     slots = gpu_slots(backend)
-    procs = []
-    for i in range(workers):
-        env = dict(os.environ)
-        if slots[i % len(slots)] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = slots[i % len(slots)]
-        with open(sweep_dir / f"worker-{i}.log", "a") as log:
-            # a session of its own: Ctrl-C reaches a worker once, from here, not also from the terminal
-            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True, preexec_fn=die_with_parent))
-    pinned = f", GPUs {', '.join(s for s in slots[:workers])}" if slots[0] is not None else ""
-    console.print(f"{workers} workers started{pinned}; their output goes to {sweep_dir}/worker-N.log")
+    gpus = f", GPUs {', '.join(slots[i % len(slots)] for i in range(workers))}" if slots[0] is not None else ""
+    who = f"{workers} workers (this process and {workers - 1} more){gpus}; the others'" if first else \
+        f"{workers} workers started{gpus}; their"
+    procs = {i: _start(command, slots, sweep_dir, i) for i in range(first, workers)}
+    console.print(f"{who} output goes to {sweep_dir}/worker-N.log")
+    return procs
+
+
+def _start(command: list[str], slots: list, sweep_dir: Path, i: int) -> subprocess.Popen:
+    env = dict(os.environ)
+    if slots[i % len(slots)] is not None:
+        env["CUDA_VISIBLE_DEVICES"] = slots[i % len(slots)]
+    with open(sweep_dir / f"worker-{i}.log", "a") as log:
+        # a session of its own: Ctrl-C reaches a worker once, from here, not also from the terminal
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=die_with_parent)
+
+
+def run_workers(command: list[str], workers: int, backend: str, sweep_dir: Path, study, sweep, storage=None,
+                here=None, procs: dict | None = None) -> list[str]:
+    """Runs `command` in child processes until all exit and returns a line for each that failed. With
+    `here` (this process's own share: prepare, then take trials until none is queued), this process is
+    worker 0 and `workers - 1` children run (`procs`, when start_workers started them already); without
+    it, `workers` children. `storage` lets this process queue a dead child's trial again."""
+    slots = gpu_slots(backend)
+    first = 0 if here is None else 1
+    if procs is None:
+        procs = start_workers(command, workers, backend, sweep_dir, first)
+    watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i), study, sweep, storage, sweep_dir,
+                       restarts=workers - first)
     try:
-        _report_until_done(procs, study, sweep)
-    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (interrupt.Terminated): the workers get the same
-        stop_workers(procs, getattr(err, "signum", signal.SIGINT))
+        if here is None:
+            watcher.watch()
+        else:
+            thread = threading.Thread(target=watcher.watch, name="sweep-workers", daemon=True)
+            thread.start()
+            here()
+            while thread.is_alive():  # a timed join: Ctrl-C still reaches this (the main) thread
+                thread.join(WAIT_S)
+        return watcher.failed
+    except BaseException as err:  # Ctrl-C or SIGTERM (signals.Terminated), or a refusal: the workers stop too
+        watcher.stopped.set()
+        stop_workers(list(watcher.procs.values()), getattr(err, "signum", signal.SIGINT)
+                     if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
         raise
-    return [f"worker {i} {_ending(p.returncode)} (see {sweep_dir}/worker-{i}.log)"
-            for i, p in enumerate(procs) if p.returncode != 0]
+
+
+class _Watcher:
+    """Waits for the children (checked every WAIT_S), reports the trials they finish (every POLL_S), and
+    replaces a child that died holding a trial; `failed` collects a line per child that failed."""
+
+    def __init__(self, procs: dict, start, study, sweep, storage, sweep_dir: Path, restarts: int):
+        self.procs, self.start, self.study, self.sweep, self.storage = procs, start, study, sweep, storage
+        self.sweep_dir, self.restarts = sweep_dir, restarts
+        self.failed: list[str] = []
+        self.stopped = threading.Event()
+
+    def watch(self) -> None:
+        reported = set()
+        _report(self.study, self.sweep, reported, show=False)  # what ended before this command: not again
+        ended, next_report = set(), time.monotonic() + POLL_S
+        while not self.stopped.is_set():
+            newly = [i for i, p in self.procs.items() if i not in ended and p.poll() is not None]
+            for i in newly:
+                ended.add(i)
+                if self._replaced(i):
+                    ended.discard(i)
+            if newly or time.monotonic() >= next_report:
+                _report(self.study, self.sweep, reported)
+                next_report = time.monotonic() + POLL_S
+            if len(ended) == len(self.procs):
+                return
+            time.sleep(WAIT_S)
+
+    def _replaced(self, i: int) -> bool:
+        """After child `i` exited: whether a new child took its place (it died during a trial, now queued
+        again); a failure is recorded otherwise."""
+        code = self.procs[i].returncode
+        if code == 0:
+            return False
+        ending = f"worker {i} {_ending(code)} (see {self.sweep_dir}/worker-{i}.log)"
+        if self.storage is not None and self.restarts > 0 and _requeue_its_trial(self.study, self.storage):
+            self.restarts -= 1
+            console.print(f"[yellow]warning:[/] {ending} during a trial: the trial is queued again and a new "
+                          f"worker {i} takes its place", highlight=False)
+            self.procs[i] = self.start(i)
+            return True
+        self.failed.append(ending)
+        return False
+
+
+def _requeue_its_trial(study, storage) -> bool:
+    """Queue again the trials whose worker of this machine is gone (its process no longer runs); whether
+    there were any."""
+    return requeue_stale(study, storage, storage.get_study_id_from_name(study.study_name)) > 0
 
 
 def stop_workers(procs, signum: int) -> None:
@@ -86,16 +173,18 @@ def _ending(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-def _report_until_done(procs, study, sweep) -> None:
-    reported = {r["number"] for r in trial_rows(study, sweep) if r["state"] in ("complete", "pruned", "failed")}
-    while True:
-        finished = all(p.poll() is not None for p in procs)
-        for row in trial_rows(study, sweep):
-            if row["state"] in ("complete", "pruned", "failed") and row["number"] not in reported:
-                reported.add(row["number"])
-                outcome = row["error"] if row["value"] is None else f"{sweep.metric} {format_metric(row['value'])}"
-                console.print(f"trial {row['number']} {row['state']}: {outcome} ({format_params(row['params'])})",
-                              highlight=False)
-        if finished:
-            return
-        time.sleep(POLL_S)
+def _report(study, sweep, reported: set, show: bool = True) -> None:
+    """One line for each trial another process finished since the last report (added to `reported`);
+    this process prints its own trials as it runs them."""
+    if study is None:
+        return
+    mine = {t.number for t in study.get_trials(deepcopy=False)
+            if (t.system_attrs.get(claims.WORKER) or {}).get("pid") == os.getpid()}
+    for row in trial_rows(study, sweep):
+        if row["state"] in ("complete", "pruned", "failed") and row["number"] not in reported:
+            reported.add(row["number"])
+            if not show or row["number"] in mine:
+                continue
+            outcome = row["error"] if row["value"] is None else f"{sweep.metric} {format_metric(row['value'])}"
+            console.print(f"trial {row['number']} {row['state']}: {outcome} ({format_params(row['params'])})",
+                          highlight=False)

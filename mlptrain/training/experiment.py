@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import suppress
 from pathlib import Path
 
-from mlptrain.backends.cuda import cuda_usable
+from mlptrain.backends.cuda import driver_unusable_reason
 from mlptrain.backends.selection import get_backend
 from mlptrain.config.load import RESOLVED, read_yaml, resolved_dict
 from mlptrain.config.rules import check_validation
@@ -52,12 +52,13 @@ class Resources:
         return self._backends[config.backend], self.dataset(config)
 
 
-def check_inputs(config: Config) -> None:
-    """What `Resources.prepare` checks, without starting a GPU context: for a process that only
-    starts workers, which take the GPUs."""
-    if config.backend == "cuda" and not cuda_usable():
+def check_inputs(config: Config, resources: Resources | None = None) -> None:
+    """What `Resources.prepare` refuses, found before a sweep starts its workers and without a GPU context:
+    the dataset (loaded into `resources`, which keep it) and, for backend cuda, a driver with no GPU (the
+    driver library answers in milliseconds; numba's own checks come when the backend is made)."""
+    if config.backend == "cuda" and driver_unusable_reason() is not None:
         get_backend("cuda")  # raises its one-line reason
-    Resources().dataset(config)
+    (resources or Resources()).dataset(config)
 
 
 def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False,

@@ -167,8 +167,9 @@ def _announce(s: Session, run_dir: Path) -> None:
 
 
 def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -> tuple[Position, bool]:
-    """Stop on a non-finite validation loss; step the plateau schedule; write the `last` (when due) and
-    `best` (when improved by more than train.early_stopping.min_delta) checkpoints. Returns the best value
+    """Stop on a non-finite validation loss; step the plateau schedule; write the `last` checkpoint when due
+    (every train.checkpoint_every_epochs, at the end, when stopping early) and with it `best`, when an epoch
+    since the last one improved by more than train.early_stopping.min_delta (held in memory until then). Returns the best value
     so far of the selection metric with its epoch (as a Position's `best` and `best_epoch`), and whether
     early stopping ends the run here."""
     epoch, step = record["epoch"], record["step"]
@@ -187,10 +188,11 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs or stopped
     if save_last or best.best_epoch == epoch:
         arrays = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
+        if best.best_epoch == epoch:  # kept in memory until `last` is written: best.npz never runs ahead of it
+            s.unsaved_best = arrays
         if save_last:
             save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
-        if best.best_epoch == epoch:
-            save_checkpoint(run_dir / "checkpoints" / "best.npz", arrays)
+            _save_best(s, run_dir)
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
                       f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
@@ -212,11 +214,20 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 
 
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
-    """Write `last` at `position` (after the optimizer step just finished) and raise TrainingInterrupted."""
+    """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
+    raise TrainingInterrupted."""
     save_checkpoint(run_dir / "checkpoints" / "last.npz", _checkpoint(s, position))
+    _save_best(s, run_dir)
     epoch = position.epoch + (1 if position.window else 0)
     raise TrainingInterrupted(f"interrupted at epoch {epoch} step {s.step.read()['steps']}; "
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
+
+
+def _save_best(s: Session, run_dir: Path) -> None:
+    """best.npz from the arrays held since the best epoch, once `last` (which records that epoch) is written."""
+    if s.unsaved_best is not None:
+        save_checkpoint(run_dir / "checkpoints" / "best.npz", s.unsaved_best)
+        s.unsaved_best = None
 
 
 def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:

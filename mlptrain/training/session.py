@@ -41,6 +41,7 @@ class Session:
     stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
     notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.training.compilation)
     wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
+    unsaved_best: dict | None = None  # the best epoch's checkpoint arrays, written with the next `last`
 
     @property
     def fallbacks(self) -> list[str]:

@@ -52,17 +52,18 @@ def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str
 
 
 @contextmanager
-def atomic_write(path: Path, binary: bool = False):
-    """`replacing`, durable, for a run's own files: an OSError (a full or read-only disk) becomes one
-    UserError line naming the file."""
+def atomic_write(path: Path, binary: bool = False, durable: bool = True):
+    """`replacing`, for a run's own files: an OSError (a full or read-only disk) becomes one UserError line
+    naming the file. `durable=False` skips the fsync, for a file derived from records that are themselves
+    durable and written again soon (a sweep's results after each trial): still whole, old or new."""
     try:
-        with replacing(path, binary) as file:
+        with replacing(path, binary, durable) as file:
             yield file
     except OSError as err:
         raise UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, "
                         "is intact") from None
 
 
-def write_text(path: Path, text: str) -> None:
-    with atomic_write(path) as file:
+def write_text(path: Path, text: str, durable: bool = True) -> None:
+    with atomic_write(path, durable=durable) as file:
         file.write(text)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mlptrain.backends.cuda import cuda_unusable_reason, driver_unusable_reason
+from mlptrain.backends.cuda import cuda_unusable_reason, driver_unusable_reason, gpu_count
 from mlptrain.backends.selection import get_backend
 
 
@@ -59,3 +59,16 @@ def test_the_simulator_is_numbas_to_answer(monkeypatch):
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
     monkeypatch.setattr(ctypes, "CDLL", missing)
     assert driver_unusable_reason() is None
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_the_gpus_are_counted_by_the_driver(monkeypatch, linux_without_simulator, count):
+    """A sweep's parent counts GPUs to place its workers: the driver answers, numba is not imported."""
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeDriver(count=count))
+    monkeypatch.setitem(sys.modules, "numba", None)  # importing numba here would raise
+    assert gpu_count() == count
+
+
+def test_a_driver_without_gpus_counts_none(monkeypatch, linux_without_simulator):
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert gpu_count() == 0

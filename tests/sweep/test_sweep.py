@@ -24,6 +24,7 @@ from mlptrain.data import DATASETS, ImageDataset
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
 from mlptrain.sweep.spec import load_sweep
+from mlptrain.training.experiment import Resources
 from tests.cli.test_cli import REPO
 
 FAST = ["backend=cpu", "train.epochs=1", "model.hidden=[16]", "data.val_size=100", "train.batch_size=100",
@@ -67,7 +68,7 @@ def write_sweep(tmp_path, parameters, **fields):
 
 
 def run_sweep(path, runs_dir, overrides=(), name="s", fast=FAST):
-    sweep(str(path), [*fast, *overrides], runs_dir, name, None, 1)
+    sweep(str(path), [*fast, *overrides], runs_dir, name, None, 1, False)
     return json.loads((runs_dir / name / "results.json").read_text())
 
 
@@ -177,6 +178,34 @@ def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(
     assert here.state.name == "RUNNING"  # a starved worker on this machine is not taken for dead
     assert elsewhere.state.name == "FAIL" and retry.state.name == "WAITING"
     assert retry.user_attrs == {"retry_of": 1} and retry.system_attrs["fixed_params"] == {"optim.lr": 2e-3}
+
+
+def test_a_worker_of_this_machines_sweep_exits_when_nothing_is_queued(tmp_path, monkeypatch):
+    """A `--worker` child neither waits for trials running elsewhere (its parent watches them) nor creates
+    or checks the study's tables: it loads the study its parent made, whose SQLite file is in WAL mode."""
+    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), [], resolve_base)
+    url = f"sqlite:///{tmp_path}/study.db"
+    study, storage = engine.open_study(spec, tmp_path, "s", url)
+    with storage.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL: WAL syncs at checkpoints
+    engine.claim_next(study, storage, storage.get_study_id_from_name("s"))  # held by a live worker (this one)
+    worker_study, worker_storage = engine.open_study(spec, tmp_path, "s", url, worker=True)
+    monkeypatch.setattr(engine, "_run_trial", lambda *args: pytest.fail("nothing was queued"))
+    started = time.monotonic()
+    engine.work(worker_study, worker_storage, spec, tmp_path, Resources(), wait_for_others=False)
+    assert time.monotonic() - started < engine.POLL_S
+    assert [t.state.name for t in worker_study.get_trials()] == ["RUNNING"]
+
+
+def test_a_trial_checkpoints_once_at_its_end_unless_its_config_says(tmp_path):
+    """A trial never resumes (a re-run starts afresh): it writes `last` and `best` once, at its end."""
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3], "train.epochs": [2, 6]})
+    spec = load_sweep(path, [], resolve_base)
+    assert spec.trial_config({"optim.lr": 1e-3, "train.epochs": 6}, "t").train.checkpoint_every_epochs == 6
+    assert spec.trial_config({"optim.lr": 1e-3, "train.epochs": 2}, "t").train.checkpoint_every_epochs == 2
+    asked = load_sweep(path, ["train.checkpoint_every_epochs=1"], resolve_base)
+    assert asked.trial_config({"optim.lr": 1e-3, "train.epochs": 6}, "t").train.checkpoint_every_epochs == 1
 
 
 def test_random_and_tpe_run_their_trials_within_the_range(tmp_path, tiny_mnist):

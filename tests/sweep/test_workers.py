@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import numba.cuda
 import pytest
 
 from mlptrain.sweep import workers
@@ -24,8 +23,7 @@ PRINT_GPU = [sys.executable, "-c", "import os; print('gpu=' + os.environ.get('CU
 def gpus(monkeypatch):
     """A machine whose driver shows `n` GPUs (CUDA_VISIBLE_DEVICES unset unless a test sets it)."""
     def machine(n: int, usable: bool = True):
-        monkeypatch.setattr(workers, "cuda_usable", lambda: usable)
-        monkeypatch.setattr(numba.cuda, "gpus", [object()] * n, raising=False)
+        monkeypatch.setattr(workers, "gpu_count", lambda: n if usable else 0)
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return machine
 
@@ -64,14 +62,18 @@ def _run(tmp_path, monkeypatch, command, count, backend="cuda"):
 
 
 def _seen(tmp_path, count):
-    return [(tmp_path / f"worker-{i}.log").read_text().strip() for i in range(count)]
+    return _seen_from(tmp_path, range(count))
+
+
+def _seen_from(tmp_path, indices):
+    return [(tmp_path / f"worker-{i}.log").read_text().strip() for i in indices]
 
 
 def test_workers_take_the_gpus_in_turn(gpus, tmp_path, monkeypatch, capsys):
     gpus(2)
     assert _run(tmp_path, monkeypatch, PRINT_GPU, 5) == []
     assert _seen(tmp_path, 5) == ["gpu=0", "gpu=1", "gpu=0", "gpu=1", "gpu=0"]
-    assert "5 workers started, GPUs 0, 1;" in " ".join(capsys.readouterr().err.split())
+    assert "5 workers started, GPUs 0, 1, 0, 1, 0;" in " ".join(capsys.readouterr().err.split())
 
 
 def test_workers_on_one_gpu_or_the_cpu_inherit_the_environment(gpus, tmp_path, monkeypatch):
@@ -83,6 +85,74 @@ def test_workers_on_one_gpu_or_the_cpu_inherit_the_environment(gpus, tmp_path, m
     (tmp_path / "cpu").mkdir()
     assert _run(tmp_path / "cpu", monkeypatch, PRINT_GPU, 2, backend="cpu") == []
     assert _seen(tmp_path / "cpu", 2) == ["gpu=unset", "gpu=unset"]
+
+
+def test_this_process_is_worker_0_and_keeps_the_first_gpu(gpus, tmp_path, monkeypatch, capsys):
+    """With `here`, the command trains as worker 0 (on the first GPU: the children take the others in
+    turn), and its children are started before its own share runs, so their start overlaps it."""
+    gpus(2)
+    order = []
+
+    def here():
+        order.append(sorted(p.name for p in tmp_path.glob("worker-*.log")))
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    assert workers.run_workers(PRINT_GPU, 3, "cuda", tmp_path, None, None, here=here) == []
+    assert order == [["worker-1.log", "worker-2.log"]]  # both children were started before here() ran
+    assert not (tmp_path / "worker-0.log").exists()
+    assert _seen_from(tmp_path, [1, 2]) == ["gpu=1", "gpu=0"]
+    assert "3 workers (this process and 2 more), GPUs 0, 1, 0;" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_refusal_here_stops_the_children(gpus, tmp_path, monkeypatch):
+    gpus(0)
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    monkeypatch.setattr(workers, "STOP_WAIT_S", 5.0)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    sleeper = [sys.executable, "-c", f"import os, time; open(os.path.join({str(pids)!r}, str(os.getpid())), 'w')\n"
+               "time.sleep(60)"]
+
+    def here():  # the children run; then this process's own set-up refuses
+        deadline = time.monotonic() + 30
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise RuntimeError("no data")
+    with pytest.raises(RuntimeError, match="no data"):
+        workers.run_workers(sleeper, 3, "cpu", tmp_path, None, None, here=here)
+    children = [int(p.name) for p in pids.iterdir()]
+    assert len(children) == 2 and not any(process_alive(pid, None) for pid in children)
+
+
+def test_a_worker_that_died_during_a_trial_is_replaced_once_per_worker(tmp_path, monkeypatch, capsys):
+    """A child killed while it held a trial: the trial is queued again (here: the stand-in says there was
+    one) and a new child takes the same place; the replacements stop after `restarts`, so a trial that
+    kills every worker cannot loop, and those deaths are reported as failures."""
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    monkeypatch.setattr(workers, "_requeue_its_trial", lambda study, storage: True)
+    dying = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    starts = []
+
+    def start(i):
+        starts.append(i)
+        return subprocess.Popen(dying)
+    watcher = workers._Watcher({1: start(1)}, start, None, None, "storage", tmp_path, restarts=2)
+    watcher.watch()
+    assert starts == [1, 1, 1]  # the first child, then its two replacements
+    assert watcher.failed == [f"worker 1 was killed by signal 9 (see {tmp_path}/worker-1.log)"]
+    assert capsys.readouterr().err.count("takes its place") == 2
+
+
+def test_a_worker_that_held_no_trial_is_not_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    monkeypatch.setattr(workers, "_requeue_its_trial", lambda study, storage: False)
+    starts = []
+
+    def start(i):
+        starts.append(i)
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    watcher = workers._Watcher({1: start(1), 2: start(2)}, start, None, None, "storage", tmp_path, restarts=5)
+    watcher.watch()
+    assert starts == [1, 2] and len(watcher.failed) == 2
 
 
 def test_a_failing_worker_is_reported_with_its_log(gpus, tmp_path, monkeypatch):

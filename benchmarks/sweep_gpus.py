@@ -1,0 +1,196 @@
+"""Sweeps on every GPU of the machine: wall time of `mlptrain sweep --workers K` for K = 1, 2, 4, beside
+how busy each GPU was, with every trial checked to have run exactly once.
+
+Workloads (grids over `seed`, so every trial costs the same and every point is distinct):
+
+    ae16    autoencoder_cifar10, 16 trials x 8 epochs
+    ae4     autoencoder_cifar10,  4 trials x 8 epochs
+    mnist8  adam_mnist,           8 trials x 3 epochs
+    shared  mnist8 as two `--workers 1` commands at once, one per GPU (CUDA_VISIBLE_DEVICES), sharing one
+            study through `--storage`: the way several machines share a sweep
+
+Each sweep is a whole process, timed from its start to its exit. nvidia-smi samples each GPU's
+utilisation every second meanwhile. From the study's own timestamps: the seconds from the command to
+its first trial's start, and from its last trial's end to its exit. A one-worker sweep's fixed cost is its wall time minus the sum of
+its trials' own `wall_s` (summary.json: from building the trial's session to its summary); with
+several workers the trials overlap and the column shows only their sum. Before
+anything is timed the kernel cache is filled (`mlptrain warmup` of both recipes), and a sweep whose
+trials did not each run exactly once, or did not all complete, stops the script with exit code 1.
+
+    python benchmarks/sweep_gpus.py [--package DIR] [--workloads ae16,ae4,mnist8,shared]
+                                    [--workers 1,2,4] [--set KEY=VALUE ...] [--json FILE]
+
+`--package DIR` runs the mlptrain found in DIR (a checkout's root) instead of this one: the same
+script measures an older version beside the current one. `--set` adds overrides to every sweep
+(`--set backend=cpu model.hidden=[16]` tries the script on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = {  # name: (base config, trials, epochs)
+    "ae16": ("autoencoder_cifar10", 16, 8),
+    "ae4": ("autoencoder_cifar10", 4, 8),
+    "mnist8": ("adam_mnist", 8, 3),
+}
+
+
+def sweep_file(folder: Path, base: str, trials: int, epochs: int) -> Path:
+    path = folder / f"{base}-{trials}x{epochs}.yaml"
+    path.write_text(yaml.safe_dump({"base": base, "method": "grid", "metric": "val_mse" if "autoencoder" in base
+                                    else "val_acc", "direction": "minimize" if "autoencoder" in base else "maximize",
+                                    "parameters": {"seed": list(range(trials))}}, sort_keys=False))
+    return path
+
+
+class GpuSampler:
+    """nvidia-smi's utilisation of every GPU, once a second, into a file; `busy(start, end)` reads it back."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "nvidia-smi.csv"
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu", "--format=csv,noheader,nounits",
+                 "-lms", "1000"], stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+
+    def samples(self) -> list[tuple[float, int, int]]:
+        rows = []
+        for line in self.path.read_text().splitlines() if self.path.exists() else []:
+            try:
+                stamp, index, util = (part.strip() for part in line.split(","))
+                when = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S"))
+                rows.append((when + float("0." + stamp.split(".")[1]) if "." in stamp else when, int(index), int(util)))
+            except ValueError:
+                continue
+        return rows
+
+    def busy(self, start: float, end: float) -> str:
+        """Mean utilisation of each GPU over [start, end], e.g. '71% / 68%'."""
+        per_gpu: dict[int, list[int]] = {}
+        for when, index, util in self.samples():
+            if start <= when <= end:
+                per_gpu.setdefault(index, []).append(util)
+        return " / ".join(f"{statistics.mean(v):.0f}%" for _, v in sorted(per_gpu.items())) or "-"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def mlptrain(package: Path, *args, env=None, log: Path) -> subprocess.Popen:
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(
+        [str(package), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.Popen([sys.executable, "-m", "mlptrain", *args], env=environment, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, cwd=package)
+
+
+def check_once(sweep_dir: Path, trials: int) -> float:
+    """Exit 1 unless every seed ran once and completed; returns the sum of the trials' wall_s."""
+    results = json.loads((sweep_dir / "results.json").read_text())
+    rows = results["trials"]
+    seeds = sorted(row["params"]["seed"] for row in rows)
+    folders = sorted(p.name for p in sweep_dir.glob("trial-*"))
+    problems = []
+    if seeds != list(range(trials)):
+        problems.append(f"seeds run {seeds}")
+    if len(folders) != trials:
+        problems.append(f"{len(folders)} trial folders for {trials} trials: {folders}")
+    if any(row["state"] != "complete" for row in rows):
+        problems.append("states " + ", ".join(sorted({row["state"] for row in rows})))
+    if problems:
+        raise SystemExit(f"WRONG RESULT: {sweep_dir}: " + "; ".join(problems) + "; nothing is reported")
+    return sum(json.loads((sweep_dir / folder / "summary.json").read_text())["wall_s"] for folder in folders)
+
+
+def timeline(db: Path, start: float, end: float) -> dict:
+    """From the study's own clock: seconds from the command's start to its first trial's start, and from its
+    last trial's end to the command's exit."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        first, last = conn.execute("SELECT MIN(datetime_start), MAX(datetime_complete) FROM trials").fetchone()
+    stamp = lambda text: datetime.fromisoformat(text).timestamp()  # noqa: E731  (local time, as Optuna writes it)
+    return {"to_first_trial_s": round(stamp(first) - start, 2), "after_last_trial_s": round(end - stamp(last), 2)}
+
+
+def run_sweep(package: Path, scratch: Path, workload: str, workers: int, sampler: GpuSampler,
+              overrides: list[str]) -> dict:
+    base, trials, epochs = WORKLOADS["mnist8" if workload == "shared" else workload]
+    path = sweep_file(scratch, base, trials, epochs)
+    name = f"{workload}-w{workers}"
+    runs = scratch / "runs"
+    common = [str(path), f"train.epochs={epochs}", *overrides, "--runs-dir", str(runs), "--name", name]
+    start = time.time()
+    if workload == "shared":  # two commands, one per GPU, one study: as two machines would share it
+        url = f"sqlite:///{scratch / (name + '.db')}"
+        procs = [mlptrain(package, "sweep", *common, "--storage", url, env={"CUDA_VISIBLE_DEVICES": str(gpu)},
+                          log=scratch / f"{name}-{gpu}.log") for gpu in (0, 1)]
+    else:
+        procs = [mlptrain(package, "sweep", *common, "--workers", str(workers), log=scratch / f"{name}.log")]
+    codes = [p.wait() for p in procs]
+    wall = time.time() - start
+    if any(codes):
+        raise SystemExit(f"WRONG RESULT: {name} exited with {codes}; see {scratch}")
+    trained = check_once(runs / name, trials)
+    db = scratch / f"{name}.db" if workload == "shared" else runs / name / "study.db"
+    return {**timeline(db, start, start + wall), "workload": workload, "workers": 2 if workload == "shared" else workers, "trials": trials,
+            "epochs": epochs, "wall_s": round(wall, 2), "trials_wall_s": round(trained, 2),
+            "fixed_s": round(wall - trained, 2), "gpus": sampler.busy(start, start + wall)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--package", type=Path, default=HERE.parent)
+    parser.add_argument("--workloads", type=lambda s: s.split(","), default=["ae16", "ae4", "mnist8", "shared"])
+    parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2, 4])
+    parser.add_argument("--set", nargs="*", default=[], dest="overrides")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    package = args.package.resolve()
+    scratch = Path(tempfile.mkdtemp(prefix="sweep-gpus-"))
+    for base in sorted({WORKLOADS[w][0] for w in args.workloads if w in WORKLOADS} | {"adam_mnist"}):
+        if mlptrain(package, "warmup", base, *args.overrides, log=scratch / f"warmup-{base}.log").wait():
+            raise SystemExit(f"mlptrain warmup {base} failed; see {scratch}")
+    sampler = GpuSampler(scratch)
+    rows = []
+    try:
+        for workload in args.workloads:
+            for workers in ([2] if workload == "shared" else args.workers):
+                rows.append(run_sweep(package, scratch, workload, workers, sampler, args.overrides))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        sampler.stop()
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    one = {r["workload"]: r["wall_s"] for r in rows if r["workers"] == 1}
+    print(f"\nmlptrain at {package}; scratch {scratch}")
+    print("| workload | workers | wall s | speed-up vs 1 worker | trials' own s | fixed cost s | to first trial s | "
+          "after last trial s | GPU util (mean, per GPU) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        fixed = f"{r['fixed_s']:.1f}" if r["workers"] == 1 else "-"
+        base = one.get("mnist8" if r["workload"] == "shared" else r["workload"])
+        speed = f"{base / r['wall_s']:.2f}x" if base else "-"
+        label = f"{r['workload']} ({r['trials']} x {r['epochs']} epochs)"
+        print(f"| {label} | {r['workers']}{' (2 commands)' if r['workload'] == 'shared' else ''} | {r['wall_s']:.1f} | "
+              f"{speed} | {r['trials_wall_s']:.1f} | {fixed} | {r['to_first_trial_s']:.1f} | {r['after_last_trial_s']:.1f} | "
+              f"{r['gpus']} |")
+
+
+if __name__ == "__main__":
+    main()

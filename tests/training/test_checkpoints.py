@@ -1,0 +1,52 @@
+"""When the checkpoints are written: `last` every train.checkpoint_every_epochs, at the end and at a stop, and
+`best` with it, so best.npz never records a later epoch than last.npz (a resume from `last` would otherwise
+find a `best` from its own future). A sweep's trials write theirs once, at their end (mlptrain.sweep.spec)."""
+
+from types import SimpleNamespace
+
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.errors import TrainingInterrupted
+from mlptrain.training.checkpoint import load_checkpoint
+from mlptrain.training.loop import train
+from mlptrain.training.session import build_session
+from tests.training.test_accumulation import make_config, synthetic_dataset
+from tests.training.test_resume import new_run
+
+ADAM = {"name": "adam", "lr": 0.01}  # val_acc improves in every one of the first epochs
+
+
+def epochs_on_disk(run) -> dict[str, int]:
+    return {p.stem: int(load_checkpoint(p)["meta/epoch"]) for p in sorted((run / "checkpoints").glob("*.npz"))}
+
+
+def test_best_is_written_with_last_and_never_ahead_of_it(tmp_path):
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=3)
+    run = new_run(tmp_path, "run", config)
+    seen = []
+    summary = train(build_session(config, CpuBackend(), synthetic_dataset()), run,
+                    on_evaluation=lambda record: seen.append(epochs_on_disk(run)))
+    # after epochs 1 and 2 nothing yet; epoch 3 writes last and the best so far; the end writes both again
+    assert seen[:2] == [{}, {}]
+    assert seen[2]["last"] == 3 and 1 <= seen[2]["best"] <= 3
+    final = epochs_on_disk(run)
+    assert final["last"] == 5 and final["best"] == summary["best_epoch"]
+    assert all(state.get("best", 0) <= state.get("last", 0) for state in seen)
+
+
+def test_a_stop_writes_the_pending_best_beside_last(tmp_path):
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=5)
+    run = new_run(tmp_path, "run", config)
+    stop = SimpleNamespace(signum=None)
+
+    def stop_after_epoch_2(record):
+        if record["epoch"] == 2:
+            stop.signum = 2
+    try:
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run, on_evaluation=stop_after_epoch_2,
+              stop=stop)
+    except TrainingInterrupted:
+        pass
+    else:
+        raise AssertionError("the run was not stopped")
+    state = epochs_on_disk(run)
+    assert state["last"] == 2 and 1 <= state["best"] <= 2
