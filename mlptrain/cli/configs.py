@@ -1,8 +1,11 @@
-"""`mlptrain configs` lists the built-in configs and sweeps; `mlptrain configs show NAME [KEY=VALUE ...]`
-prints one (with overrides or --resolved: the config a run would use, every default filled in)."""
+"""`mlptrain configs` (or `configs list`) lists the built-in configs and sweeps; `mlptrain configs show NAME
+[KEY=VALUE ...]` prints one (with overrides or --resolved: the config a run would use, every default filled
+in); `mlptrain configs copy NAME [DEST]` writes one to a file of your own to edit (torchtune's `tune cp`)."""
 
 from __future__ import annotations
 
+import os
+from contextlib import suppress
 from pathlib import Path
 from typing import List, Optional
 
@@ -12,12 +15,13 @@ from rich.table import Table
 from mlptrain.config.load import read_yaml
 from mlptrain.config.suggestions import suggest_value
 from mlptrain.errors import UserError
+from mlptrain.util.atomic import write_text
 from mlptrain.util.console import console
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "config" / "builtin"
 SWEEP_PREFIX = "sweep_"  # built-in sweep files live beside the configs but are not configs
 
-app = typer.Typer(help="List and show the built-in configs and sweeps.", invoke_without_command=True)
+app = typer.Typer(help="List, show and copy the built-in configs and sweeps.", invoke_without_command=True)
 
 
 def builtin_configs() -> dict[str, Path]:
@@ -52,8 +56,55 @@ def resolve_config(name_or_path: str) -> Path:
 @app.callback()
 def list_configs(ctx: typer.Context) -> None:
     """List the built-in configs and sweeps with their descriptions."""
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:
+        print_lists()
+
+
+@app.command("list")
+def list_command() -> None:
+    """List the built-in configs and sweeps with their descriptions (as bare `mlptrain configs` does)."""
+    print_lists()
+
+
+@app.command()
+def copy(name: str = typer.Argument(..., help="a built-in config or sweep name, e.g. adam_mnist"),
+         dest: Optional[Path] = typer.Argument(None, help="the file to write, or a folder to write NAME.yaml in "
+                                                          "(default: NAME.yaml in this folder)"),
+         force: bool = typer.Option(False, "--force", help="replace the file if it exists")) -> None:
+    """Write a built-in config or sweep to a file of your own, to edit and then run."""
+    stem = Path(name).stem
+    sweeps, configs = builtin_sweeps(), builtin_configs()
+    source = configs.get(stem) or sweeps.get(stem)
+    if source is None:
+        raise unknown_builtin(name, "config", [*configs, *sweeps], where="configs copy: ")
+    target = dest if dest is not None else Path(f"{stem}.yaml")
+    if target.is_dir():
+        target = target / f"{stem}.yaml"
+    write_new(target, source.read_text(), force)
+    command = "sweep" if stem in sweeps else "run"
+    console.print(f"wrote {target}: edit it, then `mlptrain {command} {target}`", highlight=False)
+
+
+def write_new(path: Path, text: str, force: bool) -> None:
+    """`text` into `path` whole (old content or new, never half); without `force` an existing file is
+    refused, also when another process creates it at the same moment (the name is claimed first)."""
+    if not force:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the claim: one process wins
+        except FileExistsError:
+            raise UserError(f"{path} exists; use --force to replace it") from None
+        except OSError as err:
+            raise UserError(f"{path}: cannot write it ({err.strerror or err})") from None
+    try:
+        write_text(path, text)
+    except BaseException:
+        if not force:  # the empty claim goes with the failed write: nothing half-made stays
+            with suppress(OSError):
+                path.unlink()
+        raise
+
+
+def print_lists() -> None:
     for title, table in (("built-in configs (mlptrain run NAME; mlptrain configs show NAME)", builtin_configs()),
                          ("built-in sweeps (mlptrain sweep NAME; mlptrain configs show NAME)", builtin_sweeps())):
         listing = Table("name", "description", title=title)

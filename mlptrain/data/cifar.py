@@ -29,7 +29,7 @@ import numpy as np
 from mlptrain.data.cifar_batch import parse_cifar_batch
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
 from mlptrain.data.decoded_cache import load_cached
-from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder, read_bytes
+from mlptrain.data.download import CHUNK_BYTES, fetch, md5sum, offline_error, prepare_folder, read_bytes, remove_empty
 from mlptrain.data.registry import BuiltinDataset, DataFile, LabelSet
 from mlptrain.errors import UserError
 
@@ -119,10 +119,11 @@ def _download_and_extract(spec: BuiltinDataset, folder: Path) -> Path:
     archive = folder / spec.archive.name
     found = md5sum(archive) if archive.is_file() else None
     if found != spec.archive.md5:
-        prepare_folder(folder)
+        created = prepare_folder(folder)
         try:
             fetch(list(spec.mirrors), archive, spec.archive.md5)
         except UserError as error:
+            remove_empty(created)
             damaged = f"; the {archive.name} there has md5 {found}, expected {spec.archive.md5}" if found else ""
             batches = ", ".join(f.name for f in (*spec.train, *spec.test))
             raise offline_error(

@@ -127,18 +127,29 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def prepare_folder(folder: Path) -> None:
-    """Create `folder` (and its parents) for a download, or raise `UserError` saying it cannot be."""
+def prepare_folder(folder: Path) -> list[Path]:
+    """Create `folder` (and its parents) for a download, or raise `UserError` saying it cannot be. Returns
+    the folders this call created, deepest first, for `remove_empty` after a failed download."""
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"cannot create {folder} for the download ({error.strerror or error}); "
                         f"set MLPTRAIN_DATA_DIR (or data.root) to a writable folder") from None
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed download created (deepest first) that are still empty: an offline
+    attempt (or one pointed at the wrong data root) leaves no empty dataset folder behind."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty (a file arrived), or already gone: kept as it is
+            folder.rmdir()
 
 
 def offline_error(title: str, folder: Path, error: UserError, files: list[tuple[str, str]],
                   note: str = "") -> DataNotFound:
-    """What to do when `title` could not be downloaded into `folder` (which exists by then): each of
+    """What to do when `title` could not be downloaded into `folder`: each of
     `files` (name, url) to put there, a `note` line, and the data-root alternative, one per line (each
     value flattened to one line, so that only these line breaks remain)."""
     def flat(value) -> str:

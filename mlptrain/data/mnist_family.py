@@ -10,7 +10,7 @@ import numpy as np
 
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, default_data_root, value_statistics
 from mlptrain.data.decoded_cache import load_cached
-from mlptrain.data.download import fetch, offline_error, prepare_folder, read_bytes
+from mlptrain.data.download import fetch, offline_error, prepare_folder, read_bytes, remove_empty
 from mlptrain.data.idx import GZIP_MAGIC, gunzip_if_gzipped, parse_idx
 from mlptrain.data.registry import BuiltinDataset, DataFile
 from mlptrain.errors import UserError
@@ -63,12 +63,13 @@ def _download_missing(spec: BuiltinDataset, folder: Path) -> None:
     missing = [file for file in files if _find(folder, file) is None]
     if not missing:
         return
-    prepare_folder(folder)  # the offline message names this folder, so it should exist
+    created = prepare_folder(folder)
     for file in missing:
         try:
             fetch([mirror + f"{file.name}.gz" for mirror in spec.mirrors], folder / f"{file.name}.gz", file.md5)
         except UserError as error:
             still = [(f"{f.name}.gz", spec.mirrors[0] + f"{f.name}.gz") for f in files if _find(folder, f) is None]
+            remove_empty(created)
             raise offline_error(spec.title, folder, error, still) from None
 
 

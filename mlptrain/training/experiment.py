@@ -7,6 +7,7 @@ on the GPU, numba's compiled kernels with them).
 
 from __future__ import annotations
 
+import os
 from contextlib import suppress
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
 from mlptrain.runs.folders import create_run_dir, write_yaml
 from mlptrain.runs.lock import LOCK_NAME, lock_run, release_run
+from mlptrain.util.user_paths import expand_user
 
 
 class Resources:
@@ -90,8 +92,15 @@ def run_config(config: Config, dataset=None, backend: str | None = None) -> dict
 
 def run_record(config: Config, backend: str | None = None) -> dict:
     """The config as a run records it: `backend` the one it runs on (auto resolved), `data.root` the
-    folder it reads, and only its own model type's keys (mlptrain.config.load.resolved_dict)."""
-    return resolved_dict(config, backend, data_root(config))
+    folder it reads and `data.path` the file, both absolute (evaluate, predict and export read the run's
+    config.yaml from wherever they are started), and only its own model type's keys
+    (mlptrain.config.load.resolved_dict)."""
+    record = resolved_dict(config, backend, data_root(config))
+    data = record["data"]
+    data["root"] = os.path.abspath(expand_user(str(data["root"]), "data.root"))
+    if data.get("path"):
+        data["path"] = os.path.abspath(expand_user(str(data["path"]), "data.path"))
+    return record
 
 
 def data_root(config: Config) -> Path:

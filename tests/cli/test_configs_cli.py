@@ -36,3 +36,37 @@ def test_mistyped_names_get_the_closest_builtin(tmp_path):
                          "unknown key 'optim.learning_rate'; did you mean 'optim.lr'?")
     assert_clean_failure(mlptrain("run", "adam_mnist", "optim.lr=fast", cwd=tmp_path),
                          "override optim.lr=fast: expected float, got 'fast'")
+
+
+def test_configs_copy_writes_a_builtin_to_edit_and_run(tmp_path):
+    result = mlptrain("configs", "copy", "adam_mnist", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    copied = tmp_path / "adam_mnist.yaml"
+    assert copied.read_text() == mlptrain("configs", "show", "adam_mnist", cwd=tmp_path).stdout
+    assert "mlptrain run adam_mnist.yaml" in " ".join(result.stderr.split())
+    printed = mlptrain("run", str(copied), "--print-config", cwd=tmp_path)
+    assert printed.returncode == 0 and yaml.safe_load(printed.stdout)["optim"]["name"] == "adam"
+    # a folder as the destination takes NAME.yaml; a sweep copies too
+    (tmp_path / "mine").mkdir()
+    assert mlptrain("configs", "copy", "sweep_lr_mnist", "mine", cwd=tmp_path).returncode == 0
+    assert yaml.safe_load((tmp_path / "mine" / "sweep_lr_mnist.yaml").read_text())["method"] == "grid"
+
+
+def test_configs_copy_never_replaces_a_file_without_force(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("my own edits\n")
+    assert_clean_failure(mlptrain("configs", "copy", "sgd_mnist", str(mine), cwd=tmp_path),
+                         f"{mine} exists; use --force to replace it")
+    assert mine.read_text() == "my own edits\n"
+    assert mlptrain("configs", "copy", "sgd_mnist", str(mine), "--force", cwd=tmp_path).returncode == 0
+    assert mine.read_text().startswith("description:")
+    assert_clean_failure(mlptrain("configs", "copy", "adam_mnistt", cwd=tmp_path), "did you mean 'adam_mnist'?")
+    assert_clean_failure(mlptrain("configs", "copy", "adam_mnist", str(tmp_path / "no" / "such" / "x.yaml"),
+                                  cwd=tmp_path), "cannot write it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
+
+
+def test_configs_list_is_bare_configs(tmp_path):
+    listed, bare = mlptrain("configs", "list", cwd=tmp_path), mlptrain("configs", cwd=tmp_path)
+    assert listed.returncode == 0 and (listed.stdout, listed.stderr) == (bare.stdout, bare.stderr)
+    assert "sweep_lr_mnist" in listed.stderr and "adam_mnist" in listed.stderr

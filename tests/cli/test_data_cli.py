@@ -3,6 +3,7 @@ the run records, the subset warning, the offline message, and refusals before an
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -39,8 +40,16 @@ def test_npz_run_records_the_dataset(tmp_path, rng):
         "train": 80, "val": 10, "test": 30, "subset": None, "files": 1,
         "checksum": hashlib.md5(f"{md5}  tiny.npz\n".encode()).hexdigest()}
     written = yaml.safe_load((run / "config.yaml").read_text())
-    assert written["resolved"]["dataset"] == summary["dataset"] and written["data"]["path"] == "tiny.npz"
+    assert written["resolved"]["dataset"] == summary["dataset"]
+    # data.path and data.root are recorded absolute: evaluate works from any folder
+    assert Path(written["data"]["path"]) == (tmp_path / "tiny.npz").resolve()
+    assert Path(written["data"]["root"]).is_absolute()
     assert 0 <= summary["test_acc"] <= 1
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = mlptrain("evaluate", str(run), cwd=elsewhere, env=NO_NETWORK)
+    assert result.returncode == 0, result.stderr
+    assert list(elsewhere.iterdir()) == []  # nothing made where it was started
     # resuming on other data is refused; on the same data it goes on
     tiny_npz(tmp_path / "tiny.npz", np.random.default_rng(99))
     result = mlptrain("run", "--resume", str(run), "train.epochs=2", cwd=tmp_path, env=NO_NETWORK)
@@ -59,7 +68,7 @@ def test_cifar10_subset_says_so_once(tmp_path):
     assert summary["dataset"]["subset"] is True and summary["dataset"]["train"] == 16
 
 
-def test_offline_names_files_and_creates_their_folder(tmp_path):
+def test_offline_names_files_and_leaves_no_folder_behind(tmp_path):
     result = mlptrain(*run_args(tmp_path, f"data.root={tmp_path / 'data'}", "data.dataset=kmnist"), cwd=tmp_path,
                       env=NO_NETWORK)
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
@@ -69,7 +78,7 @@ def test_offline_names_files_and_creates_their_folder(tmp_path):
     assert lines[1] == f"put these files into {tmp_path / 'data' / 'kmnist'}:"
     assert lines[2] == "  train-images-idx3-ubyte.gz  from http://codh.rois.ac.jp/kmnist/dataset/kmnist/train-images-idx3-ubyte.gz"
     assert lines[-1] == "or set MLPTRAIN_DATA_DIR (or data.root) to a folder that holds kmnist/" and len(lines) == 7
-    assert (tmp_path / "data" / "kmnist").is_dir() and not list((tmp_path / "data" / "kmnist").iterdir())
+    assert not (tmp_path / "data").exists()  # no empty dataset folder (nor the data root made for it) left
     assert not (tmp_path / "runs").exists()
 
 
