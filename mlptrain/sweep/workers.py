@@ -83,11 +83,13 @@ def run_workers(command: list[str], workers: int, backend: str, sweep_dir: Path,
         if here is None:
             watcher.watch()
         else:
-            thread = threading.Thread(target=watcher.watch, name="sweep-workers", daemon=True)
+            thread = threading.Thread(target=watcher.guarded_watch, name="sweep-workers", daemon=True)
             thread.start()
             here()
             while thread.is_alive():  # a timed join: Ctrl-C still reaches this (the main) thread
                 thread.join(WAIT_S)
+            if watcher.error is not None:  # the watch itself failed (the study's storage, say): raised here
+                raise watcher.error
         return watcher.failed
     except BaseException as err:  # Ctrl-C or SIGTERM (signals.Terminated), or a refusal: the workers stop too
         watcher.stopped.set()
@@ -105,6 +107,15 @@ class _Watcher:
         self.sweep_dir, self.restarts = sweep_dir, restarts
         self.failed: list[str] = []
         self.stopped = threading.Event()
+        self.error: BaseException | None = None
+
+    def guarded_watch(self) -> None:
+        """`watch` in a thread of its own: what it raises is kept for the main thread, which stops the
+        children and reports it (a thread's exception would otherwise vanish, children still running)."""
+        try:
+            self.watch()
+        except BaseException as err:
+            self.error = err
 
     def watch(self) -> None:
         reported = set()

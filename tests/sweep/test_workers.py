@@ -198,3 +198,23 @@ def test_a_worker_dies_with_its_parent(tmp_path):
         time.sleep(0.05)
     assert not process_alive(child, None)
 
+
+
+def test_a_failing_watch_stops_the_children_and_is_raised(tmp_path, monkeypatch):
+    """The watch runs in a thread beside this process's own trials: an error there (the study's storage,
+    say) reaches the command, and the children are stopped, not left running."""
+    monkeypatch.setattr(workers, "STOP_WAIT_S", 5.0)
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    calls = []
+
+    def broken(study, sweep, reported, show=True):
+        calls.append(show)
+        if len(calls) > 1:
+            raise RuntimeError("the storage went away")
+    monkeypatch.setattr(workers, "_report", broken)
+    monkeypatch.setattr(workers, "POLL_S", 0.05)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    procs = workers.start_workers(sleeper, 2, "cpu", tmp_path, first=1)
+    with pytest.raises(RuntimeError, match="storage went away"):
+        workers.run_workers(sleeper, 2, "cpu", tmp_path, None, None, here=lambda: None, procs=procs)
+    assert all(p.poll() is not None for p in procs.values())
