@@ -93,7 +93,7 @@ def tiny_runs(tmp_path_factory):
         real_data_missing("real datasets")
     from mlptrain.cli.configs import resolve_config
     from mlptrain.config.load import load_config
-    from mlptrain.runs.lock import release_run
+    from mlptrain.run_dirs.lock import release_run
     from mlptrain.training.experiment import Resources, create_run
     from mlptrain.training.loop import train
     from mlptrain.training.session import build_session

@@ -26,7 +26,7 @@ LAYERS = (
     ("sweep", "seeds", "probe", "export"),  # workflows over many runs or over a trained run
     ("inference",),  # a trained run loaded back
     ("training",),  # one run: the loop and its collaborators
-    ("runs", "nn", "data", "backends"),  # run folders; models; datasets; devices and their kernels
+    ("run_dirs", "nn", "data", "backends"),  # run folders; models; datasets; devices and their kernels
     ("optim", "config"),  # the step rules both kernel sets compile; the config schema
     ("util",),  # files, paths, host memory, the console
     ("errors", "activation", "dtypes", ""),  # "": the package's own __init__ (version, start time)

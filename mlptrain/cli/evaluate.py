@@ -11,8 +11,8 @@ from rich import box
 from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
-from mlptrain.runs.lock import claim_output
-from mlptrain.runs.records import write_json
+from mlptrain.run_dirs.lock import claim_output
+from mlptrain.run_dirs.records import write_json
 from mlptrain.util.console import console, pass_progress
 
 

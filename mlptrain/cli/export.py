@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from mlptrain.cli.options import new_output
-from mlptrain.runs.lock import claim_output
+from mlptrain.run_dirs.lock import claim_output
 from mlptrain.util.console import console
 
 

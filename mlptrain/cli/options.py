@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
-from mlptrain.runs.lock import LOCK_NAME
+from mlptrain.run_dirs.lock import LOCK_NAME
 
 MAX_INT = 2**31 - 1  # what liblinear's iteration count and a batch's rows (int32 offsets) can hold
 

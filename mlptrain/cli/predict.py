@@ -11,7 +11,7 @@ from rich.table import Table
 
 from mlptrain.cli.options import BACKEND_HELP, backend_name, new_output, positive_int
 from mlptrain.errors import UserError
-from mlptrain.runs.lock import claim_output
+from mlptrain.run_dirs.lock import claim_output
 from mlptrain.util.console import console
 
 if TYPE_CHECKING:  # numpy is imported when the command runs, not when the CLI starts

@@ -36,7 +36,7 @@ def run(
     from mlptrain.cli.seeds import run_seeds
     from mlptrain.cli.signals import StopOnSignal
     from mlptrain.config.load import load_config
-    from mlptrain.runs.folders import check_run_name
+    from mlptrain.run_dirs.folders import check_run_name
     from mlptrain.training.experiment import Resources, check_same_dataset, create_run
     from mlptrain.training.loop import train
     from mlptrain.training.resume import prepare_resume

@@ -8,7 +8,7 @@ from pathlib import Path
 from mlptrain.cli.signals import StopOnSignal
 from mlptrain.config.load import load_config, parse_override
 from mlptrain.errors import UserError
-from mlptrain.runs.folders import check_run_name
+from mlptrain.run_dirs.folders import check_run_name
 from mlptrain.training.experiment import Resources
 from mlptrain.util.console import console
 

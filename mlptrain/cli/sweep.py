@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from mlptrain.cli.configs import builtin_configs, builtin_sweeps, unknown_builtin
 from mlptrain.cli.signals import interrupt_exit_code, sigterm_as_interrupt
 from mlptrain.errors import UserError
-from mlptrain.runs.folders import check_run_name
+from mlptrain.run_dirs.folders import check_run_name
 from mlptrain.util.console import console
 
 MAX_WORKERS = 256  # processes on one machine; more machines share a study through --storage

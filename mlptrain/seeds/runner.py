@@ -13,8 +13,8 @@ from pathlib import Path
 
 from mlptrain.config.schema import INT64_MAX, Config
 from mlptrain.errors import UserError
-from mlptrain.runs.folders import create_run_dir
-from mlptrain.runs.records import write_json
+from mlptrain.run_dirs.folders import create_run_dir
+from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run

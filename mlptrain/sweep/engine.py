@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 from sqlalchemy import event
 
 from mlptrain.errors import UserError
-from mlptrain.runs.lock import release_run
+from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep

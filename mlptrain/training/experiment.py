@@ -20,8 +20,8 @@ from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_val_size
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
-from mlptrain.runs.folders import create_run_dir, write_yaml
-from mlptrain.runs.lock import LOCK_NAME, lock_run, release_run
+from mlptrain.run_dirs.folders import create_run_dir, write_yaml
+from mlptrain.run_dirs.lock import LOCK_NAME, lock_run, release_run
 from mlptrain.util.user_paths import expand_user
 
 

@@ -22,9 +22,9 @@ import numpy as np
 
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
-from mlptrain.runs.folders import write_yaml
-from mlptrain.runs.lock import check_space
-from mlptrain.runs.records import RunLogger, write_json
+from mlptrain.run_dirs.folders import write_yaml
+from mlptrain.run_dirs.lock import check_space
+from mlptrain.run_dirs.records import RunLogger, write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.experiment import data_root, run_config

@@ -26,7 +26,7 @@ import numpy as np
 from mlptrain.config.load import load_config, parse_override, resolved_dict
 from mlptrain.config.schema import Config
 from mlptrain.errors import TrainingDiverged, UserError
-from mlptrain.runs.lock import lock_run
+from mlptrain.run_dirs.lock import lock_run
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.fallbacks import warn
 

@@ -19,7 +19,7 @@ from tests.cli.test_cli import mlptrain
 
 def invoke(*args):
     """Run a command in this process; the run locks it took are released, as at the end of its process."""
-    from mlptrain.runs.lock import release_run
+    from mlptrain.run_dirs.lock import release_run
 
     try:
         result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=True)

@@ -15,7 +15,7 @@ from mlptrain.config.load import config_to_dict
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.nn.params import FlatBuffer, Layout
 from mlptrain.optim import Plateau
-from mlptrain.runs.folders import write_yaml
+from mlptrain.run_dirs.folders import write_yaml
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.loop import train
 from mlptrain.training.resume import prepare_resume

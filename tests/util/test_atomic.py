@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from mlptrain.errors import UserError
-from mlptrain.runs.folders import write_yaml
-from mlptrain.runs.records import write_json
+from mlptrain.run_dirs.folders import write_yaml
+from mlptrain.run_dirs.records import write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.util import atomic
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 
 from mlptrain.errors import UserError
-from mlptrain.runs.records import RunLogger
+from mlptrain.run_dirs.records import RunLogger
 from mlptrain.util.regular_file import open_regular, read_regular_bytes, read_regular_text
 
 

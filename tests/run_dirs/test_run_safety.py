@@ -20,8 +20,8 @@ from mlptrain.config.load import config_from_dict, config_to_dict
 from mlptrain.config.schema import INT64_MAX
 from mlptrain.errors import UserError
 from mlptrain.nn import model_dataset
-from mlptrain.runs.folders import write_yaml
-from mlptrain.runs.lock import release_run
+from mlptrain.run_dirs.folders import write_yaml
+from mlptrain.run_dirs.lock import release_run
 from mlptrain.training.checkpoint import save_checkpoint
 from mlptrain.training.loop import train
 from mlptrain.training.memory_plan import check_fits, estimate
@@ -31,7 +31,7 @@ from mlptrain.util import atomic
 from tests.cli.test_cli import REPO
 from tests.training.test_accumulation import make_config, synthetic_dataset
 
-LOCKER = "import sys, time; from mlptrain.runs.lock import lock_run; lock_run(sys.argv[1], 'x'); print('locked', " \
+LOCKER = "import sys, time; from mlptrain.run_dirs.lock import lock_run; lock_run(sys.argv[1], 'x'); print('locked', " \
          "flush=True); time.sleep(60)"
 
 
