@@ -155,15 +155,13 @@ def function_level_imports(path: Path):
 
 
 def test_only_the_backends_import_numba():
-    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for name, path in modules().items()
-             if folder(name) != "backends" for line, module, _ in function_level_imports(path)
-             if module.split(".")[0] in ("numba", "llvmlite")]
-    for name, path in modules().items():
-        if folder(name) != "backends":
-            for node in ast.parse(path.read_text()).body:
-                if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "numba" for a in node.names) or \
-                        isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "numba":
-                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    def imports_numba(node) -> bool:  # at the top or inside a function alike
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        return any(name.split(".")[0] in ("numba", "llvmlite") for name in names)
+
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for name, path in modules().items()
+             if folder(name) != "backends" for node in ast.walk(ast.parse(path.read_text())) if imports_numba(node)]
     assert found == []
 
 
@@ -185,7 +183,8 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_deferred_imports_are_arrows(tmp_path):
     """A cycle through an import inside a function (resume.py once imported train.py so) is seen."""
     module = tmp_path / "resume.py"
-    module.write_text("import numpy\n\ndef f():\n    from mlptrain.training.loop import train\n    from mlptrain import errors\n")
+    module.write_text("import numpy\n\ndef f():\n    from mlptrain.training.loop import train\n"
+                      "    from mlptrain import errors\n")
     known = {"mlptrain.training.loop", "mlptrain.errors", "mlptrain.training.resume"}
     assert imported("mlptrain.training.resume", module, known) == {"mlptrain.training.loop", "mlptrain.errors"}
 

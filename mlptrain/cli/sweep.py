@@ -64,7 +64,7 @@ def sweep(
     from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
     from mlptrain.sweep.report import results_table, trial_rows, write_results
     from mlptrain.sweep.spec import load_sweep
-    from mlptrain.sweep.workers import start_workers, stop_workers
+    from mlptrain.sweep.workers import gpu_slots, start_workers, stop_workers
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     path = resolve_sweep(sweep_file)
@@ -80,13 +80,13 @@ def sweep(
         resources.prepare(base_config)  # refusals before the sweep's folder exists
     else:  # the same refusals, without a GPU context: the workers start before this process makes one
         check_inputs(base_config, resources)
-    created = not sweep_dir.exists()
+    created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if workers > 1 else [None]
     children, command = {}, [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
                              str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
     try:
         _make_folder(sweep_dir)
         if workers > 1:  # first: their start (imports, GPU, data) overlaps ours; they wait for the study
-            children = start_workers(command, workers, base_config.backend, sweep_dir, first=1)
+            children = start_workers(command, workers, slots, sweep_dir, first=1)
         study, study_storage = engine.open_study(spec, sweep_dir, name, url, worker=worker)
     except BaseException:
         stop_workers(list(children.values()), signal.SIGTERM)
@@ -101,7 +101,7 @@ def sweep(
     try:
         with sigterm_as_interrupt():
             problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command,
-                             base_config, worker, children)
+                             base_config, worker, children, slots)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: every running trial is queued again
         write_results(sweep_dir, spec, trial_rows(study, spec))
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
@@ -118,7 +118,7 @@ def sweep(
 
 
 def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, base_config, worker,
-          children) -> list[str]:
+          children, slots) -> list[str]:
     """Run trials here, and with `workers` > 1 in the `children` started beside this process; returns a line
     per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
     another."""
@@ -133,8 +133,7 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     if workers == 1:
         here()
         return []
-    return run_workers(command, workers, base_config.backend, sweep_dir, study, spec, study_storage, here=here,
-                       procs=children)
+    return run_workers(command, workers, slots, sweep_dir, study, spec, study_storage, here=here, procs=children)
 
 
 def _show(table) -> None:

@@ -45,10 +45,9 @@ def gpu_slots(backend: str) -> list[str | None]:
     return ids if len(ids) > 1 else [None]
 
 
-def start_workers(command: list[str], workers: int, backend: str, sweep_dir: Path, first: int = 0) -> dict:
+def start_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, first: int = 0) -> dict:
     """Start workers `first` .. `workers` - 1 running `command` (worker 0 is this process when `first` is 1),
-    one GPU each in turn when there are several; returns {index: process}."""
-    slots = gpu_slots(backend)
+    each on its slot of `slots` (gpu_slots) in turn; returns {index: process}."""
     gpus = f", GPUs {', '.join(slots[i % len(slots)] for i in range(workers))}" if slots[0] is not None else ""
     who = f"{workers} workers (this process and {workers - 1} more){gpus}; the others'" if first else \
         f"{workers} workers started{gpus}; their"
@@ -67,16 +66,16 @@ def _start(command: list[str], slots: list, sweep_dir: Path, i: int) -> subproce
                                 preexec_fn=die_with_parent)
 
 
-def run_workers(command: list[str], workers: int, backend: str, sweep_dir: Path, study, sweep, storage=None,
+def run_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, study, sweep, storage=None,
                 here=None, procs: dict | None = None) -> list[str]:
-    """Runs `command` in child processes until all exit and returns a line for each that failed. With
-    `here` (this process's own share: prepare, then take trials until none is queued), this process is
-    worker 0 and `workers - 1` children run (`procs`, when start_workers started them already); without
-    it, `workers` children. `storage` lets this process queue a dead child's trial again."""
-    slots = gpu_slots(backend)
+    """Runs `command` in child processes, on `slots` (gpu_slots) in turn, until all exit and returns a line
+    for each that failed. With `here` (this process's own share: prepare, then take trials until none is
+    queued), this process is worker 0 and `workers - 1` children run (`procs`, when start_workers started
+    them already); without it, `workers` children. `storage` lets this process queue a dead child's trial
+    again."""
     first = 0 if here is None else 1
     if procs is None:
-        procs = start_workers(command, workers, backend, sweep_dir, first)
+        procs = start_workers(command, workers, slots, sweep_dir, first)
     watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i), study, sweep, storage, sweep_dir,
                        restarts=workers - first)
     try:

@@ -58,7 +58,7 @@ def test_cuda_visible_devices_is_divided_not_overridden(gpus, monkeypatch, visib
 def _run(tmp_path, monkeypatch, command, count, backend="cuda"):
     monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
     monkeypatch.setattr(workers, "POLL_S", 0.05)
-    return workers.run_workers(command, count, backend, tmp_path, study=None, sweep=None)
+    return workers.run_workers(command, count, workers.gpu_slots(backend), tmp_path, study=None, sweep=None)
 
 
 def _seen(tmp_path, count):
@@ -96,7 +96,7 @@ def test_this_process_is_worker_0_and_keeps_the_first_gpu(gpus, tmp_path, monkey
     def here():
         order.append(sorted(p.name for p in tmp_path.glob("worker-*.log")))
     monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
-    assert workers.run_workers(PRINT_GPU, 3, "cuda", tmp_path, None, None, here=here) == []
+    assert workers.run_workers(PRINT_GPU, 3, workers.gpu_slots("cuda"), tmp_path, None, None, here=here) == []
     assert order == [["worker-1.log", "worker-2.log"]]  # both children were started before here() ran
     assert not (tmp_path / "worker-0.log").exists()
     assert _seen_from(tmp_path, [1, 2]) == ["gpu=1", "gpu=0"]
@@ -118,7 +118,7 @@ def test_a_refusal_here_stops_the_children(gpus, tmp_path, monkeypatch):
             time.sleep(0.05)
         raise RuntimeError("no data")
     with pytest.raises(RuntimeError, match="no data"):
-        workers.run_workers(sleeper, 3, "cpu", tmp_path, None, None, here=here)
+        workers.run_workers(sleeper, 3, [None], tmp_path, None, None, here=here)
     children = [int(p.name) for p in pids.iterdir()]
     assert len(children) == 2 and not any(process_alive(pid, None) for pid in children)
 
@@ -214,7 +214,7 @@ def test_a_failing_watch_stops_the_children_and_is_raised(tmp_path, monkeypatch)
     monkeypatch.setattr(workers, "_report", broken)
     monkeypatch.setattr(workers, "POLL_S", 0.05)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    procs = workers.start_workers(sleeper, 2, "cpu", tmp_path, first=1)
+    procs = workers.start_workers(sleeper, 2, [None], tmp_path, first=1)
     with pytest.raises(RuntimeError, match="storage went away"):
-        workers.run_workers(sleeper, 2, "cpu", tmp_path, None, None, here=lambda: None, procs=procs)
+        workers.run_workers(sleeper, 2, [None], tmp_path, None, None, here=lambda: None, procs=procs)
     assert all(p.poll() is not None for p in procs.values())
