@@ -101,8 +101,9 @@ def mlptrain(package: Path, *args, env=None, log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, cwd=package)
 
 
-def check_once(sweep_dir: Path, trials: int) -> float:
-    """Exit 1 unless every seed ran once and completed; returns the sum of the trials' wall_s."""
+def check_once(sweep_dir: Path, trials: int) -> tuple[float, dict]:
+    """Exit 1 unless every seed ran once and completed; returns the sum of the trials' wall_s and each seed's
+    value of the sweep's metric."""
     results = json.loads((sweep_dir / "results.json").read_text())
     rows = results["trials"]
     seeds = sorted(row["params"]["seed"] for row in rows)
@@ -116,7 +117,8 @@ def check_once(sweep_dir: Path, trials: int) -> float:
         problems.append("states " + ", ".join(sorted({row["state"] for row in rows})))
     if problems:
         raise SystemExit(f"WRONG RESULT: {sweep_dir}: " + "; ".join(problems) + "; nothing is reported")
-    return sum(json.loads((sweep_dir / folder / "summary.json").read_text())["wall_s"] for folder in folders)
+    wall = sum(json.loads((sweep_dir / folder / "summary.json").read_text())["wall_s"] for folder in folders)
+    return wall, {row["params"]["seed"]: row["value"] for row in rows}
 
 
 def timeline(db: Path, start: float, end: float) -> dict:
@@ -146,11 +148,24 @@ def run_sweep(package: Path, scratch: Path, workload: str, workers: int, sampler
     wall = time.time() - start
     if any(codes):
         raise SystemExit(f"WRONG RESULT: {name} exited with {codes}; see {scratch}")
-    trained = check_once(runs / name, trials)
+    trained, values = check_once(runs / name, trials)
     db = scratch / f"{name}.db" if workload == "shared" else runs / name / "study.db"
     return {**timeline(db, start, start + wall), "workload": workload, "workers": 2 if workload == "shared" else workers, "trials": trials,
             "epochs": epochs, "wall_s": round(wall, 2), "trials_wall_s": round(trained, 2),
-            "fixed_s": round(wall - trained, 2), "gpus": sampler.busy(start, start + wall)}
+            "fixed_s": round(wall - trained, 2), "gpus": sampler.busy(start, start + wall), "values": values}
+
+
+def check_same_values(rows: list[dict]) -> None:
+    """Exit 1 unless each seed's metric is the same, bit for bit, however many workers (threads, streams,
+    GPUs) trained it: training is deterministic, so any difference is a bug in running trials at once."""
+    base, trials = WORKLOADS["mnist8" if rows[-1]["workload"] == "shared" else rows[-1]["workload"]][0], rows[-1]
+    first = next(r for r in rows if WORKLOADS["mnist8" if r["workload"] == "shared" else r["workload"]][0] == base
+                 and r["epochs"] == trials["epochs"])
+    differ = {seed: (first["values"][seed], value) for seed, value in trials["values"].items()
+              if first["values"].get(seed, value) != value}
+    if differ:
+        raise SystemExit(f"WRONG RESULT: {trials['workload']} with {trials['workers']} workers trained differently "
+                         f"from {first['workload']} with {first['workers']}: seed: (then, now) {differ}")
 
 
 def main() -> None:
@@ -173,6 +188,7 @@ def main() -> None:
             for workers in ([2] if workload == "shared" else args.workers):
                 rows.append(run_sweep(package, scratch, workload, workers, sampler, args.overrides))
                 print(json.dumps(rows[-1]), flush=True)
+                check_same_values(rows)
     finally:
         sampler.stop()
     if args.json:

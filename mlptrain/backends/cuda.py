@@ -16,46 +16,63 @@ from mlptrain.errors import UserError
 
 
 class CudaBackend:
-    """Satisfies `mlptrain.backends.protocol.Backend` with numba device arrays."""
+    """Satisfies `mlptrain.backends.protocol.Backend` with numba device arrays.
+
+    Made in the thread that will use it: `device` (numba's index among the visible GPUs; default: the
+    thread's current one, else the first) becomes the thread's GPU, and with `own_stream` every launch,
+    copy and synchronisation of this thread goes to a stream of its own, so that several of a sweep's
+    trials share a GPU at once (mlptrain.sweep.threads). The stream is a blocking one: anything that
+    still reaches the legacy default stream waits for it, as before."""
 
     name = "cuda"
 
-    def __init__(self):
+    def __init__(self, device: int | None = None, own_stream: bool = False):
         # here, not at the top: the CPU path and `backend: auto` without a GPU never import numba (seconds)
         import numba
         from numba import cuda
 
         from mlptrain.backends import numba_kernels
+        from mlptrain.backends.numba_kernels import streams
 
         # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
         numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
         self._cuda = cuda
         self.kernels = numba_kernels
         self.fallbacks = []
+        if device is not None:
+            cuda.select_device(device)
+        self.stream = cuda.stream() if own_stream else 0
+        streams.use(self.stream)
         raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
         self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
 
     def empty(self, shape, dtype=np.float32):
         with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
-            return self._cuda.device_array(shape, dtype)
+            return self._cuda.device_array(shape, dtype, stream=self.stream)
 
     def zeros(self, shape, dtype=np.float32):
         with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
-            return self._cuda.to_device(np.zeros(shape, dtype))
+            return self._cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
 
     def to_device(self, array):
         array = np.ascontiguousarray(array)
         with gpu_memory_errors(array.nbytes):
-            return self._cuda.to_device(array)
+            return self._cuda.to_device(array, stream=self.stream)
 
     def to_host(self, array):
-        return array.copy_to_host()
+        host = array.copy_to_host(stream=self.stream)
+        if self.stream:  # a stream's copy may return before it is done
+            self.stream.synchronize()
+        return host
 
     def copy_from_host(self, dst, src):
-        dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype))
+        dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype), stream=self.stream)
 
     def synchronize(self):
-        self._cuda.synchronize()
+        if self.stream:
+            self.stream.synchronize()
+        else:
+            self._cuda.synchronize()
 
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
@@ -94,6 +111,26 @@ class CudaBackend:
         if config.ENABLE_CUDASIM:
             return "the CUDA simulator cannot capture graphs"
         return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
+
+
+_LEFT_TO_THE_DRIVER = []  # the deferrals leave_to_the_driver entered: held (never left) until the process ends
+
+
+def leave_to_the_driver(device: int) -> None:
+    """From now on this process frees nothing of `device`'s context itself: the driver frees it all when the
+    process exits. numba frees a context's memory, streams and kernels through a queue that whichever thread
+    adds to next empties, and at exit it unloads every kernel from the main thread, where another GPU's
+    context is current: on two H200s that crashed the process as it exited (a sweep's threads had trained
+    on both). Call it once every thread that used `device` has ended, for each GPU but the main thread's."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    from numba import cuda
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return
+    with cuda.gpus[device]:
+        deferral = cuda.current_context().defer_cleanup()
+        deferral.__enter__()  # and never left: the generator is kept, or collecting it would leave it
+        _LEFT_TO_THE_DRIVER.append(deferral)
 
 
 OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY

@@ -11,18 +11,19 @@ from mlptrain.backends.cuda import CudaBackend, cuda_unusable_reason
 from mlptrain.errors import UserError
 
 
-def get_backend(name: str):
+def get_backend(name: str, device: int | None = None, own_stream: bool = False):
     """`auto` picks CUDA when a GPU is usable, else the CPU, noting why in the backend's `fallbacks` (a
-    run warns of them once it starts, after every refusal, and records them in summary.json)."""
+    run warns of them once it starts, after every refusal, and records them in summary.json). A CUDA
+    backend is made on `device`, with a stream of its own when `own_stream` (see CudaBackend)."""
     if name == "cpu":
         return CpuBackend()
     if name == "auto":
         reason = cuda_unusable_reason()
         if reason is None:
-            return CudaBackend()
+            return CudaBackend(device, own_stream)
         return CpuBackend(fallback=f"backend auto: no usable GPU ({reason}); running on the CPU")
     if name == "cuda":
         if cuda_unusable_reason() is not None:
             raise UserError("backend=cuda: no usable NVIDIA GPU or CUDA driver was found; use backend=cpu or backend=auto")
-        return CudaBackend()
+        return CudaBackend(device, own_stream)
     raise UserError(f"backend: '{name}' is not one of auto, cuda, cpu")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import List, Optional
 
@@ -52,8 +53,8 @@ def sweep(
                                        "re-running a sweep continues it"),
     storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL that workers share "
                                           "(default: an SQLite file in the sweep's folder)"),
-    workers: int = typer.Option(1, "--workers", help="trials at once on this machine (one GPU each when there "
-                                "are several)"),
+    workers: int = typer.Option(1, "--workers", help="trials at once on this machine: threads on its GPUs in turn "
+                                "(several on one GPU when there are more workers), processes on the CPU"),
     worker: bool = typer.Option(False, "--worker", hidden=True,
                                 help="started by a sweep command of this machine, which opened the study: take "
                                      "trials until none is queued, then exit"),
@@ -61,10 +62,8 @@ def sweep(
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.config.load import config_from_dict
-    from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
-    from mlptrain.sweep.report import results_table, trial_rows, write_results
     from mlptrain.sweep.spec import load_sweep
-    from mlptrain.sweep.workers import gpu_slots, start_workers, stop_workers
+    from mlptrain.sweep.threads import TrialThreads, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     path = resolve_sweep(sweep_file)
@@ -73,25 +72,40 @@ def sweep(
     if not 1 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")
     sweep_dir = runs_dir / name
-    url = storage or f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
-    engine.check_storage_url(url)
     resources, base_config = Resources(), config_from_dict(spec.raw)
-    if workers == 1:
+    gpus = thread_gpus(base_config.backend)  # > 0: the workers are threads of this process
+    if workers == 1 and not gpus:
         resources.prepare(base_config)  # refusals before the sweep's folder exists
-    else:  # the same refusals, without a GPU context: the workers start before this process makes one
+    else:  # the same refusals, without a GPU context: each worker makes its own
         check_inputs(base_config, resources)
-    created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if workers > 1 else [None]
-    children, command = {}, [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
-                             str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
+    # on GPUs the workers start now: their GPU contexts are made while Optuna is imported and the study opened
+    pool = TrialThreads(workers, gpus, resources, lambda view: view.prepare(base_config)) if gpus else None
+    children = {}
     try:
-        _make_folder(sweep_dir)
-        if workers > 1:  # first: their start (imports, GPU, data) overlaps ours; they wait for the study
-            children = start_workers(command, workers, slots, sweep_dir, first=1)
-        study, study_storage = engine.open_study(spec, sweep_dir, name, url, worker=worker)
+        from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
+        from mlptrain.sweep.report import results_table, trial_rows, write_results
+        from mlptrain.sweep.workers import gpu_slots, start_workers
+
+        url = storage or f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
+        engine.check_storage_url(url)
+        created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if workers > 1 and not gpus else [None]
+        command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
+                   str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
+        try:
+            _make_folder(sweep_dir)
+            if workers > 1 and not gpus:  # first: their start (imports, data) overlaps ours; they wait for the study
+                children = start_workers(command, workers, slots, sweep_dir, first=1)
+            study, study_storage = engine.open_study(spec, sweep_dir, name, url, worker=worker)
+        except BaseException:
+            if created:
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+            raise
     except BaseException:
+        from mlptrain.sweep.workers import stop_workers
+
         stop_workers(list(children.values()), signal.SIGTERM)
-        if created:
-            shutil.rmtree(sweep_dir, ignore_errors=True)
+        if pool is not None:
+            _end_threads(pool, base_config, pool.cancel)
         raise
 
     def save():  # after each trial; the sweep's end (or Ctrl-C) writes them durably
@@ -100,8 +114,12 @@ def sweep(
     problems = []
     try:
         with sigterm_as_interrupt():
-            problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command,
-                             base_config, worker, children, slots)
+            if pool is not None:
+                _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers,
+                                 base_config, worker)
+            else:
+                problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command,
+                                 worker, children, slots)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: every running trial is queued again
         write_results(sweep_dir, spec, trial_rows(study, spec))
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
@@ -117,8 +135,44 @@ def sweep(
         raise UserError("; ".join(problems))
 
 
-def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, base_config, worker,
-          children, slots) -> list[str]:
+def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers, base_config,
+                     worker) -> None:
+    """The trials in `pool`'s threads (mlptrain.sweep.threads), then, unless this is a `--worker` child, the
+    trials of other machines' workers that died meanwhile."""
+    saving = threading.Lock()
+
+    def save_in_order():  # threads finish trials at once: each write holds the study's latest rows
+        with saving:
+            save()
+
+    def in_thread(view, stop):
+        engine.work(study, study_storage, spec, sweep_dir, view, on_trial_end=save_in_order, wait_for_others=False,
+                    stop=stop, progress=workers == 1)  # several trials at once: a terminal holds one bar
+
+    if workers > 1:
+        gpus = len(pool.devices)
+        console.print(f"{workers} workers in this process on {gpus} GPU{'s' if gpus > 1 else ''} "
+                      f"({-(-workers // gpus)} at most on each)")
+    _end_threads(pool, base_config, lambda: pool.run(in_thread))
+    if not worker:  # trials other machines run: when one's worker dies, its trial is queued again and run here
+        engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
+
+
+def _end_threads(pool, base_config, finish) -> None:
+    """finish() (the pool's run or cancel), then leave the GPUs' contexts to the driver (see
+    leave_to_the_driver): numba made them in the pool's threads, which have ended."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.backends.cuda import leave_to_the_driver
+
+    try:
+        finish()
+    finally:
+        for device in pool.devices if base_config.backend != "cpu" else ():
+            leave_to_the_driver(device)
+
+
+def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, worker, children,
+          slots) -> list[str]:
     """Run trials here, and with `workers` > 1 in the `children` started beside this process; returns a line
     per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
     another."""
@@ -126,7 +180,6 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     from mlptrain.sweep.workers import run_workers
 
     def here():
-        resources.prepare(base_config)  # a no-op with one worker: prepared before the study was opened
         engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,
                     wait_for_others=not worker and workers == 1)
 

@@ -33,7 +33,7 @@ import optuna
 from optuna.trial import TrialState
 from sqlalchemy import event
 
-from mlptrain.errors import UserError
+from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
@@ -275,18 +275,20 @@ def requeue_stale(study, storage, study_id: int) -> int:
 
 
 def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None,
-         wait_for_others: bool = True) -> None:
+         wait_for_others: bool = True, stop=None, progress: bool = True) -> None:
     """Run queued trials until none is left, then (`wait_for_others`) wait for the ones other workers are
     running: when one of those workers dies, its trial is queued again and taken here. A worker started by
     this machine's sweep command does not wait: that parent sees its children end and queues a dead one's
-    trial again itself (mlptrain.sweep.workers)."""
+    trial again itself (mlptrain.sweep.workers). `stop` (with a `signum`, read after every optimizer step):
+    once set, the running trial is queued again and no other is taken (a sweep's trial threads stop this
+    way, mlptrain.sweep.threads). `progress`: a progress bar while a trial trains."""
     study_id = storage.get_study_id_from_name(study.study_name)
     waiting_for = None
-    while True:
+    while stop is None or not stop.signum:
         requeue_stale(study, storage, study_id)
         claimed = claim_next(study, storage, study_id)
         if claimed is not None:
-            _run_trial(study, storage, *claimed, sweep, sweep_dir, resources)
+            _run_trial(study, storage, *claimed, sweep, sweep_dir, resources, stop, progress)
             if on_trial_end is not None:
                 on_trial_end()
             continue
@@ -309,20 +311,22 @@ class _Attempt:
     last: dict = field(default_factory=dict)  # the latest evaluation record
 
 
-def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources) -> None:
+def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources,
+               stop=None, progress: bool = True) -> None:
     attempt = _Attempt(sweep.suggest(trial))
     console.print(f"[bold]trial {trial.number}[/]: {format_params(attempt.params)}")
     try:
-        _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources)
+        _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources, stop, progress)
     finally:
         if attempt.run_dir is not None:
             release_run(attempt.run_dir)
 
 
-def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_dir: Path, resources) -> None:
+def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_dir: Path, resources, stop,
+             progress: bool) -> None:
     with _Heartbeat(storage, trial_id):
         try:
-            summary = _train(trial, attempt, sweep, sweep_dir, resources)
+            summary = _train(trial, attempt, sweep, sweep_dir, resources, stop, progress)
         except optuna.TrialPruned as pruned:
             console.print(f"trial {trial.number}: {pruned}")
             _tell(study, trial, TrialState.PRUNED, attempt, attempt.last)
@@ -331,6 +335,10 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
                 _requeue(study, storage.get_trial(trial_id))
                 _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
             raise
+        except TrainingInterrupted:  # `stop` was set (another thread got the signal): the same, from a thread
+            _requeue(study, storage.get_trial(trial_id))
+            _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
+            console.print(f"trial {trial.number}: stopped; queued again")
         except Exception as err:  # the trial failed, the sweep goes on
             error = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
             if not isinstance(err, UserError):
@@ -343,9 +351,11 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
             _tell(study, trial, TrialState.COMPLETE, attempt, summary, value=value)
 
 
-def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources) -> dict:
+def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources, stop,
+           progress: bool) -> dict:
     attempt.config = sweep.trial_config(attempt.params, "its config")
-    session = build_session(attempt.config, *resources.prepare(attempt.config))  # refusals before the folder
+    with resources.allocating():  # refusals before the folder
+        session = build_session(attempt.config, *resources.prepare(attempt.config))
     attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial",
                                  suffix_on_clash=True, dataset=session.dataset, backend=session.backend.name)
     trial.set_user_attr("run_dir", str(attempt.run_dir))
@@ -360,7 +370,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
                 raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} is {worse} "
                                          "the other trials' median")
 
-    summary = train(session, attempt.run_dir, on_evaluation)
+    summary = train(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
     value = summary.get(sweep.metric)
     if sweep.metric not in summary:
         raise UserError(f"the run reports no {sweep.metric} (its metrics: "

@@ -8,7 +8,8 @@ on the GPU, numba's compiled kernels with them).
 from __future__ import annotations
 
 import os
-from contextlib import suppress
+import threading
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from mlptrain.backends.cuda import driver_unusable_reason
@@ -26,19 +27,42 @@ from mlptrain.util.user_paths import expand_user
 
 
 class Resources:
-    """Backends by name and datasets by their data section, loaded on first use."""
+    """Backends by name and datasets by their data section, loaded on first use.
 
-    def __init__(self):
+    A sweep that trains several trials at once gives each thread a view (`on_gpu`): its own backends, made
+    on its GPU with a stream of their own, and the datasets shared (loaded once, on the host)."""
+
+    def __init__(self, device: int | None = None, own_stream: bool = False, shared: dict | None = None):
         self._backends = {}
-        self._datasets = {}
+        self._gpu = (device, own_stream)
+        # the datasets, a lock for loading them, and one lock per GPU for building sessions
+        self._shared = shared if shared is not None else {"datasets": {}, "loading": threading.Lock(),
+                                                          "gpus": {}, "gpus_lock": threading.Lock()}
+        self._datasets = self._shared["datasets"]
+
+    def on_gpu(self, device: int, own_stream: bool = True) -> "Resources":
+        """A view for a thread training on `device` (numba's index among the visible GPUs): the same datasets,
+        backends of its own."""
+        return Resources(device, own_stream, self._shared)
+
+    @contextmanager
+    def allocating(self):
+        """Held while a session is built: trials of one GPU allocate (and numba frees what ended trials
+        left, which its allocator does on an allocation, not from several threads at once) one at a time,
+        and each checks the memory free before its own allocations, not during another's."""
+        with self._shared["gpus_lock"]:
+            lock = self._shared["gpus"].setdefault(self._gpu[0], threading.Lock())
+        with lock:
+            yield
 
     def dataset(self, config: Config):
         """The config's dataset, checked against data.val_size and the model; raises UserError."""
         data = config.data
         key = (data.dataset, data.root, data.path, data.label)
-        if key not in self._datasets:
-            root = Path(data.root) if data.root else None
-            self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label)
+        with self._shared["loading"]:
+            if key not in self._datasets:
+                root = Path(data.root) if data.root else None
+                self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label)
         check_val_size(self._datasets[key], data.val_size)
         check_validation(config, "config", self._datasets[key].has_val_split)
         check_model_input(config.model, self._datasets[key])
@@ -48,7 +72,7 @@ class Resources:
         """(backend, dataset) for `config`; raises UserError. start_compilers: on a GPU with no compiled
         kernels yet, start the compile workers before loading the data (a run that will train)."""
         if config.backend not in self._backends:
-            self._backends[config.backend] = get_backend(config.backend)
+            self._backends[config.backend] = get_backend(config.backend, *self._gpu)
             if start_compilers:
                 self._backends[config.backend].start_compilers()
         return self._backends[config.backend], self.dataset(config)

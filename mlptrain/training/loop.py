@@ -40,7 +40,7 @@ from mlptrain.util.regular_file import read_regular_text
 
 
 def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
-          records: dict | None = None) -> dict:
+          records: dict | None = None, progress: bool = True) -> dict:
     """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json.
 
     `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
@@ -50,7 +50,8 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     `stop.signum` becomes set, the loop writes `last` after the current optimizer step and raises
     TrainingInterrupted. `records` are extra summary fields. On a resumed run `wall_s` covers the resumed
     part, `wall_s_total` the whole run. With train.early_stopping the run may end before train.epochs,
-    with the best epoch's parameters restored."""
+    with the best epoch's parameters restored. `progress`: the progress bar (a sweep training several
+    trials at once shows none: a terminal holds one)."""
     s.stop = stop
     check_space(run_dir, 3 * checkpoint_bytes(s) + 2**20, "its checkpoints")  # last, best and a temporary
     start = _resume(s, resume, run_dir) if resume is not None else Position()
@@ -58,7 +59,8 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     records = {**compile_kernels(s), **(records or {})}
     logger = RunLogger(run_dir)
     try:
-        with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window) as monitor:
+        with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window,
+                             progress) as monitor:
             finished = resume is not None and resume.finished  # killed after its last checkpoint: only the summary
             best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
             last = _last_record(s, run_dir, start, logger) if finished else {}

@@ -17,15 +17,18 @@ class TrainingMonitor:
     """A context (the progress bar's lifetime) that is called with each read: a dict of epoch,
     step_in_epoch, step, lr, grad_norm, loss_scale, skipped, loss, acc, samples and seconds."""
 
-    def __init__(self, logger, config, steps_per_epoch: int, classifies: bool, epoch: int = 0, window: int = 0):
-        """`epoch` epochs and `window` steps of the next are done already (a resumed run)."""
+    def __init__(self, logger, config, steps_per_epoch: int, classifies: bool, epoch: int = 0, window: int = 0,
+                 bar: bool = True):
+        """`epoch` epochs and `window` steps of the next are done already (a resumed run); `bar`: show the
+        progress bar (a terminal holds one at a time)."""
         self.logger, self.config, self.per_epoch, self.classifies = logger, config, steps_per_epoch, classifies
+        self.bar = bar
         self.done = (epoch, window)
         self.seconds, self.samples, self.rates = 0.0, 0, []  # time in training steps, samples, each read's rate
 
     def __enter__(self) -> "TrainingMonitor":
         epoch, window = self.done
-        self.progress = training_progress(console).__enter__()
+        self.progress = training_progress(console, show=self.bar).__enter__()
         self.started, self.steps_at_start = time.monotonic(), epoch * self.per_epoch + window
         self.task = self.progress.add_task("train", total=self.per_epoch, completed=window, epoch=epoch + 1,
                                            epochs=self.config.train.epochs, loss=None, acc=None, rate=0.0,

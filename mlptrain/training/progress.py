@@ -62,5 +62,6 @@ class TrainingLine(ProgressColumn):
         return line
 
 
-def training_progress(console) -> Progress:
-    return Progress(TrainingLine(console), console=console, transient=False)
+def training_progress(console, show: bool = True) -> Progress:
+    """The progress bar on `console`; with `show` false it keeps its counts but draws nothing."""
+    return Progress(TrainingLine(console), console=console, transient=False, disable=not show)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import optuna
 import pytest
 import typer
@@ -20,7 +19,6 @@ import yaml
 
 from mlptrain.cli.configs import builtin_configs
 from mlptrain.cli.sweep import builtin_sweeps, resolve_base, sweep
-from mlptrain.data import DATASETS, ImageDataset
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
 from mlptrain.sweep.spec import load_sweep
@@ -29,35 +27,6 @@ from tests.cli.test_cli import REPO
 
 FAST = ["backend=cpu", "train.epochs=1", "model.hidden=[16]", "data.val_size=100", "train.batch_size=100",
         "train.eval_batch_size=500"]
-
-
-def _banded(rng, n):
-    labels = rng.integers(0, 10, n).astype(np.uint8)
-    images = rng.integers(0, 60, (n, 784)).astype(np.uint8)
-    for c in range(10):
-        images[labels == c, c * 78:(c + 1) * 78] += 150
-    return images, labels
-
-
-@pytest.fixture
-def tiny_mnist(monkeypatch):
-    rng = np.random.default_rng(0)
-    (train_x, train_y), (test_x, test_y) = _banded(rng, 600), _banded(rng, 200)
-    dataset = ImageDataset("mnist", train_x, train_y, test_x, test_y, (1, 28, 28), 10, 0.3, 0.3)
-    monkeypatch.setitem(DATASETS, "mnist", lambda *args, **kwargs: dataset)
-
-
-@pytest.fixture
-def trains(monkeypatch):
-    """The list of configs `train` was called with, in order."""
-    calls, real = [], engine.train
-
-    def counting(session, *args, **kwargs):
-        calls.append(session.config)
-        return real(session, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "train", counting)
-    return calls
 
 
 def write_sweep(tmp_path, parameters, **fields):

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -61,7 +62,9 @@ class Stats:
 
 
 STATS = Stats()
-_state = {"store": None, "plan": None, "pool": None}
+_state = {"store": None, "pool": None}
+_planning = threading.local()  # .plan: the Plan this thread records into (a sweep's other trials launch meanwhile)
+_compiling = threading.Lock()  # one compile_ahead at a time: a second waits, then finds the first's kernels
 
 
 def store() -> KernelStore:
@@ -77,9 +80,14 @@ def use_store(root) -> KernelStore:
     return _state["store"]
 
 
-@functools.cache
 def environment() -> tuple:
-    """What besides the kernel itself changes its machine code (computed once per process)."""
+    """What besides the kernel itself changes its machine code: the current GPU's kind (a sweep's threads
+    may run on several) and the process's settings."""
+    return _environment(tuple(cuda.get_current_device().compute_capability))
+
+
+@functools.cache
+def _environment(capability: tuple) -> tuple:
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     import numba
 
@@ -87,7 +95,6 @@ def environment() -> tuple:
         numba_cuda = version("numba-cuda")
     except Exception:  # an unusual install: the version then stays out of the key, numba's is in
         numba_cuda = "unknown"
-    capability = cuda.get_current_device().compute_capability
     flags = tuple((name, repr(getattr(config, name, None)))
                   for name in ("OPT", "CUDA_DEBUGINFO_DEFAULT", "CUDA_DEFAULT_PTX_CC", "FASTMATH",
                                "CUDA_ENABLE_PYNVJITLINK", "CUDA_PER_THREAD_DEFAULT_STREAM"))
@@ -167,7 +174,7 @@ class Kernel:
         self.dispatcher = dispatcher
 
     def __getitem__(self, launch):
-        plan = _state["plan"]
+        plan = getattr(_planning, "plan", None)
         if plan is not None:
             return functools.partial(plan.record, self)
         return self.dispatcher[launch]
@@ -216,14 +223,14 @@ class Plan:
 
 @contextlib.contextmanager
 def planning():
-    """Within the block, kernel launches are recorded in the yielded Plan, not run."""
-    if _state["plan"] is not None:
+    """Within the block, this thread's kernel launches are recorded in the yielded Plan, not run."""
+    if getattr(_planning, "plan", None) is not None:
         raise RuntimeError("planning() does not nest")
-    plan = _state["plan"] = Plan()
+    plan = _planning.plan = Plan()
     try:
         yield plan
     finally:
-        _state["plan"] = None
+        _planning.plan = None
 
 
 def _pending(plan: Plan):
@@ -249,6 +256,11 @@ def compile_ahead(plan: Plan, workers: int | None = None) -> int:
     loaded."""
     if config.ENABLE_CUDASIM:
         return 0
+    with _compiling:
+        return _compile_ahead(plan, workers)
+
+
+def _compile_ahead(plan: Plan, workers: int | None) -> int:
     pending = list(_pending(plan))
     absent = [(k, types, key) for k, types, key, cached in pending if key is not None and not cached]
     started, _state["pool"] = _state["pool"], None
@@ -258,8 +270,9 @@ def compile_ahead(plan: Plan, workers: int | None = None) -> int:
             _compile_in_workers(absent, pool or _new_pool(count), count)
     elif started is not None:
         started[0].shutdown(wait=False, cancel_futures=True)
-    for k, types, _, _ in pending:
-        k.dispatcher.compile(types)
+    for k, types in plan.launches.values():
+        # bound to this thread's GPU now: one another thread compiled or loaded (on another GPU) is not yet
+        k.dispatcher.compile(types).bind()
     return len(pending)
 
 

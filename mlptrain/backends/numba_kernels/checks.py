@@ -39,11 +39,12 @@ def checked_cursor(cursor):
     """The cursor a launch reads: the one given (a 1-element int64 device array), or a shared zero for
     launches given none (evaluation and tests walk through their arrays from the host)."""
     if cursor is None:
-        return _zero_cursor()
+        return _zero_cursor(getattr(cuda.get_current_device(), "id", 0))
     require("cursor", cursor, "int64", (1,))
     return cursor
 
 
 @functools.cache
-def _zero_cursor():
+def _zero_cursor(device: int):
+    """One per GPU: a sweep's threads train on several GPUs of one process, and a launch reads its own GPU's."""
     return cuda.to_device(np.zeros(1, np.int64))

@@ -37,10 +37,10 @@ TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
 SIMULATED_CAPABILITY = (8, 0)  # the simulator emulates the mma as a GPU of compute capability 8.0 runs it
 
 
-@functools.cache
 def capability():
-    """This GPU's compute capability, which decides whether the passes run here (conv_plan); older
-    GPUs keep conv's CUDA-core tiles."""
+    """The current GPU's compute capability, which decides whether the passes run here (conv_plan); older
+    GPUs keep conv's CUDA-core tiles. Asked each time (numba keeps it): a sweep's threads may each run on
+    a different GPU."""
     return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else tuple(cuda.get_current_device().compute_capability)
 
 

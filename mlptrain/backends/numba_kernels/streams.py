@@ -3,10 +3,15 @@
 A numba launch costs ~26 µs of host time, so a training step of a small model
 (~16 launches) is bound by the host, not the GPU. Recorded once into a CUDA
 graph, the same launches replay for ~1 µs each. Launchers queue on
-`current()`: the legacy default stream, except while `capture` records on
+`current()`: the thread's stream (`use`; the legacy default stream unless a
+backend gave the thread one of its own), except while `capture` records on
 a private non-blocking stream (the legacy stream cannot be captured). Replays
-go back onto the legacy stream, so they stay ordered with every other launch
-and copy without extra synchronisation.
+go back onto the stream the capture was made from, so they stay ordered with
+every other launch and copy of that thread without extra synchronisation.
+
+The stream is per thread because a sweep trains several trials at once in one
+process (mlptrain.sweep.threads), each thread on its own GPU or its own stream
+of a shared one: one thread's capture must not swallow another's launches.
 
 A replay repeats the recorded kernels with the recorded arguments: the
 buffers must stay where they are (the training session allocates everything
@@ -17,16 +22,30 @@ device memory (the window's position in the epoch, the step state).
 from __future__ import annotations
 
 import importlib.util
+import threading
 import weakref
 
 from numba import cuda
 
-_stream = 0
+_local = threading.local()  # .stream: this thread's stream (0, the legacy default stream, when unset)
 
 
 def current():
-    """The stream launchers queue on."""
-    return _stream
+    """The stream launchers queue on: this thread's."""
+    return getattr(_local, "stream", 0)
+
+
+def use(stream) -> None:
+    """Launches from this thread queue on `stream` (a numba stream, or 0 for the legacy default stream)."""
+    _local.stream = stream
+
+
+def _handle(stream):
+    """The driver's handle of a numba stream (0: the legacy default stream)."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    from cuda.bindings import driver
+
+    return driver.CUstream(0 if isinstance(stream, int) else int(stream))  # numba's Stream: int() is its handle
 
 
 def graphs_supported() -> bool:
@@ -57,15 +76,18 @@ class Graph:
     """The launches `record()` makes, captured once and replayed by `replay()`."""
 
     def __init__(self, record):
-        global _stream
         # imported on first use: numba takes seconds to import, and the CPU path never needs it
         from cuda.bindings import driver
 
+        home = current()  # replays go where the launches would have gone
+        self._replay_on = _handle(home)
+        context = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         raw = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         stream = cuda.external_stream(int(raw))
+        # thread-local: other threads (a sweep's other trials) may allocate and synchronise meanwhile
         _check(driver.cuStreamBeginCapture(raw, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                "cuStreamBeginCapture")
-        _stream = stream
+        use(stream)
         try:
             record()
         except BaseException:
@@ -73,23 +95,29 @@ class Graph:
             driver.cuStreamDestroy(raw)
             raise
         finally:
-            _stream = 0
+            use(home)
         graph = _check(driver.cuStreamEndCapture(raw), "cuStreamEndCapture")
         self._exec = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         _check(driver.cuGraphDestroy(graph), "cuGraphDestroy")
-        weakref.finalize(self, _destroy, self._exec, raw)
+        weakref.finalize(self, _destroy, self._exec, raw, context)
 
     def replay(self) -> None:
         # imported on first use: numba takes seconds to import, and the CPU path never needs it
         from cuda.bindings import driver
 
-        _check(driver.cuGraphLaunch(self._exec, driver.CUstream(0)), "cuGraphLaunch")
+        _check(driver.cuGraphLaunch(self._exec, self._replay_on), "cuGraphLaunch")
 
 
-def _destroy(graph_exec, stream):
+def _destroy(graph_exec, stream, context):
+    """Free a graph and its capture stream in the context they were made in: the garbage collector may run
+    this in another thread, current on another GPU or on none."""
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from cuda.bindings import driver
 
-    driver.cuGraphExecDestroy(graph_exec)
-    driver.cuStreamDestroy(stream)
+    driver.cuCtxPushCurrent(context)
+    try:
+        driver.cuGraphExecDestroy(graph_exec)
+        driver.cuStreamDestroy(stream)
+    finally:
+        driver.cuCtxPopCurrent()
 
