@@ -26,11 +26,16 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _real_gpu_present():
 _DATA_CACHE = None if "MLPTRAIN_DATA_CACHE" in os.environ else tempfile.mkdtemp(prefix="mlptrain-data-cache-")
 if _DATA_CACHE:
     os.environ["MLPTRAIN_DATA_CACHE"] = _DATA_CACHE
+# and sweeps' empty study files likewise (mlptrain.sweep.engine)
+_STUDY_CACHE = None if "MLPTRAIN_STUDY_CACHE" in os.environ else tempfile.mkdtemp(prefix="mlptrain-study-cache-")
+if _STUDY_CACHE:
+    os.environ["MLPTRAIN_STUDY_CACHE"] = _STUDY_CACHE
 
 
 def pytest_unconfigure(config):
-    if _DATA_CACHE:
-        shutil.rmtree(_DATA_CACHE, ignore_errors=True)
+    for cache in (_DATA_CACHE, _STUDY_CACHE):
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 # tiny test grids are meant to be small; the occupancy warning would only add noise

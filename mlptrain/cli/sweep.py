@@ -64,8 +64,12 @@ def sweep(
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.threads import TrialThreads, thread_gpus
+    from mlptrain.backends.cuda import driver_gpu_count
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
+    # the driver's start (cuInit: a fifth of a second on two GPUs) while the sweep file is read: it does not
+    # hold the interpreter, and the driver starts once per process, so thread_gpus below then answers at once
+    threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [], resolve_base)
     name = check_run_name(name if name is not None else path.stem)
@@ -82,7 +86,8 @@ def sweep(
     pool = TrialThreads(workers, gpus, resources, lambda view: view.prepare(base_config)) if gpus else None
     children = {}
     try:
-        from mlptrain.sweep import engine  # Optuna takes half a second to import: only this command pays
+        # Optuna takes half a second to import: only this command pays, and after the workers have started
+        from mlptrain.sweep import engine
         from mlptrain.sweep.report import results_table, trial_rows, write_results
         from mlptrain.sweep.workers import gpu_slots, start_workers
 
@@ -101,6 +106,7 @@ def sweep(
                 shutil.rmtree(sweep_dir, ignore_errors=True)
             raise
     except BaseException:
+        # the command's own modules, imported when it runs: --help and the other commands start without them
         from mlptrain.sweep.workers import stop_workers
 
         stop_workers(list(children.values()), signal.SIGTERM)

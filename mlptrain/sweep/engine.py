@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import fcntl
 import math
+import shutil
 import signal
 import threading
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.trial import TrialState
 from sqlalchemy import event
 
@@ -41,13 +43,16 @@ from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
+from mlptrain.util.atomic import replacing
 from mlptrain.util.console import console
+from mlptrain.util.user_paths import cache_folder
 
 HEARTBEAT_S = 10  # how often a running trial says it is alive
 GRACE_S = 30  # silence after which its worker is taken for dead and the trial is queued again
 POLL_S = 2  # how often a worker with nothing to take looks again
 SETUP_WAIT_S = 60  # how long to wait for another worker to finish queueing a new study's trials
 PRUNE_AFTER_TRIALS = 5  # Optuna's default: the median of fewer finished trials is noise
+STUDY_CACHE_ENV = "MLPTRAIN_STUDY_CACHE"  # where the empty study file is kept (see _new_storage)
 READY = ".study-ready"  # in the sweep folder once its study exists: `--worker` children wait for it
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -112,6 +117,53 @@ def _storage(url: str, checked: bool = False):
                                               skip_table_creation=checked)
     except Exception as err:  # a bad URL, a missing driver, an unreachable server: one line
         raise UserError(f"--storage {_redacted(url)}: cannot open it ({type(err).__name__}: {err})") from None
+
+
+def _new_storage(url: str):
+    """The storage of a new study at `url`. A new SQLite file starts as a copy of an empty one made before by
+    this Optuna and SQLAlchemy (kept in $MLPTRAIN_STUDY_CACHE, else the user cache folder's
+    mlptrain/studies; `off` turns it off), so that its tables and Alembic's stamp are not made again:
+    Optuna reads its ~30 migration scripts for that, about a third of a second before the first trial. The
+    first new file on a machine is made by Optuna and copied there."""
+    database = sqlite_file(url)
+    template = _study_template()
+    if database is None or template is None or database.exists():
+        return _storage(url)
+    try:
+        with open(template, "rb") as source, open(database, "xb") as target:  # never over another's file
+            shutil.copyfileobj(source, target)
+        return _storage(url, checked=True)
+    except FileExistsError:  # another command made it meanwhile: it is opened as it is
+        return _storage(url)
+    except FileNotFoundError:  # no copy yet: Optuna makes the file, and it is copied for the next study
+        pass
+    except (OSError, UserError):  # an unreadable or damaged copy: Optuna makes the file afresh
+        database.unlink(missing_ok=True)
+    storage = _storage(url)
+    with suppress(OSError):  # a cache that cannot be written only costs the next study the same time
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(template, durable=False) as copy, open(database, "rb") as made:
+            shutil.copyfileobj(made, copy)  # before WAL mode: every table is in the file itself
+    return storage
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL; None for another database or an in-memory one."""
+    # SQLAlchemy (Optuna's storage) only when a storage URL is given
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(database_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _study_template() -> Path | None:
+    """Where the empty study file of this Optuna and SQLAlchemy is kept; None when the cache is off."""
+    folder = cache_folder(STUDY_CACHE_ENV, "studies")
+    if folder is None:
+        return None
+    return folder / f"empty-optuna-{optuna.__version__}-sqlalchemy-{sqlalchemy.__version__}.db"
 
 
 def _write_ahead_log(storage) -> None:
@@ -181,7 +233,7 @@ def open_study(sweep: Sweep, sweep_dir: Path, name: str, url: str, worker: bool 
         _check_same_sweep(study, sweep, sweep_dir, url)
         return study, storage
     with _setup_lock(sweep_dir):
-        storage = _storage(url)
+        storage = _new_storage(url)
         _write_ahead_log(storage)
         _sync_at_checkpoints(storage)
         try:
