@@ -12,24 +12,15 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
+from mlptrain.config.builtins import builtin_configs, builtin_sweeps
 from mlptrain.config.load import read_yaml
 from mlptrain.config.suggestions import suggest_value
 from mlptrain.errors import UserError
 from mlptrain.util.atomic import write_text
 from mlptrain.util.console import console
 
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "config" / "builtin"
-SWEEP_PREFIX = "sweep_"  # built-in sweep files live beside the configs but are not configs
 
 app = typer.Typer(help="List, show and copy the built-in configs and sweeps.", invoke_without_command=True)
-
-
-def builtin_configs() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml")) if not p.stem.startswith(SWEEP_PREFIX)}
-
-
-def builtin_sweeps() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob(f"{SWEEP_PREFIX}*.yaml"))}
 
 
 def unknown_builtin(name: str, kind: str, names: list[str], where: str = "") -> UserError:

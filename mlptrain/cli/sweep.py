@@ -13,7 +13,8 @@ import typer
 from rich.console import Console
 from rich.measure import Measurement
 
-from mlptrain.cli.configs import builtin_configs, builtin_sweeps, unknown_builtin
+from mlptrain.cli.configs import unknown_builtin
+from mlptrain.config.builtins import builtin_sweeps
 from mlptrain.cli.signals import interrupt_exit_code, sigterm_as_interrupt
 from mlptrain.errors import UserError
 from mlptrain.run_dirs.folders import check_run_name
@@ -30,18 +31,6 @@ def resolve_sweep(name_or_path: str) -> Path:
     builtin = builtin_sweeps().get(path.stem)
     if builtin is None or str(path.parent) not in (".", "configs"):
         raise unknown_builtin(name_or_path, "sweep", list(builtin_sweeps()))
-    return builtin
-
-
-def resolve_base(base: str, sweep_path: Path) -> Path:
-    """The sweep's base config: a path relative to the sweep file, or a built-in config name."""
-    beside = sweep_path.parent / base
-    if beside.is_file():
-        return beside
-    builtin = builtin_configs().get(Path(base).stem) if Path(base).parent == Path(".") else None
-    if builtin is None:
-        raise UserError(f"{sweep_path}: base: '{base}' is neither a file relative to the sweep file nor a built-in "
-                        f"config (built-in: {', '.join(builtin_configs())})")
     return builtin
 
 
@@ -71,7 +60,7 @@ def sweep(
     # hold the interpreter, and the driver starts once per process, so thread_gpus below then answers at once
     threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
     path = resolve_sweep(sweep_file)
-    spec = load_sweep(path, overrides or [], resolve_base)
+    spec = load_sweep(path, overrides or [])
     name = check_run_name(name if name is not None else path.stem)
     if not 1 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")

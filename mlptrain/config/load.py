@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
+from mlptrain.config.builtins import builtin_configs
 from mlptrain.config.rules import MODEL_KEYS, check_combinations, check_model_keys
 from mlptrain.config.safe_yaml import brief, brief_text, load_yaml_text
 from mlptrain.config.safe_yaml import read_yaml as read_yaml_file
@@ -176,18 +178,101 @@ def read_yaml(path: Path):
 
 
 RESOLVED = "resolved"  # the section of a run's config.yaml that records what the run actually used
+BASE = "base"  # a config's key naming the config it extends
+MAX_BASES = 16  # configs in one chain of `base:`
+DESCRIBED = ("model.", "data.", "optim.", "schedule.")  # keys whose change makes a description stale
+_MARK = re.compile(r"\s*\[overridden: ([^\]]*)\]$")
 
 
 def load_config(path: Path, overrides: list[str] = ()) -> Config:
-    raw = read_yaml(path)
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
-    raw.pop(RESOLVED, None)  # a run's record of what it used: informative, never read back
+    raw, changed = read_config(path)
     parsed = check_override_values(list(overrides))  # each override's YAML read once, here
     source = f"{path} with the overrides" if overrides else str(path)
-    config = config_from_dict(_set_values(raw, parsed), source=source)
+    raw = _set_values(raw, parsed)
+    if "description" not in dict(parsed):
+        raw = marked_description(raw, [*changed, *(key for key, _ in parsed)])
+    config = config_from_dict(raw, source=source)
     check_model_keys(config.model.type, dict(parsed), "override")
     return config
+
+
+def read_config(path: Path) -> tuple[dict, list[str]]:
+    """The mapping of config file `path` with its chain of `base:` applied (a built-in config name, or a path
+    relative to the file that names it): each file's keys override its base's, section by section, as
+    overrides do. Also the dotted keys the files set over the config whose description they keep (an
+    empty list when the file itself describes what it is). A loop or a chain longer than MAX_BASES is
+    refused in one line naming it."""
+    layers, chain = [], [path]
+    while True:
+        raw = read_yaml(chain[-1])
+        if not isinstance(raw, dict):
+            raise UserError(f"{chain[-1]}: a config must be a mapping of sections, got {type(raw).__name__}")
+        raw = {k: v for k, v in raw.items() if k != RESOLVED}  # a run's record of what it used: never read back
+        base = raw.pop(BASE, None)
+        layers.append(raw)
+        if base is None:
+            break
+        if not isinstance(base, str) or not base.strip():
+            raise UserError(f"{chain[-1]}: base: expected a config file or a built-in config name, got {brief(base)}")
+        following = base_config(base, chain[-1])
+        if any(following.resolve() == seen.resolve() for seen in chain):
+            raise UserError(f"{path}: base: the chain loops: {' -> '.join(map(str, [*chain, following]))}")
+        if len(chain) == MAX_BASES:
+            raise UserError(f"{path}: base: a chain of more than {MAX_BASES} configs ({' -> '.join(map(str, chain))} "
+                            "-> ...)")
+        chain.append(following)
+    merged, changed = {}, []
+    for layer in reversed(layers):
+        if "description" in layer:
+            changed = []
+        elif merged.get("description"):
+            changed += _dotted_keys(layer)
+        merged = _merged(merged, layer)
+    return merged, changed
+
+
+def base_config(base: str, named_in: Path) -> Path:
+    """The file `base:` names in `named_in`: a path relative to that file, else a built-in config name."""
+    beside = named_in.parent / base
+    if beside.is_file():
+        return beside
+    builtin = builtin_configs().get(Path(base).stem) if Path(base).parent == Path(".") else None
+    if builtin is None:
+        raise UserError(f"{named_in}: base: '{base}' is neither a file beside it nor a built-in config (built-in: "
+                        f"{', '.join(builtin_configs())})")
+    return builtin
+
+
+def _merged(base: dict, top: dict) -> dict:
+    """`top` over `base`: mappings merged key by key (a section keeps the base's other keys), anything else replaced."""
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def _dotted_keys(raw: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        keys += _dotted_keys(value, f"{name}.") if isinstance(value, dict) else [name]
+    return keys
+
+
+def marked_description(raw: dict, changed: list[str]) -> dict:
+    """`raw` with its description marked `[overridden: KEYS]` when `changed` (dotted keys set over the config
+    that wrote the description) includes a key of the model, the data, the optimizer or the schedule:
+    a description such as "Adam, lr 1e-3" then no longer passes for what ran."""
+    description = raw.get("description")
+    stale = sorted({key for key in changed if key.startswith(DESCRIBED)})
+    if not isinstance(description, str) or not description or not stale:
+        return raw
+    found = _MARK.search(description)
+    if found:  # marked before (a run's own config.yaml, loaded again): one mark, naming every key
+        stale = sorted({*stale, *(k.strip() for k in found.group(1).split(","))})
+        description = description[:found.start()]
+    return {**raw, "description": f"{description} [overridden: {', '.join(stale)}]"}
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:

@@ -25,9 +25,9 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from mlptrain.config.load import apply_overrides, config_from_dict, parse_override, read_yaml
+from mlptrain.config.load import (apply_overrides, base_config, config_from_dict, marked_description, parse_override,
+                                  read_config, read_yaml)
 from mlptrain.config.rules import check_model_keys
 from mlptrain.config.safe_yaml import brief
 from mlptrain.config.schema import Config, valid_keys
@@ -114,6 +114,7 @@ class Sweep:
     direction: str
     prune: bool
     parameters: tuple
+    changed: tuple = ()  # keys set over the config that wrote the description (config.load.read_config)
 
     def grid(self) -> list[dict]:
         """Every point of the product, as stored values, in the file's order (the last parameter fastest)."""
@@ -129,7 +130,8 @@ class Sweep:
     def trial_config(self, params: dict, source: str) -> Config:
         """A trial's config. A trial is never resumed (a re-run starts afresh), so unless its config sets
         train.checkpoint_every_epochs it writes its checkpoints once, at its end: `last` and `best`."""
-        config = _build(self.raw, params, source)
+        raw = self.raw if "description" in params else marked_description(self.raw, [*self.changed, *params])
+        config = _build(raw, params, source)
         if "checkpoint_every_epochs" in (self.raw.get("train") or {}) or "train.checkpoint_every_epochs" in params:
             return config
         return dataclasses.replace(config, train=dataclasses.replace(config.train,
@@ -283,8 +285,9 @@ def _settings(raw: dict, source: str):
     return method, trials, metric, direction, prune
 
 
-def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Path], Path]) -> Sweep:
-    """Read and check a sweep file; `resolve_base(base, path)` finds its base config or raises UserError."""
+def load_sweep(path: Path, overrides: list[str]) -> Sweep:
+    """Read and check a sweep file. Its `base:` is found as a config's is (config.load.base_config): beside the
+    sweep file, else a built-in config."""
     raw, source = read_yaml(path), str(path)
     if not isinstance(raw, dict):
         raise UserError(f"{source}: a sweep file must be a mapping (base, method, metric, parameters, ...)")
@@ -296,13 +299,11 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
             raise UserError(f"{source}: '{key}' is missing (a sweep file names {', '.join(KEYS[1:])})")
     if not isinstance(raw["base"], str):
         raise UserError(f"{source}: base: expected a config file or name, got {brief(raw['base'])}")
-    base = resolve_base(raw["base"], path)
-    base_raw = read_yaml(base)
-    if not isinstance(base_raw, dict):
-        raise UserError(f"{base}: a config must be a mapping of sections, got {type(base_raw).__name__}")
+    base = base_config(raw["base"], path)
+    base_raw, changed = read_config(base)
     config_raw = apply_overrides(base_raw, overrides)
-    base_config = config_from_dict(config_raw,
-                                   source=f"{base} (with the command's overrides)" if overrides else str(base))
+    checked = config_from_dict(config_raw,
+                               source=f"{base} (with the command's overrides)" if overrides else str(base))
     method, trials, metric, direction, prune = _settings(raw, source)
     if not isinstance(raw["parameters"], dict) or not raw["parameters"]:
         raise UserError(f"{source}: parameters: expected a mapping of config keys to values or ranges, "
@@ -310,7 +311,7 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
     parameters = tuple(_parameter(str(name), spec, method, source) for name, spec in raw["parameters"].items())
     given = [parse_override(text) for text in overrides]
     if "model.type" not in raw["parameters"]:  # else some trials' model may read what the others' do not
-        check_model_keys(base_config.model.type, dict(given), "override")
+        check_model_keys(checked.model.type, dict(given), "override")
     for text, (key, _) in zip(overrides, given):
         if key in raw["parameters"]:
             raise UserError(f"override '{text}': {source} varies {key}; drop the override or the parameter")
@@ -320,4 +321,6 @@ def load_sweep(path: Path, overrides: list[str], resolve_base: Callable[[str, Pa
             raise UserError(f"{source}: parameters: the grid has {trials:,} points; a sweep runs at most "
                             f"{MAX_TRIALS:,} trials (fewer values, or method random or tpe)")
     _check_values(config_raw, parameters, source)
-    return Sweep(config_raw, method, trials, metric, direction, prune, parameters)
+    changed = (*changed, *(key for key, _ in given if key != "description"))
+    return Sweep(config_raw, method, trials, metric, direction, prune, parameters,
+                 () if "description" in dict(given) else changed)

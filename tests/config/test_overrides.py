@@ -122,11 +122,11 @@ def test_a_sweep_parameter_no_model_reads_is_refused_but_a_mixed_sweep_passes(tm
     (tmp_path / "s.yaml").write_text("base: base.yaml\nmetric: test_loss\nparameters: {model.channels: [[4], [8]]}\n")
     with pytest.raises(UserError, match="s.yaml: parameters: model.channels is read only by model.type "
                                         "conv_autoencoder"):
-        load_sweep(tmp_path / "s.yaml", [], lambda base, path: path.parent / base)
+        load_sweep(tmp_path / "s.yaml", [])
     (tmp_path / "s.yaml").write_text("base: base.yaml\nmetric: test_loss\nparameters: {model.type: [mlp, "
                                      "conv_autoencoder], model.channels: [[4], [8]], data.dataset: [cifar10]}\n")
-    assert load_sweep(tmp_path / "s.yaml", [], lambda base, path: path.parent / base).trials == 4
-    load_sweep(tmp_path / "s.yaml", ["model.kernel_size=5"], lambda base, path: path.parent / base)  # AE trials'
+    assert load_sweep(tmp_path / "s.yaml", []).trials == 4
+    load_sweep(tmp_path / "s.yaml", ["model.kernel_size=5"])  # AE trials'
     (tmp_path / "s.yaml").write_text("base: base.yaml\nmetric: test_loss\nparameters: {optim.lr: [0.1, 0.2]}\n")
     with pytest.raises(UserError, match="override: model.kernel_size is read only by model.type conv_autoencoder"):
-        load_sweep(tmp_path / "s.yaml", ["model.kernel_size=5"], lambda base, path: path.parent / base)
+        load_sweep(tmp_path / "s.yaml", ["model.kernel_size=5"])

@@ -89,7 +89,7 @@ def test_valid_keys_are_dotted():
 
 
 def test_builtin_configs_validate():
-    from mlptrain.cli.configs import builtin_configs
+    from mlptrain.config.builtins import builtin_configs
 
     names = builtin_configs()
     assert {"sgd_mnist", "momentum_mnist", "adam_mnist", "adamw_mnist"} <= set(names)

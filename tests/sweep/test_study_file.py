@@ -7,7 +7,7 @@ import pytest
 
 from mlptrain.sweep import engine
 from mlptrain.sweep.spec import load_sweep
-from tests.sweep.test_sweep import FAST, resolve_base, write_sweep
+from tests.sweep.test_sweep import FAST, write_sweep
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _open(tmp_path, name):
-    spec = load_sweep(write_sweep(tmp_path, {"seed": [0, 1, 2]}), FAST, resolve_base)
+    spec = load_sweep(write_sweep(tmp_path, {"seed": [0, 1, 2]}), FAST)
     folder = tmp_path / name
     folder.mkdir()
     study, storage = engine.open_study(spec, folder, name, f"sqlite:///{folder / 'study.db'}")

@@ -17,8 +17,8 @@ import pytest
 import typer
 import yaml
 
-from mlptrain.cli.configs import builtin_configs
-from mlptrain.cli.sweep import builtin_sweeps, resolve_base, sweep
+from mlptrain.cli.sweep import sweep
+from mlptrain.config.builtins import builtin_configs, builtin_sweeps
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
 from mlptrain.sweep.spec import load_sweep
@@ -117,7 +117,7 @@ def dead_worker(this_worker=claims.this_worker) -> dict:
 
 def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, monkeypatch):
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
-    spec = load_sweep(path, FAST, resolve_base)
+    spec = load_sweep(path, FAST)
     (tmp_path / "runs" / "s").mkdir(parents=True)
     study, storage = engine.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
     with monkeypatch.context() as patch:
@@ -134,7 +134,7 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
 
 def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "GRACE_S", 1)
-    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [], resolve_base)
+    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [])
     study, storage = engine.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
     study_id = storage.get_study_id_from_name("s")
     engine.claim_next(study, storage, study_id)  # this process: alive, and it never beats again
@@ -152,7 +152,7 @@ def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(
 def test_a_worker_of_this_machines_sweep_exits_when_nothing_is_queued(tmp_path, monkeypatch):
     """A `--worker` child neither waits for trials running elsewhere (its parent watches them) nor creates
     or checks the study's tables: it loads the study its parent made, whose SQLite file is in WAL mode."""
-    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), [], resolve_base)
+    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), [])
     url = f"sqlite:///{tmp_path}/study.db"
     study, storage = engine.open_study(spec, tmp_path, "s", url)
     with storage.engine.connect() as conn:
@@ -170,10 +170,10 @@ def test_a_worker_of_this_machines_sweep_exits_when_nothing_is_queued(tmp_path, 
 def test_a_trial_checkpoints_once_at_its_end_unless_its_config_says(tmp_path):
     """A trial never resumes (a re-run starts afresh): it writes `last` and `best` once, at its end."""
     path = write_sweep(tmp_path, {"optim.lr": [1e-3], "train.epochs": [2, 6]})
-    spec = load_sweep(path, [], resolve_base)
+    spec = load_sweep(path, [])
     assert spec.trial_config({"optim.lr": 1e-3, "train.epochs": 6}, "t").train.checkpoint_every_epochs == 6
     assert spec.trial_config({"optim.lr": 1e-3, "train.epochs": 2}, "t").train.checkpoint_every_epochs == 2
-    asked = load_sweep(path, ["train.checkpoint_every_epochs=1"], resolve_base)
+    asked = load_sweep(path, ["train.checkpoint_every_epochs=1"])
     assert asked.trial_config({"optim.lr": 1e-3, "train.epochs": 6}, "t").train.checkpoint_every_epochs == 1
 
 
@@ -238,19 +238,19 @@ def test_bad_sweep_files_are_one_clear_line(tmp_path, fields, fragment):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(UserError, match=None) as err:
-        load_sweep(path, [], resolve_base)
+        load_sweep(path, [])
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
 def test_an_override_of_a_varied_key_is_refused(tmp_path):
     path = write_sweep(tmp_path, {"optim.lr": [1e-3]})
     with pytest.raises(UserError, match="varies optim.lr"):
-        load_sweep(path, ["optim.lr=0.1"], resolve_base)
+        load_sweep(path, ["optim.lr=0.1"])
 
 
 def test_the_builtin_sweep_is_valid_and_not_a_config():
     assert "sweep_lr_mnist" in builtin_sweeps() and "sweep_lr_mnist" not in builtin_configs()
-    spec = load_sweep(builtin_sweeps()["sweep_lr_mnist"], [], resolve_base)
+    spec = load_sweep(builtin_sweeps()["sweep_lr_mnist"], [])
     assert spec.method == "grid" and spec.trials == len(spec.grid()) >= 3
 
 

@@ -21,7 +21,7 @@ from mlptrain.sweep import engine, threads
 from mlptrain.sweep.spec import load_sweep
 from mlptrain.training.experiment import Resources
 from tests.cli.test_cli import REPO
-from tests.sweep.test_sweep import FAST, resolve_base, study_trials, write_sweep
+from tests.sweep.test_sweep import FAST, study_trials, write_sweep
 
 
 LEARNED = ("val_acc", "val_loss", "test_acc", "test_loss", "best_val_acc")  # a trial's metrics other than its timings
@@ -141,7 +141,7 @@ def test_a_threaded_sweep_runs_every_trial_exactly_once(tmp_path, tiny_mnist, tr
 
 def test_a_stopped_trial_is_queued_again_and_no_other_is_taken(tmp_path, tiny_mnist, monkeypatch):
     path = write_sweep(tmp_path, {"seed": [0, 1, 2]})
-    spec = load_sweep(path, FAST, resolve_base)
+    spec = load_sweep(path, FAST)
     sweep_dir = tmp_path / "s"
     sweep_dir.mkdir()
     study, storage = engine.open_study(spec, sweep_dir, "s", f"sqlite:///{sweep_dir / 'study.db'}")
