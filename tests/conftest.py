@@ -108,7 +108,7 @@ def tiny_runs(tmp_path_factory):
         overrides = ["backend=cpu", "train.epochs=1", f"data.root={DATA_DIR}", *overrides]
         config = load_config(resolve_config(config_name), overrides)
         session = build_session(config, *resources.prepare(config))
-        out[name] = create_run(config, runs_dir, name, config_name)
+        out[name] = create_run(config, runs_dir, name, config_name, dataset=session.dataset, backend="cpu")
         train(session, out[name])
         release_run(out[name])  # a CLI process holds a run's lock until it exits; the tests' later processes use it
     return out

@@ -33,11 +33,11 @@ def export(
     out = new_output(out if out is not None else run_dir / f"model{FORMATS[fmt]}", force, (config.data.path,))
     claim_output(out, "export")  # a busy run or a read-only folder: one line now, not after the work
     # fp32: the export holds the master weights, and the ONNX check compares float32 with float32
-    trained = load_trained(run_dir, checkpoint, "cpu", CHECK_IMAGES, precision="fp32")
+    trained = load_trained(run_dir, checkpoint, "cpu", CHECK_IMAGES, precision="fp32", images=False)
     data, check = export_bytes(trained, fmt)
     if check is not None:
         also = "" if check.probabilities_diff is None else f"; probabilities {check.probabilities_diff:.3g}"
-        console.print(f"onnx check: {check.output} of {check.images} test images by onnxruntime against "
+        console.print(f"onnx check: {check.output} of {check.images} {check.source} by onnxruntime against "
                       f"mlptrain's forward (cpu, fp32): max abs difference {check.max_abs_diff:.3g} (values up to "
                       f"{check.max_abs_value:.3g}){also}", highlight=False, soft_wrap=True)
     with atomic_write(out, binary=True) as file:

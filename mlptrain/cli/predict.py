@@ -36,7 +36,7 @@ def predict(
     import numpy as np
 
     from mlptrain.inference.image_files import read_images
-    from mlptrain.inference.loading import load_run
+    from mlptrain.inference.loading import load_run, recorded_inputs
     from mlptrain.inference.model import load_trained, softmax
     from mlptrain.util.atomic import atomic_write
 
@@ -47,8 +47,13 @@ def predict(
     claim_output(out, "predict")  # a busy run or a read-only folder: one line now, not after the work
     if not inputs.exists():
         raise UserError(f"{inputs}: no such file or folder")
-    trained = load_trained(run_dir, checkpoint, backend_name(backend), rows)
-    pixels, names = read_images(inputs, trained.image_shape, trained.dataset.train_images.dtype)
+    recorded = recorded_inputs(run_dir)  # what images the model reads, from the run alone: no dataset needed
+    if recorded is not None:  # read first, so that the model holds no more rows than there are images
+        pixels, names = read_images(inputs, tuple(recorded.image_shape), recorded.train_images.dtype)
+        rows = min(rows or config.train.eval_batch_size, max(len(pixels), 1))
+    trained = load_trained(run_dir, checkpoint, backend_name(backend), rows, images=False)
+    if recorded is None:  # a run from before runs recorded their inputs: its dataset, read, says
+        pixels, names = read_images(inputs, trained.image_shape, trained.dataset.train_images.dtype)
     outputs = trained.images(pixels)
     if trained.classifies:
         probabilities = softmax(outputs)

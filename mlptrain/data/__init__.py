@@ -6,14 +6,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlptrain.data.cifar import load_cifar
-from mlptrain.data.dataset import ImageDataset, dataset_record, default_data_root, is_subset
+from mlptrain.data.dataset import ImageDataset, dataset_record, default_data_root, is_subset, recorded_dataset
 from mlptrain.data.image_folder import load_image_folder
 from mlptrain.data.mnist_family import load_mnist_family
 from mlptrain.data.npz import load_npz
 from mlptrain.data.registry import BUILTIN, BuiltinDataset
 from mlptrain.errors import UserError
 
-__all__ = ["ImageDataset", "default_data_root", "dataset_record", "is_subset", "load_dataset", "DATASETS"]
+__all__ = ["ImageDataset", "default_data_root", "dataset_record", "is_subset", "load_dataset", "recorded_dataset",
+           "DATASETS"]
 
 Loader = Callable[..., ImageDataset]  # (root, path=..., label=...) -> ImageDataset
 

@@ -177,5 +177,27 @@ def dataset_record(dataset: ImageDataset, val_size: int) -> dict:
         "dtype": str(dataset.train_images.dtype), "classes": dataset.num_classes,
         "train": train, "val": val, "test": len(dataset.test_images), "subset": is_subset(dataset),
         "files": len(source.checksums), "checksum": manifest_checksum(source.checksums) if source.checksums else None,
+        # what a model needs to read new images as it read these (recorded_dataset): a run predicts and exports
+        # with no dataset at hand
+        "inputs": {"mean": float(dataset.mean), "std": float(dataset.std), "value_scale": float(dataset.value_scale),
+                   "class_names": [str(name) for name in dataset.class_names]},
     })
     return record
+
+
+def recorded_dataset(record: dict) -> ImageDataset | None:
+    """A dataset without images that feeds a model exactly as the one `dataset_record` described did (its
+    shape, storage type, classes, class names and normalisation): what predict and export need. None for
+    a record without `inputs` (a run from before runs kept them) or one that does not read back."""
+    try:
+        inputs, shape = record["inputs"], tuple(int(n) for n in record["shape"])
+        dtype = np.dtype(record["dtype"])
+        names = tuple(str(name) for name in inputs["class_names"])
+        if dtype not in (np.uint8, np.float32) or not shape or min(shape) < 1:
+            return None
+        images, labels = np.empty((0, int(np.prod(shape))), dtype), np.empty(0, np.uint8)
+        return ImageDataset(str(record["name"]), images, labels, images, labels, shape, int(record["classes"]),
+                            float(inputs["mean"]), float(inputs["std"]), names, float(inputs["value_scale"]),
+                            provenance=Provenance(location=str(record.get("location", ""))))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -1,7 +1,7 @@
 """`mlptrain export`: a trained run's model as a file other tools read (safetensors, ONNX).
 
 An ONNX export is checked before it is written: onnxruntime runs it on a batch of the run's test images
-and its outputs are compared with mlptrain's own forward pass of the same float32 weights (the CPU
+(random images of the same kind when the run's record stands in for its dataset) and its outputs are compared with mlptrain's own forward pass of the same float32 weights (the CPU
 backend); a difference beyond float32 rounding refuses the file.
 """
 
@@ -28,6 +28,7 @@ class Check:
 
     output: str  # logits or reconstruction
     images: int
+    source: str  # what the images were: "test images" or "random images"
     max_abs_diff: float
     max_abs_value: float  # the largest output, for scale
     probabilities_diff: float | None = None  # a classifier's softmax outputs, compared the same way
@@ -59,13 +60,27 @@ def export_bytes(trained, fmt: str) -> tuple[bytes, Check | None]:
 
 
 def check_onnx(trained, model) -> Check:
-    """Run `model` with onnxruntime and `trained` with mlptrain on the first CHECK_IMAGES test images."""
-    pixels = trained.dataset.test_images[:CHECK_IMAGES]
+    """Run `model` with onnxruntime and `trained` with mlptrain on the first CHECK_IMAGES test images, or as many
+    random ones of the dataset's kind when the run's record stands in for its dataset (no images at hand)."""
+    pixels, source = trained.dataset.test_images[:CHECK_IMAGES], "test images"
+    if not len(pixels):
+        pixels, source = random_images(trained.dataset, CHECK_IMAGES), "random images"
     expected = trained.images(pixels).reshape(len(pixels), -1)
     outputs = run_onnx(model, pixels.reshape(-1, *trained.image_shape).astype(np.float32))
     got = outputs[0].reshape(len(pixels), -1)
     probabilities = None
     if trained.classifies:
         probabilities = float(np.abs(outputs[1] - softmax(expected)).max())
-    return Check("logits" if trained.classifies else "reconstruction", len(pixels),
+    return Check("logits" if trained.classifies else "reconstruction", len(pixels), source,
                  float(np.abs(got - expected).max()), float(np.abs(expected).max()), probabilities)
+
+
+def random_images(dataset, count: int) -> np.ndarray:
+    """`count` rows of the dataset's kind (seeded): pixels uniform in 0..255, or features spread as its own
+    (its mean and standard deviation)."""
+    rng = np.random.default_rng(0)
+    width = int(np.prod(dataset.image_shape))
+    if dataset.test_images.dtype == np.uint8:
+        return rng.integers(0, 256, (count, width), dtype=np.uint8)
+    values = (rng.standard_normal((count, width)) * dataset.std + dataset.mean) * dataset.value_scale
+    return values.astype(np.float32)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlptrain.config.load import load_config
+from mlptrain.config.load import RESOLVED, load_config, read_yaml
 from mlptrain.config.schema import Config
+from mlptrain.data import recorded_dataset
 from mlptrain.errors import UserError
 from mlptrain.nn import make_model, model_dataset
 from mlptrain.training.checkpoint import load_checkpoint
@@ -39,9 +40,19 @@ def load_fitting_model(config: Config, path: Path, backend, dataset, rows: int, 
     trained with train.eval_batch_size=1e9), and what remains must fit before anything is allocated (`flag`
     names the setting to lower). Raises UserError."""
     fed = model_dataset(config, dataset)
-    rows = min(rows, max(len(fed.train_images), len(fed.test_images), 1))
+    available = max(len(fed.train_images), len(fed.test_images))
+    rows = min(rows, available) if available else rows  # none: the run's record stands in (recorded_inputs)
     check_model_fits(config, backend, fed, rows, flag)
     return load_model(config, path, backend, fed, rows), fed
+
+
+def recorded_inputs(run_dir: Path):
+    """The dataset the run recorded in its config.yaml, without its images (mlptrain.data.recorded_dataset):
+    enough to read new images as the model read its own; None for a run that recorded no inputs."""
+    raw = read_yaml(run_dir / "config.yaml")
+    resolved = raw.get(RESOLVED) if isinstance(raw, dict) else None
+    record = resolved.get("dataset") if isinstance(resolved, dict) else None
+    return recorded_dataset(record) if isinstance(record, dict) else None
 
 
 def warn_fallbacks(backend, dataset) -> None:

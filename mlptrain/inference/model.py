@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.backends.selection import get_backend
 from mlptrain.config.load import apply_overrides, config_from_dict, config_to_dict
 from mlptrain.config.schema import Config
 from mlptrain.data.loader import ResidentSplit, resident_splits, whole_split
 from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
-from mlptrain.inference.loading import load_fitting_model, load_run, warn_fallbacks
+from mlptrain.inference.loading import load_fitting_model, load_run, recorded_inputs, warn_fallbacks
 from mlptrain.nn import input_scale_shift
 from mlptrain.training.experiment import Resources
 
@@ -131,11 +132,13 @@ class TrainedModel:
 
 
 def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", batch_size: int | None = None,
-                 data: str | None = None, precision: str | None = None) -> TrainedModel:
+                 data: str | None = None, precision: str | None = None, images: bool = True) -> TrainedModel:
     """The run's model with the parameters of its `checkpoint`, on `backend`, holding `batch_size` images at
     once (default: the run's train.eval_batch_size); `data` names another dataset of the same shape to feed
     it (see `with_data`), `precision` replaces the run's (fp32 reads the master weights as they are).
-    Raises UserError, every refusal before the dataset is read."""
+    Without `images` (predict, export) the dataset is not read: the run's record of it stands in (its
+    shape, classes and normalisation; `dataset` then holds no images), so a run folder alone is enough. A
+    run that recorded none reads its dataset. Raises UserError, every refusal before the dataset is read."""
     config, path = load_run(run_dir, checkpoint)
     trained_config = config
     if data is not None:
@@ -145,7 +148,11 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     rows = batch_size or config.train.eval_batch_size
     config = dataclasses.replace(config, backend=backend)
     resources = Resources()
-    device, dataset = resources.prepare(config)
+    recorded = recorded_inputs(run_dir) if not images and data is None else None
+    if recorded is not None:
+        device, dataset = get_backend(backend), recorded
+    else:
+        device, dataset = resources.prepare(config)
     if data is not None:
         trained_on = resources.dataset(trained_config)
         check_same_shape(dataset, trained_on, data)

@@ -55,7 +55,8 @@ def model_dataset(config, dataset):
     def hwc(images):
         if images is None:
             return None
-        return np.ascontiguousarray(images.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(len(images), -1))
+        # the width named: a run's recorded dataset stands in with no rows, and -1 cannot be inferred from 0
+        return np.ascontiguousarray(images.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(len(images), c * h * w))
 
     return dataclasses.replace(dataset, train_images=hwc(dataset.train_images), test_images=hwc(dataset.test_images),
                                val_images=hwc(dataset.val_images), image_shape=(h, w, c))

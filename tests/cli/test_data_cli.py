@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from tests.cli.test_cli import assert_clean_failure, mlptrain
@@ -38,9 +39,13 @@ def test_npz_run_records_the_dataset(tmp_path, rng):
     assert summary["dataset"] == {
         "name": "npz", "location": str(tmp_path / "tiny.npz"), "shape": [1, 8, 8], "dtype": "uint8", "classes": 3,
         "train": 80, "val": 10, "test": 30, "subset": None, "files": 1,
-        "checksum": hashlib.md5(f"{md5}  tiny.npz\n".encode()).hexdigest()}
+        "checksum": hashlib.md5(f"{md5}  tiny.npz\n".encode()).hexdigest(), "inputs": summary["dataset"]["inputs"]}
+    assert summary["dataset"]["inputs"]["class_names"] == ["ant", "bee", "cow"] and summary["dataset"]["inputs"]["std"] > 0
     written = yaml.safe_load((run / "config.yaml").read_text())
-    assert written["resolved"]["dataset"] == summary["dataset"]
+    recorded, summarised = written["resolved"]["dataset"], summary["dataset"]
+    assert {**recorded, "inputs": None} == {**summarised, "inputs": None}
+    # config.yaml keeps the normalisation exactly (predict reads it back); summary.json rounds its numbers
+    assert recorded["inputs"]["mean"] == pytest.approx(summarised["inputs"]["mean"], rel=1e-5)
     # data.path and data.root are recorded absolute: evaluate works from any folder
     assert Path(written["data"]["path"]) == (tmp_path / "tiny.npz").resolve()
     assert Path(written["data"]["root"]).is_absolute()

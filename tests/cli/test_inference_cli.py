@@ -264,3 +264,43 @@ def test_an_autoencoders_own_validation_split_is_read_in_the_models_layout():
         split = trained.split(name)
         nhwc = rows.reshape(-1, 2, 4, 4).transpose(0, 2, 3, 1).reshape(len(rows), -1)
         np.testing.assert_array_equal(np.asarray(split.images)[split.index], nhwc)
+
+
+def _without_its_data(run, tmp_path, keep_inputs: bool = True):
+    """A copy of `run` whose config.yaml points at an empty data folder (a run folder taken to another machine)."""
+    import yaml
+
+    copy = tmp_path / f"moved-{run.name}"
+    shutil.copytree(run, copy)
+    raw = yaml.safe_load((copy / "config.yaml").read_text())
+    raw["data"]["root"] = str(tmp_path / "no-data-here")
+    if not keep_inputs:  # a run from before runs recorded their inputs
+        del raw["resolved"]["dataset"]["inputs"]
+    (copy / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return copy
+
+
+@pytest.mark.parametrize("name", ["mlp", "ae"])
+def test_a_run_folder_alone_predicts_and_exports(tiny_runs, tmp_path, name):
+    trained = load_trained(tiny_runs[name])
+    pixels = trained.dataset.test_images[:5]
+    np.savez(tmp_path / "in.npz", images=pixels.reshape(5, *trained.image_shape))
+    invoke("predict", tiny_runs[name], tmp_path / "in.npz", "--out", tmp_path / "here.npz")
+    moved = _without_its_data(tiny_runs[name], tmp_path)
+    invoke("predict", moved, tmp_path / "in.npz", "--out", tmp_path / "there.npz")
+    with np.load(tmp_path / "here.npz") as here, np.load(tmp_path / "there.npz") as there:
+        for key in here.files:
+            if key != "run":
+                np.testing.assert_array_equal(here[key], there[key], strict=True)  # bit for bit
+    out = invoke("export", moved, "--format", "onnx", "--out", tmp_path / "m.onnx")
+    assert "256 random images" in out and float(out.split("max abs difference ")[1].split()[0]) <= 1e-5
+    invoke("export", moved, "--format", "safetensors", "--out", tmp_path / "m.safetensors")
+    assert not (tmp_path / "no-data-here").exists()  # nothing made where the data would be
+    with pytest.raises(UserError, match="no-data-here"):  # evaluate needs the images it evaluates
+        invoke("evaluate", moved, "--out", tmp_path / "e.json")
+
+
+def test_a_run_that_recorded_no_inputs_reads_its_dataset(tiny_runs, tmp_path):
+    moved = _without_its_data(tiny_runs["mlp"], tmp_path, keep_inputs=False)
+    with pytest.raises(UserError, match="no-data-here"):
+        invoke("export", moved, "--format", "safetensors", "--out", tmp_path / "m.safetensors")

@@ -63,7 +63,9 @@ def test_real_mnist_record_names_the_published_content(data_dir):
     record = dataset_record(ds, 5000)
     assert record == {"name": "mnist", "location": str(data_dir / "mnist"), "shape": [1, 28, 28],
                       "dtype": "uint8", "classes": 10, "train": 55000, "val": 5000, "test": 10000,
-                      "subset": False, "files": 4, "checksum": record["checksum"]}
+                      "subset": False, "files": 4, "checksum": record["checksum"],
+                      "inputs": {"mean": ds.mean, "std": ds.std, "value_scale": 255.0,
+                                 "class_names": [str(k) for k in range(10)]}}
     assert len(record["checksum"]) == 32
 
 
@@ -298,3 +300,17 @@ def test_mnist_content_md5s_match_the_real_files(data_dir):
     for file in (*MNIST.train, *MNIST.test):
         content = gzip.decompress((data_dir / "mnist" / f"{file.name}.gz").read_bytes())
         assert hashlib.md5(content).hexdigest() == file.content_md5
+
+
+def test_a_record_reads_back_as_a_dataset_that_feeds_a_model_the_same(data_dir):
+    from mlptrain.data import recorded_dataset
+
+    ds = reference(data_dir)
+    stand_in = recorded_dataset(dataset_record(ds, 5000))
+    assert stand_in.image_shape == ds.image_shape and stand_in.num_classes == ds.num_classes
+    assert (stand_in.mean, stand_in.std, stand_in.value_scale, stand_in.class_names) == \
+        (ds.mean, ds.std, ds.value_scale, ds.class_names)
+    assert stand_in.train_images.shape == (0, 784) and stand_in.train_images.dtype == np.uint8
+    damaged = dataset_record(ds, 5000)
+    damaged["inputs"]["mean"] = "lots"
+    assert recorded_dataset(damaged) is None and recorded_dataset({"name": "mnist"}) is None
