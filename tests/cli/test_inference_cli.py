@@ -112,11 +112,13 @@ def test_export_safetensors_holds_the_checkpoint_and_the_config(tiny_runs, tmp_p
     tensors = load_file(tmp_path / "ae.safetensors")
     checkpoint = load_checkpoint(tiny_runs["ae"] / "checkpoints" / "best.npz")
     assert sorted(tensors) == sorted(k.removeprefix("params/") for k in checkpoint if k.startswith("params/"))
-    for name, value in tensors.items():
-        np.testing.assert_array_equal(value, checkpoint[f"params/{name}"], strict=True)
+    for name, value in tensors.items():  # PyTorch's layout: Conv2d's (out, in, k, k)
+        held = checkpoint[f"params/{name}"]
+        np.testing.assert_array_equal(value, held.transpose(3, 2, 0, 1) if held.ndim == 4 else held, strict=True)
     with safe_open(tmp_path / "ae.safetensors", "numpy") as f:
         meta = f.metadata()
     assert json.loads(meta["config"])["model"]["channels"] == [4, 4] and meta["input_scale"] == repr(1 / 255)
+    assert meta["layout"] == "pytorch"
 
 
 @pytest.mark.parametrize("name", ["mlp", "mlp-bf16", "ae"])
