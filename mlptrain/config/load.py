@@ -30,12 +30,16 @@ def _unknown_key(source, dotted):
 
 
 def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null").replace("int | float", "a number")
 
 
 def _convert(value, tp, where):
     """Coerce a YAML value to the annotated type, or raise UserError."""
     origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union) and set(typing.get_args(tp)) == {int, float}:
+        # a count or a fraction (data.val_size): a whole number is a count, whatever YAML read it as
+        number = _convert(value, float, where)
+        return int(number) if number.is_integer() else number
     if origin in (types.UnionType, typing.Union):
         options = typing.get_args(tp)
         if value is None and type(None) in options:

@@ -33,6 +33,12 @@ def _non_negative(value):
     return None if value >= 0 else "must be >= 0"
 
 
+def _count_or_fraction(value):
+    if isinstance(value, int):
+        return None if value >= 0 else "must be a count >= 0 or a fraction in (0, 1)"
+    return None if 0 < value < 1 else "must be a count >= 0 or a fraction in (0, 1) (a count is a whole number)"
+
+
 def _unit_interval(value):
     return None if 0 <= value < 1 else "must be in [0, 1)"
 
@@ -60,8 +66,9 @@ class DataConfig:
     dataset: str = _option("mnist", choices=("mnist", "fashion_mnist", "kmnist", "cifar10", "cifar100", "npz",
                                               "folder"))
     root: str | None = _option(None, doc="dataset folder; default $MLPTRAIN_DATA_DIR, else the user cache")
-    val_size: int = _option(5000, check=_non_negative, doc="images held out of the training set (unless the "
-                                                           "dataset has its own validation split)")
+    val_size: int | float = _option(0.1, check=_count_or_fraction,
+                                    doc="training images held out for validation: a count (5000), or a fraction of "
+                                        "them (0.1) (unless the dataset has its own validation split)")
     path: str | None = _option(None, doc="npz: the .npz file; folder: the folder holding train/ and test/")
     label: str | None = _option(None, choices=("fine", "coarse"), doc="cifar100: fine (100 classes, the default) "
                                                                       "or coarse (20 superclasses)")

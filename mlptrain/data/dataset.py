@@ -161,14 +161,21 @@ def manifest_checksum(checksums: tuple[tuple[str, str], ...]) -> str:
     return hashlib.md5(lines.encode()).hexdigest()
 
 
-def dataset_record(dataset: ImageDataset, val_size: int) -> dict:
+def held_out_rows(val_size: int | float, n: int) -> int:
+    """The training images `data.val_size` holds out of `n`: a count as it is, a fraction of `n` rounded to the
+    nearest image."""
+    return val_size if isinstance(val_size, int) else int(round(val_size * n))
+
+
+def dataset_record(dataset: ImageDataset, val_size: int | float) -> dict:
     """What a run read, as plain values for config.yaml and summary.json: the dataset's name (and
     label set), where it came from, its shape and classes, the sizes of the train / val / test
     splits this run uses (`val_size` training images held out unless the dataset has its own
     validation split), whether it is a subset of the canonical dataset, and one checksum of its files."""
     source = dataset.provenance
-    val = len(dataset.val_images) if dataset.has_val_split else val_size
-    train = len(dataset.train_images) - (0 if dataset.has_val_split else val_size)
+    held_out = 0 if dataset.has_val_split else held_out_rows(val_size, len(dataset.train_images))
+    val = len(dataset.val_images) if dataset.has_val_split else held_out
+    train = len(dataset.train_images) - held_out
     record = {"name": dataset.name}
     if source.label is not None:
         record["label"] = source.label

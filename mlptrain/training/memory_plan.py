@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from mlptrain.backends.counting import CountingBackend
 from mlptrain.config.schema import steps_per_epoch
+from mlptrain.data.dataset import held_out_rows
 from mlptrain.data.loader import resident_splits, whole_split
 from mlptrain.errors import UserError
 from mlptrain.nn import make_model
@@ -61,7 +62,7 @@ def estimate(config, backend, dataset) -> tuple[Need, int, int]:
     """(what the run needs, its batch rows, its optimizer steps) for a dataset already passed through
     `nn.model_dataset`."""
     n = len(dataset.train_images)
-    val_size = min(config.data.val_size, n)
+    val_size = min(held_out_rows(config.data.val_size, n), n)
     rows = buffer_rows(config, n - val_size, max(val_size, len(dataset.test_images)))
     device, params, steps = _device_bytes(config, backend, dataset, rows)
     more, _, _ = _device_bytes(config, backend, dataset, rows + 1)

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlptrain.config.schema import Config, init_scheme, steps_per_epoch
-from mlptrain.data.loader import ResidentSplit, resident_splits
+from mlptrain.data.loader import ResidentSplit, resident_splits, val_size_note
 from mlptrain.nn import check_trainable_labels, input_scale_shift, make_model, model_dataset
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.training.evaluation import Evaluator
-from mlptrain.training.fallbacks import subset_note
+from mlptrain.training.fallbacks import subset_note, warn
 from mlptrain.training.memory_plan import buffer_rows, check_fits
 from mlptrain.training.window import TrainingWindow
 
@@ -88,6 +88,9 @@ def build_session(config: Config, backend, dataset) -> Session:
     do not fit together."""
     started = time.perf_counter()
     check_trainable_labels(config.model, dataset)
+    note = val_size_note(dataset, config.data.val_size)
+    if note:
+        warn(note)
     loaded, dataset = dataset, model_dataset(config, dataset)
     check_fits(config, backend, dataset)  # before the first allocation
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)

@@ -36,3 +36,48 @@ def test_float32_features_gather_like_pixels(rng, backend):
     images = rng.normal(size=(9, 7)).astype(np.float32)
     labels = rng.integers(0, 4, 9, dtype=np.uint8)
     cases.gather_batch_check(backend(), images, labels, rng.permutation(9).astype(np.int32), 2, 5)
+
+
+def held_out_dataset(rng, train=200):
+    images, labels = rng.integers(0, 256, (train, 4), dtype=np.uint8), rng.integers(0, 3, train, dtype=np.uint8)
+    return ImageDataset("small", images, labels, images[:5], labels[:5], (4,), 3, 0.5, 0.25)
+
+
+@pytest.mark.parametrize("val_size, held", [(0.1, 20), (0.25, 50), (0.0049, 1), (30, 30), (0, 0)])
+def test_val_size_is_a_count_or_a_fraction_of_the_training_images(rng, val_size, held):
+    from mlptrain.data.dataset import dataset_record
+
+    ds = held_out_dataset(rng)
+    train, val, _ = resident_splits(ds, CpuBackend(), val_size, seed=0)
+    assert (train.size, val.size) == (200 - held, held)
+    assert (dataset_record(ds, val_size)["train"], dataset_record(ds, val_size)["val"]) == (200 - held, held)
+
+
+def test_a_val_size_leaving_no_training_image_is_refused_and_over_half_is_warned(rng):
+    from mlptrain.data.loader import val_size_note
+    from mlptrain.errors import UserError
+
+    ds = held_out_dataset(rng)
+    with pytest.raises(UserError, match=r"data.val_size: 0.999 \(200 images\) leaves no training images; small has 200"):
+        check_val_size(ds, 0.999)
+    assert val_size_note(ds, 0.5) is None and val_size_note(ds, 100) is None
+    assert val_size_note(ds, 150) == ("data.val_size 150 holds out 150 of small's 200 training images, training on 50; "
+                                      "set a smaller count or a fraction (data.val_size=0.1)")
+    assert val_size_note(features_dataset(rng), 10_000) is None  # its own split: nothing held out
+
+
+@pytest.mark.parametrize("value, read", [("0.2", 0.2), ("5000", 5000), ("5e3", 5000), ("0", 0), ("2.0", 2)])
+def test_val_size_reads_a_whole_number_as_a_count(value, read):
+    from mlptrain.config.load import config_from_dict, parse_override
+
+    config = config_from_dict({"data": {"val_size": parse_override(f"v={value}")[1]}})
+    assert config.data.val_size == read and type(config.data.val_size) is type(read)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, -0.2, True, "many"])
+def test_a_val_size_neither_count_nor_fraction_is_one_line(value):
+    from mlptrain.config.load import config_from_dict
+    from mlptrain.errors import UserError
+
+    with pytest.raises(UserError, match="data.val_size"):
+        config_from_dict({"data": {"val_size": value}})
