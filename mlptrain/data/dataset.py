@@ -26,6 +26,7 @@ class Provenance:
     checksums: tuple[tuple[str, str], ...] = ()  # (file, hex md5 of its content; of the decompressed bytes for gzip)
     label: str | None = None  # which of several label sets (cifar100: fine or coarse)
     cache_note: str | None = None  # what the decoded-data cache could not do (a fallback line; decoded_cache)
+    read_note: str | None = None  # files reading skipped or converted (a fallback line; image_folder)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing arrays with == has no single truth value

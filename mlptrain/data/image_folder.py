@@ -5,8 +5,11 @@
 
 the ImageFolder layout. Classes are the train/ sub-folders in sorted order; test/ may
 lack some, not add any. Every image must have the size and channels of the first
-(grayscale: 1 channel, RGB: 3); nothing is resized or converted lossily. Every
-problem is one `UserError` line naming the file or folder.
+(grayscale: 1 channel, RGB: 3); nothing is resized. A file that is not an image (a
+`notes.txt` beside the images or the class folders) is skipped, and an image with
+transparency (RGBA, grey + alpha, a palette with a transparent colour) is read without
+it, as RGB or grey: both are said in one warning line, which the run records among its
+fallbacks. Every problem is one `UserError` line naming the file or folder.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from mlptrain.errors import UserError
 from mlptrain.util.user_paths import expand_user
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp")
-# Pillow mode -> the lossless mode it is read as; others (alpha, 16-bit, CMYK) are refused.
+# Pillow mode -> the lossless mode it is read as; others (16-bit, CMYK, ...) are refused.
 MODES = {"L": "L", "1": "L", "RGB": "RGB", "P": "RGB"}
+# an image with transparency -> what it is read as, the transparency dropped (said in the run's note)
+WITHOUT_ALPHA = {"RGBA": "RGB", "LA": "L", "PA": "RGB", "P": "RGB"}
 LAYOUT = "DIR/train/<class>/*.png and DIR/test/<class>/*.png"
 
 
@@ -35,31 +40,49 @@ def load_image_folder(path: str | Path) -> ImageDataset:
     for split in ("train", "test"):
         if not (root / split).is_dir():
             raise UserError(f"data.path {root}: no {split}/ folder; data.dataset folder reads {LAYOUT}")
-    classes = _class_folders(root / "train")
+    skipped, converted = [], []
+    classes = _class_folders(root / "train", skipped)
     if not classes:
         raise UserError(f"{root / 'train'}: no class folders; data.dataset folder reads {LAYOUT}")
-    for name in _class_folders(root / "test"):
+    for name in _class_folders(root / "test", skipped):
         if name not in classes:
             raise UserError(f"{root / 'test' / name}: class '{name}' has no folder in {root / 'train'}; "
                             f"the classes are the train/ folders ({', '.join(classes)})")
     checksums, arrays, shape = [], {}, None
     for split in ("train", "test"):
-        images, labels, shape = _read_split(root, split, classes, shape, checksums)
+        images, labels, shape = _read_split(root, split, classes, shape, checksums, skipped, converted)
         arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
     channels = shape[2] if len(shape) == 3 else 1
     mean, std = value_statistics(arrays["train_images"], PIXEL_SCALE, f"{root / 'train'}")
     return ImageDataset(name="folder", image_shape=(channels, shape[0], shape[1]), num_classes=len(classes),
                         mean=mean, std=std, class_names=tuple(classes),
-                        provenance=Provenance(str(root), tuple(checksums)), **arrays)
+                        provenance=Provenance(str(root), tuple(checksums), read_note=_note(skipped, converted)),
+                        **arrays)
 
 
-def _read_split(root: Path, split: str, classes: list[str], shape, checksums: list):
+def _note(skipped: list[Path], converted: list[Path]) -> str | None:
+    """The one line saying what reading the folder skipped and converted; None when nothing."""
+    parts = []
+    if skipped:
+        parts.append(f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that {'are' if len(skipped) > 1 else 'is'} "
+                     f"not an image ({', '.join(EXTENSIONS)}), e.g. {skipped[0]}")
+    if converted:
+        parts.append(f"read {len(converted)} image{'s' if len(converted) > 1 else ''} with transparency without it "
+                     f"(as RGB or grey, the alpha dropped), e.g. {converted[0]}")
+    return "; ".join(parts) or None
+
+
+def _read_split(root: Path, split: str, classes: list[str], shape, checksums: list, skipped: list,
+                converted: list):
     """(images (N, D) uint8 in channel planes, labels (N,) uint8, image shape) of root/split, appending
-    (relative file, md5) to `checksums`; every image must have `shape` (when given) or the first's."""
-    files = _image_files(root / split, classes)
+    (relative file, md5) to `checksums`, files that are not images to `skipped` and images read without
+    their transparency to `converted`; every image must have `shape` (when given) or the first's."""
+    files = _image_files(root / split, classes, skipped)
     images = []
     for file, _ in files:
-        image, digest = _read(file, shape)
+        image, digest, dropped = _read(file, shape)
+        if dropped:
+            converted.append(file)
         shape = shape or image.shape
         images.append(image)
         checksums.append((str(file.relative_to(root)), digest))
@@ -70,22 +93,24 @@ def _read_split(root: Path, split: str, classes: list[str], shape, checksums: li
     return np.ascontiguousarray(stacked.reshape(len(stacked), -1)), labels, shape
 
 
-def _class_folders(folder: Path) -> list[str]:
-    """Sorted names of the class sub-folders; a stray file beside them is refused."""
+def _class_folders(folder: Path, skipped: list) -> list[str]:
+    """Sorted names of the class sub-folders; a stray file beside them is added to `skipped`."""
     names = []
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith("."):
             continue
         if not entry.is_dir():
-            raise UserError(f"{entry}: images go into a class folder, {folder}/<class>/{entry.name}")
+            skipped.append(entry)
+            continue
         names.append(entry.name)
     if len(names) > 256:
         raise UserError(f"{folder}: {len(names)} class folders; at most 256 classes")
     return names
 
 
-def _image_files(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
-    """(file, label) of every image under `folder`/<class>/, in class then name order."""
+def _image_files(folder: Path, classes: list[str], skipped: list) -> list[tuple[Path, int]]:
+    """(file, label) of every image under `folder`/<class>/, in class then name order; other files are
+    added to `skipped`."""
     files = []
     for label, name in enumerate(classes):
         if not (folder / name).is_dir():
@@ -95,7 +120,8 @@ def _image_files(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
             if file.name.startswith("."):
                 continue
             if file.suffix.lower() not in EXTENSIONS or not file.is_file():
-                raise UserError(f"{file}: not an image file ({', '.join(EXTENSIONS)}); move it out of {folder / name}")
+                skipped.append(file)
+                continue
             files.append((file, label))
             found += 1
         if not found and folder.name == "train":
@@ -105,8 +131,9 @@ def _image_files(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
     return files
 
 
-def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str]:
-    """(pixels (H, W) or (H, W, 3) uint8, md5 of the file); the shape must equal `shape` when given."""
+def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str, bool]:
+    """(pixels (H, W) or (H, W, 3) uint8, md5 of the file, whether a transparency was dropped); the shape
+    must equal `shape` when given."""
     from PIL import Image  # imported here: only this dataset needs Pillow
 
     data = read_bytes(file)
@@ -119,21 +146,22 @@ def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str]:
             image.load()
             mode, transparent = image.mode, "transparency" in image.info
             frames = getattr(image, "n_frames", 1)  # an animated PNG (or a GIF named .png) loads frame 1 only
-            if mode in MODES and not (mode == "P" and transparent):
-                pixels = np.asarray(image.convert(MODES[mode]), dtype=np.uint8)
+            dropped = mode in WITHOUT_ALPHA and (mode != "P" or transparent)
+            if dropped or mode in MODES:
+                pixels = np.asarray(image.convert(WITHOUT_ALPHA[mode] if dropped else MODES[mode]), dtype=np.uint8)
     # A damaged image surfaces as many exception types depending on the format and the damage.
     except Exception as error:
         raise UserError(f"{file}: not a readable image ({type(error).__name__}: {error})") from None
     if frames > 1:
         raise UserError(f"{file}: an animated image of {frames} frames; only still images are read (nothing "
                         f"dropped): save the frame you mean as its own file")
-    if mode not in MODES or (mode == "P" and transparent):
-        raise UserError(f"{file}: image mode {mode}{' with transparency' if transparent else ''} is not read "
-                        f"(only 8-bit grayscale or RGB, nothing dropped); convert it, e.g. image.convert('RGB')")
+    if not dropped and mode not in MODES:
+        raise UserError(f"{file}: image mode {mode} is not read (only 8-bit grayscale or RGB, with or without "
+                        f"transparency); convert it, e.g. image.convert('RGB')")
     if shape is not None and pixels.shape != shape:
         raise UserError(f"{file}: {_describe(pixels.shape)}, but the first image is {_describe(shape)}; every "
                         f"image must have the same size and channels (nothing is resized)")
-    return pixels, hashlib.md5(data).hexdigest()
+    return pixels, hashlib.md5(data).hexdigest(), dropped
 
 
 def _describe(shape: tuple[int, ...]) -> str:

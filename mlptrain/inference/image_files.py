@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from mlptrain.errors import UserError
+from mlptrain.training.fallbacks import warn
 from mlptrain.util.npz_sizes import check_npz_sizes
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -18,27 +19,47 @@ NPZ_KEYS = ("images", "x", "test_x")  # the array read from an .npz holding seve
 # Pillow modes of 8 bits per channel, converted to grey or RGB as the model reads; 16-bit and float modes
 # (I;16, I, F) would be clipped to 0..255 by that conversion, so they are refused
 EIGHT_BIT_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
+ALPHA_MODES = ("LA", "PA", "RGBA")  # their conversion drops the alpha (said in one line, as training says it)
 
 
 def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tuple[np.ndarray, list[str]]:
-    """(rows (N, prod(image_shape)) of `dtype`, a name per row: the file's, or `path[i]` for an .npz)."""
+    """(rows (N, prod(image_shape)) of `dtype`, a name per row: the file's, or `path[i]` for an .npz). Files of
+    a folder that are not images are skipped, and transparency is dropped, each said in one warning line (as
+    training on an image folder does, mlptrain.data.image_folder)."""
+    dropped = []
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-        if not files:
-            raise UserError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} files in this folder")
-        return np.stack([read_image_file(p, image_shape) for p in files]), [p.name for p in files]
-    if not path.is_file():
+        rows, names = _read_folder(path, image_shape, dropped)
+    elif not path.is_file():
         raise UserError(f"{path}: no such file or folder")
-    if path.suffix.lower() in IMAGE_SUFFIXES:
-        return read_image_file(path, image_shape)[None], [path.name]
-    if path.suffix.lower() == ".npz":
+    elif path.suffix.lower() in IMAGE_SUFFIXES:
+        rows, names = read_image_file(path, image_shape, dropped)[None], [path.name]
+    elif path.suffix.lower() == ".npz":
         rows = image_rows(read_npz(path), image_shape, dtype, path)
         return rows, [f"{path.name}[{i}]" for i in range(len(rows))]
-    raise UserError(f"{path}: give an .npz of images, a {'/'.join(IMAGE_SUFFIXES)} file or a folder of them")
+    else:
+        raise UserError(f"{path}: give an .npz of images, a {'/'.join(IMAGE_SUFFIXES)} file or a folder of them")
+    if dropped:
+        warn(f"read {len(dropped)} image{'s' if len(dropped) > 1 else ''} with transparency without it (the alpha "
+             f"dropped), e.g. {dropped[0].name}")
+    return rows, names
 
 
-def read_image_file(path: Path, image_shape: tuple[int, ...]) -> np.ndarray:
-    """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (not resized)."""
+def _read_folder(path: Path, image_shape: tuple[int, ...], dropped: list) -> tuple[np.ndarray, list[str]]:
+    """The images of a folder, in name order; what is not an image is skipped, in one warning line."""
+    entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+    files = [p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+    if not files:
+        raise UserError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} files in this folder")
+    skipped = [p for p in entries if p not in files]
+    if skipped:
+        warn(f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} of {path} that "
+             f"{'are' if len(skipped) > 1 else 'is'} not an image ({', '.join(IMAGE_SUFFIXES)}), e.g. {skipped[0].name}")
+    return np.stack([read_image_file(p, image_shape, dropped) for p in files]), [p.name for p in files]
+
+
+def read_image_file(path: Path, image_shape: tuple[int, ...], dropped: list | None = None) -> np.ndarray:
+    """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (not resized);
+    `path` is added to `dropped` when it had a transparency, which the conversion drops."""
     # Pillow only when image files are read
     from PIL import Image
 
@@ -59,6 +80,8 @@ def read_image_file(path: Path, image_shape: tuple[int, ...]) -> np.ndarray:
                 if image.mode not in EIGHT_BIT_MODES:
                     raise UserError(f"{path}: image mode {image.mode} is not 8 bits per channel (converting it "
                                     "would clip its values); save it as 8-bit grey or RGB")
+                if dropped is not None and (image.mode in ALPHA_MODES or "transparency" in image.info):
+                    dropped.append(path)
                 pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"), np.uint8)
     except UserError:
         raise

@@ -57,7 +57,7 @@ def recorded_inputs(run_dir: Path):
 
 def warn_fallbacks(backend, dataset) -> None:
     """One warning line for each thing the backend or the dataset cache fell back from."""
-    for note in [*backend.fallbacks, dataset.provenance.cache_note]:
+    for note in [*backend.fallbacks, dataset.provenance.read_note, dataset.provenance.cache_note]:
         if note:
             warn(note)
 

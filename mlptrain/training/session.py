@@ -46,9 +46,10 @@ class Session:
     @property
     def fallbacks(self) -> list[str]:
         """What runs instead of what was asked, known before the first step: the backend's (auto on the
-        CPU) and the dataset's (a subset; a decoded-data cache that could not be used). mlptrain.training.fallbacks
+        CPU) and the dataset's (a subset; files skipped or converted; a decoded-data cache that could not be used). mlptrain.training.fallbacks
         says which others there are."""
-        notes = (*self.backend.fallbacks, subset_note(self.dataset), self.dataset.provenance.cache_note)
+        source = self.dataset.provenance
+        notes = (*self.backend.fallbacks, subset_note(self.dataset), source.read_note, source.cache_note)
         return [note for note in notes if note]
 
     @property

@@ -52,8 +52,8 @@ def test_test_split_may_lack_a_class(tmp_path, rng):
     assert ds.num_classes == 3 and ds.test_labels.tolist() == [0, 0, 2, 2]
 
 
-def _rgba(root):
-    Image.new("RGBA", (6, 4)).save(root / "train" / "cat" / "9.png")
+def _sixteen_bit(root):
+    Image.new("I;16", (6, 4)).save(root / "train" / "cat" / "9.png")
 
 
 def _other_size(root):
@@ -66,14 +66,6 @@ def _grayscale_among_rgb(root):
 
 def _corrupt(root):
     (root / "train" / "dog" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
-
-
-def _stray_file(root):
-    (root / "train" / "notes.txt").write_text("x")
-
-
-def _text_in_class(root):
-    (root / "test" / "cat" / "labels.csv").write_text("x")
 
 
 def _unknown_test_class(root):
@@ -106,12 +98,10 @@ def _animated(root):
 BAD = {
     "animated": (_animated, "train/cat/9.png", "an animated image of 2 frames; only still images are read"),
     "decompression-bomb": (_bomb, "train/dog/0.png", "not a readable image (DecompressionBombWarning: Image size"),
-    "rgba": (_rgba, "train/cat/9.png", "image mode RGBA is not read"),
+    "sixteen-bit": (_sixteen_bit, "train/cat/9.png", "image mode I;16 is not read"),
     "other-size": (_other_size, "test/dog/9.png", "5x4 RGB, but the first image is 6x4 RGB"),
     "grayscale-among-rgb": (_grayscale_among_rgb, "train/dog/9.png", "6x4 grayscale, but the first image is 6x4 RGB"),
     "corrupt": (_corrupt, "train/dog/0.png", "not a readable image"),
-    "stray-file": (_stray_file, "train/notes.txt", "images go into a class folder"),
-    "text-in-class": (_text_in_class, "test/cat/labels.csv", "not an image file"),
     "unknown-test-class": (_unknown_test_class, "test/emu", "class 'emu' has no folder in"),
     "empty-class": (_empty_class, "train/emu", "no images in this class folder"),
     "no-test": (_no_test, "", "no test/ folder; data.dataset folder reads DIR/train/<class>/*.png"),
@@ -133,3 +123,30 @@ def test_bad_folder(tmp_path, rng, case, recwarn):
 def test_missing_folder(tmp_path):
     with pytest.raises(UserError, match="no train/ folder"):
         load_image_folder(tmp_path / "absent")
+
+
+def test_stray_files_are_skipped_and_transparency_dropped_in_one_line(tmp_path, rng):
+    written = write_tree(tmp_path, rng)
+    (tmp_path / "train" / "notes.txt").write_text("x")  # beside the class folders
+    (tmp_path / "test" / "cat" / "labels.csv").write_text("x")  # among the images
+    rgba = rng.integers(0, 256, (4, 6, 4), dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "train" / "dog" / "9.png")
+    palette = Image.fromarray(rng.integers(0, 4, (4, 6), dtype=np.uint8), "P")
+    palette.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255] * 64)
+    palette.save(tmp_path / "test" / "dog" / "9.png", transparency=0)
+    ds = load_image_folder(tmp_path)
+    assert ds.image_shape == (3, 4, 6) and len(ds.train_images) == 7 and len(ds.test_images) == 5
+    np.testing.assert_array_equal(ds.train_images[-1], rgba[:, :, :3].transpose(2, 0, 1).reshape(-1))
+    note = ds.provenance.read_note
+    assert note == (f"skipped 2 files that are not an image (.png, .jpg, .jpeg, .bmp), e.g. {tmp_path / 'train' / 'notes.txt'}; "
+                    f"read 2 images with transparency without it (as RGB or grey, the alpha dropped), e.g. "
+                    f"{tmp_path / 'train' / 'dog' / '9.png'}")
+    assert "\n" not in note and dataset_record(ds, 2)["files"] == 12  # the skipped files are no part of the data
+    assert written  # the plain images are read as before (test_rgb_round_trip)
+
+
+def test_grey_with_alpha_is_read_as_grey(tmp_path, rng):
+    write_tree(tmp_path, rng, mode="L")
+    Image.fromarray(rng.integers(0, 256, (4, 6, 2), dtype=np.uint8), "LA").save(tmp_path / "train" / "cat" / "9.png")
+    ds = load_image_folder(tmp_path)
+    assert ds.image_shape == (1, 4, 6) and "read 1 image with transparency" in ds.provenance.read_note

@@ -34,7 +34,7 @@ def test_bad_arrays_are_refused_in_one_line(array, fragment, tmp_path):
         image_rows(array, MNIST, np.uint8, tmp_path / "x.npz")
 
 
-def test_npz_png_and_folder_inputs(rng, tmp_path):
+def test_npz_png_and_folder_inputs(rng, tmp_path, capsys):
     from PIL import Image
 
     images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
@@ -50,6 +50,13 @@ def test_npz_png_and_folder_inputs(rng, tmp_path):
     rows, names = read_images(folder, CIFAR)
     np.testing.assert_array_equal(rows, images.transpose(0, 3, 1, 2).reshape(3, -1))  # PNG is lossless
     assert names == ["0.png", "1.png", "2.png"]
+    said = capsys.readouterr().err
+    assert said.count("warning:") == 1 and "skipped 1 file" in said and "notes.txt" in said
+    Image.fromarray(np.dstack([images[0], images[0][:, :, :1]]), "RGBA").save(folder / "3.png")
+    rows, _ = read_images(folder, CIFAR)
+    np.testing.assert_array_equal(rows[3], rows[0])  # the alpha dropped, the colours kept
+    said = capsys.readouterr().err
+    assert "read 1 image with transparency without it" in said and "3.png" in said
     grey, _ = read_images(folder / "0.png", MNIST[:1] + (32, 32))  # a colour image read for a grey model
     assert grey.shape == (1, 32 * 32)
 
