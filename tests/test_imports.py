@@ -22,7 +22,7 @@ PACKAGE = Path(mlptrain.__file__).resolve().parent
 # The folders (and top-level modules) of the package, top to bottom: a module imports modules of its own
 # layer or of a lower one, never of a higher one. Within a layer, the folder graph must still have no loop.
 LAYERS = (
-    ("__main__", "cli"),  # the command
+    ("__main__", "cli", "api"),  # the command, and the same from Python
     ("sweep", "seeds", "probe", "export"),  # workflows over many runs or over a trained run
     ("inference",),  # a trained run loaded back
     ("training",),  # one run: the loop and its collaborators

@@ -190,8 +190,21 @@ _MARK = re.compile(r"\s*\[overridden: ([^\]]*)\]$")
 
 def load_config(path: Path, overrides: list[str] = ()) -> Config:
     raw, changed = read_config(path)
+    return _with_overrides(raw, changed, overrides, str(path))
+
+
+def config_from_mapping(raw: dict, overrides: list[str] = (), source: str = "the config") -> Config:
+    """`load_config` of a mapping (the Python API's config given as a dict): its `base:` chain is found as a
+    file's is, relative to the working directory."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: a config must be a mapping of sections, got {brief(raw)}")
+    merged, changed = _chain(raw, Path.cwd() / "config.yaml", source)
+    return _with_overrides(merged, changed, overrides, source)
+
+
+def _with_overrides(raw: dict, changed: list[str], overrides: list[str], source: str) -> Config:
     parsed = check_override_values(list(overrides))  # each override's YAML read once, here
-    source = f"{path} with the overrides" if overrides else str(path)
+    source = f"{source} with the overrides" if overrides else source
     raw = _set_values(raw, parsed)
     if "description" not in dict(parsed):
         raw = marked_description(raw, [*changed, *(key for key, _ in parsed)])
@@ -206,25 +219,36 @@ def read_config(path: Path) -> tuple[dict, list[str]]:
     overrides do. Also the dotted keys the files set over the config whose description they keep (an
     empty list when the file itself describes what it is). A loop or a chain longer than MAX_BASES is
     refused in one line naming it."""
-    layers, chain = [], [path]
+    return _chain(_mapping(path), path, str(path))
+
+
+def _mapping(path: Path) -> dict:
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def _chain(raw: dict, named_in: Path, source: str) -> tuple[dict, list[str]]:
+    """`raw` (read from `named_in`, or given as `source`) over its chain of bases (see read_config)."""
+    layers, chain = [], [named_in]
     while True:
-        raw = read_yaml(chain[-1])
-        if not isinstance(raw, dict):
-            raise UserError(f"{chain[-1]}: a config must be a mapping of sections, got {type(raw).__name__}")
         raw = {k: v for k, v in raw.items() if k != RESOLVED}  # a run's record of what it used: never read back
         base = raw.pop(BASE, None)
         layers.append(raw)
         if base is None:
             break
+        where = source if len(chain) == 1 else chain[-1]
         if not isinstance(base, str) or not base.strip():
-            raise UserError(f"{chain[-1]}: base: expected a config file or a built-in config name, got {brief(base)}")
-        following = base_config(base, chain[-1])
+            raise UserError(f"{where}: base: expected a config file or a built-in config name, got {brief(base)}")
+        following = base_config(base, chain[-1], where)
         if any(following.resolve() == seen.resolve() for seen in chain):
-            raise UserError(f"{path}: base: the chain loops: {' -> '.join(map(str, [*chain, following]))}")
+            raise UserError(f"{source}: base: the chain loops: {' -> '.join(map(str, [*chain, following]))}")
         if len(chain) == MAX_BASES:
-            raise UserError(f"{path}: base: a chain of more than {MAX_BASES} configs ({' -> '.join(map(str, chain))} "
+            raise UserError(f"{source}: base: a chain of more than {MAX_BASES} configs ({' -> '.join(map(str, chain))} "
                             "-> ...)")
         chain.append(following)
+        raw = _mapping(following)
     merged, changed = {}, []
     for layer in reversed(layers):
         if "description" in layer:
@@ -235,15 +259,16 @@ def read_config(path: Path) -> tuple[dict, list[str]]:
     return merged, changed
 
 
-def base_config(base: str, named_in: Path) -> Path:
-    """The file `base:` names in `named_in`: a path relative to that file, else a built-in config name."""
+def base_config(base: str, named_in: Path, where=None) -> Path:
+    """The file `base:` names in `named_in`: a path relative to that file, else a built-in config name.
+    `where` names the config in the error (default: `named_in`)."""
     beside = named_in.parent / base
     if beside.is_file():
         return beside
     builtin = builtin_configs().get(Path(base).stem) if Path(base).parent == Path(".") else None
     if builtin is None:
-        raise UserError(f"{named_in}: base: '{base}' is neither a file beside it nor a built-in config (built-in: "
-                        f"{', '.join(builtin_configs())})")
+        raise UserError(f"{where or named_in}: base: '{base}' is neither a file beside it nor a built-in config "
+                        f"(built-in: {', '.join(builtin_configs())})")
     return builtin
 
 
