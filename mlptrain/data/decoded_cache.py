@@ -181,7 +181,8 @@ def _dataset(header: dict, data: bytearray) -> ImageDataset:
         count = int(np.prod(shape))
         arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)
     fields = header["fields"]
-    provenance = Provenance(fields["location"], tuple(tuple(c) for c in fields["checksums"]), fields["label"])
+    provenance = Provenance(fields["location"], tuple(tuple(c) for c in fields["checksums"]), fields["label"],
+                            read_note=fields.get("read_note"))  # an entry from before the note: none
     return ImageDataset(name=fields["name"], image_shape=tuple(fields["image_shape"]),
                         num_classes=fields["num_classes"], mean=fields["mean"], std=fields["std"],
                         class_names=tuple(fields["class_names"]), value_scale=fields["value_scale"],
@@ -205,7 +206,7 @@ def write_entry(path: Path, key: dict, dataset: ImageDataset) -> str | None:
     fields = {"name": dataset.name, "image_shape": list(dataset.image_shape), "num_classes": dataset.num_classes,
               "mean": dataset.mean, "std": dataset.std, "class_names": list(dataset.class_names),
               "value_scale": dataset.value_scale, "location": source.location,
-              "checksums": [list(c) for c in source.checksums], "label": source.label}
+              "checksums": [list(c) for c in source.checksums], "label": source.label, "read_note": source.read_note}
     text = json.dumps({"key": key, "fields": fields, "arrays": placed, "bytes": at, "crc32": crc}).encode()
     text = text.ljust(len(text) + -(PREFIX + len(text)) % ALIGN)  # JSON ignores the trailing spaces
     prefix = MAGIC + len(text).to_bytes(8, "little") + zlib.crc32(text).to_bytes(4, "little")

@@ -24,9 +24,12 @@ def load_mnist_family(spec: BuiltinDataset, root: Path | None = None) -> ImageDa
 
     Each file is read as `<name>.gz` or, failing that, the un-gzipped `<name>`; missing ones are
     downloaded from the mirrors (the folder is created first). A file must match its published
-    md5 (of the .gz), or the md5 of its decompressed content where the table knows it. Images come
-    back flattened to (N, 784) uint8, labels as (N,) uint8. Raises `UserError` for a file that
-    cannot be found, fetched or verified.
+    md5 (of the .gz), or the md5 of its decompressed content where the table knows it. Where the table
+    knows only the .gz's md5 (Fashion-MNIST, KMNIST), a re-compressed or un-gzipped copy cannot be
+    verified by checksum: it is read when its structure is right (IDX magic and dimensions, the image
+    size, one label per image, labels in range), and one warning line, recorded among the run's
+    fallbacks, says so. Images come back flattened to (N, 784) uint8, labels as (N,) uint8. Raises
+    `UserError` for a file that cannot be found, fetched, decoded or verified.
     """
     folder = Path(root if root is not None else default_data_root()) / spec.name
     _download_missing(spec, folder)
@@ -35,10 +38,10 @@ def load_mnist_family(spec: BuiltinDataset, root: Path | None = None) -> ImageDa
 
 
 def _decode(spec: BuiltinDataset, folder: Path) -> ImageDataset:
-    arrays, checksums = {}, []
+    arrays, checksums, unverified = {}, [], []
     for split, (images_file, labels_file) in zip(SPLITS, (spec.train, spec.test)):
-        images, images_md5, images_path = _read_verified(folder, images_file)
-        labels, labels_md5, labels_path = _read_verified(folder, labels_file)
+        images, images_md5, images_path = _read_verified(folder, images_file, unverified)
+        labels, labels_md5, labels_path = _read_verified(folder, labels_file, unverified)
         _check_shapes(spec, images_path, images, labels_path, labels)
         arrays[f"{split}_images"] = images.reshape(len(images), -1)
         arrays[f"{split}_labels"] = labels
@@ -46,7 +49,19 @@ def _decode(spec: BuiltinDataset, folder: Path) -> ImageDataset:
     mean, std = value_statistics(arrays["train_images"], PIXEL_SCALE, str(folder))
     names = spec.label_sets[0].class_names
     return ImageDataset(name=spec.name, image_shape=spec.image_shape, num_classes=len(names), mean=mean, std=std,
-                        class_names=names, provenance=Provenance(str(folder), tuple(checksums)), **arrays)
+                        class_names=names, provenance=Provenance(str(folder), tuple(checksums),
+                                                                 read_note=_unverified_note(spec, unverified)),
+                        **arrays)
+
+
+def _unverified_note(spec: BuiltinDataset, unverified: list[Path]) -> str | None:
+    if not unverified:
+        return None
+    many = len(unverified) > 1
+    return (f"{spec.title}: {len(unverified)} file{'s' if many else ''} could not be verified by checksum (a "
+            f"re-compressed or uncompressed copy; only the published .gz md5s are known), e.g. {unverified[0]}; "
+            f"{'their' if many else 'its'} structure is right (IDX header, {spec.image_shape[1]}x{spec.image_shape[2]} "
+            f"images, one label per image in 0..{spec.num_classes - 1}), so {'they are' if many else 'it is'} read")
 
 
 def _find(folder: Path, file: DataFile) -> Path | None:
@@ -73,8 +88,9 @@ def _download_missing(spec: BuiltinDataset, folder: Path) -> None:
             raise offline_error(spec.title, folder, error, still) from None
 
 
-def _read_verified(folder: Path, file: DataFile) -> tuple[np.ndarray, str, Path]:
-    """(decoded array, md5 of the decompressed content, path) of `file`, which must be the published one."""
+def _read_verified(folder: Path, file: DataFile, unverified: list) -> tuple[np.ndarray, str, Path]:
+    """(decoded array, md5 of the decompressed content, path) of `file`, which must be the published one;
+    a copy that no known checksum can verify is added to `unverified` (its structure is checked after)."""
     path = _find(folder, file)
     raw = read_bytes(path)
     raw_md5 = hashlib.md5(raw).hexdigest() if raw.startswith(GZIP_MAGIC) else None  # None: not gzipped
@@ -85,18 +101,15 @@ def _read_verified(folder: Path, file: DataFile) -> tuple[np.ndarray, str, Path]
         raise UserError(f"{error}; {_FIX}") from None
     digest = hashlib.md5(content).hexdigest()
     if not published and digest != file.content_md5:
-        raise UserError(_mismatch(path, file, raw_md5, digest))
+        if file.content_md5 is not None:  # the content's md5 is known, and this is not it: damaged
+            raise UserError(_mismatch(path, file, digest))
+        unverified.append(path)
     return parse_idx(content, path), digest, path
 
 
-def _mismatch(path: Path, file: DataFile, raw_md5: str | None, digest: str) -> str:
-    if file.content_md5 is not None:  # any copy of the content verifies: name what it should be
-        return f"{path} is corrupt: md5 of its content is {digest}, expected {file.content_md5}; {_FIX}"
-    if raw_md5 is not None:
-        return (f"{path}: md5 {raw_md5} is not the published {file.md5} (a damaged or "
-                f"re-compressed copy); {_FIX}")
-    return (f"{path}: an uncompressed copy cannot be verified (only the published md5 of {file.name}.gz is "
-            f"known); put {file.name}.gz there instead, or delete it so it is downloaded")
+def _mismatch(path: Path, file: DataFile, digest: str) -> str:
+    """A copy whose content md5 is known and differs: damaged (any copy of the right content verifies)."""
+    return f"{path} is corrupt: md5 of its content is {digest}, expected {file.content_md5}; {_FIX}"
 
 
 def _check_shapes(spec: BuiltinDataset, images_path: Path, images: np.ndarray, labels_path: Path,
