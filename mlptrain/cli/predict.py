@@ -48,12 +48,13 @@ def predict(
     if not inputs.exists():
         raise UserError(f"{inputs}: no such file or folder")
     recorded = recorded_inputs(run_dir)  # what images the model reads, from the run alone: no dataset needed
+    resize = config.data.image_size is not None  # trained on a folder's images resized: these are too
     if recorded is not None:  # read first, so that the model holds no more rows than there are images
-        pixels, names = read_images(inputs, tuple(recorded.image_shape), recorded.train_images.dtype)
+        pixels, names = read_images(inputs, tuple(recorded.image_shape), recorded.train_images.dtype, resize)
         rows = min(rows or config.train.eval_batch_size, max(len(pixels), 1))
     trained = load_trained(run_dir, checkpoint, backend_name(backend), rows, images=False)
     if recorded is None:  # a run from before runs recorded their inputs: its dataset, read, says
-        pixels, names = read_images(inputs, trained.image_shape, trained.dataset.train_images.dtype)
+        pixels, names = read_images(inputs, trained.image_shape, trained.dataset.train_images.dtype, resize)
     outputs = trained.images(pixels)
     if trained.classifies:
         probabilities = softmax(outputs)

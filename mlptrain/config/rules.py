@@ -82,6 +82,9 @@ def check_data(data, source: str) -> None:
     if data.dataset not in USER_DATASETS and data.path is not None:
         raise UserError(f"{source}: data.path is for data.dataset npz or folder; {data.dataset} is read from "
                         f"data.root (or $MLPTRAIN_DATA_DIR): drop data.path")
+    if data.image_size is not None and data.dataset != "folder":
+        raise UserError(f"{source}: data.image_size resizes the images of data.dataset folder; {data.dataset} has "
+                        "its own size: drop data.image_size")
     if data.label is not None and data.dataset != "cifar100":
         raise UserError(f"{source}: data.label chooses CIFAR-100's fine or coarse labels; {data.dataset} has one "
                         f"set of labels: drop data.label")

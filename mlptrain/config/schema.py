@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 
 INT64_MAX = 2**63 - 1  # checkpoints store counters as int64; TensorBoard's HParams take nothing larger
+MAX_IMAGE_SIDE = 8192  # data.image_size: larger is no small model's input
 INDEX_MAX = 2**31 - 1  # a batch's rows and a layer's width index kernel grids and int32 offsets
 
 
@@ -37,6 +38,11 @@ def _count_or_fraction(value):
     if isinstance(value, int):
         return None if value >= 0 else "must be a count >= 0 or a fraction in (0, 1)"
     return None if 0 < value < 1 else "must be a count >= 0 or a fraction in (0, 1) (a count is a whole number)"
+
+
+def _image_sides(value):
+    return None if value is None or all(1 <= side <= MAX_IMAGE_SIDE for side in value) else \
+        f"must be [height, width], each in [1, {MAX_IMAGE_SIDE:,}]"
 
 
 def _unit_interval(value):
@@ -72,6 +78,9 @@ class DataConfig:
     path: str | None = _option(None, doc="npz: the .npz file; folder: the folder holding train/ and test/")
     label: str | None = _option(None, choices=("fine", "coarse"), doc="cifar100: fine (100 classes, the default) "
                                                                       "or coarse (20 superclasses)")
+    image_size: tuple[int, int] | None = _option(
+        None, check=_image_sides, doc="folder: [height, width] every image is resized to (Pillow's bilinear "
+                                      "filter, antialiased when shrinking); unset: every image must have the first's size")
 
 
 WEIGHT_SCHEMES = ("pytorch", "he_uniform", "he_normal", "glorot_uniform")  # formulas: mlptrain.nn.init

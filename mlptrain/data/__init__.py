@@ -16,11 +16,15 @@ from mlptrain.errors import UserError
 __all__ = ["ImageDataset", "default_data_root", "dataset_record", "is_subset", "load_dataset", "recorded_dataset",
            "DATASETS"]
 
-Loader = Callable[..., ImageDataset]  # (root, path=..., label=...) -> ImageDataset
+Loader = Callable[..., ImageDataset]  # (root, path=..., label=..., image_size=...) -> ImageDataset
 
 
 def _builtin(spec: BuiltinDataset) -> Loader:
-    def load(root: Path | None = None, path: str | None = None, label: str | None = None) -> ImageDataset:
+    def load(root: Path | None = None, path: str | None = None, label: str | None = None,
+             image_size: tuple[int, int] | None = None) -> ImageDataset:
+        if image_size is not None:
+            raise UserError(f"data.image_size resizes the images of data.dataset folder; {spec.name} has its own "
+                            "size: drop data.image_size")
         if path is not None:
             raise UserError(f"data.path is for data.dataset npz or folder; {spec.name} is read from "
                             f"data.root (or MLPTRAIN_DATA_DIR): drop data.path")
@@ -34,13 +38,17 @@ def _builtin(spec: BuiltinDataset) -> Loader:
     return load
 
 
-def _user(name: str, read: Callable[[str], ImageDataset], what: str) -> Loader:
-    def load(root: Path | None = None, path: str | None = None, label: str | None = None) -> ImageDataset:
+def _user(name: str, read: Callable[..., ImageDataset], what: str, resizes: bool = False) -> Loader:
+    def load(root: Path | None = None, path: str | None = None, label: str | None = None,
+             image_size: tuple[int, int] | None = None) -> ImageDataset:
         if path is None:
             raise UserError(f"data.dataset {name} needs data.path: {what}")
         if label is not None:
             raise UserError(f"data.label chooses CIFAR-100's fine or coarse labels; drop it for data.dataset {name}")
-        return read(path)
+        if image_size is not None and not resizes:
+            raise UserError(f"data.image_size resizes the images of data.dataset folder; drop it for data.dataset "
+                            f"{name}")
+        return read(path, image_size) if resizes else read(path)
     return load
 
 
@@ -48,17 +56,19 @@ def _user(name: str, read: Callable[[str], ImageDataset], what: str) -> Loader:
 DATASETS: dict[str, Loader] = {
     **{name: _builtin(spec) for name, spec in BUILTIN.items()},
     "npz": _user("npz", load_npz, "the .npz file (x_train, y_train, x_test, y_test), e.g. data.path=my.npz"),
-    "folder": _user("folder", load_image_folder, "a folder holding train/<class>/*.png and test/<class>/*.png"),
+    "folder": _user("folder", load_image_folder, "a folder holding train/<class>/*.png and test/<class>/*.png",
+                    resizes=True),
 }
 
 
 def load_dataset(name: str, root: Path | None = None, path: str | None = None,
-                 label: str | None = None) -> ImageDataset:
+                 label: str | None = None, image_size: tuple[int, int] | None = None) -> ImageDataset:
     """The dataset `name`: a built-in one read from under `root` (`<root>/<name>/`, see each loader;
     root defaults to `default_data_root()`), or a user's file or folder at `path` (npz, folder);
-    `label` picks CIFAR-100's fine or coarse labels. An unknown name raises `UserError` listing the valid ones."""
+    `label` picks CIFAR-100's fine or coarse labels, `image_size` the size a folder's images are resized
+    to. An unknown name raises `UserError` listing the valid ones."""
     try:
         loader = DATASETS[name]
     except KeyError:
         raise UserError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}") from None
-    return loader(root, path=path, label=label)
+    return loader(root, path=path, label=label, image_size=image_size)

@@ -4,8 +4,9 @@
     DIR/test/<class>/*.png
 
 the ImageFolder layout. Classes are the train/ sub-folders in sorted order; test/ may
-lack some, not add any. Every image must have the size and channels of the first
-(grayscale: 1 channel, RGB: 3); nothing is resized. A file that is not an image (a
+lack some, not add any. Every image must have the channels of the first (grayscale: 1
+channel, RGB: 3), and its size unless `data.image_size` gives one: then each is resized to
+it with Pillow's bilinear filter (antialiased when shrinking, as torchvision's Resize). A file that is not an image (a
 `notes.txt` beside the images or the class folders) is skipped, and an image with
 transparency (RGBA, grey + alpha, a palette with a transparent colour) is read without
 it, as RGB or grey: both are said in one warning line, which the run records among its
@@ -34,8 +35,9 @@ WITHOUT_ALPHA = {"RGBA": "RGB", "LA": "L", "PA": "RGB", "P": "RGB"}
 LAYOUT = "DIR/train/<class>/*.png and DIR/test/<class>/*.png"
 
 
-def load_image_folder(path: str | Path) -> ImageDataset:
-    """The dataset in the folder at `path` (see the module docstring)."""
+def load_image_folder(path: str | Path, image_size: tuple[int, int] | None = None) -> ImageDataset:
+    """The dataset in the folder at `path`, its images resized to `image_size` (height, width) when given
+    (see the module docstring)."""
     root = expand_user(str(path), "data.path").resolve()
     for split in ("train", "test"):
         if not (root / split).is_dir():
@@ -50,7 +52,7 @@ def load_image_folder(path: str | Path) -> ImageDataset:
                             f"the classes are the train/ folders ({', '.join(classes)})")
     checksums, arrays, shape = [], {}, None
     for split in ("train", "test"):
-        images, labels, shape = _read_split(root, split, classes, shape, checksums, skipped, converted)
+        images, labels, shape = _read_split(root, split, classes, shape, checksums, skipped, converted, image_size)
         arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
     channels = shape[2] if len(shape) == 3 else 1
     mean, std = value_statistics(arrays["train_images"], PIXEL_SCALE, f"{root / 'train'}")
@@ -73,14 +75,14 @@ def _note(skipped: list[Path], converted: list[Path]) -> str | None:
 
 
 def _read_split(root: Path, split: str, classes: list[str], shape, checksums: list, skipped: list,
-                converted: list):
+                converted: list, image_size: tuple[int, int] | None = None):
     """(images (N, D) uint8 in channel planes, labels (N,) uint8, image shape) of root/split, appending
     (relative file, md5) to `checksums`, files that are not images to `skipped` and images read without
     their transparency to `converted`; every image must have `shape` (when given) or the first's."""
     files = _image_files(root / split, classes, skipped)
     images = []
     for file, _ in files:
-        image, digest, dropped = _read(file, shape)
+        image, digest, dropped = _read(file, shape, image_size)
         if dropped:
             converted.append(file)
         shape = shape or image.shape
@@ -131,9 +133,10 @@ def _image_files(folder: Path, classes: list[str], skipped: list) -> list[tuple[
     return files
 
 
-def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str, bool]:
-    """(pixels (H, W) or (H, W, 3) uint8, md5 of the file, whether a transparency was dropped); the shape
-    must equal `shape` when given."""
+def _read(file: Path, shape: tuple[int, ...] | None, image_size: tuple[int, int] | None = None
+          ) -> tuple[np.ndarray, str, bool]:
+    """(pixels (H, W) or (H, W, 3) uint8, md5 of the file, whether a transparency was dropped), resized to
+    `image_size` (height, width) when given; the shape must equal `shape` when given."""
     from PIL import Image  # imported here: only this dataset needs Pillow
 
     data = read_bytes(file)
@@ -148,7 +151,10 @@ def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str, b
             frames = getattr(image, "n_frames", 1)  # an animated PNG (or a GIF named .png) loads frame 1 only
             dropped = mode in WITHOUT_ALPHA and (mode != "P" or transparent)
             if dropped or mode in MODES:
-                pixels = np.asarray(image.convert(WITHOUT_ALPHA[mode] if dropped else MODES[mode]), dtype=np.uint8)
+                read = image.convert(WITHOUT_ALPHA[mode] if dropped else MODES[mode])
+                if image_size is not None and read.size != (image_size[1], image_size[0]):
+                    read = read.resize((image_size[1], image_size[0]), Image.Resampling.BILINEAR)
+                pixels = np.asarray(read, dtype=np.uint8)
     # A damaged image surfaces as many exception types depending on the format and the damage.
     except Exception as error:
         raise UserError(f"{file}: not a readable image ({type(error).__name__}: {error})") from None
@@ -159,8 +165,9 @@ def _read(file: Path, shape: tuple[int, ...] | None) -> tuple[np.ndarray, str, b
         raise UserError(f"{file}: image mode {mode} is not read (only 8-bit grayscale or RGB, with or without "
                         f"transparency); convert it, e.g. image.convert('RGB')")
     if shape is not None and pixels.shape != shape:
+        hint = "; set data.image_size: [height, width] to resize them all" if pixels.shape[:2] != shape[:2] else ""
         raise UserError(f"{file}: {_describe(pixels.shape)}, but the first image is {_describe(shape)}; every "
-                        f"image must have the same size and channels (nothing is resized)")
+                        f"image must have the same channels, and the same size unless data.image_size is set{hint}")
     return pixels, hashlib.md5(data).hexdigest(), dropped
 
 

@@ -22,17 +22,19 @@ EIGHT_BIT_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YC
 ALPHA_MODES = ("LA", "PA", "RGBA")  # their conversion drops the alpha (said in one line, as training says it)
 
 
-def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tuple[np.ndarray, list[str]]:
+def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8, resize: bool = False
+                ) -> tuple[np.ndarray, list[str]]:
     """(rows (N, prod(image_shape)) of `dtype`, a name per row: the file's, or `path[i]` for an .npz). Files of
     a folder that are not images are skipped, and transparency is dropped, each said in one warning line (as
-    training on an image folder does, mlptrain.data.image_folder)."""
+    training on an image folder does, mlptrain.data.image_folder). With `resize` (a run that trained on a
+    folder with data.image_size) image files of another size are resized to the model's, as training did."""
     dropped = []
     if path.is_dir():
-        rows, names = _read_folder(path, image_shape, dropped)
+        rows, names = _read_folder(path, image_shape, dropped, resize)
     elif not path.is_file():
         raise UserError(f"{path}: no such file or folder")
     elif path.suffix.lower() in IMAGE_SUFFIXES:
-        rows, names = read_image_file(path, image_shape, dropped)[None], [path.name]
+        rows, names = read_image_file(path, image_shape, dropped, resize)[None], [path.name]
     elif path.suffix.lower() == ".npz":
         rows = image_rows(read_npz(path), image_shape, dtype, path)
         return rows, [f"{path.name}[{i}]" for i in range(len(rows))]
@@ -44,7 +46,8 @@ def read_images(path: Path, image_shape: tuple[int, ...], dtype=np.uint8) -> tup
     return rows, names
 
 
-def _read_folder(path: Path, image_shape: tuple[int, ...], dropped: list) -> tuple[np.ndarray, list[str]]:
+def _read_folder(path: Path, image_shape: tuple[int, ...], dropped: list, resize: bool
+                 ) -> tuple[np.ndarray, list[str]]:
     """The images of a folder, in name order; what is not an image is skipped, in one warning line."""
     entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
     files = [p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
@@ -54,12 +57,14 @@ def _read_folder(path: Path, image_shape: tuple[int, ...], dropped: list) -> tup
     if skipped:
         warn(f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} of {path} that "
              f"{'are' if len(skipped) > 1 else 'is'} not an image ({', '.join(IMAGE_SUFFIXES)}), e.g. {skipped[0].name}")
-    return np.stack([read_image_file(p, image_shape, dropped) for p in files]), [p.name for p in files]
+    return np.stack([read_image_file(p, image_shape, dropped, resize) for p in files]), [p.name for p in files]
 
 
-def read_image_file(path: Path, image_shape: tuple[int, ...], dropped: list | None = None) -> np.ndarray:
-    """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (not resized);
-    `path` is added to `dropped` when it had a transparency, which the conversion drops."""
+def read_image_file(path: Path, image_shape: tuple[int, ...], dropped: list | None = None,
+                    resize: bool = False) -> np.ndarray:
+    """One image as a uint8 row: grey or RGB as the model's channels ask, its size checked (or, with `resize`,
+    resized as an image folder's are: Pillow's bilinear filter); `path` is added to `dropped` when it had a
+    transparency, which the conversion drops."""
     # Pillow only when image files are read
     from PIL import Image
 
@@ -71,7 +76,7 @@ def read_image_file(path: Path, image_shape: tuple[int, ...], dropped: list | No
             # a huge declared size is refused below from the header alone, before anything is decoded
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                if image.size != (width, height):
+                if image.size != (width, height) and not resize:
                     raise UserError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels; the model "
                                     f"reads {width}x{height} (resize it first)")
                 if getattr(image, "n_frames", 1) > 1:  # an animated PNG: convert() would take frame 1 only
@@ -82,7 +87,10 @@ def read_image_file(path: Path, image_shape: tuple[int, ...], dropped: list | No
                                     "would clip its values); save it as 8-bit grey or RGB")
                 if dropped is not None and (image.mode in ALPHA_MODES or "transparency" in image.info):
                     dropped.append(path)
-                pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"), np.uint8)
+                read = image.convert("L" if channels == 1 else "RGB")
+                if read.size != (width, height):  # with `resize` only (checked above)
+                    read = read.resize((width, height), Image.Resampling.BILINEAR)
+                pixels = np.asarray(read, np.uint8)
     except UserError:
         raise
     # A damaged image surfaces as many exception types (OSError, SyntaxError, struct.error, Pillow's

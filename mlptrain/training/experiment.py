@@ -58,11 +58,11 @@ class Resources:
     def dataset(self, config: Config):
         """The config's dataset, checked against data.val_size and the model; raises UserError."""
         data = config.data
-        key = (data.dataset, data.root, data.path, data.label)
+        key = (data.dataset, data.root, data.path, data.label, data.image_size)
         with self._shared["loading"]:
             if key not in self._datasets:
                 root = Path(data.root) if data.root else None
-                self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label)
+                self._datasets[key] = load_dataset(data.dataset, root, data.path, data.label, data.image_size)
         check_val_size(self._datasets[key], data.val_size)
         check_validation(config, "config", self._datasets[key].has_val_split)
         check_model_input(config.model, self._datasets[key])

@@ -150,3 +150,25 @@ def test_grey_with_alpha_is_read_as_grey(tmp_path, rng):
     Image.fromarray(rng.integers(0, 256, (4, 6, 2), dtype=np.uint8), "LA").save(tmp_path / "train" / "cat" / "9.png")
     ds = load_image_folder(tmp_path)
     assert ds.image_shape == (1, 4, 6) and "read 1 image with transparency" in ds.provenance.read_note
+
+
+def test_image_size_resizes_every_image_with_the_bilinear_filter(tmp_path, rng):
+    write_tree(tmp_path, rng, size=(6, 4))
+    big = rng.integers(0, 256, (9, 12, 3), dtype=np.uint8)
+    Image.fromarray(big).save(tmp_path / "train" / "dog" / "9.png")  # 12x9: refused without data.image_size
+    with pytest.raises(UserError, match="set data.image_size: \\[height, width\\] to resize them all"):
+        load_image_folder(tmp_path)
+    ds = load_image_folder(tmp_path, image_size=(8, 10))
+    assert ds.image_shape == (3, 8, 10) and len(ds.train_images) == 7
+    expected = np.asarray(Image.fromarray(big).resize((10, 8), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(ds.train_images[-1], expected.transpose(2, 0, 1).reshape(-1))
+
+
+def test_image_size_is_only_for_folders():
+    from mlptrain.config.load import config_from_dict
+
+    with pytest.raises(UserError, match="data.image_size resizes the images of data.dataset folder; mnist"):
+        config_from_dict({"data": {"dataset": "mnist", "image_size": [28, 28]}})
+    with pytest.raises(UserError, match=r"data.image_size: must be \[height, width\]"):
+        config_from_dict({"data": {"dataset": "folder", "path": "x", "image_size": [0, 28]}})
+    assert config_from_dict({"data": {"dataset": "folder", "path": "x", "image_size": [32, 24]}}).data.image_size == (32, 24)

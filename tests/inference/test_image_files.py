@@ -125,3 +125,15 @@ def test_features_a_model_cannot_read_are_refused_naming_the_value(value, row, c
     np.testing.assert_array_equal(image_rows(np.ones((3, 16), np.int64), (16,), np.float32, "x.npz"), 1.0)
     with pytest.raises(UserError, match="features of <U1; give real numbers"):
         image_rows(np.full((3, 16), "a"), (16,), np.float32, "x.npz")
+
+
+def test_a_run_trained_on_resized_images_resizes_the_images_it_predicts(rng, tmp_path):
+    from PIL import Image
+
+    picture = rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)
+    Image.fromarray(picture).save(tmp_path / "big.png")
+    with pytest.raises(UserError, match="the image is 30x40 pixels; the model reads 32x32"):
+        read_images(tmp_path / "big.png", CIFAR)
+    rows, _ = read_images(tmp_path / "big.png", CIFAR, resize=True)
+    expected = np.asarray(Image.fromarray(picture).resize((32, 32), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(rows[0], expected.transpose(2, 0, 1).reshape(-1))  # as training resized its own
