@@ -184,7 +184,10 @@ def read_yaml(path: Path):
 RESOLVED = "resolved"  # the section of a run's config.yaml that records what the run actually used
 BASE = "base"  # a config's key naming the config it extends
 MAX_BASES = 16  # configs in one chain of `base:`
-DESCRIBED = ("model.", "data.", "optim.", "schedule.")  # keys whose change makes a description stale
+# keys whose change makes a description stale: descriptions name the model, data, optimizer and schedule, and
+# the built-ins also the batch, the epochs and the precision ("batch 128, 10 epochs")
+DESCRIBED = ("model.", "data.", "optim.", "schedule.", "train.epochs", "train.batch_size", "train.grad_accum_steps",
+             "train.precision")
 _MARK = re.compile(r"\s*\[overridden: ([^\]]*)\]$")
 
 
@@ -291,8 +294,8 @@ def _dotted_keys(raw: dict, prefix: str = "") -> list[str]:
 
 def marked_description(raw: dict, changed: list[str]) -> dict:
     """`raw` with its description marked `[overridden: KEYS]` when `changed` (dotted keys set over the config
-    that wrote the description) includes a key of the model, the data, the optimizer or the schedule:
-    a description such as "Adam, lr 1e-3" then no longer passes for what ran."""
+    that wrote the description) includes a key it may describe (DESCRIBED): a description such as "Adam,
+    lr 1e-3, 10 epochs" then no longer passes for what ran."""
     description = raw.get("description")
     stale = sorted({key for key in changed if key.startswith(DESCRIBED)})
     if not isinstance(description, str) or not description or not stale:

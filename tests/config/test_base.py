@@ -25,7 +25,7 @@ def test_a_config_extends_a_builtin_section_by_section(tmp_path):
     config = load_config(path)
     assert config.optim.lr == 0.01 and config.optim.name == "adam" and config.optim.betas == (0.9, 0.999)
     assert config.train.epochs == 2 and config.train.batch_size == 128 and config.model.hidden == (512, 512)
-    assert config.description == f"{BASE_DESCRIPTION} [overridden: optim.lr]"  # train.epochs is not described
+    assert config.description == f"{BASE_DESCRIPTION} [overridden: optim.lr, train.epochs]"
 
 
 def test_a_chain_resolves_each_base_beside_the_file_that_names_it(tmp_path):
@@ -74,7 +74,8 @@ def test_a_base_that_is_not_a_mapping_is_refused(tmp_path):
 
 @pytest.mark.parametrize("overrides, description", [
     (["optim.lr=0.01", "model.hidden=[64]"], f"{BASE_DESCRIPTION} [overridden: model.hidden, optim.lr]"),
-    (["train.epochs=2", "seed=4"], BASE_DESCRIPTION),
+    (["train.log_every=10", "seed=4", "backend=cpu"], BASE_DESCRIPTION),
+    (["train.batch_size=64"], f"{BASE_DESCRIPTION} [overridden: train.batch_size]"),
     (["optim.lr=0.01", "description=lr 1e-2"], "lr 1e-2"),
 ])
 def test_overrides_of_what_the_description_describes_mark_it(overrides, description):
