@@ -30,13 +30,21 @@ class ResidentSplit:
 
 
 def check_val_size(dataset, val_size: int | float) -> None:
-    if dataset.has_val_split:  # its own validation split: nothing is held out of train
+    if dataset.has_val_split or not len(dataset.train_images):  # its own split; test data alone (check_trainable)
         return
     n, rows = len(dataset.train_images), held_out_rows(val_size, len(dataset.train_images))
     if rows >= n:
         given = f"{val_size} ({rows:,} images)" if isinstance(val_size, float) else f"{val_size:,}"
         raise UserError(f"data.val_size: {given} leaves no training images; {dataset.name} has {n:,}, use fewer "
                         "(a count, or a fraction such as 0.1)")
+
+
+def check_trainable(dataset) -> None:
+    """Refuse test data alone (an .npz of x_test and y_test) for training: it is there to be evaluated on."""
+    if not len(dataset.train_images):
+        raise UserError(f"{dataset.provenance.location or dataset.name}: holds no training images (x_train, y_train), "
+                        "only test data: evaluate a run on it (mlptrain evaluate RUN --data dataset=npz,path=FILE), "
+                        "or add x_train and y_train to train on it")
 
 
 def val_size_note(dataset, val_size: int | float) -> str | None:

@@ -2,7 +2,8 @@
 
 The file holds `x_train`, `y_train`, `x_test`, `y_test` and optionally `x_val`, `y_val`
 (a validation split of its own, used instead of holding images out of x_train) and
-`class_names` (strings). Samples are images, uint8 of shape (N, H, W) or channels-last
+`class_names` (strings). A file of `x_test` and `y_test` alone is test data: `mlptrain evaluate
+RUN --data dataset=npz,path=FILE` reads it; training refuses it. Samples are images, uint8 of shape (N, H, W) or channels-last
 (N, H, W, C) (any integer type with values in 0..255 is taken as uint8), or features,
 floats of shape (N, D) (kept as float32; an MLP only). Labels are integer class indices.
 Every problem is one `UserError` line naming the file and the array; nothing is pickled.
@@ -23,8 +24,8 @@ from mlptrain.errors import UserError
 from mlptrain.util.npz_sizes import check_npz_sizes
 from mlptrain.util.user_paths import expand_user
 
-REQUIRED = ("x_train", "y_train", "x_test", "y_test")
-OPTIONAL = ("x_val", "y_val", "class_names")
+REQUIRED = ("x_test", "y_test")
+OPTIONAL = ("x_train", "y_train", "x_val", "y_val", "class_names")
 MAX_CLASSES = 256  # labels live on the device as uint8
 SAVE_HINT = "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
 ZIP_MAGIC, NPY_MAGIC = b"PK", b"\x93NUMPY"
@@ -41,10 +42,13 @@ def load_npz(path: str | Path) -> ImageDataset:
     class_names = _class_names(path, arrays.get("class_names"))
     num_classes = _num_classes(path, labels, class_names)
     flat = {s: _flatten(x) for s, x in samples.items()}
-    x_train = samples["train"]
-    image_shape = (x_train.shape[1],) if x_train.ndim == 2 else (_channels(x_train), *x_train.shape[1:3])
-    scale = PIXEL_SCALE if x_train.dtype == np.uint8 else 1.0
-    mean, std = value_statistics(flat["train"], scale, f"{path}: x_train")
+    known = "train" if "train" in samples else "test"  # test data alone: its own statistics (see the docstring)
+    x_known = samples[known]
+    image_shape = (x_known.shape[1],) if x_known.ndim == 2 else (_channels(x_known), *x_known.shape[1:3])
+    scale = PIXEL_SCALE if x_known.dtype == np.uint8 else 1.0
+    mean, std = value_statistics(flat[known], scale, f"{path}: x_{known}")
+    if known == "test":  # no training split: empty, of the test split's kind
+        flat["train"], labels["train"] = flat["test"][:0], labels["test"][:0]
     return ImageDataset(
         name="npz", train_images=flat["train"], train_labels=labels["train"], test_images=flat["test"],
         test_labels=labels["test"], image_shape=image_shape, num_classes=num_classes, mean=mean, std=std,
@@ -89,10 +93,16 @@ def _check_names(path: Path, names: list[str]) -> None:
     missing = [name for name in REQUIRED if name not in names]
     if missing:
         raise UserError(f"{path}: missing array{'s' if len(missing) > 1 else ''} {', '.join(missing)} (an npz "
-                        f"dataset needs {', '.join(REQUIRED)}; this file has {', '.join(names) or 'none'})")
-    if ("x_val" in names) != ("y_val" in names):
-        has, lacks = ("x_val", "y_val") if "x_val" in names else ("y_val", "x_val")
-        raise UserError(f"{path}: has {has} but no {lacks}; a validation split needs both (or neither)")
+                        f"dataset needs x_train, y_train, x_test, y_test, or x_test and y_test alone to evaluate "
+                        f"on; this file has {', '.join(names) or 'none'})")
+    for split in ("train", "val"):
+        if (f"x_{split}" in names) != (f"y_{split}" in names):
+            has, lacks = (f"x_{split}", f"y_{split}") if f"x_{split}" in names else (f"y_{split}", f"x_{split}")
+            raise UserError(f"{path}: has {has} but no {lacks}; a {'training' if split == 'train' else 'validation'} "
+                            "split needs both (or neither)")
+    if "x_val" in names and "x_train" not in names:
+        raise UserError(f"{path}: has a validation split but no training split (x_train, y_train); test data alone "
+                        "is x_test and y_test")
 
 
 def _member(path: Path, archive, name: str) -> np.ndarray:
@@ -146,7 +156,7 @@ def _check_finite(path: Path, name: str, x: np.ndarray, cause: str = "") -> None
 
 def _check_alike(path: Path, samples: dict[str, np.ndarray]) -> None:
     """Every split holds the same kind of sample (pixels or features) of the same shape."""
-    train = samples["train"]
+    train = samples.get("train", samples["test"])  # test data alone: nothing to compare
     for split, x in samples.items():
         if x.dtype != train.dtype:
             kinds = {np.dtype(np.uint8): "uint8 pixels", np.dtype(np.float32): "float features"}

@@ -60,6 +60,9 @@ class TrainedModel:
             raise UserError(f"--split {name}: use {', '.join(SPLITS)}")
         if name == "test":
             return whole_split(self.backend, self.model_rows(self.dataset.test_images), self.dataset.test_labels)
+        if not len(self.dataset.train_images):
+            raise UserError(f"--split {name}: {self.dataset.provenance.location or self.dataset.name} holds test data "
+                            "alone (no x_train, y_train); use --split test")
         own_val = self.dataset.val_images  # a dataset's own validation split: the model's layout too
         images = dataclasses.replace(self.dataset, train_images=self.model_rows(self.dataset.train_images),
                                      val_images=None if own_val is None else self.model_rows(own_val))
@@ -154,12 +157,16 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     else:
         device, dataset = resources.prepare(config)
     if data is not None:
-        trained_on = resources.dataset(trained_config)
+        recorded = recorded_inputs(run_dir)
+        trained_on = recorded or resources.dataset(trained_config)  # the run's record: its data need not be here
         check_same_shape(dataset, trained_on, data)
         # the model keeps the outputs it was trained with; the other dataset's labels index the first ones
         names = dataset.class_names
         names = names + tuple(str(k) for k in range(len(names), trained_on.num_classes)) if names else ()
         dataset = dataclasses.replace(dataset, num_classes=trained_on.num_classes, class_names=names)
+        if recorded is not None:  # fed as the model was trained: the run's normalisation, not this data's own
+            dataset = dataclasses.replace(dataset, mean=recorded.mean, std=recorded.std,
+                                          value_scale=recorded.value_scale)
     model, _ = load_fitting_model(config, path, device, dataset, rows,
                                   "--batch-size" if batch_size else "train.eval_batch_size")
     warn_fallbacks(device, dataset)  # after every refusal: an error stays one line

@@ -18,7 +18,7 @@ from mlptrain.config.load import RESOLVED, read_yaml, resolved_dict
 from mlptrain.config.rules import check_validation
 from mlptrain.config.schema import Config
 from mlptrain.data import dataset_record, default_data_root, load_dataset
-from mlptrain.data.loader import check_val_size
+from mlptrain.data.loader import check_trainable, check_val_size
 from mlptrain.errors import UserError
 from mlptrain.nn import check_model_input
 from mlptrain.run_dirs.folders import create_run_dir, write_yaml
@@ -84,7 +84,7 @@ def check_inputs(config: Config, resources: Resources | None = None) -> None:
     driver library answers in milliseconds; numba's own checks come when the backend is made)."""
     if config.backend == "cuda" and driver_unusable_reason() is not None:
         get_backend("cuda")  # raises its one-line reason
-    (resources or Resources()).dataset(config)
+    check_trainable((resources or Resources()).dataset(config))
 
 
 def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False,

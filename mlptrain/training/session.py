@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlptrain.config.schema import Config, init_scheme, steps_per_epoch
-from mlptrain.data.loader import ResidentSplit, resident_splits, val_size_note
+from mlptrain.data.loader import ResidentSplit, check_trainable, resident_splits, val_size_note
 from mlptrain.nn import check_trainable_labels, input_scale_shift, make_model, model_dataset
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
 from mlptrain.training.evaluation import Evaluator
@@ -88,6 +88,7 @@ def build_session(config: Config, backend, dataset) -> Session:
     """The session of `config` on `backend`; raises UserError where the config, the data and the model
     do not fit together."""
     started = time.perf_counter()
+    check_trainable(dataset)
     check_trainable_labels(config.model, dataset)
     note = val_size_note(dataset, config.data.val_size)
     if note:

@@ -147,3 +147,11 @@ def test_an_npz_with_its_own_validation_split_serves_early_stopping_and_plateau_
         refused = mlptrain(*args[:-1], "s", cwd=tmp_path, env=NO_NETWORK)  # the run would be named s
         assert_clean_failure(refused, "the validation metric, and data.val_size is 0")
         assert not (tmp_path / "runs" / "s").exists()
+
+
+def test_test_data_alone_is_refused_for_training_in_one_line(tmp_path, rng):
+    np.savez(tmp_path / "test-only.npz", x_test=rng.integers(0, 256, (20, 8, 8), dtype=np.uint8),
+             y_test=rng.integers(0, 3, 20).astype(np.uint8))
+    result = mlptrain(*run_args(tmp_path, "data.dataset=npz", "data.path=test-only.npz"), cwd=tmp_path, env=NO_NETWORK)
+    assert_clean_failure(result, "holds no training images (x_train, y_train), only test data: evaluate a run on it")
+    assert not (tmp_path / "runs").exists()

@@ -306,3 +306,21 @@ def test_a_run_that_recorded_no_inputs_reads_its_dataset(tiny_runs, tmp_path):
     moved = _without_its_data(tiny_runs["mlp"], tmp_path, keep_inputs=False)
     with pytest.raises(UserError, match="no-data-here"):
         invoke("export", moved, "--format", "safetensors", "--out", tmp_path / "m.safetensors")
+
+
+def test_evaluate_on_test_data_alone_feeds_the_model_as_it_was_trained(tiny_runs, tmp_path):
+    """An .npz of x_test and y_test alone: evaluate reads it with the run's own normalisation (not the file's
+    statistics), so MNIST's test images give exactly the run's own test metrics, and from a run folder moved
+    away from its data."""
+    trained = load_trained(tiny_runs["mlp"])
+    np.savez(tmp_path / "test-only.npz", x_test=trained.dataset.test_images.reshape(-1, 28, 28),
+             y_test=trained.dataset.test_labels)
+    moved = _without_its_data(tiny_runs["mlp"], tmp_path)
+    invoke("evaluate", moved, "--data", f"dataset=npz,path={tmp_path / 'test-only.npz'}", "--out", tmp_path / "e.json")
+    invoke("evaluate", tiny_runs["mlp"], "--out", tmp_path / "own.json")
+    there, here = (json.loads((tmp_path / f).read_text()) for f in ("e.json", "own.json"))
+    assert there["images"] == here["images"] == 10000
+    assert (there["loss"], there["acc"]) == (here["loss"], here["acc"])  # bit for bit
+    with pytest.raises(UserError, match="--split val: .*test-only.npz holds test data alone .*use --split test"):
+        invoke("evaluate", moved, "--data", f"dataset=npz,path={tmp_path / 'test-only.npz'}", "--split", "val",
+               "--out", tmp_path / "v.json")
