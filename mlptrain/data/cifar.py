@@ -6,7 +6,9 @@ Where the batches are read from, under the data root (shown for CIFAR-10; CIFAR-
 
     cifar10/cifar-10-batches-py/         the cache; when `cifar10/` exists but this does not,
                                          `cifar10/cifar-10-python.tar.gz` is downloaded (or taken
-                                         as found, if its md5 is right), kept, and extracted here.
+                                         as found, if its md5 is right, or if it is another copy
+                                         of the same content: re-compressed, its batches with
+                                         their published md5s), kept, and extracted here.
                                          Every batch must have its published md5.
     cifar10-subset/cifar-10-batches-py/  a subset in the same format (as in ../shared/datasets),
                                          read only when `cifar10/` does not exist, checked for
@@ -118,6 +120,11 @@ def _download_and_extract(spec: BuiltinDataset, folder: Path) -> Path:
     and intact. The folder is created first: the message for an offline machine names it."""
     archive = folder / spec.archive.name
     found = md5sum(archive) if archive.is_file() else None
+    if found is not None and found != spec.archive.md5:  # another copy of the content (re-compressed)?
+        try:
+            return _extract(spec, archive, folder, verify_batches=True)
+        except UserError:  # not the same content: fetched as if absent (the message names the md5 found)
+            pass
     if found != spec.archive.md5:
         created = prepare_folder(folder)
         try:
@@ -133,9 +140,11 @@ def _download_and_extract(spec: BuiltinDataset, folder: Path) -> Path:
     return _extract(spec, archive, folder)
 
 
-def _extract(spec: BuiltinDataset, archive: Path, folder: Path) -> Path:
+def _extract(spec: BuiltinDataset, archive: Path, folder: Path, verify_batches: bool = False) -> Path:
     """Extract the known members of `archive` into a hidden temporary folder beside
-    the target, then rename it into place: the batch folder is absent or complete."""
+    the target, then rename it into place: the batch folder is absent or complete. With
+    `verify_batches` (an archive whose own md5 is not the published one) every batch must have
+    its published md5 before anything is put in place."""
     final = folder / spec.batch_folder
     try:
         temp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{spec.batch_folder}.", suffix=".part"))
@@ -145,6 +154,10 @@ def _extract(spec: BuiltinDataset, archive: Path, folder: Path) -> Path:
             if missing:
                 raise UserError(f"{archive} lacks {', '.join(f'{spec.batch_folder}/{m}' for m in missing)}; "
                                 f"delete it so it is downloaded again")
+            wrong = [f.name for f in (*spec.train, *spec.test) if verify_batches and md5sum(temp / f.name) != f.md5]
+            if wrong:
+                raise UserError(f"{archive}: neither the published archive nor its content ({spec.batch_folder}/"
+                                f"{wrong[0]} has another md5)")
             temp.chmod(0o755)  # mkdtemp's 0o700 would hide a shared data root's cache from other users
             try:
                 temp.rename(final)
@@ -165,7 +178,7 @@ def _extract_members(spec: BuiltinDataset, archive: Path, temp: Path) -> None:
     names = (*(f.name for f in (*spec.train, *spec.test)), *spec.other_members)
     expected = {f"{spec.batch_folder}/{name}": name for name in names}
     try:
-        with tarfile.open(archive, "r:gz") as tar:
+        with tarfile.open(archive, "r:*") as tar:  # gzip as published; another compression of the same content
             for member in tar:
                 name = member.name.removeprefix("./")
                 # Only names from our own list are ever written, so no member name can

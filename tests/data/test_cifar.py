@@ -409,3 +409,29 @@ def test_cifar100_class_names():
     assert (coarse.label, coarse.key, len(coarse.class_names)) == ("coarse", "coarse_labels", 20)
     assert list(fine.class_names) == sorted(fine.class_names)  # the canonical names are in alphabetical order
     assert len(set(fine.class_names)) == 100 and fine.class_names[-1] == "worm"
+
+
+@pytest.mark.parametrize("mode", ["w:xz", "w:gz"], ids=["xz", "gzip-again"])
+def test_a_recompressed_archive_holding_the_published_batches_is_extracted(tmp_path, serve, archive, mode):
+    data, written, spec = archive()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as source, \
+            tarfile.open(fileobj=buffer, mode=mode, **({"compresslevel": 1} if mode == "w:gz" else {})) as again:
+        for member in source:
+            again.addfile(member, source.extractfile(member) if member.isfile() else None)
+    assert hashlib.md5(buffer.getvalue()).hexdigest() != spec.archive.md5
+    (tmp_path / "cifar10").mkdir()
+    (tmp_path / "cifar10" / CIFAR10.archive.name).write_bytes(buffer.getvalue())
+    requested = serve({})
+    assert_loaded(load_cifar(spec, tmp_path), written)  # its batches have the published md5s: no download
+    assert requested == []
+
+
+def test_an_archive_of_other_batches_is_not_taken_for_the_published_one(tmp_path, serve, archive):
+    data, written, spec = archive()
+    other, _, _ = archive_bytes(rows=3)  # the same layout, other batches
+    (tmp_path / "cifar10").mkdir()
+    (tmp_path / "cifar10" / CIFAR10.archive.name).write_bytes(other)
+    requested = serve({spec.mirrors[0]: data})
+    assert_loaded(load_cifar(spec, tmp_path), written)  # downloaded, as if absent
+    assert requested == [spec.mirrors[0]] and not list((tmp_path / "cifar10").glob(".*part"))
