@@ -121,7 +121,7 @@ def leave_to_the_driver(device: int) -> None:
     process exits. numba frees a context's memory, streams and kernels through a queue that whichever thread
     adds to next empties, and at exit it unloads every kernel from the main thread, where another GPU's
     context is current: on two H200s that crashed the process as it exited (a sweep's threads had trained
-    on both). Call it once every thread that used `device` has ended, for each GPU but the main thread's."""
+    on both). Call it once every thread that used `device` has ended, for each GPU they used."""
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from numba import cuda
 

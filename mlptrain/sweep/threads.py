@@ -3,7 +3,8 @@
 Worker i trains on GPU i mod G (of the G visible) on a CUDA stream of its own, so K > G puts several
 trials on one GPU at once: a small model leaves most of a GPU idle, and their kernels overlap. No worker
 pays a process's start (Python, numba, a CUDA context, the study: seconds), the data is read once, and
-kernels are compiled once for all. This thread opens the study meanwhile, then waits.
+kernels are compiled once for all. The workers start first thing; this thread opens the study
+meanwhile, then waits for them.
 
 A signal reaches this thread only. It then sets `Stop.signum`, which every trial's training loop reads
 after each optimizer step: each worker queues its running trial again and takes no other; this thread
