@@ -72,7 +72,8 @@ def test_safetensors_holds_the_weights_by_name_with_the_config(rng):
     data, check = export_bytes(trained, "safetensors")
     tensors = load(data)
     assert check is None and sorted(tensors) == sorted(trained.parameters())
-    for name, value in trained.parameters().items():
-        np.testing.assert_array_equal(tensors[name], value)
+    for name, value in trained.parameters().items():  # PyTorch's layout: a conv weight (out, in, k, k)
+        np.testing.assert_array_equal(tensors[name], value.transpose(3, 2, 0, 1) if value.ndim == 4 else value)
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    assert header["layout"] == "pytorch"
     assert json.loads(header["config"])["model"]["channels"] == [2] and header["image_shape"] == "[3, 8, 8]"
