@@ -60,6 +60,16 @@ BACKEND_HELP = "where the model runs: cpu (the default), cuda or auto"
 
 
 def backend_name(text: str) -> str:
+    """The --backend of evaluate, predict and extract-features, refused in the option's own words: a config's
+    `backend=cuda` refusal would name the config key, which these commands do not take."""
     if text not in ("cpu", "cuda", "auto"):
         raise UserError(f"--backend {text}: use cpu, cuda or auto")
+    if text == "cuda":
+        # imported when asked for: the CPU path of these commands never loads the backend module's CUDA checks
+        from mlptrain.backends.cuda import cuda_unusable_reason
+
+        reason = cuda_unusable_reason()
+        if reason is not None:
+            raise UserError(f"--backend cuda: no usable NVIDIA GPU or CUDA driver ({reason}); use --backend cpu "
+                            "or --backend auto")
     return text

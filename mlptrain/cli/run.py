@@ -51,6 +51,9 @@ def run(
         if name is not None or seeds is not None:
             flag = "--name" if name is not None else "--seeds"
             raise UserError(f"--resume continues one run in its own directory; drop {flag}")
+        if config is not None and "=" not in config:  # a CONFIG beside --resume: the run has its own
+            raise UserError(f"--resume {resume} continues the run with its own config.yaml: drop '{config}' (only "
+                            "train.epochs=N may be given, to train for longer)")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))

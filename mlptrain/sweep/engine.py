@@ -35,6 +35,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 from sqlalchemy import event
 
+from mlptrain.config.safe_yaml import brief
 from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
@@ -270,8 +271,29 @@ def _check_same_sweep(study, sweep: Sweep, sweep_dir: Path, url: str) -> None:
     stored, wanted = study.user_attrs["sweep"], sweep.definition()
     changed = [key for key in wanted if stored.get(key) != wanted[key]]
     if changed:
-        raise UserError(f"{sweep_dir}: this sweep was started with a different {', '.join(changed)}; re-run it "
-                        "unchanged to continue it, or choose another --name")
+        raise UserError(f"{sweep_dir}: this sweep was started with a different {', '.join(changed)} "
+                        f"({_differences(stored, wanted, changed)}); re-run it unchanged to continue it, or choose "
+                        "another --name")
+
+
+def _differences(stored: dict, wanted: dict, changed: list[str], shown: int = 3) -> str:
+    """What differs, by dotted key (`base.optim.lr: 0.001 then, 0.01 now`), the first `shown` of them."""
+    def flat(value, prefix):
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}.{key}").items()}
+        return {prefix: value}
+
+    then = {k: v for key in changed for k, v in flat(stored.get(key), key).items()}
+    now = {k: v for key in changed for k, v in flat(wanted.get(key), key).items()}
+    keys = sorted(key for key in {*then, *now} if then.get(key, _ABSENT) != now.get(key, _ABSENT))
+    def shown_value(values, key):
+        return brief(values[key]) if key in values else "unset"
+
+    parts = [f"{key}: {shown_value(then, key)} then, {shown_value(now, key)} now" for key in keys[:shown]]
+    return "; ".join(parts) + (f"; and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+_ABSENT = object()
 
 
 class _Heartbeat:

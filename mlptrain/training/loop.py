@@ -162,10 +162,13 @@ def _announce(s: Session, run_dir: Path) -> None:
     for note in s.fallbacks:
         warn(note)
     t = s.config.train
+    batch = f"effective batch {t.effective_batch_size} (batch {t.batch_size} x {t.grad_accum_steps} accumulated)"
+    if t.effective_batch_size > s.train.size:  # a window never holds more than the training set
+        batch = (f"effective batch {s.train.size:,}, the whole training set (batch {t.batch_size} x "
+                 f"{t.grad_accum_steps} accumulated asks {t.effective_batch_size:,})")
     console.print(f"[bold]{run_dir.name}[/]: {s.model.layout.size:,} parameters on {s.backend.device_name}, "
-                  f"{t.precision}; {s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; "
-                  f"effective batch {t.effective_batch_size} (batch {t.batch_size} x {t.grad_accum_steps} "
-                  f"accumulated), {s.steps_per_epoch} optimizer steps per epoch")
+                  f"{t.precision}; {s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; {batch}, "
+                  f"{s.steps_per_epoch} optimizer step{'s' if s.steps_per_epoch != 1 else ''} per epoch")
 
 
 def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -> tuple[Position, bool]:

@@ -156,3 +156,21 @@ def test_a_signal_during_any_command_is_one_line_and_its_exit_code(tmp_path, sig
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 128 + signum, stderr
     assert [line for line in stderr.splitlines() if line.strip()] == ["interrupted"], stderr
+
+
+def test_resume_with_a_config_says_the_run_has_its_own(tmp_path):
+    result = mlptrain("run", "adam_mnist", "--resume", str(tmp_path / "runs" / "x"), cwd=tmp_path)
+    assert_clean_failure(result, "continues the run with its own config.yaml: drop 'adam_mnist' (only "
+                                 "train.epochs=N may be given")
+
+
+def test_an_unusable_backend_option_is_refused_in_the_options_words(monkeypatch):
+    from mlptrain.backends import cuda
+    from mlptrain.cli.options import backend_name
+    from mlptrain.errors import UserError
+
+    monkeypatch.setattr(cuda, "cuda_unusable_reason", lambda: "no CUDA driver: libcuda.so.1 not found")
+    with pytest.raises(UserError, match=r"^--backend cuda: no usable NVIDIA GPU or CUDA driver \(no CUDA driver: "
+                                        r"libcuda.so.1 not found\); use --backend cpu or --backend auto$"):
+        backend_name("cuda")
+    assert backend_name("cpu") == "cpu" and backend_name("auto") == "auto"

@@ -155,3 +155,13 @@ def test_test_data_alone_is_refused_for_training_in_one_line(tmp_path, rng):
     result = mlptrain(*run_args(tmp_path, "data.dataset=npz", "data.path=test-only.npz"), cwd=tmp_path, env=NO_NETWORK)
     assert_clean_failure(result, "holds no training images (x_train, y_train), only test data: evaluate a run on it")
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_runs_shape_line_says_when_the_batch_is_the_whole_training_set(tmp_path, rng):
+    tiny_npz(tmp_path / "tiny.npz", rng)
+    result = mlptrain(*run_args(tmp_path, "data.dataset=npz", "data.path=tiny.npz", "data.val_size=10",
+                                "train.batch_size=128"), cwd=tmp_path, env=NO_NETWORK)
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "effective batch 80, the whole training set (batch 128 x 1 accumulated asks 128), 1 optimizer step per " \
+           "epoch" in said

@@ -212,10 +212,14 @@ def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_
         assert any(v.tag == "val/acc" for v in values), sorted({v.tag for v in values})
 
 
-def test_a_changed_sweep_is_not_continued(tmp_path, tiny_mnist):
+def test_a_changed_sweep_is_not_continued_and_what_changed_is_named(tmp_path, tiny_mnist):
     run_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), tmp_path / "runs")
-    with pytest.raises(UserError, match="started with a different .*parameters"):
+    with pytest.raises(UserError, match=r"started with a different trials, parameters \(parameters.optim.lr.choices: "
+                                        r"\[0.001\] then, \[0.001, 0.01\] now; trials: 1 then, 2 now\)"):
         run_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 1e-2]}), tmp_path / "runs")
+    with pytest.raises(UserError, match=r"started with a different base \(base.train.epochs: 1 then, 2 now\); "
+                                        "re-run it unchanged"):  # only an override changed
+        run_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), tmp_path / "runs", overrides=["train.epochs=2"])
 
 
 @pytest.mark.parametrize("fields, fragment", [
