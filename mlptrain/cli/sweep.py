@@ -76,12 +76,12 @@ def sweep(
     children = {}
     try:
         # Optuna takes half a second to import: only this command pays, and after the workers have started
-        from mlptrain.sweep import engine
+        from mlptrain.sweep import engine, study as studies
         from mlptrain.sweep.report import results_table, trial_rows, write_results
         from mlptrain.sweep.workers import gpu_slots, start_workers
 
         url = storage or f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
-        engine.check_storage_url(url)
+        studies.check_storage_url(url)
         created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if workers > 1 and not gpus else [None]
         command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
                    str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
@@ -89,7 +89,7 @@ def sweep(
             _make_folder(sweep_dir)
             if workers > 1 and not gpus:  # first: their start (imports, data) overlaps ours; they wait for the study
                 children = start_workers(command, workers, slots, sweep_dir, first=1)
-            study, study_storage = engine.open_study(spec, sweep_dir, name, url, worker=worker)
+            study, study_storage = studies.open_study(spec, sweep_dir, name, url, worker=worker)
         except BaseException:
             if created:
                 shutil.rmtree(sweep_dir, ignore_errors=True)

@@ -151,13 +151,13 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
     rows = batch_size or config.train.eval_batch_size
     config = dataclasses.replace(config, backend=backend)
     resources = Resources()
-    recorded = recorded_inputs(run_dir) if not images and data is None else None
-    if recorded is not None:
+    # the run's record of its data: enough without images, and for other data the model's own inputs
+    recorded = recorded_inputs(run_dir) if not images or data is not None else None
+    if recorded is not None and data is None:
         device, dataset = get_backend(backend), recorded
     else:
         device, dataset = resources.prepare(config)
     if data is not None:
-        recorded = recorded_inputs(run_dir)
         trained_on = recorded or resources.dataset(trained_config)  # the run's record: its data need not be here
         check_same_shape(dataset, trained_on, data)
         # the model keeps the outputs it was trained with; the other dataset's labels index the first ones

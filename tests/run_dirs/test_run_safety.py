@@ -266,6 +266,15 @@ def test_ctrl_c_at_start_up_is_one_line(tmp_path):
         assert len(lines) <= 2 or lines[0].startswith("error: MNIST could not be downloaded"), err
 
 
+def interrupted_command(script: str, folder):
+    """Run `script` (a `mlptrain boom` command raising KeyboardInterrupt somewhere awkward): it must exit 130
+    with the one line `interrupted`."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 130 and proc.stderr.strip() == "interrupted", (proc.returncode, proc.stderr)
+    return proc
+
+
 INTERRUPTED_IN_EXEC = """
 import sys
 from mlptrain import cli
@@ -280,9 +289,7 @@ cli.main()
 def test_ctrl_c_inside_exec_generated_code_exits_130_with_one_line(tmp_path):
     # CPython marks a KeyboardInterrupt that escapes exec() of a string as unhandled and kills the process
     # with SIGINT at exit (-2, no message) even after it is caught: the failure CI met at random start-up times
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_EXEC], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 130 and proc.stderr.strip() == "interrupted", (proc.returncode, proc.stderr)
+    interrupted_command(INTERRUPTED_IN_EXEC, tmp_path)
 
 
 INTERRUPTED_IN_CALLBACK = """
@@ -307,9 +314,7 @@ cli.main()
 def test_ctrl_c_inside_a_weakref_callback_is_not_lost(tmp_path):
     # Python prints a KeyboardInterrupt raised in a callback as "Exception ignored in: ..." with a traceback,
     # then drops it: the command ran on to its next error (CI met it at a Ctrl-C 0.05 s into an import)
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_CALLBACK], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 130 and proc.stderr.strip() == "interrupted", (proc.returncode, proc.stderr)
+    proc = interrupted_command(INTERRUPTED_IN_CALLBACK, tmp_path)
     assert "not interrupted" not in proc.stdout
 
 

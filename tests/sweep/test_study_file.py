@@ -6,6 +6,7 @@ import optuna
 import pytest
 
 from mlptrain.sweep import engine
+from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
 from tests.sweep.test_sweep import FAST, write_sweep
 
@@ -13,7 +14,7 @@ from tests.sweep.test_sweep import FAST, write_sweep
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
-    monkeypatch.setenv(engine.STUDY_CACHE_ENV, str(folder))
+    monkeypatch.setenv(studies.STUDY_CACHE_ENV, str(folder))
     return folder
 
 
@@ -21,7 +22,7 @@ def _open(tmp_path, name):
     spec = load_sweep(write_sweep(tmp_path, {"seed": [0, 1, 2]}), FAST)
     folder = tmp_path / name
     folder.mkdir()
-    study, storage = engine.open_study(spec, folder, name, f"sqlite:///{folder / 'study.db'}")
+    study, storage = studies.open_study(spec, folder, name, f"sqlite:///{folder / 'study.db'}")
     return study, storage
 
 
@@ -59,8 +60,8 @@ def test_a_damaged_copy_is_replaced_by_a_fresh_file(tmp_path, cache):
 
 
 def test_off_and_other_databases_make_the_study_as_optuna_does(tmp_path, monkeypatch):
-    monkeypatch.setenv(engine.STUDY_CACHE_ENV, "off")
+    monkeypatch.setenv(studies.STUDY_CACHE_ENV, "off")
     study, _ = _open(tmp_path, "plain")
     assert _queued(study) == [{"seed": 0}, {"seed": 1}, {"seed": 2}]
-    assert engine.sqlite_file("postgresql://u:p@host/db") is None
-    assert engine.sqlite_file("sqlite:///:memory:") is None
+    assert studies.sqlite_file("postgresql://u:p@host/db") is None
+    assert studies.sqlite_file("sqlite:///:memory:") is None

@@ -21,6 +21,7 @@ from mlptrain.cli.sweep import sweep
 from mlptrain.config.builtins import builtin_configs, builtin_sweeps
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
+from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
 from mlptrain.training.experiment import Resources
 from tests.cli.test_cli import REPO
@@ -119,7 +120,7 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
     spec = load_sweep(path, FAST)
     (tmp_path / "runs" / "s").mkdir(parents=True)
-    study, storage = engine.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
+    study, storage = studies.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
     with monkeypatch.context() as patch:
         patch.setattr(claims, "this_worker", dead_worker)  # the claim's worker is then gone
         trial, _ = engine.claim_next(study, storage, storage.get_study_id_from_name("s"))
@@ -135,7 +136,7 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
 def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "GRACE_S", 1)
     spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [])
-    study, storage = engine.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
+    study, storage = studies.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
     study_id = storage.get_study_id_from_name("s")
     engine.claim_next(study, storage, study_id)  # this process: alive, and it never beats again
     with monkeypatch.context() as patch:
@@ -154,12 +155,12 @@ def test_a_worker_of_this_machines_sweep_exits_when_nothing_is_queued(tmp_path, 
     or checks the study's tables: it loads the study its parent made, whose SQLite file is in WAL mode."""
     spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), [])
     url = f"sqlite:///{tmp_path}/study.db"
-    study, storage = engine.open_study(spec, tmp_path, "s", url)
+    study, storage = studies.open_study(spec, tmp_path, "s", url)
     with storage.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL: WAL syncs at checkpoints
     engine.claim_next(study, storage, storage.get_study_id_from_name("s"))  # held by a live worker (this one)
-    worker_study, worker_storage = engine.open_study(spec, tmp_path, "s", url, worker=True)
+    worker_study, worker_storage = studies.open_study(spec, tmp_path, "s", url, worker=True)
     monkeypatch.setattr(engine, "_run_trial", lambda *args: pytest.fail("nothing was queued"))
     started = time.monotonic()
     engine.work(worker_study, worker_storage, spec, tmp_path, Resources(), wait_for_others=False)
@@ -188,7 +189,7 @@ def test_random_and_tpe_run_their_trials_within_the_range(tmp_path, tiny_mnist):
 
 
 def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_mnist, monkeypatch):
-    monkeypatch.setattr(engine, "PRUNE_AFTER_TRIALS", 1)
+    monkeypatch.setattr(studies, "PRUNE_AFTER_TRIALS", 1)
     path = write_sweep(tmp_path, {"optim.lr": [1e-2, 1e-7]}, prune=True)
     results = run_sweep(path, tmp_path / "runs", ["train.epochs=3"])
     good, bad = results["trials"]

@@ -18,6 +18,7 @@ import optuna
 import pytest
 
 from mlptrain.sweep import engine, threads
+from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
 from mlptrain.training.experiment import Resources
 from tests.cli.test_cli import REPO
@@ -144,7 +145,7 @@ def test_a_stopped_trial_is_queued_again_and_no_other_is_taken(tmp_path, tiny_mn
     spec = load_sweep(path, FAST)
     sweep_dir = tmp_path / "s"
     sweep_dir.mkdir()
-    study, storage = engine.open_study(spec, sweep_dir, "s", f"sqlite:///{sweep_dir / 'study.db'}")
+    study, storage = studies.open_study(spec, sweep_dir, "s", f"sqlite:///{sweep_dir / 'study.db'}")
     stop, real = threads.Stop(), engine.train
 
     def stopped_by_another_thread(session, *args, **kwargs):
