@@ -50,10 +50,10 @@ def sweep(
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.backends.cuda import driver_gpu_count
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.threads import TrialThreads, thread_gpus
-    from mlptrain.backends.cuda import driver_gpu_count
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     # the driver's start (cuInit: a fifth of a second on two GPUs) while the sweep file is read: it does not
