@@ -31,16 +31,17 @@ import argparse
 import json
 import os
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
+import optuna
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = {  # name: (base config, trials, epochs)
@@ -121,13 +122,17 @@ def check_once(sweep_dir: Path, trials: int) -> tuple[float, dict]:
     return wall, {row["params"]["seed"]: row["value"] for row in rows}
 
 
-def timeline(db: Path, start: float, end: float) -> dict:
+def timeline(sweep_dir: Path, study_name: str, start: float, end: float, shared_db: Path | None = None) -> dict:
     """From the study's own clock: seconds from the command's start to its first trial's start, and from its
-    last trial's end to the command's exit."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        first, last = conn.execute("SELECT MIN(datetime_start), MAX(datetime_complete) FROM trials").fetchone()
-    stamp = lambda text: datetime.fromisoformat(text).timestamp()  # noqa: E731  (local time, as Optuna writes it)
-    return {"to_first_trial_s": round(stamp(first) - start, 2), "after_last_trial_s": round(end - stamp(last), 2)}
+    last trial's end to the command's exit. The study is the sweep folder's journal, or a database: the
+    shared workload's, or the study.db of a version before the journal (--package)."""
+    journal = sweep_dir / "study.journal"
+    storage = (JournalStorage(JournalFileBackend(str(journal))) if shared_db is None and journal.exists()
+               else f"sqlite:///{shared_db or sweep_dir / 'study.db'}")
+    trials = optuna.load_study(study_name=study_name, storage=storage).get_trials()
+    first = min(t.datetime_start for t in trials).timestamp()  # local time, as Optuna keeps it
+    last = max(t.datetime_complete for t in trials).timestamp()
+    return {"to_first_trial_s": round(first - start, 2), "after_last_trial_s": round(end - last, 2)}
 
 
 def run_sweep(package: Path, scratch: Path, workload: str, workers: int, sampler: GpuSampler,
@@ -149,8 +154,8 @@ def run_sweep(package: Path, scratch: Path, workload: str, workers: int, sampler
     if any(codes):
         raise SystemExit(f"WRONG RESULT: {name} exited with {codes}; see {scratch}")
     trained, values = check_once(runs / name, trials)
-    db = scratch / f"{name}.db" if workload == "shared" else runs / name / "study.db"
-    return {**timeline(db, start, start + wall), "workload": workload, "workers": 2 if workload == "shared" else workers, "trials": trials,
+    shared_db = scratch / f"{name}.db" if workload == "shared" else None
+    return {**timeline(runs / name, name, start, start + wall, shared_db), "workload": workload, "workers": 2 if workload == "shared" else workers, "trials": trials,
             "epochs": epochs, "wall_s": round(wall, 2), "trials_wall_s": round(trained, 2),
             "fixed_s": round(wall - trained, 2), "gpus": sampler.busy(start, start + wall), "values": values}
 

@@ -40,8 +40,9 @@ def sweep(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="folder that holds the sweep's folder"),
     name: Optional[str] = typer.Option(None, "--name", help="sweep name (default: the sweep file's name); "
                                        "re-running a sweep continues it"),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL that workers share "
-                                          "(default: an SQLite file in the sweep's folder)"),
+    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL|FILE",
+                                          help="the study that workers share: a database URL Optuna takes, or a "
+                                          "journal file (default: study.journal in the sweep's folder)"),
     workers: int = typer.Option(1, "--workers", help="trials at once on this machine: threads on its GPUs in turn "
                                 "(several on one GPU when there are more workers), processes on the CPU"),
     worker: bool = typer.Option(False, "--worker", hidden=True,
@@ -66,6 +67,10 @@ def sweep(
         raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")
     sweep_dir = runs_dir / name
     resources, base_config = Resources(), config_from_dict(spec.raw)
+    if base_config.backend != "cpu":
+        # imported anyway, and now while the driver starts: cuInit does not hold the interpreter (a CPU
+        # sweep imports it after its child workers have started instead)
+        from mlptrain.sweep import engine  # noqa: F401
     gpus = thread_gpus(base_config.backend)  # > 0: the workers are threads of this process
     if workers == 1 and not gpus:
         resources.prepare(base_config)  # refusals before the sweep's folder exists
@@ -75,13 +80,14 @@ def sweep(
     pool = TrialThreads(workers, gpus, resources, lambda view: view.prepare(base_config)) if gpus else None
     children = {}
     try:
-        # Optuna takes half a second to import: only this command pays, and after the workers have started
+        # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
         from mlptrain.sweep import engine, study as studies
         from mlptrain.sweep.report import results_table, trial_rows, write_results
         from mlptrain.sweep.workers import gpu_slots, start_workers
 
-        url = storage or f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
-        studies.check_storage_url(url)
+        if storage is not None:
+            studies.check_storage(storage)
+        url = studies.absolute(storage) if storage is not None else studies.default_storage(sweep_dir)
         created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if workers > 1 and not gpus else [None]
         command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
                    str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]

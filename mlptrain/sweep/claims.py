@@ -1,136 +1,86 @@
-"""Who runs which trial: a worker claims a waiting trial in one transaction, and a running trial is taken
-for abandoned only when its worker is known to be gone.
+"""Who runs which trial: a worker claims a waiting trial so that no other worker can, and a running trial is
+taken for abandoned only when its worker is known to be gone (mlptrain.sweep.liveness).
 
-Optuna's own `set_trial_state_values(RUNNING)` reads the trial's state and then writes it; on SQLite the
-read is outside the write transaction, so two workers under load can both see WAITING and both "win".
-Here the claim is ONE conditional UPDATE (`... SET state = 'RUNNING' WHERE trial_id = ? AND state =
-'WAITING'`): SQLite evaluates it under its write lock and PostgreSQL re-checks the condition after
-waiting for the row lock, so exactly one worker's UPDATE changes a row, and only that worker runs the
-trial. The same transaction records the worker (host, boot id, pid, process start time) as the trial's
-system attribute WORKER.
-
-A heartbeat alone cannot tell a dead worker from a busy one: a worker starved of CPU misses its beats
-while still training. So a trial whose worker ran on this machine is abandoned only when that process
-is gone (no such pid, a zombie, or a pid reused by a process started later); the heartbeat decides only
-for workers on other machines. Freeing an abandoned trial is again one conditional UPDATE (RUNNING ->
-FAIL), so exactly one worker queues its re-run.
+A study lives in a journal file (Optuna's JournalStorage, a sweep's default) or in a database
+(mlptrain.sweep.sql_claims, imported only then). In a journal every change is a line appended under the
+file's lock and applied in the file's order by every reader: of two workers that append RUNNING for the
+same trial, the trial is the first one's, the second's line is ignored, and Optuna tells each which it was.
+The worker is then recorded as the trial's system attribute WORKER, and its heartbeats as HEARTBEAT: a
+process that dies between the claim and that record leaves a trial whose start is its last sign of life.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-from datetime import datetime, timedelta
-from functools import lru_cache
-from pathlib import Path
+from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, and_, column, func, insert, literal_column, select, table, type_coerce, update
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import JournalStorage
+from optuna.trial import TrialState
 
-WORKER = "mlptrain:worker"  # the system attribute naming the process that runs a trial
+from mlptrain.sweep.liveness import WORKER, gone, process_alive, process_start, this_worker
 
-# The columns of Optuna's RDB schema read or written here (stable since Optuna 2; SQLAlchemy quotes them
-# for each database, `key` included)
-_trials = table("trials", column("trial_id"), column("study_id"), column("state"), column("datetime_start"),
-                column("datetime_complete"))
-_attributes = table("trial_system_attributes", column("trial_id"), column("key"), column("value_json"))
-_heartbeats = table("trial_heartbeats", column("trial_id"), column("heartbeat"))
+__all__ = ["WORKER", "HEARTBEAT", "claim", "release", "abandoned", "beat", "process_alive", "process_start",
+           "this_worker"]
+
+HEARTBEAT = "mlptrain:heartbeat"  # in a journal: the trial's latest heartbeat (UTC, ISO 8601)
 
 
-def _state(name: str):
-    # an untyped SQL literal: PostgreSQL stores the state as its own ENUM type, SQLite as text
-    return literal_column(f"'{name}'")
-
-
-@lru_cache(maxsize=1)
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name (the state first); raises OSError."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_start(pid: int) -> int | None:
-    """The process's start time (clock ticks after boot) from /proc, or None where there is no /proc."""
-    try:
-        return int(_stat_fields(pid)[19])
-    except (OSError, IndexError):
+def _database(storage):
+    """The SQL claims of a database study, or None for a journal: SQLAlchemy is imported only when used."""
+    if isinstance(storage, JournalStorage):
         return None
+    # SQLAlchemy only for a database study: it takes half a second to import
+    from mlptrain.sweep import sql_claims
 
-
-def this_worker() -> dict:
-    """What identifies this process among all workers of a study."""
-    pid = os.getpid()
-    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": pid, "started": process_start(pid)}
-
-
-def process_alive(pid: int, started: int | None) -> bool:
-    """Whether process `pid` of this machine, started at `started` (ticks after boot), still runs."""
-    try:
-        fields = _stat_fields(pid)
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (not Linux): the pid alone
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # someone else's process: it exists
-            pass
-        return True
-    if fields[0] in ("Z", "X"):  # exited, not yet reaped by its parent
-        return False
-    return started is None or int(fields[19]) == started
-
-
-def on_this_machine(worker: dict) -> bool:
-    return worker.get("host") == socket.gethostname() and worker.get("boot") == _boot_id()
+    return sql_claims
 
 
 def claim(storage, trial_id: int, worker: dict) -> bool:
     """Move trial `trial_id` from WAITING to RUNNING for `worker`; False when another worker did first."""
-    with storage.engine.begin() as conn:
-        moved = conn.execute(update(_trials).where(and_(_trials.c.trial_id == trial_id, _trials.c.state == _state("WAITING")))
-                             .values(state=_state("RUNNING"), datetime_start=datetime.now())).rowcount
-        if moved != 1:
+    database = _database(storage)
+    if database is not None:
+        return database.claim(storage, trial_id, worker)
+    try:
+        if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
             return False
-        conn.execute(insert(_attributes).values(trial_id=trial_id, key=WORKER, value_json=json.dumps(worker)))
+    except UpdateFinishedTrialError:
+        return False
+    storage.set_trial_system_attr(trial_id, WORKER, worker)
     return True
 
 
 def release(storage, trial_id: int) -> bool:
     """Mark a running trial FAIL; False when it had already finished (or another worker released it)."""
-    with storage.engine.begin() as conn:
-        return conn.execute(update(_trials).where(and_(_trials.c.trial_id == trial_id, _trials.c.state == _state("RUNNING")))
-                            .values(state=_state("FAIL"), datetime_complete=datetime.now())).rowcount == 1
+    database = _database(storage)
+    if database is not None:
+        return database.release(storage, trial_id)
+    try:
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return False
+    return True
 
 
 def abandoned(storage, study_id: int, grace_s: float) -> list[int]:
     """The running trials of the study whose worker is gone: dead on this machine, or silent for grace_s
     on another one (or, with no worker recorded, by the heartbeat alone)."""
-    joined = _trials.outerjoin(_heartbeats, _heartbeats.c.trial_id == _trials.c.trial_id).outerjoin(
-        _attributes, and_(_attributes.c.trial_id == _trials.c.trial_id, _attributes.c.key == WORKER))
-    query = select(_trials.c.trial_id, type_coerce(_heartbeats.c.heartbeat, DateTime), _attributes.c.value_json,
-                   type_coerce(func.now(), DateTime)).select_from(joined).where(
-        and_(_trials.c.study_id == study_id, _trials.c.state == _state("RUNNING")))
-    with storage.engine.connect() as conn:
-        rows = conn.execute(query).all()
-    gone = []
-    for trial_id, heartbeat, value_json, now in rows:
-        worker = json.loads(value_json) if value_json else None
-        if worker is not None and on_this_machine(worker):
-            if not process_alive(worker["pid"], worker.get("started")):
-                gone.append(trial_id)
-        elif heartbeat is not None and _naive(now) - _naive(heartbeat) > timedelta(seconds=grace_s):
-            gone.append(trial_id)
-    return gone
+    database = _database(storage)
+    if database is not None:
+        return database.abandoned(storage, study_id, grace_s)
+    now, found = datetime.now(timezone.utc), []
+    for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+        beat_at = trial.system_attrs.get(HEARTBEAT)
+        # Optuna keeps the start as local time without a zone
+        last = datetime.fromisoformat(beat_at) if beat_at else trial.datetime_start.astimezone(timezone.utc)
+        if gone(trial.system_attrs.get(WORKER), last, now, grace_s):
+            found.append(storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+    return found
 
 
-def _naive(moment: datetime) -> datetime:
-    # PostgreSQL's CURRENT_TIMESTAMP carries a time zone, the stored heartbeat none (as Optuna does)
-    return moment.replace(tzinfo=None)
+def beat(storage, trial_id: int) -> None:
+    """Record that the trial's worker is alive."""
+    database = _database(storage)
+    if database is not None:
+        database.beat(storage, trial_id)
+    else:
+        storage.set_trial_system_attr(trial_id, HEARTBEAT, datetime.now(timezone.utc).isoformat())

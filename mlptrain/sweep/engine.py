@@ -29,9 +29,9 @@ from optuna.trial import TrialState
 from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
+from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep
-from mlptrain.sweep.study import GRACE_S, HEARTBEAT_S
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
@@ -60,7 +60,7 @@ class _Heartbeat:
         warned = False
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                storage.record_heartbeat(trial_id)
+                claims.beat(storage, trial_id)
             except Exception as err:  # a busy database: a missed beat matters only after GRACE_S of them
                 if not warned:
                     console.print(f"[yellow]warning:[/] the trial's heartbeat failed ({type(err).__name__}: "
@@ -81,7 +81,6 @@ def claim_next(study, storage, study_id: int):
     worker = claims.this_worker()
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
-        storage.record_heartbeat(trial_id)  # before the claim, so that no claimed trial lacks a heartbeat
         if claims.claim(storage, trial_id, worker):
             return optuna.trial.Trial(study, trial_id), trial_id
     return None

@@ -65,3 +65,27 @@ def test_builtin_sweeps_are_listed_in_their_own_section_and_shown(tmp_path):
     assert out.index("adam_mnist") < out.index("built-in sweeps")
     shown = mlptrain("configs", "show", "sweep_lr_mnist", cwd=tmp_path)
     assert shown.returncode == 0 and "base: adam_mnist.yaml" in shown.stdout
+
+
+def test_the_default_study_is_a_journal_file_and_needs_no_database_library(tmp_path, data_dir):
+    """SQLAlchemy takes half a second to import and a new SQLite study as long again to make: a sweep's own
+    study is Optuna's journal file, and the command never imports SQLAlchemy for it."""
+    path = write_sweep(tmp_path, parameters={"optim.lr": [1.0e-3]})
+    result = mlptrain("sweep", str(path), *FAST, "--runs-dir", str(tmp_path / "runs"), cwd=REPO,
+                      env={"MLPTRAIN_DATA_DIR": str(data_dir), "PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "optuna" in imported and not {m for m in imported if m.split(".")[0] in ("sqlalchemy", "alembic")}
+    assert sorted(p.name for p in (tmp_path / "runs" / "lr").glob("study.*")) == ["study.journal"]
+
+
+def test_a_storage_that_is_neither_a_database_nor_a_journal_is_refused_in_one_line(tmp_path):
+    path = write_sweep(tmp_path, parameters={"optim.lr": [1.0e-3]})
+    not_a_journal = tmp_path / "study.db"
+    not_a_journal.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 4)
+    for storage, fragment in ((tmp_path, "is a folder"), (tmp_path / "no" / "study.journal", "does not exist"),
+                              (not_a_journal, "sqlite:///"), ("nodb://", "cannot open it")):
+        result = mlptrain("sweep", str(path), "backend=cpu", "--storage", str(storage), "--runs-dir",
+                          str(tmp_path / "runs"), cwd=tmp_path)
+        assert_clean_failure(result, fragment)
+        assert not (tmp_path / "runs" / "lr").exists()

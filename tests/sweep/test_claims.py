@@ -1,18 +1,21 @@
-"""Workers racing for trials: a claim is one transaction, so under load no trial is taken twice, and a
-trial is freed only when its worker is gone. Real processes, bounded in time."""
+"""Workers racing for trials: a claim is one transaction (one conditional UPDATE in a database, one line of a
+journal file), so under load no trial is taken twice, and a trial is freed only when its worker is gone. Real
+processes, bounded in time."""
 
 import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from mlptrain.sweep import claims
 from tests.cli.test_cli import REPO
@@ -22,7 +25,10 @@ import glob, sys, time, warnings, optuna
 warnings.simplefilter("ignore")
 from optuna.trial import TrialState
 from mlptrain.sweep import claims
-storage = optuna.storages.RDBStorage(sys.argv[1], engine_kwargs={"connect_args": {"timeout": 60}})
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+storage = (optuna.storages.RDBStorage(sys.argv[1], engine_kwargs={"connect_args": {"timeout": 60}}) if "://" in sys.argv[1]
+           else JournalStorage(JournalFileBackend(sys.argv[1])))
 study_id = storage.get_study_id_from_name("race")
 open(sys.argv[2] + ".ready." + sys.argv[3], "w").close()
 while not __import__("os").path.exists(sys.argv[2] + ".go"):  # all start together
@@ -56,9 +62,15 @@ def stop(procs):
         proc.wait()
 
 
-def test_concurrent_claims_take_each_trial_once(tmp_path):
-    url = f"sqlite:///{tmp_path}/race.db"
-    study = optuna.create_study(storage=url, study_name="race")
+def journal(path) -> JournalStorage:
+    """The journal file `path` as Optuna's storage (a sweep's default study)."""
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_concurrent_claims_take_each_trial_once(tmp_path, kind):
+    url = f"sqlite:///{tmp_path}/race.db" if kind == "sqlite" else str(tmp_path / "race.journal")
+    study = optuna.create_study(storage=url if kind == "sqlite" else journal(url), study_name="race")
     for i in range(200):
         study.enqueue_trial({"x": i})
     hogs = busy(2)
@@ -104,7 +116,7 @@ QUICK = ["backend=cpu", "train.epochs=1", "model.hidden=[8]", "train.batch_size=
 
 
 def race(tmp_path, data_dir, attempt, workers=4, points=40):
-    """`workers` sweep commands at once on one SQLite study of `points` quick trials, with two CPU hogs;
+    """`workers` sweep commands at once on one study (the default journal file) of `points` quick trials, with two CPU hogs;
     returns (trial numbers each worker ran, the study's trials)."""
     path, lrs = sweep_file(tmp_path, points)
     name = f"race{attempt}"
@@ -120,7 +132,7 @@ def race(tmp_path, data_dir, attempt, workers=4, points=40):
         stop(hogs)
     assert [p.returncode for p in procs] == [0] * workers, outputs
     ran = [[int(m) for m in re.findall(r"^trial (\d+): optim\.lr=", out, re.M)] for out in outputs]
-    trials = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/runs/{name}/study.db").get_trials()
+    trials = optuna.load_study(study_name=name, storage=journal(tmp_path / "runs" / name / "study.journal")).get_trials()
     return ran, trials, lrs
 
 
@@ -147,18 +159,17 @@ def test_sigterm_stops_a_sweep_and_its_workers(tmp_path, data_dir):
                "--workers", "2"]
     env = {**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
     parent = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    db = tmp_path / "runs" / "t" / "study.db"
+    study_file = tmp_path / "runs" / "t" / "study.journal"
     deadline, pids = time.monotonic() + 120, set()
     while len(pids) < 2 and time.monotonic() < deadline:  # both workers have claimed a trial
         time.sleep(0.5)
-        if db.exists():  # read-only and raw: opening it with Optuna here would race the sweep's set-up
+        if study_file.exists():  # reading a journal takes no lock
+            storage = journal(study_file)
             try:
-                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                    rows = conn.execute("SELECT value_json FROM trial_system_attributes WHERE key = ?",
-                                        (claims.WORKER,)).fetchall()
-            except sqlite3.Error:  # the schema is still being created
+                trials = storage.get_all_trials(storage.get_study_id_from_name("t"), deepcopy=False)
+            except KeyError:  # not created yet
                 continue
-            pids = {json.loads(value)["pid"] for (value,) in rows}
+            pids = {t.system_attrs[claims.WORKER]["pid"] for t in trials if claims.WORKER in t.system_attrs}
     assert len(pids) == 2, parent.communicate(timeout=60)[0] if parent.poll() is not None else "no claims"
     time.sleep(2)  # training
     parent.send_signal(signal.SIGTERM)
@@ -166,7 +177,7 @@ def test_sigterm_stops_a_sweep_and_its_workers(tmp_path, data_dir):
     assert parent.returncode == 143, out
     assert "interrupted: re-run the same command" in out and "Traceback" not in out
     assert not any(Path(f"/proc/{pid}").exists() and claims.process_alive(pid, None) for pid in pids)  # no orphans
-    trials = optuna.load_study(study_name="t", storage=f"sqlite:///{db}").get_trials()
+    trials = optuna.load_study(study_name="t", storage=journal(study_file)).get_trials()
     retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
     stopped = {t.number for t in trials if claims.WORKER in t.system_attrs}
     assert not [t for t in trials if t.state.name == "RUNNING"] and stopped <= retried  # each queued again

@@ -1,4 +1,4 @@
-"""A new sweep's SQLite study starts as a copy of an empty one, kept per Optuna and SQLAlchemy version, so
+"""A new SQLite study (named by --storage) starts as a copy of an empty one, kept per Optuna and SQLAlchemy version, so
 that Optuna does not make its tables and Alembic stamp again; the copy is made by the first sweep, and a
 damaged copy is replaced, never trusted."""
 
@@ -6,6 +6,7 @@ import optuna
 import pytest
 
 from mlptrain.sweep import engine
+from mlptrain.sweep import database
 from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
 from tests.sweep.test_sweep import FAST, write_sweep
@@ -14,7 +15,7 @@ from tests.sweep.test_sweep import FAST, write_sweep
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
-    monkeypatch.setenv(studies.STUDY_CACHE_ENV, str(folder))
+    monkeypatch.setenv(database.STUDY_CACHE_ENV, str(folder))
     return folder
 
 
@@ -60,8 +61,8 @@ def test_a_damaged_copy_is_replaced_by_a_fresh_file(tmp_path, cache):
 
 
 def test_off_and_other_databases_make_the_study_as_optuna_does(tmp_path, monkeypatch):
-    monkeypatch.setenv(studies.STUDY_CACHE_ENV, "off")
+    monkeypatch.setenv(database.STUDY_CACHE_ENV, "off")
     study, _ = _open(tmp_path, "plain")
     assert _queued(study) == [{"seed": 0}, {"seed": 1}, {"seed": 2}]
-    assert studies.sqlite_file("postgresql://u:p@host/db") is None
-    assert studies.sqlite_file("sqlite:///:memory:") is None
+    assert database.sqlite_file("postgresql://u:p@host/db") is None
+    assert database.sqlite_file("sqlite:///:memory:") is None

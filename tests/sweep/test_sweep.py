@@ -13,6 +13,8 @@ import sys
 import time
 
 import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 import pytest
 import typer
 import yaml
@@ -43,8 +45,16 @@ def run_sweep(path, runs_dir, overrides=(), name="s", fast=FAST):
 
 
 def study_trials(sweep_dir):
-    storage = f"sqlite:///{sweep_dir / 'study.db'}"
+    journal = sweep_dir / "study.journal"
+    storage = JournalStorage(JournalFileBackend(str(journal))) if journal.exists() else \
+        f"sqlite:///{sweep_dir / 'study.db'}"
     return optuna.load_study(study_name=sweep_dir.name, storage=storage).get_trials()
+
+
+def location(kind: str, folder) -> str:
+    """A study's storage in `folder`: the default journal file, or an SQLite database (which a sweep folder
+    made by an earlier version holds, and which --storage may name)."""
+    return str(folder / "study.journal") if kind == "journal" else f"sqlite:///{folder / 'study.db'}"
 
 
 def test_grid_runs_exactly_its_product(tmp_path, tiny_mnist, trains):
@@ -116,11 +126,13 @@ def dead_worker(this_worker=claims.this_worker) -> dict:
     return worker
 
 
-def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, monkeypatch):
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, monkeypatch, kind):
+    """The re-run finds the sweep folder's study: its journal, or the study.db an earlier version made."""
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
     spec = load_sweep(path, FAST)
     (tmp_path / "runs" / "s").mkdir(parents=True)
-    study, storage = studies.open_study(spec, tmp_path / "runs" / "s", "s", f"sqlite:///{tmp_path}/runs/s/study.db")
+    study, storage = studies.open_study(spec, tmp_path / "runs" / "s", "s", location(kind, tmp_path / "runs" / "s"))
     with monkeypatch.context() as patch:
         patch.setattr(claims, "this_worker", dead_worker)  # the claim's worker is then gone
         trial, _ = engine.claim_next(study, storage, storage.get_study_id_from_name("s"))
@@ -133,10 +145,11 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
         {0: "FAIL", 1: "COMPLETE", 2: "COMPLETE"}
 
 
-def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(tmp_path, monkeypatch, kind):
     monkeypatch.setattr(engine, "GRACE_S", 1)
     spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [])
-    study, storage = studies.open_study(spec, tmp_path, "s", f"sqlite:///{tmp_path}/study.db")
+    study, storage = studies.open_study(spec, tmp_path, "s", location(kind, tmp_path))
     study_id = storage.get_study_id_from_name("s")
     engine.claim_next(study, storage, study_id)  # this process: alive, and it never beats again
     with monkeypatch.context() as patch:
@@ -259,7 +272,7 @@ def test_the_builtin_sweep_is_valid_and_not_a_config():
     assert spec.method == "grid" and spec.trials == len(spec.grid()) >= 3
 
 
-def test_two_workers_share_one_sqlite_study(tmp_path, data_dir):
+def test_two_workers_share_one_study(tmp_path, data_dir):
     """Two processes run the same command at once: between them they finish the grid, each point once."""
     lrs = [1e-3, 2e-3, 3e-3, 4e-3]
     path = write_sweep(tmp_path, {"optim.lr": lrs})
