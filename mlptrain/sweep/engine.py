@@ -37,7 +37,7 @@ from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
-POLL_S = 2  # how often a worker with nothing to take looks again
+POLL_S = 0.5  # how often a worker with nothing to take looks again: its command ends this soon after the last trial
 
 
 def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
