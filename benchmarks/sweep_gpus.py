@@ -17,8 +17,14 @@ several workers the trials overlap and the column shows only their sum. Before
 anything is timed the kernel cache is filled (`mlptrain warmup` of both recipes), and a sweep whose
 trials did not each run exactly once, or did not all complete, stops the script with exit code 1.
 
+The peer (`--peer`, the default where PyTorch is installed) runs each workload after mlptrain, with the
+same number of workers, as a PyTorch user would: an Optuna study in a journal file and one process per
+worker over the GPUs, training the PyTorch recipes of benchmarks/torch_recipes.py (the MLP's step in one
+CUDA graph; the autoencoder channels_last with cuDNN autotuning and fused Adam): benchmarks/sweep_peer.py.
+Its trials' own seconds are their training, evaluation included, inside each worker.
+
     python benchmarks/sweep_gpus.py [--package DIR] [--workloads ae16,ae4,mnist8,shared]
-                                    [--workers 1,2,4] [--set KEY=VALUE ...] [--json FILE]
+                                    [--workers 1,2,4] [--set KEY=VALUE ...] [--json FILE] [--no-peer]
 
 `--package DIR` runs the mlptrain found in DIR (a checkout's root) instead of this one: the same
 script measures an older version beside the current one. `--set` adds overrides to every sweep
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import optuna
@@ -44,6 +51,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 HERE = Path(__file__).resolve().parent
+PEER = "PyTorch + Optuna"  # benchmarks/sweep_peer.py
 WORKLOADS = {  # name: (base config, trials, epochs)
     "ae16": ("autoencoder_cifar10", 16, 8),
     "ae4": ("autoencoder_cifar10", 4, 8),
@@ -155,14 +163,35 @@ def run_sweep(package: Path, scratch: Path, workload: str, workers: int, sampler
         raise SystemExit(f"WRONG RESULT: {name} exited with {codes}; see {scratch}")
     trained, values = check_once(runs / name, trials)
     shared_db = scratch / f"{name}.db" if workload == "shared" else None
-    return {**timeline(runs / name, name, start, start + wall, shared_db), "workload": workload, "workers": 2 if workload == "shared" else workers, "trials": trials,
+    return {**timeline(runs / name, name, start, start + wall, shared_db), "who": "mlptrain", "workload": workload, "workers": 2 if workload == "shared" else workers, "trials": trials,
             "epochs": epochs, "wall_s": round(wall, 2), "trials_wall_s": round(trained, 2),
             "fixed_s": round(wall - trained, 2), "gpus": sampler.busy(start, start + wall), "values": values}
+
+
+def run_peer(scratch: Path, workload: str, workers: int, sampler: GpuSampler) -> dict:
+    """The same sweep in PyTorch with Optuna, `workers` processes over the GPUs (benchmarks/sweep_peer.py),
+    timed the same way: from the launch to the exit."""
+    base, trials, epochs = WORKLOADS[workload]
+    study = scratch / f"peer-{workload}-w{workers}.journal"
+    command = [sys.executable, str(HERE / "sweep_peer.py"), "--job", base, "--trials", str(trials), "--epochs",
+               str(epochs), "--workers", str(workers), "--data", os.environ["MLPTRAIN_DATA_DIR"], "--study", str(study)]
+    start = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.time() - start
+    if done.returncode:
+        raise SystemExit(f"WRONG RESULT: the peer's {workload} with {workers} workers: {done.stderr[-3000:]}")
+    result = json.loads(done.stdout.splitlines()[-1])
+    return {"who": PEER, "workload": workload, "workers": workers, "trials": trials, "epochs": epochs,
+            "to_first_trial_s": round(result["first_start"] - start, 2),
+            "after_last_trial_s": round(start + wall - result["last_end"], 2), "wall_s": round(wall, 2),
+            "trials_wall_s": round(result["train_s"], 2), "fixed_s": round(wall - result["train_s"], 2),
+            "gpus": sampler.busy(start, start + wall), "values": result["values"]}
 
 
 def check_same_values(rows: list[dict]) -> None:
     """Exit 1 unless each seed's metric is the same, bit for bit, however many workers (threads, streams,
     GPUs) trained it: training is deterministic, so any difference is a bug in running trials at once."""
+    rows = [r for r in rows if r.get("who", "mlptrain") == "mlptrain"]
     base, trials = WORKLOADS["mnist8" if rows[-1]["workload"] == "shared" else rows[-1]["workload"]][0], rows[-1]
     first = next(r for r in rows if WORKLOADS["mnist8" if r["workload"] == "shared" else r["workload"]][0] == base
                  and r["epochs"] == trials["epochs"])
@@ -180,6 +209,8 @@ def main() -> None:
     parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2, 4])
     parser.add_argument("--set", nargs="*", default=[], dest="overrides")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=find_spec("torch") is not None,
+                        help="also the PyTorch + Optuna peer (default: where PyTorch is installed)")
     args = parser.parse_args()
     package = args.package.resolve()
     scratch = Path(tempfile.mkdtemp(prefix="sweep-gpus-"))
@@ -194,21 +225,24 @@ def main() -> None:
                 rows.append(run_sweep(package, scratch, workload, workers, sampler, args.overrides))
                 print(json.dumps(rows[-1]), flush=True)
                 check_same_values(rows)
+                if args.peer and workload in WORKLOADS:
+                    rows.append(run_peer(scratch, workload, workers, sampler))
+                    print(json.dumps(rows[-1]), flush=True)
     finally:
         sampler.stop()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    one = {r["workload"]: r["wall_s"] for r in rows if r["workers"] == 1}
+    one = {(r["who"], r["workload"]): r["wall_s"] for r in rows if r["workers"] == 1}
     print(f"\nmlptrain at {package}; scratch {scratch}")
-    print("| workload | workers | wall s | speed-up vs 1 worker | trials' own s | fixed cost s | to first trial s | "
+    print("| who | workload | workers | wall s | speed-up vs 1 worker | trials' own s | fixed cost s | to first trial s | "
           "after last trial s | GPU util (mean, per GPU) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         fixed = f"{r['fixed_s']:.1f}" if r["workers"] == 1 else "-"
-        base = one.get("mnist8" if r["workload"] == "shared" else r["workload"])
+        base = one.get((r["who"], "mnist8" if r["workload"] == "shared" else r["workload"]))
         speed = f"{base / r['wall_s']:.2f}x" if base else "-"
         label = f"{r['workload']} ({r['trials']} x {r['epochs']} epochs)"
-        print(f"| {label} | {r['workers']}{' (2 commands)' if r['workload'] == 'shared' else ''} | {r['wall_s']:.1f} | "
+        print(f"| {r['who']} | {label} | {r['workers']}{' (2 commands)' if r['workload'] == 'shared' else ''} | {r['wall_s']:.1f} | "
               f"{speed} | {r['trials_wall_s']:.1f} | {fixed} | {r['to_first_trial_s']:.1f} | {r['after_last_trial_s']:.1f} | "
               f"{r['gpus']} |")
 

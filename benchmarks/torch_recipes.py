@@ -1,7 +1,7 @@
 """The built-in configs' recipes written in plain PyTorch, each a whole process, for benchmarks/e2e.py.
 
-    python benchmarks/torch_recipes.py adam_mnist --mode eager|graphs --data DIR [--seed S]
-    python benchmarks/torch_recipes.py autoencoder_cifar10 --mode eager|channels_last --data DIR [--seed S]
+    python benchmarks/torch_recipes.py adam_mnist --mode eager|graphs --data DIR [--seed S] [--epochs E]
+    python benchmarks/torch_recipes.py autoencoder_cifar10 --mode eager|channels_last --data DIR [--seed S] [--epochs E]
 
 Same recipe as `configs/<job>.yaml`: adam_mnist is the 784-512-512-10 ReLU MLP, Adam lr 1e-3
 cosine-annealed per step to 0, batch 128, 10 epochs, 5,000 training images held out for validation;
@@ -22,6 +22,7 @@ TF32 stays off everywhere (mlptrain computes in float32). Prints one JSON line o
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import math
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 
+@functools.lru_cache(maxsize=1)  # a sweep's worker trains many trials on the same data (sweep_peer.py)
 def read_mnist(root: Path):
     def idx(name, offset):
         with gzip.open(root / "mnist" / name) as f:
@@ -41,6 +43,7 @@ def read_mnist(root: Path):
     return train, idx("train-labels-idx1-ubyte.gz", 8), test, idx("t10k-labels-idx1-ubyte.gz", 8)
 
 
+@functools.lru_cache(maxsize=1)
 def read_cifar(root: Path):
     folder = root / "cifar10" / "cifar-10-batches-py"
     if not folder.is_dir():
@@ -73,7 +76,7 @@ def mnist(args, torch):
     x_test, y_test = to(x_test), to(y_test).long()
     norm = lambda x: (x.float() / 255 - 0.1307) / 0.3081  # noqa: E731
     model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(dev)
-    batch, epochs, n = 128, 10, len(train_idx)
+    batch, epochs, n = 128, args.epochs or 10, len(train_idx)
     steps = math.ceil(n / batch)
     total = epochs * steps
     graphs = args.mode == "graphs"
@@ -142,7 +145,7 @@ def autoencoder(args, torch):
                           conv(128, 128), nn.ReLU(), nn.Upsample(scale_factor=2), conv(128, 256), nn.ReLU(),
                           nn.Upsample(scale_factor=2), conv(256, 3)).to(dev).to(memory_format=fmt)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=args.mode == "channels_last")
-    batch, epochs, n = 64, 20, len(train_idx)
+    batch, epochs, n = 64, args.epochs or 20, len(train_idx)
     steps = math.ceil(n / batch)
     total, t = epochs * steps, 0
     prep = lambda x: (x.float() / 255).contiguous(memory_format=fmt)  # noqa: E731
@@ -170,6 +173,7 @@ def main():
     parser.add_argument("--mode", default="eager", choices=["eager", "graphs", "channels_last"])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0, help="PyTorch's seed and the validation split's")
+    parser.add_argument("--epochs", type=int, default=None, help="the recipe's own (10, 20) unless given")
     args = parser.parse_args()
     import torch
 
