@@ -6,6 +6,7 @@ import shutil
 import signal
 import sys
 import threading
+from importlib import import_module
 from pathlib import Path
 from typing import List, Optional
 
@@ -54,7 +55,7 @@ def sweep(
     from mlptrain.backends.cuda import driver_gpu_count
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
-    from mlptrain.sweep.threads import TrialThreads, thread_gpus
+    from mlptrain.sweep.threads import TrialThreads, gpu_shares, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     # the driver's start (cuInit: a fifth of a second on two GPUs) while the sweep file is read: it does not
@@ -70,14 +71,18 @@ def sweep(
     if base_config.backend != "cpu":
         # imported anyway, and now while the driver starts: cuInit does not hold the interpreter (a CPU
         # sweep imports it after its child workers have started instead)
-        from mlptrain.sweep import engine  # noqa: F401
+        import_module("mlptrain.sweep.engine")
     gpus = thread_gpus(base_config.backend)  # > 0: the workers are threads of this process
     if workers == 1 and not gpus:
         resources.prepare(base_config)  # refusals before the sweep's folder exists
     else:  # the same refusals, without a GPU context: each worker makes its own
         check_inputs(base_config, resources)
+    # several GPUs: a process per GPU, each with its share of the workers as threads (mlptrain.sweep.workers);
+    # this process takes the first GPU's share
+    shares = gpu_shares(workers, gpus) if gpus > 1 and workers > 1 and not worker else None
     # on GPUs the workers start now: their GPU contexts are made while Optuna is imported and the study opened
-    pool = TrialThreads(workers, gpus, resources, lambda view: view.prepare(base_config)) if gpus else None
+    pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
+                        lambda view: view.prepare(base_config)) if gpus else None
     children = {}
     try:
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
@@ -88,13 +93,14 @@ def sweep(
         if storage is not None:
             studies.check_storage(storage)
         url = studies.absolute(storage) if storage is not None else studies.default_storage(sweep_dir)
-        created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if workers > 1 and not gpus else [None]
+        processes = len(shares) if shares else workers if not gpus else 1
+        created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if processes > 1 else [None]
         command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
                    str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
         try:
             _make_folder(sweep_dir)
-            if workers > 1 and not gpus:  # first: their start (imports, data) overlaps ours; they wait for the study
-                children = start_workers(command, workers, slots, sweep_dir, first=1)
+            if processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
+                children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares)
             study, study_storage = studies.open_study(spec, sweep_dir, name, url, worker=worker)
         except BaseException:
             if created:
@@ -115,7 +121,10 @@ def sweep(
     problems = []
     try:
         with sigterm_as_interrupt():
-            if pool is not None:
+            if pool is not None and children:  # a process per GPU: this one's threads, and the children
+                problems = _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save,
+                                              base_config, command, children, slots, shares)
+            elif pool is not None:
                 _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers,
                                  base_config, worker)
             else:
@@ -136,10 +145,8 @@ def sweep(
         raise UserError("; ".join(problems))
 
 
-def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers, base_config,
-                     worker) -> None:
-    """The trials in `pool`'s threads (mlptrain.sweep.threads), then, unless this is a `--worker` child, the
-    trials of other machines' workers that died meanwhile."""
+def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress: bool):
+    """What each worker thread runs: take trials until none is queued, saving the results after each."""
     saving = threading.Lock()
 
     def save_in_order():  # threads finish trials at once: each write holds the study's latest rows
@@ -148,8 +155,17 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
 
     def in_thread(view, stop):
         engine.work(study, study_storage, spec, sweep_dir, view, on_trial_end=save_in_order, wait_for_others=False,
-                    stop=stop, progress=workers == 1)  # several trials at once: a terminal holds one bar
+                    stop=stop, progress=progress)
 
+    return in_thread
+
+
+def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers, base_config,
+                     worker) -> None:
+    """The trials in `pool`'s threads (mlptrain.sweep.threads), then, unless this is a `--worker` child, the
+    trials of other machines' workers that died meanwhile."""
+    # several trials at once: a terminal holds one bar
+    in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=workers == 1)
     if workers > 1:
         gpus = len(pool.devices)
         console.print(f"{workers} workers in this process on {gpus} GPU{'s' if gpus > 1 else ''} "
@@ -157,6 +173,20 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
     _end_threads(pool, base_config, lambda: pool.run(in_thread))
     if not worker:  # trials other machines run: when one's worker dies, its trial is queued again and run here
         engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
+
+
+def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save, base_config, command,
+                       children, slots, shares) -> list[str]:
+    """This process's threads on its GPU (the first) while `children` run the other GPUs' shares, then the
+    trials of other machines' workers that died meanwhile; returns a line per failed child."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.workers import run_workers
+
+    in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=False)
+    problems = run_workers(command, len(shares), slots, sweep_dir, study, spec, study_storage, procs=children,
+                           threads=shares, here=lambda: _end_threads(pool, base_config, lambda: pool.run(in_thread)))
+    engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
+    return problems
 
 
 def _end_threads(pool, base_config, finish) -> None:

@@ -1,9 +1,12 @@
-"""`--workers K` on GPUs: K trials at once in this one process, one thread each.
+"""`--workers K` on GPUs: K trials at once, one thread each, in a process per GPU.
 
 Worker i trains on GPU i mod G (of the G visible) on a CUDA stream of its own, so K > G puts several
-trials on one GPU at once: a small model leaves most of a GPU idle, and their kernels overlap. No worker
-pays a process's start (Python, numba, a CUDA context, the study: seconds), the data is read once, and
-kernels are compiled once for all. The workers start first thing; this thread opens the study
+trials on one GPU at once: a small model leaves most of a GPU idle, and their kernels overlap. The
+workers of one GPU are threads of one process: none pays a process's start (Python, numba, a CUDA
+context: a second and more), the data is read once, and kernels are loaded once for them all. With
+several GPUs, each GPU's share (gpu_shares) is a process of its own, this one the first GPU's
+(mlptrain.sweep.workers): threads of one process take turns on its interpreter, and trials with short
+steps would wait for each other there. The workers start first thing; this thread opens the study
 meanwhile, then waits for them.
 
 A signal reaches this thread only. It then sets `Stop.signum`, which every trial's training loop reads
@@ -40,6 +43,12 @@ def thread_gpus(backend: str) -> int:
         return 0
     found = driver_gpu_count()
     return found if isinstance(found, int) else 0
+
+
+def gpu_shares(workers: int, gpus: int) -> list[int]:
+    """How many of `workers` run on each of the first min(workers, gpus) GPUs: worker i on GPU i mod that."""
+    used = min(workers, gpus)
+    return [len(range(j, workers, used)) for j in range(used)]
 
 
 class TrialThreads:

@@ -8,6 +8,11 @@ then trains beside them while a thread watches them. A child exits as soon as no
 when one dies, its trial is queued again at once and another child takes its place (at most K - 1
 times in all, so a trial that kills every worker cannot loop). The sweep ends when the last worker
 does. Ctrl-C reaches the children from here, once.
+
+On several GPUs the workers are a process per GPU, each running its share of the K workers as threads
+(mlptrain.sweep.threads): the command takes the first GPU and a child each other one. Threads of one
+process share its interpreter, so trials whose steps are short (an MNIST MLP's) would queue for it; a
+process per GPU keeps that contention within a GPU.
 """
 
 from __future__ import annotations
@@ -45,21 +50,35 @@ def gpu_slots(backend: str) -> list[str | None]:
     return ids if len(ids) > 1 else [None]
 
 
-def start_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, first: int = 0) -> dict:
+def start_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, first: int = 0,
+                  threads: list[int] | None = None) -> dict:
     """Start workers `first` .. `workers` - 1 running `command` (worker 0 is this process when `first` is 1),
-    each on its slot of `slots` (gpu_slots) in turn; returns {index: process}."""
-    gpus = f", GPUs {', '.join(slots[i % len(slots)] for i in range(workers))}" if slots[0] is not None else ""
-    who = f"{workers} workers (this process and {workers - 1} more){gpus}; the others'" if first else \
-        f"{workers} workers started{gpus}; their"
-    procs = {i: _start(command, slots, sweep_dir, i) for i in range(first, workers)}
-    console.print(f"{who} output goes to {sweep_dir}/worker-N.log")
+    each on its slot of `slots` (gpu_slots) in turn; returns {index: process}. `threads`: worker i is a
+    process of threads[i] worker threads (its `--workers`), one GPU each."""
+    def on(i):
+        return f"{threads[i]} on GPU {slots[i % len(slots)]}" if threads else slots[i % len(slots)]
+
+    gpus = f", GPUs {', '.join(on(i) for i in range(workers))}" if slots[0] is not None else ""
+    if threads:
+        who = f"{sum(threads)} workers in {workers} processes, one per GPU ({', '.join(on(i) for i in range(workers))}" \
+              f"; this process takes GPU {slots[0]}); the others'"
+    elif first:
+        who = f"{workers} workers (this process and {workers - 1} more){gpus}; the others'"
+    else:
+        who = f"{workers} workers started{gpus}; their"
+    procs = {i: _start(command, slots, sweep_dir, i, threads) for i in range(first, workers)}
+    console.print(f"{who} output goes to {sweep_dir}/worker-N.log", highlight=False)
     return procs
 
 
-def _start(command: list[str], slots: list, sweep_dir: Path, i: int) -> subprocess.Popen:
+def _start(command: list[str], slots: list, sweep_dir: Path, i: int, threads: list[int] | None = None
+           ) -> subprocess.Popen:
     env = dict(os.environ)
     if slots[i % len(slots)] is not None:
         env["CUDA_VISIBLE_DEVICES"] = slots[i % len(slots)]
+    if threads:
+        command = [*command]
+        command[command.index("--workers") + 1] = str(threads[i])
     with open(sweep_dir / f"worker-{i}.log", "a") as log:
         # a session of its own: Ctrl-C reaches a worker once, from here, not also from the terminal
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -67,16 +86,16 @@ def _start(command: list[str], slots: list, sweep_dir: Path, i: int) -> subproce
 
 
 def run_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, study, sweep, storage=None,
-                here=None, procs: dict | None = None) -> list[str]:
+                here=None, procs: dict | None = None, threads: list[int] | None = None) -> list[str]:
     """Runs `command` in child processes, on `slots` (gpu_slots) in turn, until all exit and returns a line
     for each that failed. With `here` (this process's own share: prepare, then take trials until none is
     queued), this process is worker 0 and `workers - 1` children run (`procs`, when start_workers started
     them already); without it, `workers` children. `storage` lets this process queue a dead child's trial
-    again."""
+    again. `threads`: as for start_workers."""
     first = 0 if here is None else 1
     if procs is None:
-        procs = start_workers(command, workers, slots, sweep_dir, first)
-    watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i), study, sweep, storage, sweep_dir,
+        procs = start_workers(command, workers, slots, sweep_dir, first, threads)
+    watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i, threads), study, sweep, storage, sweep_dir,
                        restarts=workers - first)
     try:
         if here is None:

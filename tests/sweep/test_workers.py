@@ -15,6 +15,7 @@ import pytest
 
 from mlptrain.sweep import workers
 from mlptrain.sweep.claims import process_alive
+from mlptrain.sweep.threads import gpu_shares
 
 PRINT_GPU = [sys.executable, "-c", "import os; print('gpu=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"]
 
@@ -101,6 +102,31 @@ def test_this_process_is_worker_0_and_keeps_the_first_gpu(gpus, tmp_path, monkey
     assert not (tmp_path / "worker-0.log").exists()
     assert _seen_from(tmp_path, [1, 2]) == ["gpu=1", "gpu=0"]
     assert "3 workers (this process and 2 more), GPUs 0, 1, 0;" in " ".join(capsys.readouterr().err.split())
+
+
+PRINT_GPU_AND_WORKERS = [*PRINT_GPU[:2], "import os, sys; print('gpu=' + os.environ.get('CUDA_VISIBLE_DEVICES', "
+                         "'unset'), 'workers=' + sys.argv[sys.argv.index('--workers') + 1])", "--workers", "1",
+                         "--worker"]
+
+
+@pytest.mark.parametrize("count, shares", [(2, [1, 1]), (3, [2, 1]), (4, [2, 2]), (5, [3, 2]), (1, [1])])
+def test_several_gpus_share_the_workers_in_turn(count, shares):
+    assert gpu_shares(count, 2) == shares
+    assert gpu_shares(count, 8) == [1] * count  # no more GPUs used than workers
+
+
+def test_on_several_gpus_a_process_per_gpu_runs_its_share_as_threads(gpus, tmp_path, monkeypatch, capsys):
+    """Threads of one process share its interpreter: on several GPUs each GPU's share of the workers is a
+    process of its own, this one the first GPU's; a child's --workers is its share."""
+    gpus(3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    shares = gpu_shares(7, 3)
+    assert workers.run_workers(PRINT_GPU_AND_WORKERS, 3, workers.gpu_slots("cuda"), tmp_path, None, None,
+                               here=lambda: None, threads=shares) == []
+    assert _seen_from(tmp_path, [1, 2]) == ["gpu=6 workers=2", "gpu=7 workers=2"]
+    said = " ".join(capsys.readouterr().err.split())
+    assert "7 workers in 3 processes, one per GPU (3 on GPU 4, 2 on GPU 6, 2 on GPU 7; this process takes GPU 4)" in said
 
 
 def test_a_refusal_here_stops_the_children(gpus, tmp_path, monkeypatch):
