@@ -55,7 +55,7 @@ def sweep(
     from mlptrain.backends.cuda import driver_gpu_count
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
-    from mlptrain.sweep.threads import TrialThreads, gpu_shares, thread_gpus
+    from mlptrain.sweep.threads import TrialThreads, gpu_shares, process_per_gpu, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     # the driver's start (cuInit: a fifth of a second on two GPUs) while the sweep file is read: it does not
@@ -77,9 +77,9 @@ def sweep(
         resources.prepare(base_config)  # refusals before the sweep's folder exists
     else:  # the same refusals, without a GPU context: each worker makes its own
         check_inputs(base_config, resources)
-    # several GPUs: a process per GPU, each with its share of the workers as threads (mlptrain.sweep.workers);
-    # this process takes the first GPU's share
-    shares = gpu_shares(workers, gpus) if gpus > 1 and workers > 1 and not worker else None
+    # a process per GPU when asked for (mlptrain.sweep.threads), each with its share of the workers as
+    # threads; this process takes the first GPU's share
+    shares = gpu_shares(workers, gpus) if not worker and process_per_gpu(workers, gpus) else None
     # on GPUs the workers start now: their GPU contexts are made while Optuna is imported and the study opened
     pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
                         lambda view: view.prepare(base_config)) if gpus else None

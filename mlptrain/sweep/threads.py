@@ -4,10 +4,11 @@ Worker i trains on GPU i mod G (of the G visible) on a CUDA stream of its own, s
 trials on one GPU at once: a small model leaves most of a GPU idle, and their kernels overlap. The
 workers of one GPU are threads of one process: none pays a process's start (Python, numba, a CUDA
 context: a second and more), the data is read once, and kernels are loaded once for them all. With
-several GPUs, each GPU's share (gpu_shares) is a process of its own, this one the first GPU's
-(mlptrain.sweep.workers): threads of one process take turns on its interpreter, and trials with short
-steps would wait for each other there. The workers start first thing; this thread opens the study
-meanwhile, then waits for them.
+several GPUs, $MLPTRAIN_SWEEP_PROCESS_PER_GPU=1 makes each GPU's share (gpu_shares) a process of its own,
+this one the first GPU's (mlptrain.sweep.workers): threads of one process take turns on its interpreter,
+and trials with short steps wait for each other there, but a child process reaches its first trial
+about 0.7 s after a thread would (benchmarks/NOTES.md, issue 29 step 4), so it is not the default. The
+workers start first thing; this thread opens the study meanwhile, then waits for them.
 
 A signal reaches this thread only. It then sets `Stop.signum`, which every trial's training loop reads
 after each optimizer step: each worker queues its running trial again and takes no other; this thread
@@ -20,6 +21,7 @@ and opens the study.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -43,6 +45,14 @@ def thread_gpus(backend: str) -> int:
         return 0
     found = driver_gpu_count()
     return found if isinstance(found, int) else 0
+
+
+PROCESS_PER_GPU_ENV = "MLPTRAIN_SWEEP_PROCESS_PER_GPU"  # "1": a process per GPU (see above)
+
+
+def process_per_gpu(workers: int, gpus: int) -> bool:
+    """Whether the workers run as a process per GPU: asked for, and more than one GPU in use."""
+    return os.environ.get(PROCESS_PER_GPU_ENV) == "1" and min(workers, gpus) > 1
 
 
 def gpu_shares(workers: int, gpus: int) -> list[int]:

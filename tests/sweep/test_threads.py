@@ -20,6 +20,7 @@ import pytest
 from mlptrain.sweep import engine, threads
 from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
+from mlptrain.sweep.threads import PROCESS_PER_GPU_ENV
 from mlptrain.training.experiment import Resources
 from tests.cli.test_cli import REPO
 from tests.sweep.test_sweep import FAST, study_trials, write_sweep
@@ -167,14 +168,16 @@ def test_trials_trained_at_once_on_the_gpu_match_trials_trained_one_at_a_time(tm
     path = write_sweep(tmp_path, {"seed": [0, 1, 2, 3, 4]})
     overrides = ["backend=cuda", "train.epochs=2", "model.hidden=[64]", "data.val_size=1000", "train.batch_size=256"]
     metrics = {}
-    for workers in (1, 3):
+    for workers, per_gpu in ((1, "0"), (3, "0"), (3, "1")):  # threads; a process per GPU where there are several
+        name = f"w{workers}-{per_gpu}"
         done = subprocess.run([sys.executable, "-m", "mlptrain", "sweep", str(path), *overrides, "--runs-dir",
-                               str(tmp_path / "runs"), "--name", f"w{workers}", "--workers", str(workers)],
-                              cwd=REPO, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)}, capture_output=True,
-                              text=True, timeout=600)
+                               str(tmp_path / "runs"), "--name", name, "--workers", str(workers)], cwd=REPO,
+                              env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir), PROCESS_PER_GPU_ENV: per_gpu},
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
-        results = json.loads((tmp_path / "runs" / f"w{workers}" / "results.json").read_text())
+        results = json.loads((tmp_path / "runs" / name / "results.json").read_text())
         assert [t["state"] for t in results["trials"]] == ["complete"] * 5
-        metrics[workers] = {t["params"]["seed"]: {k: v for k, v in t["metrics"].items() if k in LEARNED}
-                            for t in results["trials"]}
-    assert metrics[3] == metrics[1] and all(len(m) == len(LEARNED) for m in metrics[1].values())
+        metrics[name] = {t["params"]["seed"]: {k: v for k, v in t["metrics"].items() if k in LEARNED}
+                         for t in results["trials"]}
+    assert metrics["w3-0"] == metrics["w1-0"] == metrics["w3-1"]
+    assert all(len(m) == len(LEARNED) for m in metrics["w1-0"].values())
