@@ -88,7 +88,7 @@ def sweep(
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
         from mlptrain.sweep import engine, study as studies
         from mlptrain.sweep.report import results_table, trial_rows, write_results
-        from mlptrain.sweep.workers import gpu_slots, start_workers
+        from mlptrain.sweep.workers import blas_share, gpu_slots, start_workers
 
         if storage is not None:
             studies.check_storage(storage)
@@ -100,7 +100,8 @@ def sweep(
         try:
             _make_folder(sweep_dir)
             if processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
-                children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares)
+                children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares,
+                                         env=None if gpus else blas_share(processes))
             study, study_storage = studies.open_study(spec, sweep_dir, name, url, worker=worker)
         except BaseException:
             if created:
@@ -208,7 +209,9 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
     another."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.sweep.workers import run_workers
+    from threadpoolctl import threadpool_limits
+
+    from mlptrain.sweep.workers import blas_share, cores, run_workers
 
     def here():
         engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,
@@ -217,7 +220,17 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     if workers == 1:
         here()
         return []
-    return run_workers(command, workers, slots, sweep_dir, study, spec, study_storage, here=here, procs=children)
+    if workers > cores():
+        console.print(f"note: {workers} workers on {cores()} CPU cores: the workers beyond {cores()} only take turns "
+                      "with the others", highlight=False)
+    share = blas_share(workers)
+
+    def here_with_its_share():  # NumPy is loaded here: its BLAS threads are limited now, as the children's
+        with threadpool_limits(limits=int(share["OPENBLAS_NUM_THREADS"]), user_api="blas"):
+            here()
+
+    return run_workers(command, workers, slots, sweep_dir, study, spec, study_storage, here=here_with_its_share,
+                       procs=children, env=share)
 
 
 def _show(table) -> None:

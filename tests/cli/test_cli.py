@@ -174,3 +174,15 @@ def test_an_unusable_backend_option_is_refused_in_the_options_words(monkeypatch)
                                         r"libcuda.so.1 not found\); use --backend cpu or --backend auto$"):
         backend_name("cuda")
     assert backend_name("cpu") == "cpu" and backend_name("auto") == "auto"
+
+
+def test_a_diverging_run_says_so_in_one_line_without_numpys_warnings(tmp_path, data_dir):
+    """The CPU kernels overflow first; NumPy's RuntimeWarnings (with file paths) no longer print before the
+    loop's own line."""
+    result = mlptrain("run", "sgd_mnist", "backend=cpu", "optim.lr=1000", "train.epochs=1", "model.hidden=[16]",
+                      "data.val_size=1000", cwd=tmp_path, env={"MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert result.returncode == 2, result.stderr
+    out = result.stdout + result.stderr
+    assert "RuntimeWarning" not in out and "numpy_kernels" not in out and "Traceback" not in out
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the training loss became nan" in errors[0] and "optim.lr=1000" in errors[0]

@@ -253,3 +253,26 @@ def test_a_failing_watch_stops_the_children_and_is_raised(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="storage went away"):
         workers.run_workers(sleeper, 2, [None], tmp_path, None, None, here=lambda: None, procs=procs)
     assert all(p.poll() is not None for p in procs.values())
+
+
+def test_cpu_workers_divide_the_cores_between_their_blas_threads(monkeypatch):
+    """NumPy's BLAS starts a thread per core in every worker: K workers would fight over the cores."""
+    monkeypatch.setattr(workers, "cores", lambda: 8)
+    for name in workers.BLAS_THREADS:
+        monkeypatch.delenv(name, raising=False)
+    assert workers.blas_share(2) == dict.fromkeys(workers.BLAS_THREADS, "4")
+    assert workers.blas_share(3) == dict.fromkeys(workers.BLAS_THREADS, "2")
+    assert workers.blas_share(16) == dict.fromkeys(workers.BLAS_THREADS, "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice is kept
+    assert workers.blas_share(2)["OMP_NUM_THREADS"] == "3"
+
+
+def test_each_cpu_worker_starts_with_its_share(gpus, tmp_path, monkeypatch):
+    gpus(0)
+    monkeypatch.setattr(workers, "cores", lambda: 4)
+    for name in workers.BLAS_THREADS:
+        monkeypatch.delenv(name, raising=False)
+    show = [sys.executable, "-c", "import os; print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'])"]
+    monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
+    assert workers.run_workers(show, 2, [None], tmp_path, None, None, env=workers.blas_share(2)) == []
+    assert _seen(tmp_path, 2) == ["2 2", "2 2"]
