@@ -44,7 +44,8 @@ def lock_run(run_dir: Path, purpose: str) -> None:
         if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise UserError(f"{run_dir}: cannot lock it ({_reason(err)})") from None
         raise UserError(f"{run_dir}: another process{f' (pid {holder})' if holder.isdigit() else ''} is working "
-                        f"in this run; {purpose} waits until it has finished") from None
+                        f"in this run, and {purpose} needs the run to itself; try again once that process has "
+                        "finished (this command does not wait)") from None
     with suppress(OSError):  # the pid is only for the message above: a full disk must not stop the lock
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

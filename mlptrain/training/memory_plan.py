@@ -91,14 +91,21 @@ def check_fits(config, backend, dataset) -> None:
     where = "GPU" if backend.name == "cuda" else "host"
     device_need = need.device + (need.host if backend.name != "cuda" else 0)
     if device_free is not None and device_need > HEADROOM * device_free:
-        raise UserError(f"the run needs about {gib(device_need)} of {where} memory and {gib(device_free)} is free; "
-                        f"{_what_fits(config, need, rows, device_need - HEADROOM * device_free, steps)}")
+        raise UserError(f"{_too_much(device_need, device_free, where)}; "
+                        f"{_what_fits(config, need, rows, device_need - HEADROOM * device_free, steps, device_need)}")
     if backend.name == "cuda" and host_free is not None and need.host > HEADROOM * host_free:
-        raise UserError(f"the run needs about {gib(need.host)} of host memory and {gib(host_free)} is available; "
-                        f"{_what_fits(config, need, rows, need.host - HEADROOM * host_free, steps)}")
+        raise UserError(f"{_too_much(need.host, host_free, 'host')}; "
+                        f"{_what_fits(config, need, rows, need.host - HEADROOM * host_free, steps, need.host)}")
 
 
-def _what_fits(config, need: Need, rows: int, excess: float, steps: int) -> str:
+def _too_much(need: float, free: float, where: str) -> str:
+    """What does not fit, in words that cannot read as a contradiction: a run may use only part of what is
+    free (HEADROOM), so "needs 21.9 GiB and 22.8 GiB is free" was a refusal that looked like room to spare."""
+    return (f"the run needs about {gib(need)} of {where} memory, more than the {gib(HEADROOM * free)} it may use "
+            f"({gib(free)} free, less {1 - HEADROOM:.0%} kept for the system)")
+
+
+def _what_fits(config, need: Need, rows: int, excess: float, steps: int, total: float) -> str:
     t = config.train
     fewer = math.ceil(excess / need.per_row_device) if need.per_row_device else rows
     fits, parts = rows - fewer, []
@@ -111,7 +118,9 @@ def _what_fits(config, need: Need, rows: int, excess: float, steps: int) -> str:
         return f"{' '.join(parts)} would fit (the effective batch kept by accumulating)"
     if steps * (DEVICE_BYTES_PER_STEP + HOST_BYTES_PER_STEP) > excess:
         return f"its {steps:,} optimizer steps' records alone do not; lower train.epochs"
-    return "its model alone does not; make model.hidden or model.channels smaller"
+    fixed = total - rows * need.per_row_device  # what no batch size changes
+    return (f"the model's own buffers (parameters, gradients, optimizer state: about {gib(fixed)}) leave no room "
+            "for even one row per batch, so no batch size fits; make model.hidden or model.channels smaller")
 
 
 def check_model_fits(config, backend, dataset, rows: int, flag: str) -> None:

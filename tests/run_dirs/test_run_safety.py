@@ -49,8 +49,10 @@ def test_a_second_process_on_a_run_is_refused_and_a_dead_one_frees_it(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", LOCKER, str(run_dir)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(UserError, match=f"another process \\(pid {holder.pid}\\) is working in this run"):
+    with pytest.raises(UserError, match=f"another process \\(pid {holder.pid}\\) is working in this run") as refused:
         prepare_resume(run_dir, ["train.epochs=2"])
+    # it says what to do, and that it does not wait (a newcomer read "--resume waits" and expected it to)
+    assert "try again once that process has finished (this command does not wait)" in str(refused.value)
     holder.kill()  # SIGKILL: the kernel drops its lock
     holder.wait()
     config, resume = prepare_resume(run_dir, ["train.epochs=2"])
@@ -203,8 +205,8 @@ def test_absurd_integers_are_refused_or_fit(key, value):
     try:
         check_fits(config, CpuBackend(), dataset)
     except UserError as err:
-        assert "\n" not in str(err) and ("would fit" in str(err) or "does not" in str(err) or "at most" in str(err)
-                                          or "val_size" in str(err))
+        assert "\n" not in str(err) and any(says in str(err) for says in (
+            "would fit", "no batch size fits", "alone do not", "at most", "val_size"))
 
 
 def test_the_estimate_covers_what_training_allocates():
@@ -232,6 +234,26 @@ def test_a_batch_too_large_for_memory_names_one_that_fits(monkeypatch):
     with pytest.raises(UserError, match=r"train.batch_size=\d+ train.grad_accum_steps=\d+ would fit") as info:
         check_fits(config, CpuBackend(), dataset)
     assert "\n" not in str(info.value)
+
+
+def test_a_model_too_large_for_memory_says_what_it_may_use_and_why_no_batch_fits(monkeypatch):
+    """Free memory a little above the need, but below what a run may use of it: the line must not read as
+    room to spare ("needs 21.93 GiB and 22.81 GiB is free"), and it says the model itself is the problem."""
+    import re
+
+    import mlptrain.training.memory_plan as memory
+
+    config = config_from_dict({"backend": "cpu", "model": {"hidden": [20000, 20000]}})
+    dataset = model_dataset(config, synthetic_dataset())
+    need, rows, _ = estimate(config, CpuBackend(), dataset)
+    total = need.device + need.host
+    monkeypatch.setattr(memory, "available", lambda backend: (int(total * 1.04), None))
+    with pytest.raises(UserError) as info:
+        check_fits(config, CpuBackend(), dataset)
+    message = str(info.value)
+    needs, may_use, free = (float(x.replace(",", "")) for x in re.findall(r"([\d,.]+) GiB", message)[:3])
+    assert needs > may_use and free > needs and "kept for the system" in message
+    assert "no batch size fits; make model.hidden or model.channels smaller" in message and "\n" not in message
 
 
 def test_counting_backend_allocates_nothing():
