@@ -25,7 +25,24 @@ from mlptrain.errors import UserError  # noqa: E402
 MAX_MESSAGE = 2000  # a message echoes values cut short already; this bounds whatever slipped through
 
 app = typer.Typer(pretty_exceptions_enable=False,
-                  help="Train small neural networks on NVIDIA GPUs with hand-written Numba CUDA kernels.")
+                  help="Train small neural networks: on NVIDIA GPUs with hand-written Numba CUDA kernels, or on "
+                       "any machine with the NumPy backend (backend: cpu).")
+
+
+def _no_type_for_flags() -> None:
+    """Typer 0.29's help shows `<bool>` beside every flag (--force, --help), which reads as a value to give.
+    A flag takes none: its type column is left empty. (Older Typer shows none and has no such method.)"""
+    shown = getattr(typer.core.TyperOption, "display_type_rich", None)
+    if shown is None:
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    typer.core.TyperOption.display_type_rich = display_type_rich
+
+
+_no_type_for_flags()
 app.command("run")(run.run)
 app.command("sweep")(sweep.sweep)
 app.command("evaluate")(evaluate.evaluate)

@@ -186,3 +186,14 @@ def test_a_diverging_run_says_so_in_one_line_without_numpys_warnings(tmp_path, d
     assert "RuntimeWarning" not in out and "numpy_kernels" not in out and "Traceback" not in out
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "the training loss became nan" in errors[0] and "optim.lr=1000" in errors[0]
+
+
+def test_help_shows_no_type_beside_a_flag_and_names_the_cpu_backend(tmp_path):
+    """`<bool>` beside --force and --help read as a value to give; the top-level help said NVIDIA GPUs only."""
+    top = mlptrain("--help", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert top.returncode == 0 and "backend: cpu" in top.stdout and "NumPy" in top.stdout
+    for command in ("run", "sweep", "evaluate", "predict", "export", "svm", "compare"):
+        shown = mlptrain(command, "--help", cwd=tmp_path, env={"COLUMNS": "200"})
+        assert shown.returncode == 0 and "--help" in shown.stdout, shown.stderr
+        assert "<bool>" not in shown.stdout, command
+    assert "<bool>" not in top.stdout
