@@ -186,6 +186,9 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
                                  suffix_on_clash=True, dataset=session.dataset, backend=session.backend.name)
     trial.set_user_attr("run_dir", str(attempt.run_dir))
     worse = "below" if sweep.direction == "maximize" else "above"
+    # what the pruner compared: the median's rule, or the rung of successive halving (Hyperband's brackets)
+    rule = f"is {worse} the other trials' median" if sweep.prune in (True, "median") else \
+        f"is not among the best at its rung ({str(sweep.prune).replace('_', ' ')})"
 
     def on_evaluation(record: dict) -> None:
         attempt.last = record
@@ -193,8 +196,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
             trial.report(record[sweep.metric], record["epoch"])
             if sweep.prune and trial.should_prune():
                 value = format_metric(record[sweep.metric])
-                raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} is {worse} "
-                                         "the other trials' median")
+                raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} {rule}")
 
     summary = train(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
     value = summary.get(sweep.metric)

@@ -5,7 +5,7 @@
     trials: 20                   # random and tpe; a grid runs its whole product
     metric: val_acc              # a key of summary.json (METRICS)
     direction: maximize          # default: the metric's own (accuracy up, loss down)
-    prune: false                 # stop a trial whose metric is below the median at an evaluation
+    prune: false                 # true or median | successive_halving | hyperband: stop unpromising trials
     parameters:
       optim.lr: {low: 1.0e-4, high: 1.0e-2, log: true}    # a range (random, tpe); `step` discretises it
       train.batch_size: [64, 128, 256]                      # a choice: a grid axis
@@ -42,6 +42,7 @@ METRICS = {"val_acc": "maximize", "val_loss": "minimize", "test_acc": "maximize"
            "samples_per_s": "maximize", "wall_s": "minimize"}
 PER_EPOCH_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss", "val_mse", "test_mse")
 METHODS = ("grid", "random", "tpe")
+PRUNERS = ("median", "successive_halving", "hyperband")  # `prune: true` is the median's (mlptrain.sweep.study)
 KEYS = ("description", "base", "method", "trials", "metric", "direction", "prune", "parameters")
 RANGE_KEYS = ("low", "high", "log", "step")
 MAX_CONTEXTS = 64  # combinations of the other parameters tried before a value is called invalid
@@ -112,7 +113,7 @@ class Sweep:
     trials: int  # a grid's size for a grid
     metric: str
     direction: str
-    prune: bool
+    prune: bool | str  # False, True (the median pruner) or one of PRUNERS, as the file says
     parameters: tuple
     changed: tuple = ()  # keys set over the config that wrote the description (config.load.read_config)
 
@@ -274,8 +275,9 @@ def _settings(raw: dict, source: str):
     metric = _pick(raw["metric"], METRICS, f"{source}: metric")
     direction = _pick(raw.get("direction", METRICS[metric]), ("maximize", "minimize"), f"{source}: direction")
     prune = raw.get("prune", False)
-    if not isinstance(prune, bool):
-        raise UserError(f"{source}: prune: expected true or false, got {brief(prune)}")
+    if not isinstance(prune, bool) and prune not in PRUNERS:
+        raise UserError(f"{source}: prune: expected true, false or one of Optuna's pruners {', '.join(PRUNERS)}, "
+                        f"got {brief(prune)}")
     if prune and metric not in PER_EPOCH_METRICS:
         raise UserError(f"{source}: prune: {metric} is known only at the end of a run; pruning needs a metric "
                         f"of every evaluation: {', '.join(PER_EPOCH_METRICS)}")

@@ -113,6 +113,20 @@ def _sampler(sweep: Sweep):
     return optuna.samplers.TPESampler(constant_liar=True)  # several workers: running trials count as bad
 
 
+def _pruner(prune):
+    """Optuna's pruner for a sweep file's `prune:` (false; true is the median's). Each reads the metric a
+    trial reports after every evaluation (its epoch is the step): the median pruner stops a trial below the
+    median of the others at the same epoch (after PRUNE_AFTER_TRIALS trials), successive halving keeps the
+    best quarter at each rung of epochs, and Hyperband runs several successive-halving brackets."""
+    if not prune:
+        return optuna.pruners.NopPruner()
+    if prune is True or prune == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER_TRIALS)
+    if prune == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner()
+    return optuna.pruners.HyperbandPruner()
+
+
 def _open(location: str, made: bool):
     """The storage at `location`. `made`: the sweep's own command has made (or checked) it already."""
     if not is_database(location):
@@ -140,8 +154,7 @@ def open_study(sweep: Sweep, sweep_dir: Path, name: str, url: str, worker: bool 
     which must be this same sweep. `worker`: a `--worker` child of this machine's sweep command, which
     opens the study (it waits for that) and checks it: the child loads it without the set-up lock and
     schema checks."""
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER_TRIALS) if sweep.prune \
-        else optuna.pruners.NopPruner()
+    pruner = _pruner(sweep.prune)
     if worker:
         _wait_for_study(sweep_dir, url)
         storage = _open(url, made=True)

@@ -226,6 +226,26 @@ def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_
         assert any(v.tag == "val/acc" for v in values), sorted({v.tag for v in values})
 
 
+@pytest.mark.parametrize("prune, pruner", [(True, "MedianPruner"), ("median", "MedianPruner"),
+                                           ("successive_halving", "SuccessiveHalvingPruner"),
+                                           ("hyperband", "HyperbandPruner"), (False, "NopPruner")])
+def test_each_prune_setting_gives_optunas_pruner(tmp_path, prune, pruner):
+    spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}, prune=prune), [])
+    study, _ = studies.open_study(spec, tmp_path, "s", str(tmp_path / "study.journal"))
+    assert type(study.pruner).__name__ == pruner
+
+
+def test_successive_halving_prunes_a_trial_and_says_by_which_rule(tmp_path, tiny_mnist, capsys):
+    """Four trials, two hopeless: successive halving (its rungs at epochs 1, 4, ...) stops at least one of
+    them after its first epoch, and the line names the rule, not the median's."""
+    path = write_sweep(tmp_path, {"optim.lr": [1e-2, 3e-3, 1e-7, 2e-7]}, prune="successive_halving")
+    results = run_sweep(path, tmp_path / "runs", ["train.epochs=2"])
+    states = {t["params"]["optim.lr"]: t["state"] for t in results["trials"]}
+    assert states[1e-2] == "complete" and "pruned" in (states[1e-7], states[2e-7]), states
+    said = capsys.readouterr()
+    assert "is not among the best at its rung (successive halving)" in " ".join((said.out + said.err).split())
+
+
 def test_a_changed_sweep_is_not_continued_and_what_changed_is_named(tmp_path, tiny_mnist):
     run_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3]}), tmp_path / "runs")
     with pytest.raises(UserError, match=r"started with a different trials, parameters \(parameters.optim.lr.choices: "
@@ -250,6 +270,8 @@ def test_a_changed_sweep_is_not_continued_and_what_changed_is_named(tmp_path, ti
     ({"method": "tpe", "trials": 4, "parameters": {"optim.name": {"low": 0, "high": 1}}}, "needs a numeric key"),
     ({"parameters": {"train.epochs": [1, 1]}}, "distinct values"),
     ({"prune": True, "metric": "wall_s"}, "pruning needs a metric of every evaluation"),
+    ({"prune": "asha"}, "prune: expected true, false or one of Optuna's pruners median, successive_halving, hyperband"),
+    ({"prune": "hyperband", "metric": "wall_s"}, "pruning needs a metric of every evaluation"),
 ])
 def test_bad_sweep_files_are_one_clear_line(tmp_path, fields, fragment):
     raw = {"base": "adam_mnist", "metric": "val_acc", "parameters": {"optim.lr": [1e-3]}, **fields}
