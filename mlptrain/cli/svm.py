@@ -1,5 +1,7 @@
 """`mlptrain svm FEATURES [--C VALUE[,VALUE...]] [--no-standardize] [--max-iter N] [--out FILE]`: a linear
-SVM on a features file; prints accuracy, per-class accuracy and the confusion matrix, writes svm.json."""
+SVM on a features file; prints accuracy, per-class accuracy and the confusion matrix, writes FEATURES' name
+with .svm.json (pixels.npz -> pixels.svm.json), so that SVMs of several features files in one folder each
+keep their report."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def svm(
     no_standardize: bool = typer.Option(False, "--no-standardize",
                                         help="use the features as they are (default: standardised on train)"),
     max_iter: str = typer.Option("1000", "--max-iter", metavar="N", help="liblinear's iteration limit"),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="default: svm.json beside FEATURES"),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE",
+                                       help="default: beside FEATURES, named after it (features.svm.json)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
 ) -> None:
     """Train a linear SVM on train_x/train_y of a features file and evaluate it on test_x/test_y."""
@@ -37,7 +40,7 @@ def svm(
     cs = parse_c_values(c)
     iterations = positive_int(max_iter, "--max-iter")
     data = load_features(features)
-    out = new_output(out if out is not None else features.parent / "svm.json", force, (features,))
+    out = new_output(out if out is not None else features.with_name(features.stem + ".svm.json"), force, (features,))
     claim_output(out, "svm")
     report = svm_report(data, features, cs, standardize=not no_standardize, max_iter=iterations)
     for note in report["warnings"]:

@@ -115,7 +115,7 @@ def held_out_accuracies(x: np.ndarray, y: np.ndarray, cs: list[float], standardi
 def svm_report(features: FeatureSet, path: Path, cs: list[float], standardize: bool = True,
                max_iter: int = 1000) -> dict:
     """Fit (choosing C on held-out training features when several are given), evaluate, and return what
-    svm.json holds. Raises UserError."""
+    the report file holds. Raises UserError."""
     # scikit-learn is slow to import: only when an SVM is fitted
     from sklearn.metrics import confusion_matrix
 

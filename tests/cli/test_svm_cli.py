@@ -57,7 +57,7 @@ def test_a_file_that_is_not_a_features_npz_is_refused(tmp_path, name, content, f
     elif content is not None:
         (tmp_path / name).write_bytes(content)
     assert_clean_failure(mlptrain("svm", name, cwd=tmp_path), fragment)
-    assert not (tmp_path / "svm.json").exists()
+    assert not list(tmp_path.glob("*.json"))
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -111,3 +111,13 @@ def test_labels_without_a_class_name_are_refused(rng, tmp_path, change, fragment
     with pytest.raises(UserError) as caught:
         load_features(tmp_path / "features.npz")
     assert fragment in str(caught.value)
+
+
+def test_svms_of_two_features_files_in_one_folder_each_keep_their_report(rng, tmp_path):
+    """The docs' example fits pixels.npz, then pooled.npz, in one folder: the second no longer finds the
+    first's report in its way."""
+    for name in ("pixels", "pooled"):
+        np.savez(tmp_path / f"{name}.npz", **arrays(rng))
+        result = mlptrain("svm", f"{name}.npz", "--C", "0.001,0.01", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["pixels.svm.json", "pooled.svm.json"]

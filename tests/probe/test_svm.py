@@ -44,7 +44,7 @@ def test_svm_json_matches_a_direct_scikit_learn_fit(features_path):
     assert result.returncode == 0, result.stderr
     for title in ("test accuracy", "per-class test accuracy", "confusion matrix"):
         assert title in result.stderr
-    report = json.loads((features_path.parent / "svm.json").read_text())
+    report = json.loads((features_path.parent / "features.svm.json").read_text())
     f = load_features(features_path)
     predict = direct_fit(f.train_x, f.train_y, 0.01)
     predicted = predict(f.test_x)
