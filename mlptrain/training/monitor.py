@@ -60,7 +60,7 @@ class TrainingMonitor:
         pace = (time.monotonic() - self.started) / max(done - self.steps_at_start, 1)
         remaining = self.config.train.epochs * self.per_epoch - done
         self.progress.update(self.task, completed=w["step_in_epoch"], epoch=w["epoch"], loss=w["loss"],
-                             acc=w["acc"] if self.classifies else None, rate=self.samples / self.seconds,
+                             acc=w["acc"] if self.classifies else None, rate=self.throughput()["samples_per_s"],
                              ends_at=time.monotonic() + remaining * pace)
 
     def throughput(self) -> dict:

@@ -2,8 +2,9 @@
 
     epoch 2/10 ━━━━━━━━━━━━━━━ 200/430 loss 0.3085 acc 0.9124 302k samples/s 0:00:03 eta 0:01:06
 
-The bar and the step count are this epoch's optimizer steps; `samples/s` is the run's so far (samples
-over the seconds spent in training steps); `eta` is the whole run's end, from the average pace since
+The bar and the step count are this epoch's optimizer steps; `samples/s` is the run's steady pace so far,
+the same figure as summary.json's `samples_per_s` (the median of the reads' throughputs, so the first
+window's compilation does not drag it down): the last one shown is the one the summary reports; `eta` is the whole run's end, from the average pace since
 training started (evaluations included), counting down between the loop's reads. When the terminal is
 narrow the bar shrinks and goes first, then the throughput, then the accuracy, then the loss: the epoch,
 the step count, the elapsed time and the ETA are never cut.
