@@ -67,6 +67,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
                 done = train_epoch(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
                 if done < s.steps_per_epoch:
+                    monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
                 last = s.evaluator.epoch_record(s.val, s.test, epoch, s.step.read()["steps"], logger)
                 best, stopped = _after_evaluation(s, run_dir, last, best)
@@ -223,8 +224,12 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
     raise TrainingInterrupted."""
     save_checkpoint(run_dir / "checkpoints" / "last.npz", _checkpoint(s, position))
     _save_best(s, run_dir)
-    epoch = position.epoch + (1 if position.window else 0)
-    raise TrainingInterrupted(f"interrupted at epoch {epoch} step {s.step.read()['steps']}; "
+    # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
+    # skipped steps included, as the bar counts them)
+    steps = position.epoch * s.steps_per_epoch + position.window
+    where = f"at epoch {position.epoch + 1}, after step {position.window} of its {s.steps_per_epoch}" \
+        if position.window else f"after epoch {position.epoch}"
+    raise TrainingInterrupted(f"interrupted {where} ({steps} optimizer steps in all); "
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
 
 

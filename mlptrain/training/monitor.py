@@ -32,12 +32,20 @@ class TrainingMonitor:
         self.started, self.steps_at_start = time.monotonic(), epoch * self.per_epoch + window
         self.task = self.progress.add_task("train", total=self.per_epoch, completed=window, epoch=epoch + 1,
                                            epochs=self.config.train.epochs, loss=None, acc=None, rate=0.0,
-                                           ends_at=None)
+                                           ends_at=None, stopped=False)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.update(self.task, ends_at=time.monotonic())  # stopped early or not: nothing left to wait for
+        if exc[0] is not None:  # Ctrl-C, a diverged loss: `eta 0:00:00` would say the run is done
+            self.progress.update(self.task, stopped=True)
+        else:  # finished, or ended early by early stopping: nothing left to wait for
+            self.progress.update(self.task, ends_at=time.monotonic())
         self.progress.__exit__(*exc)
+
+    def stopped_at(self, step_in_epoch: int) -> None:
+        """The loop stopped after this epoch's optimizer step `step_in_epoch` (a stop between reads): the bar
+        counts the steps that ran, as the interruption's message does."""
+        self.progress.update(self.task, completed=step_in_epoch)
 
     def __call__(self, w: dict) -> None:
         if not np.isfinite(w["loss"]):

@@ -5,7 +5,8 @@
 The bar and the step count are this epoch's optimizer steps; `samples/s` is the run's steady pace so far,
 the same figure as summary.json's `samples_per_s` (the median of the reads' throughputs, so the first
 window's compilation does not drag it down): the last one shown is the one the summary reports; `eta` is the whole run's end, from the average pace since
-training started (evaluations included), counting down between the loop's reads. When the terminal is
+training started (evaluations included), counting down between the loop's reads; `stopped` in its place
+once the run was interrupted. When the terminal is
 narrow the bar shrinks and goes first, then the throughput, then the accuracy, then the loss: the epoch,
 the step count, the elapsed time and the ETA are never cut.
 """
@@ -41,7 +42,8 @@ class TrainingLine(ProgressColumn):
         f = task.fields
         label = Text(f"epoch {f['epoch']}/{f['epochs']}", style="bold")
         steps = f"{int(task.completed)}/{int(task.total)}"
-        eta = "eta ?" if f["ends_at"] is None else f"eta {clock(f['ends_at'] - time.monotonic())}"
+        eta = "stopped" if f.get("stopped") else "eta ?" if f["ends_at"] is None else \
+            f"eta {clock(f['ends_at'] - time.monotonic())}"
         times = f"{clock(task.elapsed or 0)} {eta}"
         optional = [f"loss {f['loss']:.4f}" if f["loss"] is not None else "",
                     f"acc {f['acc']:.4f}" if f["acc"] is not None else "",

@@ -43,7 +43,7 @@ def test_a_signal_checkpoints_and_the_resumed_run_matches_one_never_interrupted(
     assert process.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr
     last_line = [line for line in stderr.splitlines() if line.strip()][-1]
-    assert "interrupted at epoch" in last_line and f"resume with: mlptrain run --resume {runs / 'stopped'}" \
+    assert "interrupted " in last_line and "optimizer steps in all" in last_line and f"resume with: mlptrain run --resume {runs / 'stopped'}" \
         in last_line.replace("\n", "")
     saved = load_checkpoint(runs / "stopped" / "checkpoints" / "last.npz")
     assert 1 <= int(saved["meta/epoch"]) < 20 and not (runs / "stopped" / "summary.json").exists()

@@ -62,3 +62,22 @@ def test_the_monitor_reports_the_runs_rate_and_a_steady_eta(monkeypatch):
         assert task.completed == 10 and task.total == 10 and task.fields["epoch"] == 1
         # 6 s for 10 of 20 steps: 6 s to go, from the run's average pace
         assert task.fields["ends_at"] - clock[0] == pytest.approx(6.0)
+
+
+def test_an_interrupted_run_shows_stopped_not_a_finished_eta():
+    line = rendered(80, stopped=True)
+    assert line.endswith("stopped") and "eta" not in line
+
+
+def test_a_stop_between_reads_moves_the_bar_to_the_step_that_ran():
+    from mlptrain.config.load import config_from_dict
+
+    config = config_from_dict({"train": {"epochs": 2}})
+    try:
+        with TrainingMonitor(Logger(), config, steps_per_epoch=430, classifies=True) as monitor:
+            monitor.stopped_at(253)
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    task = monitor.progress.tasks[0]
+    assert task.completed == 253 and task.fields["stopped"]

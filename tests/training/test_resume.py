@@ -99,8 +99,11 @@ def test_a_stopped_and_resumed_run_ends_bitwise_where_an_uninterrupted_one_does(
         with pytest.raises(TrainingInterrupted) as info:
             train(build_session(config_for(case), CpuBackend(), dataset), stopped, stop=stop)
     assert info.value.exit_code == 130
-    epoch = stop_epoch + mid_epoch
-    assert f"interrupted at epoch {epoch} step" in str(info.value) and f"--resume {stopped}" in str(info.value)
+    # counted as the progress line counts: the epoch's own steps, then the run's in all
+    where = f"at epoch {stop_epoch + 1}, after step 2 of its {STEPS_PER_EPOCH}" if mid_epoch else \
+        f"after epoch {stop_epoch}"
+    assert f"interrupted {where} ({stop_after} optimizer steps in all)" in str(info.value)
+    assert f"--resume {stopped}" in str(info.value)
     saved = load_checkpoint(stopped / "checkpoints" / "last.npz")
     assert (int(saved["meta/epoch"]), int(saved["meta/window"])) == (stop_epoch, 2 if mid_epoch else 0)
 
