@@ -33,7 +33,7 @@ def evaluate(
     """Evaluate a trained run's checkpoint on a split; prints tables, writes eval-<split>.json."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.errors import UserError
-    from mlptrain.inference.loading import load_run
+    from mlptrain.inference.loading import checkpoint_origin, describe_origin, load_run
     from mlptrain.inference.model import SPLITS, load_trained
     from mlptrain.inference.report import evaluation_report
 
@@ -47,7 +47,9 @@ def evaluate(
     trained = load_trained(run_dir, checkpoint, backend_name(backend), rows, data)
     with pass_progress() as progress:
         report = evaluation_report(trained, split, progress)
-    console.print(f"[bold]{report['run']}[/] ({report['checkpoint']} checkpoint) on {report['dataset']} "
+    origin = checkpoint_origin(run_dir, checkpoint)  # which epoch, and why: the summary reports the last one
+    report.update({f"checkpoint_{k}": v for k, v in origin.items()})
+    console.print(f"[bold]{report['run']}[/] ({describe_origin(checkpoint, origin)}) on {report['dataset']} "
                   f"{report['split']}: {report['images']:,} images", highlight=False, soft_wrap=True)
     for table in tables(report):
         console.print(table)

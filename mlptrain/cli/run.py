@@ -83,4 +83,24 @@ def run(
         value = summary[key]
         table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
     console.print(table)
+    line = checkpoint_line(summary)
+    if line:
+        console.print(line, highlight=False)
     console.print(f"run written to {run_dir} (tensorboard --logdir {run_dir.parent})")
+
+
+def checkpoint_line(summary: dict) -> str | None:
+    """Which epoch the metrics above are, and which the `best` checkpoint holds (and by what rule): evaluate
+    loads `best` by default, so its numbers differ from the summary's when the last epoch was not the best."""
+    metric, epoch, best_epoch = summary.get("selected_by"), summary.get("epoch"), summary.get("best_epoch")
+    value = summary.get(f"best_{metric}")
+    if metric is None or value is None or epoch is None or not best_epoch:
+        return None
+    best = f"the best {metric} ({value:.4g})"
+    if summary.get("restored_best"):
+        return (f"the metrics are epoch {epoch}'s, {best}, restored by early stopping (checkpoints/best.npz); "
+                "mlptrain evaluate loads it by default")
+    if best_epoch == epoch:
+        return f"the metrics are the last epoch's ({epoch}), also {best}: checkpoints/last.npz and best.npz hold it"
+    return (f"the metrics are the last epoch's ({epoch}, checkpoints/last.npz); checkpoints/best.npz holds epoch "
+            f"{best_epoch}, {best}, which mlptrain evaluate loads unless --checkpoint last")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from mlptrain.config.load import RESOLVED, load_config, read_yaml
 from mlptrain.config.schema import Config
 from mlptrain.data import recorded_dataset
@@ -72,3 +74,31 @@ def load_model(config: Config, path: Path, backend, dataset, rows: int):
     except UserError as err:
         raise UserError(f"{path}: {err}; was the config.yaml beside it changed?") from None
     return model
+
+
+def checkpoint_origin(run_dir: Path, checkpoint: str) -> dict:
+    """Which epoch the run's `checkpoint` holds and why: {"epoch", "selected_by", "value"} (the validation
+    metric that picks `best`, and that epoch's value of it) from the checkpoint's own meta/ scalars; {} for a
+    checkpoint without them. Reads only those scalars."""
+    try:
+        with np.load(run_dir / "checkpoints" / f"{checkpoint}.npz", allow_pickle=False) as arrays:
+            epoch = int(arrays["meta/epoch"]) if "meta/epoch" in arrays.files else None
+            best_epoch = int(arrays["meta/best_epoch"]) if "meta/best_epoch" in arrays.files else None
+            metrics = [k for k in arrays.files if k.startswith("meta/best_") and k != "meta/best_epoch"]
+            value = float(arrays[metrics[0]]) if metrics else None
+    except (OSError, ValueError, KeyError):
+        return {}
+    if epoch is None:
+        return {}
+    origin = {"epoch": epoch}
+    if metrics and best_epoch == epoch and value is not None and np.isfinite(value):
+        origin.update(selected_by=metrics[0].removeprefix("meta/best_"), value=value)
+    return origin
+
+
+def describe_origin(checkpoint: str, origin: dict) -> str:
+    """`best checkpoint: epoch 7, best val_acc 0.9871`, or `last checkpoint: epoch 10`."""
+    if not origin:
+        return f"{checkpoint} checkpoint"
+    why = f", best {origin['selected_by']} {origin['value']:.4g}" if "selected_by" in origin else ""
+    return f"{checkpoint} checkpoint: epoch {origin['epoch']}{why}"

@@ -30,7 +30,7 @@ def run_summary(s: Session, run_name: str, last: dict, best: float | None, throu
         "run": run_name, "backend": s.backend.name, "device": s.backend.device_name,
         "parameters": s.model.layout.size, "precision": t.precision,
         **{k: v for k, v in last.items() if k != "step"},
-        f"best_{s.selection[0]}": best, "epochs": t.epochs,
+        f"best_{s.selection[0]}": best, "selected_by": s.selection[0], "epochs": t.epochs,
         "optimizer_steps": state["steps"], "skipped_steps": state["skipped"],
         "loss_scale": state["loss_scale"] if t.precision == "fp16" else None,
         "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps,
