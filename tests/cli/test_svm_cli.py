@@ -121,3 +121,34 @@ def test_svms_of_two_features_files_in_one_folder_each_keep_their_report(rng, tm
         result = mlptrain("svm", f"{name}.npz", "--C", "0.001,0.01", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["pixels.svm.json", "pooled.svm.json"]
+
+
+def test_a_long_fit_says_what_it_fits_and_ctrl_c_ends_it_at_once(tmp_path):
+    """liblinear answers no signal until it returns: the fit runs in a thread, so Ctrl-C acts within a
+    second, with one line, and a line says first what is being fitted and how big."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.cli.test_cli import REPO
+
+    rng = np.random.default_rng(0)  # random labels: liblinear works its way through every iteration
+    np.savez(tmp_path / "big.npz", train_x=rng.standard_normal((20000, 256)).astype(np.float32),
+             train_y=rng.integers(0, 10, 20000), test_x=rng.standard_normal((100, 256)).astype(np.float32),
+             test_y=rng.integers(0, 10, 100))
+    proc = subprocess.Popen([sys.executable, "-m", "mlptrain", "svm", "big.npz", "--C", "1", "--max-iter", "100000"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    line = ""
+    while "fitting LinearSVC" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    assert "fitting LinearSVC, C 1, on 20,000 x 256 features (standardised), at most 100,000" in line
+    time.sleep(1.0)  # into the fit
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[1]
+    assert time.monotonic() - sent < 5 and proc.returncode == 130, rest
+    assert "Traceback" not in rest and len([x for x in rest.splitlines() if x.strip()]) == 1
+    assert not list(tmp_path.glob("*.json"))
