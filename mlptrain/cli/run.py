@@ -33,10 +33,11 @@ def run(
     # here, not at the top: `mlptrain --help` and the other commands need none of this (numpy, the data loaders)
     from rich.table import Table
 
-    from mlptrain.cli.seeds import run_seeds
+    from mlptrain.cli.seeds import finish_seeds, run_seeds
     from mlptrain.cli.signals import StopOnSignal
     from mlptrain.config.load import load_config
     from mlptrain.run_dirs.folders import check_run_name
+    from mlptrain.seeds.finish import is_group
     from mlptrain.training.experiment import Resources, check_same_dataset, create_run
     from mlptrain.training.loop import train
     from mlptrain.training.resume import prepare_resume
@@ -55,6 +56,8 @@ def run(
             raise UserError(f"--resume {resume} continues the run with its own config.yaml: drop '{config}' (only "
                             "train.epochs=N may be given, to train for longer)")
         # with no CONFIG, the first KEY=VALUE lands in the CONFIG argument
+        if is_group(resume):  # a --seeds group: its unfinished seeds, then seeds.json
+            return finish_seeds(resume, ([config] if config is not None else []) + overrides)
         cfg, start = prepare_resume(resume, ([config] if config is not None else []) + overrides)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))
         check_same_dataset(resume, cfg, session.dataset)

@@ -26,8 +26,34 @@ def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path,
     config = load_config(path, overrides)
     if name is not None:
         check_run_name(name)
+        _not_an_unfinished_group(runs_dir / name)
     with StopOnSignal() as stop:
         group, _ = train_seeds(config, seeds, runs_dir, name, path.stem, Resources(), stop)
     console.print(seeds_table(seeds, load_result(group).metrics))
     console.print(f"{len(seeds)} runs and seeds.json written to {group} (compare with: mlptrain compare {group} "
                   "OTHER)", highlight=False, soft_wrap=True)
+
+
+def finish_seeds(group: Path, overrides: list[str]) -> None:
+    """`mlptrain run --resume GROUP_DIR`: finish an interrupted seed group (mlptrain.seeds.finish), then the
+    same table as `--seeds`."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.seeds.finish import finish_group
+    from mlptrain.seeds.report import seeds_table
+    from mlptrain.seeds.results import load_result
+
+    with StopOnSignal() as stop:
+        seeds, _ = finish_group(group, overrides, Resources(), stop)
+    console.print(seeds_table(seeds, load_result(group).metrics))
+    console.print(f"{len(seeds)} runs and seeds.json in {group} (compare with: mlptrain compare {group} OTHER)",
+                  highlight=False, soft_wrap=True)
+
+
+def _not_an_unfinished_group(folder: Path) -> None:
+    """Re-running an interrupted `--seeds` command under its --name: say how to finish that group."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.seeds.finish import is_group
+
+    if is_group(folder) and not (folder / "seeds.json").is_file():
+        raise UserError(f"{folder}: an unfinished seed group of that name exists; finish it with mlptrain run "
+                        f"--resume {folder}, or choose another --name")

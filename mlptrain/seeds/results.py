@@ -16,6 +16,7 @@ from mlptrain.util.regular_file import read_regular_text
 # the final metrics a run reports, in the order tables show them; accuracy is better higher, the rest lower
 FINAL_METRICS = ("test_acc", "test_loss", "val_acc", "val_loss", "test_mse", "val_mse")
 HIGHER_IS_BETTER = {"test_acc": True, "val_acc": True}
+PLAN = "seeds-plan.json"  # a seed group's seeds and config, written first: `run --resume GROUP` finishes it
 MAX_BYTES = 64 * 2**20  # far above any summary (a grad-norm history of a million steps is ~20 MB)
 
 
@@ -67,6 +68,9 @@ def load_result(path: Path) -> Result:
         for name in ("seeds.json", "summary.json"):
             if (path / name).is_file():
                 return load_result(path / name)
+        if (path / PLAN).is_file() or any(path.glob("seed-*/config.yaml")):
+            raise UserError(f"{path}: a seed group whose seeds have not all finished (no seeds.json yet); finish "
+                            f"it with mlptrain run --resume {path}")
         raise UserError(f"{path}: neither seeds.json nor summary.json here; give a finished run directory or "
                         "the directory of `mlptrain run --seeds`")
     data = read_json(path)

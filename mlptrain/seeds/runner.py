@@ -3,7 +3,9 @@
 The runs share the process's backend and dataset (mlptrain.training.experiment.Resources) and, on a GPU, the
 kernels compiled for the first. `NAME/seed-S/` is an ordinary run directory (resume it, extract its
 features); `NAME/seeds.json` holds each final metric's values over the seeds, their mean, standard
-deviation and 95% confidence interval (Student t), and is written only once every seed has finished.
+deviation and 95% confidence interval (Student t), and is written only once every seed has finished;
+`NAME/seeds-plan.json`, written first, lets `mlptrain run --resume NAME` finish an interrupted group
+(mlptrain.seeds.finish).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from mlptrain.config.load import config_to_dict
 from mlptrain.config.schema import INT64_MAX, Config
 from mlptrain.errors import UserError
 from mlptrain.run_dirs.folders import create_run_dir
 from mlptrain.run_dirs.records import write_json
-from mlptrain.seeds.results import HIGHER_IS_BETTER, final_metrics
+from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import train
@@ -61,6 +64,7 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
         session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
         if group is None:
             group = create_run_dir(runs_dir, name, stem)
+            write_json(group / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})
         console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
         try:
             summaries.append(train(session, create_run(seeded, group, f"seed-{seed}", stem), stop=stop))

@@ -24,7 +24,8 @@ def seeds_run(tmp_path_factory):
 
 def test_one_run_per_seed_and_seeds_json(seeds_run):
     _, group, stderr = seeds_run
-    assert sorted(p.name for p in group.iterdir()) == ["seed-0", "seed-5", "seeds.json"]
+    assert sorted(p.name for p in group.iterdir()) == ["seed-0", "seed-5", "seeds-plan.json", "seeds.json"]
+    assert json.loads((group / "seeds-plan.json").read_text())["seeds"] == [0, 5]
     for seed in (0, 5):
         run = group / f"seed-{seed}"
         assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == seed
@@ -84,3 +85,36 @@ def test_compare_refusals(seeds_run, tmp_path):
         result = mlptrain("compare", str(group), str(mse), cwd=cwd)
         assert_clean_failure(result, "summary.json: test_acc is ")
         assert "a final metric is a finite number (or null)" in result.stderr
+
+
+def test_an_interrupted_group_is_finished_by_resuming_it(seeds_run, tmp_path):
+    """A group stopped part-way: seed 0 finished, seed 5 killed after its last checkpoint (no summary), seed
+    7 never started. `run --resume GROUP` keeps seed 0, finishes 5, trains 7 and writes seeds.json; before
+    that, the original command and compare each say how to finish it."""
+    import shutil
+
+    cwd, finished, _ = seeds_run
+    group = tmp_path / "runs" / "tiny"
+    shutil.copytree(finished, group)
+    (group / "seeds.json").unlink()
+    (group / "seed-5" / "summary.json").unlink()
+    plan = json.loads((group / "seeds-plan.json").read_text())
+    (group / "seeds-plan.json").write_text(json.dumps({**plan, "seeds": [0, 5, 7]}))
+    kept = (group / "seed-0" / "summary.json").read_text()
+
+    again = mlptrain("run", "adam_mnist", *TINY, "--seeds", "0,5,7", "--name", "tiny", cwd=tmp_path)
+    assert_clean_failure(again, f"finish it with mlptrain run --resume {group.relative_to(tmp_path)}")
+    assert_clean_failure(mlptrain("compare", str(group), str(finished), cwd=tmp_path),
+                         f"finish it with mlptrain run --resume {group}")
+
+    result = mlptrain("run", "--resume", str(group), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((group / "seeds.json").read_text())
+    assert record["seeds"] == [0, 5, 7] and record["runs"] == ["seed-0", "seed-5", "seed-7"]
+    assert (group / "seed-0" / "summary.json").read_text() == kept  # a finished seed is not trained again
+    assert "seed 0 (" not in result.stderr and "seed 5 (2 of 3)" in result.stderr and "seed 7 (3 of 3)" in result.stderr
+    assert yaml.safe_load((group / "seed-7" / "config.yaml").read_text())["seed"] == 7
+    resumed = json.loads((group / "seed-5" / "summary.json").read_text())
+    original = json.loads((finished / "seed-5" / "summary.json").read_text())
+    assert resumed["test_acc"] == original["test_acc"]  # the checkpoint's model, as the killed run left it
+    assert_clean_failure(mlptrain("run", "--resume", str(group), cwd=tmp_path), "nothing to resume")
