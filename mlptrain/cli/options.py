@@ -27,8 +27,8 @@ def positive_int(text: str, flag: str, maximum: int = MAX_INT) -> int:
 
 # the records of a run, a --seeds group or a sweep (their folders hold config.yaml, seeds.json or
 # results.json): never replaced by a command's output, --force or not
-RUN_RECORDS = ("config.yaml", "summary.json", "metrics.jsonl", "grad_norms.npy", LOCK_NAME, "seeds.json",
-               "results.json", "results.csv", "study.journal", "study.db", "seeds-plan.json")
+RUN_RECORDS = ("config.yaml", "summary.json", "metrics.jsonl", "metrics.csv", "grad_norms.npy", LOCK_NAME,
+               "seeds.json", "seeds-plan.json", "results.json", "results.csv", "study.journal", "study.db")
 
 
 def new_output(path: Path, force: bool, reads: tuple = ()) -> Path:

@@ -1,7 +1,10 @@
-"""What a run leaves behind: TensorBoard scalars and images, metrics.jsonl, and JSON records such as summary.json."""
+"""What a run leaves behind: TensorBoard scalars and images, metrics.jsonl and metrics.csv, and JSON records such as
+summary.json."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import sys
@@ -9,7 +12,7 @@ from pathlib import Path
 
 from mlptrain.errors import UserError
 from mlptrain.util.atomic import write_text
-from mlptrain.util.regular_file import open_regular
+from mlptrain.util.regular_file import open_regular, read_regular_text
 
 
 def _json_value(value):
@@ -59,9 +62,12 @@ class RunLogger:
         self.writer.add_image(tag, image, step, dataformats="HWC")
 
     def evaluation(self, record: dict) -> None:
-        """One JSON object per evaluation, flushed so a crash keeps every line written."""
+        """One JSON object per evaluation, flushed so a crash keeps every line written; then metrics.csv, the
+        same records as a table for a spreadsheet, written afresh from metrics.jsonl (which a resumed run
+        appends to), so that both always hold the same rows."""
         self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
         self._metrics.flush()
+        write_metrics_csv(self.run_dir)
 
     def close(self) -> None:
         try:
@@ -69,6 +75,27 @@ class RunLogger:
             self._metrics.close()
         except OSError as err:  # a full or read-only disk: one line, like every other write
             raise UserError(f"{self.run_dir}: cannot write to it ({err.strerror or err})") from None
+
+
+def write_metrics_csv(run_dir: Path) -> None:
+    """metrics.csv from metrics.jsonl: a row per evaluation, a column per key in the order the keys first
+    appear (epoch, step, train_*, val_*, test_*); an absent or null value is an empty cell. A damaged line
+    of metrics.jsonl is left out here as everywhere it is read."""
+    records = []
+    for line in read_regular_text(run_dir / "metrics.jsonl").splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    table = io.StringIO()
+    writer = csv.writer(table, lineterminator="\n")
+    writer.writerow(columns)
+    for record in records:
+        writer.writerow(["" if record.get(key) is None else record[key] for key in columns])
+    write_text(run_dir / "metrics.csv", table.getvalue())
 
 
 def write_json(path: Path, data: dict) -> None:

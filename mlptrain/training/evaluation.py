@@ -55,17 +55,32 @@ class Evaluator:
                     "test_loss": test_loss, "test_acc": test_acc}
         return {"epoch": epoch, "step": step, "val_mse": val_loss, "test_mse": test_loss}
 
-    def epoch_record(self, val, test, epoch: int, step: int, logger) -> dict:
+    def train_means(self, row_loss, row_correct, rows: int, known: bool = True) -> dict:
+        """The epoch's training loss (and accuracy) as metrics.jsonl records them: the mean over the epoch's
+        `rows` samples of each one's loss when it was trained (the parameters of its step, as Keras and
+        Lightning report it). None where part of the epoch ran in an earlier process that kept no record of
+        it (`known` false)."""
+        loss, acc = self.mean_loss_and_accuracy(row_loss, row_correct, 0, rows) if known and rows else (None, None)
+        return {"train_loss": loss, "train_acc": acc} if self.classifies else {"train_mse": loss}
+
+    def epoch_record(self, val, test, epoch: int, step: int, logger, train: dict | None = None) -> dict:
         """Evaluate on val and test; log the metrics (TensorBoard, metrics.jsonl, one console line, and
-        the autoencoder's reconstructions) and return the record."""
+        the autoencoder's reconstructions) and return the record, with `train` (train_means) first."""
         r = self.record(val, test, epoch, step)
-        logger.scalars(step, {key.replace("_", "/"): value for key, value in r.items() if key not in ("epoch", "step")})
+        r = {"epoch": r["epoch"], "step": r["step"], **(train or {}), **r}
+        # train/loss and train/acc are logged at every read already (mlptrain.training.monitor)
+        logger.scalars(step, {key.replace("_", "/"): value for key, value in r.items()
+                              if key not in ("epoch", "step") and not key.startswith("train_")})
+        said = ""
+        if train and all(value is not None for value in train.values()):
+            said = (f"train loss {train['train_loss']:.4f} acc {train['train_acc']:.4f} | " if self.classifies
+                    else f"train mse {train['train_mse']:.5f} | ")
         if self.classifies:
-            console.print(f"epoch {epoch}: val loss {r['val_loss']:.4f} acc {r['val_acc']:.4f} | test loss "
+            console.print(f"epoch {epoch}: {said}val loss {r['val_loss']:.4f} acc {r['val_acc']:.4f} | test loss "
                           f"{r['test_loss']:.4f} acc {r['test_acc']:.4f}")
         else:
             logger.image("test/reconstructions", self.reconstruction_grid(test), step)
-            console.print(f"epoch {epoch}: val mse {r['val_mse']:.5f} | test mse {r['test_mse']:.5f}")
+            console.print(f"epoch {epoch}: {said}val mse {r['val_mse']:.5f} | test mse {r['test_mse']:.5f}")
         logger.evaluation(r)
         return r
 

@@ -69,7 +69,10 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
-                last = s.evaluator.epoch_record(s.val, s.test, epoch, s.step.read()["steps"], logger)
+                means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
+                                                s.window.rows_known)
+                last = s.evaluator.epoch_record(s.val, s.test, epoch, s.step.read()["steps"], logger, means)
+                s.window.rows_known = True  # the next epoch runs whole in this process
                 best, stopped = _after_evaluation(s, run_dir, last, best)
                 if on_evaluation is not None:
                     on_evaluation(last)
@@ -128,6 +131,8 @@ def _read(s: Session, epoch: int, i: int, read_from: int, read_to: int, t_window
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
     # before anything is written: a mismatched checkpoint changes nothing
     start = restore(resume, s.model, s.step, s.plateau, s.selection[0], s.steps_per_epoch)
+    if start.window:
+        s.window.restore_rows(resume.arrays)
     s.wall_before = start.wall_s
     write_yaml(run_dir / "config.yaml", run_config(s.config, s.dataset, s.backend.name))  # train.epochs may have grown
     console.print(f"resuming {run_dir} after epoch {start.epoch}"
@@ -244,7 +249,10 @@ def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:
     """The arrays of a checkpoint of `s` at `position` (see mlptrain.training.resume.checkpoint_arrays), with the
     run's seconds so far."""
     position = dataclasses.replace(position, wall_s=s.wall_before + time.perf_counter() - s.started)
-    return checkpoint_arrays(s.model, s.step, s.plateau, position, s.config, s.selection[0])
+    arrays = checkpoint_arrays(s.model, s.step, s.plateau, position, s.config, s.selection[0])
+    if position.window:  # inside an epoch: its samples' losses so far, for the epoch's training means
+        arrays.update(s.window.rows_done(position.window))
+    return arrays
 
 
 def save_grad_norms(path: Path, step) -> None:

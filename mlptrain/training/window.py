@@ -42,6 +42,7 @@ class TrainingWindow:
         self.graphs_off = None if train_config.cuda_graphs else "train.cuda_graphs is false"
         self.fallback: str | None = None  # the warning line when a CUDA backend runs without a graph
         self.first_step_at: float | None = None  # time.time() when the first step was queued (summary.json)
+        self.rows_known = True  # whether row_loss holds every trained row of this epoch (see restore_rows)
 
     def start_epoch(self, order: np.ndarray) -> None:
         """Load the epoch's order (a host copy, then a synchronisation: the loop's clock starts after it)."""
@@ -65,6 +66,24 @@ class TrainingWindow:
         self.cursor_at = start + rows
         if self.first_step_at is None:
             self.first_step_at = time.time()
+
+    def rows_done(self, windows: int) -> dict[str, np.ndarray]:
+        """The per-sample results of the epoch's first `windows` optimizer steps, for a checkpoint inside the
+        epoch (epoch/row_loss, epoch/row_correct): a resumed run then reports the whole epoch's means."""
+        rows = min(windows * self.full_rows, self.split.size)
+        return {"epoch/row_loss": np.array(self.backend.to_host(self.row_loss[:rows])),  # copies: training goes on
+                "epoch/row_correct": np.array(self.backend.to_host(self.row_correct[:rows]))}
+
+    def restore_rows(self, arrays: dict) -> None:
+        """Put back a checkpoint's rows_done; a checkpoint without them (written before they were kept)
+        leaves this epoch's training means unknown."""
+        loss, correct = arrays.get("epoch/row_loss"), arrays.get("epoch/row_correct")
+        if loss is None or correct is None or len(loss) != len(correct) or len(loss) > self.split.size:
+            self.rows_known = False
+            return
+        self.backend.copy_from_host(self.row_loss[:len(loss)], np.ascontiguousarray(loss, self.row_loss.dtype))
+        self.backend.copy_from_host(self.row_correct[:len(correct)],
+                                    np.ascontiguousarray(correct, self.row_correct.dtype))
 
     def plan(self, rows: int) -> None:
         """The launches of a window of `rows` samples, for kernel_cache.planning to record (they do not run

@@ -107,6 +107,12 @@ def test_adam_mnist_one_epoch_on_cpu(tmp_path, data_dir):
         assert summary[key] > 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["epoch"] == 1
+    # the epoch's training means beside val and test, and the same record as a table
+    assert list(records[0])[:4] == ["epoch", "step", "train_loss", "train_acc"]
+    assert 0 < records[0]["train_loss"] < 1 and 0.8 < records[0]["train_acc"] < 1
+    header, row = (run / "metrics.csv").read_text().splitlines()
+    assert header.split(",") == list(records[0]) and [float(v) for v in row.split(",")] == list(records[0].values())
+    assert "epoch 1: train loss" in result.stderr
     with np.load(run / "checkpoints" / "last.npz", allow_pickle=False) as ckpt:
         assert ckpt["params/fc1.weight"].shape == (784, 512)
         assert ckpt["optim/m"].shape == ckpt["optim/v"].shape == (669706,)
