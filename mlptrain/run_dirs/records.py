@@ -57,6 +57,15 @@ class RunLogger:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
+    def chart_layout(self, classifies: bool) -> None:
+        """TensorBoard's Custom Scalars dashboard: one chart per metric with its training, validation and test
+        curves together (the Scalars tab draws each tag alone). Tags stay as they are: train/loss, val/loss,
+        ...; this only groups them."""
+        charts = {"loss": ["Multiline", ["train/loss", "val/loss", "test/loss"]],
+                  "accuracy": ["Multiline", ["train/acc", "val/acc", "test/acc"]]} if classifies else \
+            {"mse": ["Multiline", ["train/loss", "val/mse", "test/mse"]]}
+        self.writer.add_custom_scalars({"train, val and test": charts})
+
     def image(self, tag: str, image, step: int) -> None:
         """An (H, W, C) float image in [0, 1]."""
         self.writer.add_image(tag, image, step, dataformats="HWC")

@@ -58,6 +58,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
     logger = RunLogger(run_dir)
+    logger.chart_layout(s.classifies)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window,
                              progress) as monitor:
