@@ -250,9 +250,10 @@ def _parameter(name: str, spec, method: str, source: str):
     raise UserError(f"{where}: expected a list of values or a range {{low: ..., high: ...}}, got {brief(spec)}")
 
 
-def _check_values(raw: dict, parameters: tuple, source: str) -> None:
+def _check_values(raw: dict, parameters: tuple, source: str, problems: _Problems) -> None:
     """Each choice and each end of each range must make a valid config with at least one combination
-    of the other parameters' values (up to MAX_CONTEXTS of them)."""
+    of the other parameters' values (up to MAX_CONTEXTS of them); the first value of each parameter that
+    makes none is noted in `problems`."""
     for p in parameters:
         others = [q for q in parameters if q is not p]
         contexts = list(itertools.islice(itertools.product(*(q.corners for q in others)), MAX_CONTEXTS))
@@ -266,25 +267,58 @@ def _check_values(raw: dict, parameters: tuple, source: str) -> None:
                 except UserError as err:
                     errors.append(err)
             if len(errors) == len(contexts):
-                raise errors[0]
+                problems.note(str(errors[0]))
+                break
 
 
-def _settings(raw: dict, source: str):
-    """(method, trials or None, metric, direction, prune) from a sweep file."""
-    method = _pick(raw.get("method", "grid"), METHODS, f"{source}: method")
-    metric = _pick(raw["metric"], METRICS, f"{source}: metric")
-    direction = _pick(raw.get("direction", METRICS[metric]), ("maximize", "minimize"), f"{source}: direction")
+def _settings(raw: dict, source: str, problems: "_Problems"):
+    """(method, trials or None, metric, direction, prune) from a sweep file; each mistake is noted in
+    `problems` (None stands in for a setting that has one)."""
+    method = problems.check(_pick, raw.get("method", "grid"), METHODS, f"{source}: method")
+    metric = problems.check(_pick, raw["metric"], METRICS, f"{source}: metric") if raw.get("metric") is not None \
+        else None  # noted missing (or misspelt) by the caller
+    direction = problems.check(_pick, raw.get("direction", METRICS.get(metric, "maximize")),
+                               ("maximize", "minimize"), f"{source}: direction")
     prune = raw.get("prune", False)
     if not isinstance(prune, bool) and prune not in PRUNERS:
-        raise UserError(f"{source}: prune: expected true, false or one of Optuna's pruners {', '.join(PRUNERS)}, "
-                        f"got {brief(prune)}")
-    if prune and metric not in PER_EPOCH_METRICS:
-        raise UserError(f"{source}: prune: {metric} is known only at the end of a run; pruning needs a metric "
-                        f"of every evaluation: {', '.join(PER_EPOCH_METRICS)}")
-    if method != "grid" and "trials" not in raw:
-        raise UserError(f"{source}: trials: method {method} needs the number of trials to run")
-    trials = _positive_int(raw["trials"], f"{source}: trials") if "trials" in raw else None
+        problems.note(f"{source}: prune: expected true, false or one of Optuna's pruners {', '.join(PRUNERS)}, "
+                      f"got {brief(prune)}")
+    elif prune and metric is not None and metric not in PER_EPOCH_METRICS:
+        problems.note(f"{source}: prune: {metric} is known only at the end of a run; pruning needs a metric "
+                      f"of every evaluation: {', '.join(PER_EPOCH_METRICS)}")
+    trials = None
+    if method not in ("grid", None) and "trials" not in raw:
+        problems.note(f"{source}: trials: method {method} needs the number of trials to run")
+    elif "trials" in raw:
+        trials = problems.check(_positive_int, raw["trials"], f"{source}: trials")
     return method, trials, metric, direction, prune
+
+
+class _Problems:
+    """The mistakes of one sweep file, noted as they are found so that one line names them all (a file fixed
+    one mistake per run took as many runs as it had mistakes)."""
+
+    def __init__(self, source: str):
+        self.source, self.found = source, []
+
+    def note(self, message: str) -> None:
+        self.found.append(message)
+
+    def check(self, check, *args):
+        """check(*args), or None with its UserError noted."""
+        try:
+            return check(*args)
+        except UserError as err:
+            self.note(str(err))
+            return None
+
+    def raise_any(self) -> None:
+        if len(self.found) == 1:
+            raise UserError(self.found[0])
+        if self.found:
+            prefix = f"{self.source}: "
+            parts = [message.removeprefix(prefix) for message in self.found]
+            raise UserError(f"{prefix}{len(parts)} problems: " + "; ".join(parts))
 
 
 def load_sweep(path: Path, overrides: list[str]) -> Sweep:
@@ -293,24 +327,41 @@ def load_sweep(path: Path, overrides: list[str]) -> Sweep:
     raw, source = read_yaml(path), str(path)
     if not isinstance(raw, dict):
         raise UserError(f"{source}: a sweep file must be a mapping (base, method, metric, parameters, ...)")
+    problems = _Problems(source)
+    meant = set()  # the keys that unknown ones were likely meant as: not also reported missing
     for key in raw:
         if key not in KEYS:
-            raise _unknown(source, key, KEYS)
+            problems.note(str(_unknown(source, key, KEYS)))
+            meant.add(suggest_key(str(key), list(KEYS)) if len(str(key)) < 100 else None)
     for key in ("base", "metric", "parameters"):
-        if raw.get(key) is None:
-            raise UserError(f"{source}: '{key}' is missing (a sweep file names {', '.join(KEYS[1:])})")
-    if not isinstance(raw["base"], str):
-        raise UserError(f"{source}: base: expected a config file or name, got {brief(raw['base'])}")
-    base = base_config(raw["base"], path)
-    base_raw, changed = read_config(base)
-    config_raw = apply_overrides(base_raw, overrides)
-    checked = config_from_dict(config_raw,
-                               source=f"{base} (with the command's overrides)" if overrides else str(base))
-    method, trials, metric, direction, prune = _settings(raw, source)
-    if not isinstance(raw["parameters"], dict) or not raw["parameters"]:
-        raise UserError(f"{source}: parameters: expected a mapping of config keys to values or ranges, "
-                        f"e.g. optim.lr: [1.0e-4, 1.0e-3]")
-    parameters = tuple(_parameter(str(name), spec, method, source) for name, spec in raw["parameters"].items())
+        if raw.get(key) is None and key not in meant:
+            problems.note(f"{source}: '{key}' is missing (a sweep file names {', '.join(KEYS[1:])})")
+    config_raw = checked = None
+    if raw.get("base") is None:
+        pass  # noted missing (or misspelt) above
+    elif not isinstance(raw["base"], str):
+        problems.note(f"{source}: base: expected a config file or name, got {brief(raw['base'])}")
+    else:
+        try:
+            base = base_config(raw["base"], path)
+            base_raw, changed = read_config(base)
+            config_raw = apply_overrides(base_raw, overrides)
+            checked = config_from_dict(config_raw,
+                                       source=f"{base} (with the command's overrides)" if overrides else str(base))
+        except UserError as err:
+            problems.note(str(err))
+    method, trials, metric, direction, prune = _settings(raw, source, problems)
+    if raw.get("parameters") is None:
+        parameters = ()  # noted missing (or misspelt) above
+    elif not isinstance(raw["parameters"], dict) or not raw["parameters"]:
+        problems.note(f"{source}: parameters: expected a mapping of config keys to values or ranges, "
+                      f"e.g. optim.lr: [1.0e-4, 1.0e-3]")
+        parameters = ()
+    else:
+        # a misspelt method: its parameters are checked as random's (lists and ranges), not also faulted
+        parameters = tuple(problems.check(_parameter, str(name), spec, method or "random", source)
+                           for name, spec in raw["parameters"].items())
+    problems.raise_any()  # what follows builds configs from all of these
     given = [parse_override(text) for text in overrides]
     if "model.type" not in raw["parameters"]:  # else some trials' model may read what the others' do not
         check_model_keys(checked.model.type, dict(given), "override")
@@ -322,7 +373,8 @@ def load_sweep(path: Path, overrides: list[str]) -> Sweep:
         if trials > MAX_TRIALS:
             raise UserError(f"{source}: parameters: the grid has {trials:,} points; a sweep runs at most "
                             f"{MAX_TRIALS:,} trials (fewer values, or method random or tpe)")
-    _check_values(config_raw, parameters, source)
+    _check_values(config_raw, parameters, source, problems)
+    problems.raise_any()
     changed = (*changed, *(key for key, _ in given if key != "description"))
     return Sweep(config_raw, method, trials, metric, direction, prune, parameters,
                  () if "description" in dict(given) else changed)

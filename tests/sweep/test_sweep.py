@@ -226,6 +226,29 @@ def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_
         assert any(v.tag == "val/acc" for v in values), sorted({v.tag for v in values})
 
 
+def test_every_mistake_of_a_sweep_file_is_named_in_one_line(tmp_path):
+    """A file with several mistakes names them all at once, not one per run."""
+    raw = {"base": "adam_mnist", "metrik": "val_acc", "method": "bayes", "prune": "asha",
+           "parameters": {"optim.lrr": [1e-3], "optim.lr": [-1], "train.epochs": [1, 1]}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(UserError) as err:
+        load_sweep(path, [])
+    message = str(err.value)
+    assert "\n" not in message and f"{path}: 5 problems: " in message, message
+    for fragment in ("unknown key 'metrik'; did you mean 'metric'?", "method: 'bayes' is not one of",
+                     "prune: expected true, false or one of", "unknown key 'optim.lrr'", "distinct values"):
+        assert fragment in message, fragment
+    assert "'metric' is missing" not in message  # the misspelt key says it already
+    # values are checked against the config once the file itself is sound: every parameter's bad value at once
+    path.write_text(yaml.safe_dump({"base": "adam_mnist", "metric": "val_acc",
+                                    "parameters": {"optim.lr": [1e-3, -1], "train.epochs": [0, 2]}}))
+    with pytest.raises(UserError) as err:
+        load_sweep(path, [])
+    assert f"{path}: 2 problems: " in str(err.value) and "optim.lr: must be > 0" in str(err.value)
+    assert "train.epochs" in str(err.value).split("; ")[-1]
+
+
 @pytest.mark.parametrize("prune, pruner", [(True, "MedianPruner"), ("median", "MedianPruner"),
                                            ("successive_halving", "SuccessiveHalvingPruner"),
                                            ("hyperband", "HyperbandPruner"), (False, "NopPruner")])
