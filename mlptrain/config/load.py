@@ -81,24 +81,43 @@ def _convert(value, tp, where):
     raise UserError(f"{where}: expected {_type_name(tp)}, got {brief(value)}")
 
 
-def _build(cls, raw, source, prefix=""):
+def _build(cls, raw, source, prefix="", problems: list | None = None):
+    """`cls` built from `raw`, every unknown key and bad value noted in `problems` (the caller's list when
+    nested); at the top, they are raised together in one line (a config fixed one mistake per run took
+    as many runs as it had mistakes). None where a nested part has a problem."""
+    top = problems is None
+    problems = [] if top else problems
     if not isinstance(raw, dict):
         where = prefix.rstrip(".") or "the config"
         keys = f" (its keys: {', '.join(f.name for f in dataclasses.fields(cls))})" if prefix else ""
-        raise UserError(f"{source}: {where} must be a mapping of keys to values{keys}, got {brief(raw)}")
+        problems.append(f"{source}: {where} must be a mapping of keys to values{keys}, got {brief(raw)}")
+        return _raise_together(problems, source) if top else None
     hints = typing.get_type_hints(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in names:
-            raise _unknown_key(source, f"{prefix}{key}")
     values = {}
     for name, value in raw.items():
+        if name not in names:
+            problems.append(str(_unknown_key(source, f"{prefix}{name}")))
+            continue
         f, dotted, tp = names[name], f"{prefix}{name}", hints[name]
         if dataclasses.is_dataclass(tp):
-            values[name] = _build(tp, value if value is not None else {}, source, dotted + ".")
+            values[name] = _build(tp, value if value is not None else {}, source, dotted + ".", problems)
             continue
-        values[name] = _field_value(f, tp, value, f"{source}: {dotted}")
+        try:
+            values[name] = _field_value(f, tp, value, f"{source}: {dotted}")
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        return _raise_together(problems, source) if top else None
     return cls(**values)
+
+
+def _raise_together(problems: list[str], source: str):
+    """One UserError naming every problem: as it is when there is one, else `SOURCE: N problems: a; b`."""
+    if len(problems) == 1:
+        raise UserError(problems[0])
+    prefix = f"{source}: "
+    raise UserError(f"{prefix}{len(problems)} problems: " + "; ".join(m.removeprefix(prefix) for m in problems))
 
 
 def _field_value(f, tp, value, where: str):
@@ -119,28 +138,39 @@ def _field_value(f, tp, value, where: str):
 def check_override_values(overrides: list[str]) -> list[tuple[str, Any]]:
     """Each `KEY=VALUE` checked on its own, so that a bad value is blamed on the command line (`override
     optim.lr=fast: expected float, got 'fast'`), not on the config file it lands in; returns each one's
-    (dotted key, value) as `parse_override` reads it."""
-    parsed = []
+    (dotted key, value) as `parse_override` reads it. Every bad override is named, in one line."""
+    parsed, problems = [], []
     for text in overrides:
         dotted, value = parse_override(text)
         parsed.append((dotted, value))
-        if isinstance(value, dict) and dotted in valid_sections():  # a section given whole: each of its keys
-            check_override_values([f"{dotted}.{key}={json.dumps(inner)}" for key, inner in value.items()])
-            continue
-        if dotted in valid_sections():  # `model.init=pytorch`: a section given a plain value
-            keys = [k for k in valid_keys() if k.rpartition(".")[0] == dotted]
-            raise UserError(f"override {brief_text(text)}: {dotted} is a section; set one of its keys "
-                            f"({', '.join(keys)})")
-        if dotted not in valid_keys():
-            raise _unknown_key("override", dotted)
-        cls = Config
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            cls = typing.get_type_hints(cls)[part]
-        f = {f.name: f for f in dataclasses.fields(cls)}[leaf]
-        where = f"override {dotted}={brief_text(text.partition('=')[2].strip())}"
-        _field_value(f, typing.get_type_hints(cls)[leaf], value, where)
+        try:
+            _check_override(text, dotted, value)
+        except UserError as err:
+            problems.append(str(err))
+    if len(problems) > 1:
+        raise UserError(f"{len(problems)} problems in the overrides: " + "; ".join(problems))
+    if problems:
+        raise UserError(problems[0])
     return parsed
+
+
+def _check_override(text: str, dotted: str, value) -> None:
+    if isinstance(value, dict) and dotted in valid_sections():  # a section given whole: each of its keys
+        check_override_values([f"{dotted}.{key}={json.dumps(inner)}" for key, inner in value.items()])
+        return
+    if dotted in valid_sections():  # `model.init=pytorch`: a section given a plain value
+        keys = [k for k in valid_keys() if k.rpartition(".")[0] == dotted]
+        raise UserError(f"override {brief_text(text)}: {dotted} is a section; set one of its keys "
+                        f"({', '.join(keys)})")
+    if dotted not in valid_keys():
+        raise _unknown_key("override", dotted)
+    cls = Config
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        cls = typing.get_type_hints(cls)[part]
+    f = {f.name: f for f in dataclasses.fields(cls)}[leaf]
+    where = f"override {dotted}={brief_text(text.partition('=')[2].strip())}"
+    _field_value(f, typing.get_type_hints(cls)[leaf], value, where)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -138,3 +138,23 @@ def test_random_overrides_validate_or_raise_user_error(tmp_path_factory, overrid
     path = tmp_path_factory.mktemp("c") / "c.yaml"
     path.write_text("optim: {name: adam}\n")
     validates_or_refuses(lambda: load_config(path, [key + value for key, value in overrides]))
+
+
+def test_every_mistake_of_a_config_and_of_the_overrides_is_named_in_one_line(tmp_path):
+    """A config fixed one mistake per run took as many runs as it had mistakes."""
+    from mlptrain.config.load import check_override_values, load_config
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("optim:\n  lrr: 0.1\n  name: adamm\ntrain:\n  epochs: -1\n  batch_size: x\n")
+    with pytest.raises(UserError) as err:
+        load_config(path, [])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}: 4 problems: unknown key 'optim.lrr'")
+    for fragment in ("optim.name: 'adamm' is not one of", "train.epochs: must be in", "train.batch_size: expected int"):
+        assert fragment in message
+    with pytest.raises(UserError) as err:
+        check_override_values(["optim.lrr=1", "train.epochs=0", "model.activation=relux", "optim.lr=0.1"])
+    assert str(err.value).startswith("3 problems in the overrides: override: unknown key 'optim.lrr'")
+    assert "model.activation=relux: 'relux' is not one of" in str(err.value)
+    with pytest.raises(UserError, match=r"^override train.epochs=0: must be in"):  # one alone: as it was
+        check_override_values(["train.epochs=0"])
