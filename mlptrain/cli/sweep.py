@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -211,7 +212,7 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from threadpoolctl import threadpool_limits
 
-    from mlptrain.sweep.workers import blas_share, cores, run_workers
+    from mlptrain.sweep.workers import BLAS_THREADS, blas_share, cores, run_workers
 
     def here():
         engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,
@@ -224,9 +225,12 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
         console.print(f"note: {workers} workers on {cores()} CPU cores: the workers beyond {cores()} only take turns "
                       "with the others", highlight=False)
     share = blas_share(workers)
+    # NumPy is loaded here: its BLAS threads are limited now, as the children's by their environment; what
+    # the user set NumPy read at its import already
+    limit = None if any(name in os.environ for name in BLAS_THREADS) else max(1, cores() // workers)
 
-    def here_with_its_share():  # NumPy is loaded here: its BLAS threads are limited now, as the children's
-        with threadpool_limits(limits=int(share["OPENBLAS_NUM_THREADS"]), user_api="blas"):
+    def here_with_its_share():
+        with threadpool_limits(limits=limit, user_api="blas"):
             here()
 
     return run_workers(command, workers, slots, sweep_dir, study, spec, study_storage, here=here_with_its_share,

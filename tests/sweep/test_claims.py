@@ -183,3 +183,19 @@ def test_sigterm_stops_a_sweep_and_its_workers(tmp_path, data_dir):
     assert not [t for t in trials if t.state.name == "RUNNING"] and stopped <= retried  # each queued again
     for log in (tmp_path / "runs" / "t").glob("worker-*.log"):
         assert "Traceback" not in log.read_text()
+
+
+def test_a_heartbeat_due_as_the_trial_ends_says_nothing(tmp_path):
+    """The heartbeat thread may beat just after its trial was told its outcome: in a journal that write is
+    refused for a finished trial, and must not print the heartbeat's failure warning."""
+    storage = journal(tmp_path / "study.journal")
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.enqueue_trial({"x": 1})
+    study_id = storage.get_study_id_from_name("s")
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, 0)
+    assert claims.claim(storage, trial_id, claims.this_worker())
+    claims.beat(storage, trial_id)
+    assert claims.HEARTBEAT in storage.get_trial(trial_id).system_attrs
+    storage.set_trial_state_values(trial_id, optuna.trial.TrialState.COMPLETE, [1.0])
+    claims.beat(storage, trial_id)  # after the outcome: nothing raised
+    assert claims.abandoned(storage, study_id, 0.0) == []
