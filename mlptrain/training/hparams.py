@@ -15,14 +15,15 @@ from mlptrain.config.schema import Config
 
 
 def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
-    """Dotted keys to scalar values (lists and None as text) of the config as the run used it (see
-    `resolved_dict`), with the effective batch size; the description is left out."""
+    """Dotted keys to scalar values (lists as text, an unset value such as data.path as a blank cell rather
+    than `None`) of the config as the run used it (see `resolved_dict`), with the effective batch size; the
+    description is left out."""
     def flatten(values: dict, prefix: str):
         for key, value in values.items():
             if isinstance(value, dict):
                 yield from flatten(value, f"{prefix}{key}.")
             elif key != "description":
-                yield prefix + key, str(value) if isinstance(value, (list, type(None))) else value
+                yield prefix + key, "" if value is None else str(value) if isinstance(value, list) else value
 
     values = dict(flatten(resolved_dict(config, backend, data_root), ""))
     values["train.effective_batch_size"] = config.train.effective_batch_size

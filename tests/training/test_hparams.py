@@ -47,3 +47,4 @@ def test_the_values_are_the_config_as_run():
     values = hparam_values(config_from_dict({"model": {"type": "conv_autoencoder"}}), backend="cpu", data_root="/d")
     assert values["backend"] == "cpu" and values["data.root"] == "/d" and values["model.channels"] == "[256, 128]"
     assert "model.hidden" not in values and values["train.effective_batch_size"] == 128
+    assert values["data.path"] == ""  # unset: a blank cell in the dashboard, not "None"
