@@ -23,3 +23,16 @@ class TrainingInterrupted(UserError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def problems_error(problems: list[str], source: str = "") -> UserError:
+    """One UserError naming every problem of one input (a config, a sweep file, the overrides): the problem
+    as it is when there is one, else `SOURCE: N problems: a; b` with each problem's own `SOURCE: ` dropped
+    (or `N problems in SOURCE: ...` when the problems do not start with it). An input fixed one mistake per
+    run took as many runs as it had mistakes."""
+    if len(problems) == 1:
+        return UserError(problems[0])
+    prefix = f"{source}: "
+    if source and all(problem.startswith(prefix) for problem in problems):
+        return UserError(f"{prefix}{len(problems)} problems: " + "; ".join(p.removeprefix(prefix) for p in problems))
+    return UserError(f"{len(problems)} problems{f' in {source}' if source else ''}: " + "; ".join(problems))

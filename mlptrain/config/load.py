@@ -19,7 +19,7 @@ from mlptrain.config.safe_yaml import brief, brief_text, load_yaml_text
 from mlptrain.config.safe_yaml import read_yaml as read_yaml_file
 from mlptrain.config.schema import INT64_MAX, Config, init_scheme, valid_keys, valid_sections
 from mlptrain.config.suggestions import suggest_key, suggest_value
-from mlptrain.errors import UserError
+from mlptrain.errors import UserError, problems_error
 
 
 def _unknown_key(source, dotted):
@@ -87,37 +87,31 @@ def _build(cls, raw, source, prefix="", problems: list | None = None):
     as many runs as it had mistakes). None where a nested part has a problem."""
     top = problems is None
     problems = [] if top else problems
+    values = {}
     if not isinstance(raw, dict):
         where = prefix.rstrip(".") or "the config"
         keys = f" (its keys: {', '.join(f.name for f in dataclasses.fields(cls))})" if prefix else ""
         problems.append(f"{source}: {where} must be a mapping of keys to values{keys}, got {brief(raw)}")
-        return _raise_together(problems, source) if top else None
-    hints = typing.get_type_hints(cls)
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for name, value in raw.items():
-        if name not in names:
-            problems.append(str(_unknown_key(source, f"{prefix}{name}")))
-            continue
-        f, dotted, tp = names[name], f"{prefix}{name}", hints[name]
-        if dataclasses.is_dataclass(tp):
-            values[name] = _build(tp, value if value is not None else {}, source, dotted + ".", problems)
-            continue
-        try:
-            values[name] = _field_value(f, tp, value, f"{source}: {dotted}")
-        except UserError as err:
-            problems.append(str(err))
+    else:
+        hints = typing.get_type_hints(cls)
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        for name, value in raw.items():
+            if name not in names:
+                problems.append(str(_unknown_key(source, f"{prefix}{name}")))
+                continue
+            f, dotted, tp = names[name], f"{prefix}{name}", hints[name]
+            if dataclasses.is_dataclass(tp):
+                values[name] = _build(tp, value if value is not None else {}, source, dotted + ".", problems)
+                continue
+            try:
+                values[name] = _field_value(f, tp, value, f"{source}: {dotted}")
+            except UserError as err:
+                problems.append(str(err))
+    if problems and top:
+        raise problems_error(problems, source)
     if problems:
-        return _raise_together(problems, source) if top else None
+        return None
     return cls(**values)
-
-
-def _raise_together(problems: list[str], source: str):
-    """One UserError naming every problem: as it is when there is one, else `SOURCE: N problems: a; b`."""
-    if len(problems) == 1:
-        raise UserError(problems[0])
-    prefix = f"{source}: "
-    raise UserError(f"{prefix}{len(problems)} problems: " + "; ".join(m.removeprefix(prefix) for m in problems))
 
 
 def _field_value(f, tp, value, where: str):
@@ -147,10 +141,8 @@ def check_override_values(overrides: list[str]) -> list[tuple[str, Any]]:
             _check_override(text, dotted, value)
         except UserError as err:
             problems.append(str(err))
-    if len(problems) > 1:
-        raise UserError(f"{len(problems)} problems in the overrides: " + "; ".join(problems))
     if problems:
-        raise UserError(problems[0])
+        raise problems_error(problems, "the overrides")
     return parsed
 
 

@@ -86,18 +86,29 @@ class RunLogger:
             raise UserError(f"{self.run_dir}: cannot write to it ({err.strerror or err})") from None
 
 
-def write_metrics_csv(run_dir: Path) -> None:
-    """metrics.csv from metrics.jsonl: a row per evaluation, a column per key in the order the keys first
-    appear (epoch, step, train_*, val_*, test_*); an absent or null value is an empty cell. A damaged line
-    of metrics.jsonl is left out here as everywhere it is read."""
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of metrics.jsonl that read as JSON objects, in order; a damaged line (a crash mid-write,
+    RecursionError: nested too deeply) is left out; none when the file cannot be read."""
+    try:
+        lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
+    except OSError:
+        return []
     records = []
-    for line in read_regular_text(run_dir / "metrics.jsonl").splitlines():
+    for line in lines:
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
             records.append(record)
+    return records
+
+
+def write_metrics_csv(run_dir: Path) -> None:
+    """metrics.csv from metrics.jsonl: a row per evaluation, a column per key in the order the keys first
+    appear (epoch, step, train_*, val_*, test_*); an absent or null value is an empty cell. A damaged line
+    of metrics.jsonl is left out here as everywhere it is read."""
+    records = read_metrics(run_dir)
     columns = list(dict.fromkeys(key for record in records for key in record))
     table = io.StringIO()
     writer = csv.writer(table, lineterminator="\n")

@@ -18,7 +18,7 @@ from mlptrain.errors import UserError
 from mlptrain.run_dirs.lock import lock_run
 from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import PLAN
-from mlptrain.seeds.runner import seeds_record
+from mlptrain.seeds.runner import seed_named, seeds_record
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import train
 from mlptrain.training.resume import prepare_resume
@@ -76,7 +76,7 @@ def finish_group(group: Path, overrides: list[str], resources: Resources, stop=N
 
 
 def _finish_seed(run_dir: Path, seed: int, config: dict | None, resources: Resources, stop) -> dict:
-    try:
+    with seed_named(seed):
         if (run_dir / "checkpoints" / "last.npz").is_file():
             cfg, start = prepare_resume(run_dir, [])
             session = build_session(cfg, *resources.prepare(cfg, start_compilers=True))
@@ -88,7 +88,3 @@ def _finish_seed(run_dir: Path, seed: int, config: dict | None, resources: Resou
         seeded = dataclasses.replace(config_from_dict(config), seed=seed)
         session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
         return train(session, create_run(seeded, run_dir.parent, run_dir.name, "seed"), stop=stop)
-    except UserError as err:
-        if getattr(err, "exit_code", 2) == 2:  # an interrupted run's own line already names its directory
-            raise type(err)(f"seed {seed}: {err}") from None
-        raise

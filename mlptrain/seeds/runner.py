@@ -11,6 +11,7 @@ deviation and 95% confidence interval (Student t), and is written only once ever
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlptrain.config.load import config_to_dict
@@ -66,16 +67,24 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
             group = create_run_dir(runs_dir, name, stem)
             write_json(group / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})
         console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
-        try:
+        with seed_named(seed):
             summaries.append(train(session, create_run(seeded, group, f"seed-{seed}", stem), stop=stop))
-        except UserError as err:
-            if getattr(err, "exit_code", 2) == 2:  # an interrupted run's own line already names its directory
-                raise type(err)(f"seed {seed}: {err}") from None
-            raise
         session = None  # its buffers go before the next seed's are allocated
     record = seeds_record(seeds, summaries)
     write_json(group / "seeds.json", record)
     return group, record
+
+
+@contextmanager
+def seed_named(seed: int):
+    """A seed's failure says which seed (`seed 3: ...`); an interrupted run's own line names its directory
+    already."""
+    try:
+        yield
+    except UserError as err:
+        if getattr(err, "exit_code", 2) == 2:
+            raise type(err)(f"seed {seed}: {err}") from None
+        raise
 
 
 def seeds_record(seeds: list[int], summaries: list[dict]) -> dict:

@@ -32,7 +32,7 @@ from mlptrain.config.rules import check_model_keys
 from mlptrain.config.safe_yaml import brief
 from mlptrain.config.schema import Config, valid_keys
 from mlptrain.config.suggestions import suggest_key, suggest_value
-from mlptrain.errors import UserError
+from mlptrain.errors import UserError, problems_error
 
 # The summary.json keys a sweep can rank by, with their natural direction: a classifier's accuracy and
 # loss, the autoencoder's reconstruction MSE. The PER_EPOCH ones are in every evaluation record too, so
@@ -313,12 +313,8 @@ class _Problems:
             return None
 
     def raise_any(self) -> None:
-        if len(self.found) == 1:
-            raise UserError(self.found[0])
         if self.found:
-            prefix = f"{self.source}: "
-            parts = [message.removeprefix(prefix) for message in self.found]
-            raise UserError(f"{prefix}{len(parts)} problems: " + "; ".join(parts))
+            raise problems_error(self.found, self.source)
 
 
 def load_sweep(path: Path, overrides: list[str]) -> Sweep:

@@ -14,7 +14,6 @@ Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: s
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
 from mlptrain.run_dirs.lock import check_space
-from mlptrain.run_dirs.records import RunLogger, write_json
+from mlptrain.run_dirs.records import RunLogger, read_metrics, write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.experiment import data_root, run_config
@@ -36,7 +35,6 @@ from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
 from mlptrain.util.atomic import atomic_write
 from mlptrain.util.console import console
-from mlptrain.util.regular_file import read_regular_text
 
 
 def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
@@ -144,16 +142,8 @@ def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
 def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
     """The evaluation record of the checkpoint's epoch, from metrics.jsonl (written before the checkpoint);
     evaluated again (the same parameters, so the same numbers) when the file lost it."""
-    try:
-        lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
-    except OSError:
-        lines = []
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # a damaged line (RecursionError: nested too deeply)
-            continue
-        if isinstance(record, dict) and record.get("epoch") == start.epoch:
+    for record in reversed(read_metrics(run_dir)):
+        if record.get("epoch") == start.epoch:
             return record
     return s.evaluator.epoch_record(s.val, s.test, start.epoch, s.step.read()["steps"], logger)
 

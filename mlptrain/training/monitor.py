@@ -4,6 +4,7 @@ scalars, move the progress bar, and keep the throughput the run summary reports.
 
 from __future__ import annotations
 
+import bisect
 import time
 
 import numpy as np
@@ -24,7 +25,9 @@ class TrainingMonitor:
         self.logger, self.config, self.per_epoch, self.classifies = logger, config, steps_per_epoch, classifies
         self.bar = bar
         self.done = (epoch, window)
-        self.seconds, self.samples, self.rates = 0.0, 0, []  # time in training steps, samples, each read's rate
+        # time in training steps, samples, and each read's rate kept sorted: the bar shows their median at
+        # every read, which a sort of them all each time would make grow with the run
+        self.seconds, self.samples, self.rates = 0.0, 0, []
 
     def __enter__(self) -> "TrainingMonitor":
         epoch, window = self.done
@@ -55,7 +58,7 @@ class TrainingMonitor:
         rate = w["samples"] / w["seconds"]
         self.seconds += w["seconds"]
         self.samples += w["samples"]
-        self.rates.append(rate)
+        bisect.insort(self.rates, rate)
         scalars = {"train/loss": w["loss"], "opt/lr": w["lr"], "opt/grad_norm": w["grad_norm"],
                    "perf/samples_per_s": rate}
         if self.classifies:
@@ -76,5 +79,7 @@ class TrainingMonitor:
         launches' JIT compilation), mean_samples_per_s and train_s."""
         if not self.rates:  # a resumed run that only had its summary left to write
             return {"samples_per_s": None, "mean_samples_per_s": None, "train_s": 0.0}
-        return {"samples_per_s": float(np.median(self.rates)), "mean_samples_per_s": self.samples / self.seconds,
+        n, rates = len(self.rates), self.rates
+        median = rates[n // 2] if n % 2 else (rates[n // 2 - 1] + rates[n // 2]) / 2  # as np.median
+        return {"samples_per_s": float(median), "mean_samples_per_s": self.samples / self.seconds,
                 "train_s": self.seconds}
