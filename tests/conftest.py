@@ -42,6 +42,10 @@ def pytest_unconfigure(config):
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 ON_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 DATA_DIR = Path(os.environ.get("MLPTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "datasets")).resolve()
+if "MLPTRAIN_DATA_DIR" in os.environ:
+    # CI sets a relative path (../shared/datasets): the tests' subprocesses that start in a temporary folder
+    # must find the same data
+    os.environ["MLPTRAIN_DATA_DIR"] = str(DATA_DIR)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -56,6 +56,7 @@ def sweep(
     from mlptrain.backends.cuda import driver_gpu_count
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
+    from mlptrain.sweep.storage import absolute, check_storage, default_storage
     from mlptrain.sweep.threads import TrialThreads, gpu_shares, process_per_gpu, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
@@ -67,6 +68,8 @@ def sweep(
     name = check_run_name(name if name is not None else path.stem)
     if not 1 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")
+    if storage is not None:  # before the data is loaded: a mistyped --storage is refused at once
+        check_storage(storage)
     sweep_dir = runs_dir / name
     resources, base_config = Resources(), config_from_dict(spec.raw)
     if base_config.backend != "cpu":
@@ -91,9 +94,7 @@ def sweep(
         from mlptrain.sweep.report import results_table, trial_rows, write_results
         from mlptrain.sweep.workers import blas_share, gpu_slots, start_workers
 
-        if storage is not None:
-            studies.check_storage(storage)
-        url = studies.absolute(storage) if storage is not None else studies.default_storage(sweep_dir)
+        url = absolute(storage) if storage is not None else default_storage(sweep_dir)
         processes = len(shares) if shares else workers if not gpus else 1
         created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if processes > 1 else [None]
         command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
