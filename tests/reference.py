@@ -87,7 +87,8 @@ def softmax_cross_entropy(logits, labels, grad_scale):
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_total = np.log(np.exp(shifted).sum(axis=1))
     loss = log_total - shifted[rows, labels]
-    correct = (np.argmax(logits, axis=1) == labels).astype(np.int32)
+    predicted = np.argmax(logits, axis=1)
+    correct = np.where(predicted == labels, 1, -1 - predicted).astype(np.int32)  # a miss: -1 - the prediction
     probs = np.exp(shifted - log_total[:, None])
     probs[rows, labels] -= 1.0
     return loss, correct, probs * grad_scale

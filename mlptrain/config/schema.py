@@ -176,6 +176,9 @@ class TrainConfig:
     eval_batch_size: int = _option(1000, check=_count(INDEX_MAX))
     log_every: int = _option(50, check=_positive, doc="steps between metric reads (the only host syncs)")
     checkpoint_every_epochs: int = _option(1, check=_positive)
+    eval_test: str = _option("end", choices=("end", "every_epoch"),
+                             doc="end: the test split once, on the parameters the run ends with (as Keras and "
+                                 "Lightning do); every_epoch: after every epoch's validation too")
     precision: str = _option("fp32", choices=("fp32", "fp16", "bf16"),
                              doc="fp16/bf16: mixed precision with fp32 master weights and gradients")
     grad_accum_steps: int = _option(1, check=_count(INDEX_MAX), doc="micro-batches of batch_size per optimizer step")

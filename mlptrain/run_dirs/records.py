@@ -8,6 +8,7 @@ import io
 import json
 import math
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlptrain.errors import UserError
@@ -39,6 +40,20 @@ def summary_writer_class():
     return SummaryWriter
 
 
+SPLITS = ("train", "val", "test")
+# a record's metric suffix as TensorBoard groups it
+METRIC_NAMES = {"loss": "loss", "acc": "accuracy", "mse": "mse"}
+
+
+def metric_tag(key: str) -> str:
+    """A record's key (`val_acc`, `test_loss`, `train_mse`) as its TensorBoard tag, metric first (`accuracy/val`):
+    TensorBoard groups tags by what comes before the slash and sorts the groups by name, so the metrics
+    open first (accuracy, loss or mse, then opt and perf) with their training, validation and test curves
+    side by side, and HParams' metric columns, sorted by tag, start with them."""
+    split, metric = key.split("_", 1)
+    return f"{METRIC_NAMES[metric]}/{split}"
+
+
 class RunLogger:
     """TensorBoard events and metrics.jsonl under the run directory."""
 
@@ -52,6 +67,7 @@ class RunLogger:
             raise UserError(f"{path}: cannot append to it ({err.strerror or err}); it must be a writable "
                             "file (or absent)") from None
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
+        self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
@@ -59,16 +75,22 @@ class RunLogger:
 
     def chart_layout(self, classifies: bool) -> None:
         """TensorBoard's Custom Scalars dashboard: one chart per metric with its training, validation and test
-        curves together (the Scalars tab draws each tag alone). Tags stay as they are: train/loss, val/loss,
-        ...; this only groups them."""
-        charts = {"loss": ["Multiline", ["train/loss", "val/loss", "test/loss"]],
-                  "accuracy": ["Multiline", ["train/acc", "val/acc", "test/acc"]]} if classifies else \
-            {"mse": ["Multiline", ["train/loss", "val/mse", "test/mse"]]}
+        curves together (the Scalars tab draws each tag alone, grouped by the metric: see metric_tag)."""
+        metrics = ("loss", "accuracy") if classifies else ("mse",)
+        charts = {metric: ["Multiline", [f"{metric}/{split}" for split in SPLITS]] for metric in metrics}
         self.writer.add_custom_scalars({"train, val and test": charts})
 
     def image(self, tag: str, image, step: int) -> None:
         """An (H, W, C) float image in [0, 1]."""
         self.writer.add_image(tag, image, step, dataformats="HWC")
+
+    def image_later(self, tag: str, draw, step: int) -> None:
+        """`image(tag, draw(), step)` on a thread of the logger's own, in order: drawing and compressing an image
+        takes milliseconds that the training loop, which mostly waits on the device or on NumPy, need not
+        spend; `close` waits for them."""
+        if self._drawing is None:
+            self._drawing = ThreadPoolExecutor(1, thread_name_prefix="tensorboard-images")
+        self._drawn.append(self._drawing.submit(lambda: self.image(tag, draw(), step)))
 
     def evaluation(self, record: dict) -> None:
         """One JSON object per evaluation, flushed so a crash keeps every line written; then metrics.csv, the
@@ -80,8 +102,14 @@ class RunLogger:
 
     def close(self) -> None:
         try:
-            self.writer.close()
-            self._metrics.close()
+            try:
+                if self._drawing is not None:
+                    self._drawing.shutdown(wait=True)
+                    for image in self._drawn:
+                        image.result()  # its exception, if drawing failed
+            finally:
+                self.writer.close()
+                self._metrics.close()
         except OSError as err:  # a full or read-only disk: one line, like every other write
             raise UserError(f"{self.run_dir}: cannot write to it ({err.strerror or err})") from None
 

@@ -271,6 +271,18 @@ def _check_values(raw: dict, parameters: tuple, source: str, problems: _Problems
                 break
 
 
+def _check_pruned_metric(config: Config, parameters: tuple, metric: str, prune, source: str,
+                         problems: "_Problems") -> None:
+    """A pruned test metric needs the test split evaluated every epoch: with train.eval_test end (the default)
+    its trials would report nothing to prune on."""
+    if not prune or not metric.startswith("test_"):
+        return
+    varied = next((p for p in parameters if p.name == "train.eval_test"), None)
+    if "end" in (varied.corners if varied is not None else (config.train.eval_test,)):
+        problems.note(f"{source}: prune: {metric} is evaluated only at the end of a run (train.eval_test: end); "
+                      "prune on a validation metric, or set train.eval_test=every_epoch")
+
+
 def _settings(raw: dict, source: str, problems: "_Problems"):
     """(method, trials or None, metric, direction, prune) from a sweep file; each mistake is noted in
     `problems` (None stands in for a setting that has one)."""
@@ -370,6 +382,7 @@ def load_sweep(path: Path, overrides: list[str]) -> Sweep:
             raise UserError(f"{source}: parameters: the grid has {trials:,} points; a sweep runs at most "
                             f"{MAX_TRIALS:,} trials (fewer values, or method random or tpe)")
     _check_values(config_raw, parameters, source, problems)
+    _check_pruned_metric(checked, parameters, metric, prune, source, problems)
     problems.raise_any()
     changed = (*changed, *(key for key, _ in given if key != "description"))
     return Sweep(config_raw, method, trials, metric, direction, prune, parameters,

@@ -1,11 +1,14 @@
 """Evaluation: a model's mean loss and accuracy over a whole split (the autoencoder's reconstruction
-MSE), each epoch's evaluation record, and the autoencoder's reconstruction grid and mean-image baseline."""
+MSE), each epoch's evaluation record with a classifier's confusion matrices, and the autoencoder's
+reconstruction grid and mean-image baseline."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from mlptrain.dtypes import to_float32
+from mlptrain.run_dirs.records import metric_tag
+from mlptrain.training.confusion import confusion_image, confusion_matrix
 from mlptrain.util.console import console
 
 
@@ -20,15 +23,26 @@ class Evaluator:
         self.row_loss = backend.empty((max(rows, 1),))
         self.row_correct = backend.empty((max(rows, 1),), np.int32)
         self.unit_scale = backend.to_device(np.ones(1, np.float64))  # a loss scale of 1: the gradient is discarded
+        self.labels, self.confusion = {}, {}  # a split's labels on the host; the matrices not yet drawn
 
     def evaluate(self, split) -> tuple[float, float]:
         """(mean loss, accuracy) over a whole split, in eval-sized batches; for the autoencoder the loss
         is the reconstruction MSE and the accuracy NaN."""
+        loss, acc, _ = self.evaluate_rows(split)
+        return loss, acc
+
+    def evaluate_rows(self, split) -> tuple[float, float, np.ndarray | None]:
+        """`evaluate`, with each row's outcome as the loss kernel wrote it (a classifier's: 1 for a hit, else
+        -1 - the predicted class; None for the autoencoder)."""
         for start in range(0, split.size, self.batch_size):
             self.launch_batch(split, start, min(self.batch_size, split.size - start))
         if split.size == 0:
-            return float("nan"), float("nan")
-        return self.mean_loss_and_accuracy(self.row_loss, self.row_correct, 0, split.size)
+            return float("nan"), float("nan"), None
+        loss = self.backend.to_host(self.row_loss[:split.size]).astype(np.float64).mean()
+        if not self.classifies:
+            return float(loss), float("nan"), None
+        outcomes = self.backend.to_host(self.row_correct[:split.size])
+        return float(loss), float((outcomes == 1).mean()), outcomes
 
     def launch_batch(self, split, start: int, rows: int) -> None:
         """Gather, forward and per-sample loss of split rows [start, start + rows)."""
@@ -42,18 +56,27 @@ class Evaluator:
         """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64
         (the accuracy is NaN for a model without one)."""
         loss = self.backend.to_host(row_loss[lo:hi]).astype(np.float64).mean()
-        acc = self.backend.to_host(row_correct[lo:hi]).mean() if self.classifies else np.nan
+        acc = (self.backend.to_host(row_correct[lo:hi]) == 1).mean() if self.classifies else np.nan
         return float(loss), float(acc)
 
     def record(self, val, test, epoch: int, step: int) -> dict:
-        """Evaluate on val and test: epoch, step and val_loss/val_acc/test_loss/test_acc (val_mse/test_mse
-        for the autoencoder)."""
-        val_loss, val_acc = self.evaluate(val)
-        test_loss, test_acc = self.evaluate(test)
-        if self.classifies:
-            return {"epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
-                    "test_loss": test_loss, "test_acc": test_acc}
-        return {"epoch": epoch, "step": step, "val_mse": val_loss, "test_mse": test_loss}
+        """Evaluate on val and, unless `test` is None, on test: epoch, step and val_loss/val_acc/test_loss/
+        test_acc (val_mse/test_mse for the autoencoder)."""
+        record = {"epoch": epoch, "step": step, **self.metrics("val", val)}
+        return record if test is None else {**record, **self.metrics("test", test)}
+
+    def metrics(self, name: str, split) -> dict:
+        """`name`_loss and `name`_acc of a split (the autoencoder's `name`_mse); a classifier's confusion
+        matrix is kept for `log` to draw."""
+        loss, acc, outcomes = self.evaluate_rows(split)
+        if outcomes is None:
+            return {f"{name}_loss": loss, f"{name}_acc": acc} if self.classifies else {f"{name}_mse": loss}
+        if id(split) not in self.labels:  # the split's labels in its row order, read once
+            self.labels[id(split)] = self.backend.to_host(split.labels)[split.index]
+        labels = self.labels[id(split)]
+        predicted = np.where(outcomes == 1, labels, -1 - outcomes.astype(np.int64))
+        self.confusion[name] = confusion_matrix(labels, predicted, self.model.widths[-1])
+        return {f"{name}_loss": loss, f"{name}_acc": acc}
 
     def train_means(self, row_loss, row_correct, rows: int, known: bool = True) -> dict:
         """The epoch's training loss (and accuracy) as metrics.jsonl records them: the mean over the epoch's
@@ -64,25 +87,47 @@ class Evaluator:
         return {"train_loss": loss, "train_acc": acc} if self.classifies else {"train_mse": loss}
 
     def epoch_record(self, val, test, epoch: int, step: int, logger, train: dict | None = None) -> dict:
-        """Evaluate on val and test; log the metrics (TensorBoard, metrics.jsonl, one console line, and
-        the autoencoder's reconstructions) and return the record, with `train` (train_means) first."""
+        """Evaluate on val and (unless `test` is None: train.eval_test end, before the run's end) on test;
+        log the metrics (TensorBoard, metrics.jsonl, one console line, and the autoencoder's test
+        reconstructions) and return the record, with `train` (train_means) first."""
         r = self.record(val, test, epoch, step)
         r = {"epoch": r["epoch"], "step": r["step"], **(train or {}), **r}
-        # train/loss and train/acc are logged at every read already (mlptrain.training.monitor)
-        logger.scalars(step, {key.replace("_", "/"): value for key, value in r.items()
-                              if key not in ("epoch", "step") and not key.startswith("train_")})
         said = ""
         if train and all(value is not None for value in train.values()):
             said = (f"train loss {train['train_loss']:.4f} acc {train['train_acc']:.4f} | " if self.classifies
                     else f"train mse {train['train_mse']:.5f} | ")
-        if self.classifies:
-            console.print(f"epoch {epoch}: {said}val loss {r['val_loss']:.4f} acc {r['val_acc']:.4f} | test loss "
-                          f"{r['test_loss']:.4f} acc {r['test_acc']:.4f}")
-        else:
-            logger.image("test/reconstructions", self.reconstruction_grid(test), step)
-            console.print(f"epoch {epoch}: {said}val mse {r['val_mse']:.5f} | test mse {r['test_mse']:.5f}")
+        # the training loss and accuracy are logged at every read already (mlptrain.training.monitor)
+        self.log(r, logger, f"epoch {epoch}: {said}", test)
         logger.evaluation(r)
         return r
+
+    def log(self, record: dict, logger, head: str, test=None) -> None:
+        """A record's val and test metrics to TensorBoard at its step and as one console line after `head`;
+        the autoencoder's reconstructions of `test` when given."""
+        logger.scalars(record["step"], {metric_tag(key): value for key, value in record.items()
+                                        if key.startswith(("val_", "test_"))})
+        parts = []
+        for name in ("val", "test"):
+            if self.classifies and f"{name}_loss" in record:
+                parts.append(f"{name} loss {record[f'{name}_loss']:.4f} acc {record[f'{name}_acc']:.4f}")
+            elif f"{name}_mse" in record:
+                parts.append(f"{name} mse {record[f'{name}_mse']:.5f}")
+        if test is not None and not self.classifies:
+            logger.image("reconstructions/test", self.reconstruction_grid(test), record["step"])
+        for name in ("val", "test"):
+            if f"{name}_acc" in record and name in self.confusion:  # drawn beside the training that follows
+                matrix = self.confusion.pop(name)
+                logger.image_later(f"confusion/{name}", lambda matrix=matrix: confusion_image(matrix), record["step"])
+        console.print(head + " | ".join(parts))
+
+    def test_at_end(self, test, record: dict, logger) -> dict:
+        """`record` with the test metrics of the parameters the run ends with, evaluated now when it has none
+        (train.eval_test end and a run that stopped early), logged at its step."""
+        if any(key.startswith("test_") for key in record):
+            return record
+        tested = self.metrics("test", test)
+        self.log({"step": record["step"], **tested}, logger, f"test, the parameters of epoch {record['epoch']}: ", test)
+        return {**record, **tested}
 
     def reconstruction_grid(self, split, count: int = 8) -> np.ndarray:
         """The first `count` images of `split` (top row) above their reconstructions, (2H, count*W, C) in

@@ -15,19 +15,30 @@ from mlptrain.config.schema import Config
 
 
 def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
-    """Dotted keys to scalar values (lists as text, an unset value such as data.path as a blank cell rather
-    than `None`) of the config as the run used it (see `resolved_dict`), with the effective batch size; the
+    """Dotted keys to scalar values (see `_cell`: lists and whole numbers as text, an unset value such as
+    data.path as a blank cell rather than `None`) of the config as the run used it (see `resolved_dict`), with the effective batch size; the
     description is left out."""
     def flatten(values: dict, prefix: str):
         for key, value in values.items():
             if isinstance(value, dict):
                 yield from flatten(value, f"{prefix}{key}.")
             elif key != "description":
-                yield prefix + key, "" if value is None else str(value) if isinstance(value, list) else value
+                yield prefix + key, _cell(value)
 
     values = dict(flatten(resolved_dict(config, backend, data_root), ""))
-    values["train.effective_batch_size"] = config.train.effective_batch_size
+    values["train.effective_batch_size"] = _cell(config.train.effective_batch_size)
     return values
+
+
+def _cell(value):
+    """A value as the dashboard should show it: an unset one blank, a list as its text, and a whole number as
+    text too, since the dashboard writes every number to five significant digits (a batch of 128 as
+    128.00, seed 0 as 0.0000); other numbers stay numbers, to filter by range and plot."""
+    if value is None:
+        return ""
+    if isinstance(value, list) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    return value
 
 
 def write_session(writer, values: dict) -> None:

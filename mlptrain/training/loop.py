@@ -42,8 +42,9 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json.
 
     `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
-    written to metrics.jsonl (epoch, step, val_*/test_* metrics); an exception it raises stops the
-    run there (a sweep prunes a trial this way) after that epoch's checkpoint is written.
+    written to metrics.jsonl (epoch, step, val_* metrics, test_* ones as train.eval_test says); an
+    exception it raises stops the run there (a sweep prunes a trial this way) after that epoch's
+    checkpoint is written.
     `resume` continues from a checkpoint of this run (mlptrain.training.resume.prepare_resume). When
     `stop.signum` becomes set, the loop writes `last` after the current optimizer step and raises
     TrainingInterrupted. `records` are extra summary fields. On a resumed run `wall_s` covers the resumed
@@ -70,7 +71,8 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
                 means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                 s.window.rows_known)
-                last = s.evaluator.epoch_record(s.val, s.test, epoch, s.step.read()["steps"], logger, means)
+                last = s.evaluator.epoch_record(s.val, _test_split(s, epoch), epoch, s.step.read()["steps"], logger,
+                                                means)
                 s.window.rows_known = True  # the next epoch runs whole in this process
                 best, stopped = _after_evaluation(s, run_dir, last, best)
                 if on_evaluation is not None:
@@ -80,6 +82,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                 if s.stop_requested and epoch < s.config.train.epochs:
                     _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
         trained, last = last["epoch"], _restore_best(s, run_dir, last, best)
+        last = s.evaluator.test_at_end(s.test, last, logger)  # train.eval_test end, and a run that stopped early
         records = {"epochs": trained, "best_epoch": best.best_epoch, "stopped_early": stopped,
                    "restored_best": last["epoch"] != trained, "resumed": resume is not None, **records,
                    **kernel_records(s, run_dir.name)}
@@ -145,7 +148,13 @@ def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
     for record in reversed(read_metrics(run_dir)):
         if record.get("epoch") == start.epoch:
             return record
-    return s.evaluator.epoch_record(s.val, s.test, start.epoch, s.step.read()["steps"], logger)
+    return s.evaluator.epoch_record(s.val, _test_split(s, start.epoch), start.epoch, s.step.read()["steps"], logger)
+
+
+def _test_split(s: Session, epoch: int):
+    """The test split when epoch `epoch`'s evaluation includes it: every epoch's with train.eval_test
+    every_epoch, else the last scheduled epoch's (a run that stops early is tested when it ends)."""
+    return s.test if s.config.train.eval_test == "every_epoch" or epoch == s.config.train.epochs else None
 
 
 def checkpoint_bytes(s: Session) -> int:

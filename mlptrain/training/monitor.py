@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from mlptrain.errors import TrainingDiverged
+from mlptrain.run_dirs.records import metric_tag
 from mlptrain.training.progress import training_progress
 from mlptrain.util.console import console
 
@@ -59,12 +60,12 @@ class TrainingMonitor:
         self.seconds += w["seconds"]
         self.samples += w["samples"]
         bisect.insort(self.rates, rate)
-        scalars = {"train/loss": w["loss"], "opt/lr": w["lr"], "opt/grad_norm": w["grad_norm"],
-                   "perf/samples_per_s": rate}
+        scalars = {metric_tag("train_loss" if self.classifies else "train_mse"): w["loss"], "opt/lr": w["lr"],
+                   "opt/grad_norm": w["grad_norm"], "perf/samples_per_s": rate}
         if self.classifies:
-            scalars["train/acc"] = w["acc"]
-        if self.config.train.precision == "fp16":
-            scalars.update({"amp/loss_scale": w["loss_scale"], "amp/skipped_steps": w["skipped"]})
+            scalars[metric_tag("train_acc")] = w["acc"]
+        if self.config.train.precision == "fp16":  # beside the rate and the norm it moves
+            scalars.update({"opt/loss_scale": w["loss_scale"], "opt/skipped_steps": w["skipped"]})
         self.logger.scalars(w["step"], scalars)
         done = (w["epoch"] - 1) * self.per_epoch + w["step_in_epoch"]
         # the run's average pace since this process started training (evaluations included): a steady ETA

@@ -32,9 +32,9 @@ from mlptrain.training.fallbacks import warn
 
 # Keys that do not change what training computes, so config.yaml may differ in them on resume: where the
 # data lives (that it is the same data, `mlptrain run --resume` checks by its checksum), how often the host
-# looks, how evaluation is batched, and train.epochs (which may grow)
+# looks, how and when evaluation is done, and train.epochs (which may grow)
 NOT_TRAINING = ("description", "backend", "data.root", "data.path", "train.epochs", "train.log_every",
-                "train.eval_batch_size", "train.checkpoint_every_epochs", "train.cuda_graphs")
+                "train.eval_batch_size", "train.eval_test", "train.checkpoint_every_epochs", "train.cuda_graphs")
 
 
 @dataclass(frozen=True)

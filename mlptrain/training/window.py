@@ -4,8 +4,8 @@ A window is `train.batch_size * train.grad_accum_steps` samples taken in the epo
 micro-batch, gather + normalise it on the device, forward, the loss (its gradient scaled by 1 / samples
 in the window), and backward adding into the flat float32 gradient buffer; then ONE optimizer step
 (`OptimizerStep`: norm, device-side loss scaling / skip / clipping / lr, fused update). Per-sample losses
-and hits land in `row_loss` / `row_correct`, indexed by position in the epoch, for the host to read
-where it synchronises anyway.
+and outcomes (1 for a hit, for a miss -1 - the predicted class) land in `row_loss` / `row_correct`,
+indexed by position in the epoch, for the host to read where it synchronises anyway.
 
 The window's position is read on the device from `cursor`, which the step advances on the device, so
 consecutive windows need no host copy (a copy from pageable memory would wait for the GPU). On a GPU

@@ -21,7 +21,8 @@ def test_a_classifier_charts_loss_and_accuracy_with_train_val_and_test_together(
     run_dir = trained_run(tmp_path)
     (layout,) = layouts(run_dir)
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
-    assert charts == {"loss": ["train/loss", "val/loss", "test/loss"], "accuracy": ["train/acc", "val/acc", "test/acc"]}
+    assert charts == {"loss": ["loss/train", "loss/val", "loss/test"],
+                      "accuracy": ["accuracy/train", "accuracy/val", "accuracy/test"]}
     scalars = {value.tag for events in run_dir.glob("events.out.tfevents.*")
                for event in EventFileLoader(str(events)).Load() for value in event.summary.value}
     assert {tag for tags in charts.values() for tag in tags} <= scalars  # every charted tag is one the run logs

@@ -223,7 +223,7 @@ def test_pruning_stops_a_trial_below_the_median_and_logs_hparams(tmp_path, tiny_
         assert data.session_start_info.hparams["optim.lr"].number_value == trial["params"]["optim.lr"]
         assert data.session_start_info.hparams["backend"].string_value == "cpu"  # resolved, as in config.yaml
         assert not any(v.tag.startswith("hparam/") for v in values)  # the metrics are the run's own val/ scalars
-        assert any(v.tag == "val/acc" for v in values), sorted({v.tag for v in values})
+        assert any(v.tag == "accuracy/val" for v in values), sorted({v.tag for v in values})
 
 
 def test_every_mistake_of_a_sweep_file_is_named_in_one_line(tmp_path):
@@ -295,6 +295,9 @@ def test_a_changed_sweep_is_not_continued_and_what_changed_is_named(tmp_path, ti
     ({"prune": True, "metric": "wall_s"}, "pruning needs a metric of every evaluation"),
     ({"prune": "asha"}, "prune: expected true, false or one of Optuna's pruners median, successive_halving, hyperband"),
     ({"prune": "hyperband", "metric": "wall_s"}, "pruning needs a metric of every evaluation"),
+    ({"prune": True, "metric": "test_acc"}, "test_acc is evaluated only at the end of a run (train.eval_test: end)"),
+    ({"prune": True, "metric": "test_loss", "parameters": {"train.eval_test": ["every_epoch", "end"]}},
+     "test_loss is evaluated only at the end of a run"),
 ])
 def test_bad_sweep_files_are_one_clear_line(tmp_path, fields, fragment):
     raw = {"base": "adam_mnist", "metric": "val_acc", "parameters": {"optim.lr": [1e-3]}, **fields}
@@ -303,6 +306,11 @@ def test_bad_sweep_files_are_one_clear_line(tmp_path, fields, fragment):
     with pytest.raises(UserError, match=None) as err:
         load_sweep(path, [])
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_test_metric_prunes_when_the_test_split_is_evaluated_every_epoch(tmp_path):
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3]}, metric="test_acc", prune=True)
+    assert load_sweep(path, ["train.eval_test=every_epoch"]).prune
 
 
 def test_an_override_of_a_varied_key_is_refused(tmp_path):

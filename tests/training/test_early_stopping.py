@@ -20,8 +20,8 @@ from tests.training.test_resume import new_run
 ADAM = {"name": "adam", "lr": 0.01}
 
 
-def stopping(**options):
-    return make_config(64, 4, ADAM, None, epochs=8,
+def stopping(eval_test="every_epoch", **options):
+    return make_config(64, 4, ADAM, None, epochs=8, eval_test=eval_test,
                        early_stopping={"metric": "val_acc", "patience": 2, "min_delta": 0.025, **options})
 
 
@@ -50,6 +50,23 @@ def test_without_restore_best_the_last_epoch_is_reported(tmp_path):
     summary = train(build_session(config, CpuBackend(), synthetic_dataset()), run)
     assert summary["stopped_early"] and not summary["restored_best"] and summary["epoch"] == 6
     assert summary["test_acc"] == records(run)[-1]["test_acc"]
+
+
+@pytest.mark.parametrize("restore_best", [True, False])
+def test_a_run_that_stops_early_tests_the_parameters_it_ends_with_once(tmp_path, restore_best):
+    # train.eval_test end (the default): no epoch's record has test metrics, since none of them is the
+    # scheduled last; the summary's are those of the parameters the run ends with, the same numbers as
+    # the every-epoch run evaluated for that epoch
+    every = train(build_session(stopping(restore_best=restore_best), CpuBackend(), synthetic_dataset()),
+                  new_run(tmp_path, "every", stopping(restore_best=restore_best)))
+    config = stopping("end", restore_best=restore_best)
+    run = new_run(tmp_path, "end", config)
+    summary = train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert [r["epoch"] for r in records(run)] == [1, 2, 3, 4, 5, 6]
+    assert not any(key.startswith("test_") for r in records(run) for key in r)
+    assert summary["epoch"] == (4 if restore_best else 6)
+    for key in ("test_loss", "test_acc", "val_acc"):
+        assert summary[key] == every[key], key
 
 
 def test_a_run_that_stopped_early_has_nothing_to_resume_but_its_summary(tmp_path):

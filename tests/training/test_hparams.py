@@ -46,5 +46,8 @@ def test_a_sweeps_varied_keys_lead_and_each_run_appears_once(tmp_path):
 def test_the_values_are_the_config_as_run():
     values = hparam_values(config_from_dict({"model": {"type": "conv_autoencoder"}}), backend="cpu", data_root="/d")
     assert values["backend"] == "cpu" and values["data.root"] == "/d" and values["model.channels"] == "[256, 128]"
-    assert "model.hidden" not in values and values["train.effective_batch_size"] == 128
+    assert "model.hidden" not in values and values["train.effective_batch_size"] == "128"
     assert values["data.path"] == ""  # unset: a blank cell in the dashboard, not "None"
+    # whole numbers as text (the dashboard writes numbers to five digits: 128.00); others numbers, booleans as such
+    assert values["seed"] == "0" and values["train.batch_size"] == "128" and values["train.epochs"] == "10"
+    assert values["optim.lr"] == 1e-3 and values["train.cuda_graphs"] is True

@@ -40,7 +40,8 @@ def _make_softmax_cross_entropy(dtype):
             row_loss[offset + i] = math.log(total) - (load(logits[i, label]) - best)
         else:  # a bad label shows up as a NaN loss instead of a wild read
             row_loss[offset + i] = float32(math.nan)
-        row_correct[offset + i] = int32(1) if best_index == label else int32(0)
+        # a miss also says what was predicted: the confusion matrix needs no other pass
+        row_correct[offset + i] = int32(1) if best_index == label else int32(-1 - best_index)
         scale = grad_scale * float32(loss_scale[0])
         for j in range(classes):
             p = math.exp(load(logits[i, j]) - best) / total
@@ -56,7 +57,7 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     """Per row i of logits (M, C) with integer label labels[i]:
 
     row_loss[offset + i]    = logsumexp(logits[i]) - logits[i, labels[i]]
-    row_correct[offset + i] = argmax(logits[i]) == labels[i]   (first max wins)
+    row_correct[offset + i] = 1 where argmax(logits[i]) == labels[i] (first max wins), else -1 - that argmax
     dlogits[i]              = (softmax(logits[i]) - onehot(labels[i])) * grad_scale * loss_scale[0]
 
     logits and dlogits share a storage format; the loss is computed in float32.

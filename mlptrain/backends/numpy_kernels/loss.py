@@ -10,7 +10,7 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     """Per row i of logits (M, C) with integer label labels[i]:
 
     row_loss[offset + i]    = logsumexp(logits[i]) - logits[i, labels[i]]
-    row_correct[offset + i] = argmax(logits[i]) == labels[i]   (first max wins)
+    row_correct[offset + i] = 1 where argmax(logits[i]) == labels[i] (first max wins), else -1 - that argmax
     dlogits[i]              = (softmax(logits[i]) - onehot(labels[i])) * grad_scale * loss_scale[0]
 
     grad_scale is 1 / (samples in the optimizer window), so summing the
@@ -26,7 +26,8 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     total = exp.sum(axis=1, keepdims=True)
     picked = shifted[np.arange(rows), labels]
     row_loss[offset:offset + rows] = np.log(total[:, 0]) - picked
-    row_correct[offset:offset + rows] = np.argmax(logits, axis=1) == labels
+    predicted = np.argmax(logits, axis=1)
+    row_correct[offset:offset + rows] = np.where(predicted == labels, 1, -1 - predicted)
     grad = exp / total
     grad[np.arange(rows), labels] -= 1.0
     grad *= np.float32(grad_scale) * np.float32(loss_scale[0])

@@ -1,0 +1,53 @@
+"""A classifier's confusion matrix at each evaluation: counted from the loss kernel's outcomes, drawn, and
+logged to TensorBoard beside training."""
+
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.training.confusion import BLUE, WHITE, confusion_image, confusion_matrix
+from mlptrain.training.loop import train
+from mlptrain.training.session import build_session
+from tests.training.test_accumulation import make_config, synthetic_dataset
+from tests.training.test_resume import new_run
+
+
+def test_the_matrix_counts_true_rows_and_predicted_columns():
+    labels, predicted = np.array([0, 0, 1, 2, 2, 2, 7]), np.array([0, 1, 1, 2, 0, 2, 1])
+    matrix = confusion_matrix(labels, predicted, 3)  # label 7 is no class: left out
+    np.testing.assert_array_equal(matrix, [[1, 1, 0], [0, 1, 0], [1, 0, 2]])
+
+
+def test_the_image_shades_each_cell_by_its_share_of_the_row():
+    matrix = np.array([[9, 1], [0, 0]])  # an empty row stays white
+    image = confusion_image(matrix)
+    assert image.dtype == np.float32 and image.ndim == 3 and image.shape[2] == 3
+    assert 0.0 <= image.min() and image.max() <= 1.0
+    colours = {tuple(np.round(pixel * 255).astype(int)) for pixel in image.reshape(-1, 3)}
+    for share in (0.9, 0.1):  # the two cells of the first row, each its share of the way from white to blue
+        assert tuple(np.round(WHITE + share * (BLUE - WHITE)).astype(int)) in colours, share
+    assert (255, 255, 255) in colours  # the empty row
+    assert confusion_image(np.ones((100, 100), np.int64)).shape[0] <= 700  # a hundred classes stay a picture
+
+
+def test_each_evaluation_logs_its_confusion_matrix(tmp_path):
+    config = make_config(64, 1, epochs=2)
+    run = new_run(tmp_path, "run", config)
+    session = build_session(config, CpuBackend(), synthetic_dataset())
+    train(session, run)
+    images = EventAccumulator(str(run), size_guidance={"images": 0}).Reload()
+    steps = {tag: [event.step for event in images.Images(tag)] for tag in images.Tags()["images"]}
+    last = session.step.read()["steps"]
+    assert steps == {"confusion/val": [last // 2, last], "confusion/test": [last]}
+
+
+def test_the_matrix_agrees_with_the_accuracy(tmp_path):
+    config = make_config(64, 1, epochs=1)
+    session = build_session(config, CpuBackend(), synthetic_dataset())
+    train(session, new_run(tmp_path, "run", config))
+    evaluator = session.evaluator
+    metrics = evaluator.metrics("val", session.val)
+    matrix = evaluator.confusion["val"]
+    labels = synthetic_dataset().train_labels[session.val.index]
+    np.testing.assert_array_equal(matrix.sum(axis=1), np.bincount(labels, minlength=len(matrix)))
+    assert np.trace(matrix) / matrix.sum() == metrics["val_acc"]
