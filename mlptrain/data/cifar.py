@@ -173,8 +173,8 @@ def _extract(spec: BuiltinDataset, archive: Path, folder: Path, verify_batches: 
 
 def _extract_members(spec: BuiltinDataset, archive: Path, temp: Path) -> None:
     """Copy each member of `archive` into `temp` by its base name; refuse any other member."""
-    import lzma  # here: only an archive being extracted needs them (~5 ms of every start otherwise)
-    import tarfile
+    import lzma  # here: only an archive being extracted needs lzma and tarfile (~5 ms of every start otherwise)
+    import tarfile  # here, as lzma above
 
     names = (*(f.name for f in (*spec.train, *spec.test)), *spec.other_members)
     expected = {f"{spec.batch_folder}/{name}": name for name in names}
