@@ -13,6 +13,7 @@ from rich.table import Table
 from mlptrain.backends.kernel_cache.store import CACHE_ENV, KernelStore, default_dir
 from mlptrain.errors import UserError
 from mlptrain.util.console import console
+from mlptrain.util.read_numbers import finite_float
 
 app = typer.Typer(help="Show or clear the on-disk caches: compiled GPU kernels and decoded datasets.",
                   invoke_without_command=True)
@@ -45,10 +46,12 @@ def info() -> None:
         last = store.last_run()
         if last:
             table.add_row("last run", f"{last.get('run', '?')} at {last.get('at', '?')}")
-            table.add_row("  compiled", f"{last.get('compiled', 0)} ({last.get('compile_s', 0):.1f} s, "
+            # read back from a file: a number is shown only once it is a finite float (10**400 cannot be one)
+            compile_s, load_s = (finite_float(last.get(key)) or 0.0 for key in ("compile_s", "load_s"))
+            table.add_row("  compiled", f"{last.get('compiled', 0)} ({compile_s:.1f} s, "
                                         f"{last.get('compiled_ahead', 0)} of them ahead by "
                                         f"{last.get('workers', 0)} workers)")
-            table.add_row("  from cache", f"{last.get('from_cache', 0)} ({last.get('load_s', 0):.2f} s)")
+            table.add_row("  from cache", f"{last.get('from_cache', 0)} ({load_s:.2f} s)")
         console.print(table)
     if data is None:
         console.print(f"data cache: off ({decoded_cache.CACHE_ENV}=off); every run decodes its dataset's files")

@@ -173,7 +173,8 @@ def _extract(spec: BuiltinDataset, archive: Path, folder: Path, verify_batches: 
 
 def _extract_members(spec: BuiltinDataset, archive: Path, temp: Path) -> None:
     """Copy each member of `archive` into `temp` by its base name; refuse any other member."""
-    import tarfile  # here: only an archive being extracted needs it (~5 ms of every start otherwise)
+    import lzma  # here: only an archive being extracted needs lzma and tarfile (~5 ms of every start otherwise)
+    import tarfile  # here, as lzma above
 
     names = (*(f.name for f in (*spec.train, *spec.test)), *spec.other_members)
     expected = {f"{spec.batch_folder}/{name}": name for name in names}
@@ -191,6 +192,10 @@ def _extract_members(spec: BuiltinDataset, archive: Path, temp: Path) -> None:
                                     f"{spec.batch_folder}/); delete it so it is downloaded again")
                 with tar.extractfile(member) as source, open(temp / expected[name], "wb") as out:
                     shutil.copyfileobj(source, out, CHUNK_BYTES)
-    # tarfile reports damage as TarError, EOFError (truncated), zlib.error or BadGzipFile.
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
-        raise UserError(f"{archive}: corrupt archive ({error}); delete it so it is downloaded again") from None
+    # tarfile reports damage as TarError, EOFError (truncated), zlib.error, BadGzipFile, LZMAError (an .xz),
+    # or an OSError without an errno (bz2's "Invalid data stream"); an OSError with one is local (disk full).
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, OSError) as error:
+        if isinstance(error, OSError) and error.errno is not None:
+            raise
+        detail = " ".join(str(error).split())  # "r:*" lists each method it tried on a line of its own
+        raise UserError(f"{archive}: corrupt archive ({detail}); delete it so it is downloaded again") from None

@@ -11,8 +11,6 @@ Every problem is one `UserError` line naming the file and the array; nothing is 
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +19,13 @@ from mlptrain.config.suggestions import suggest_value
 from mlptrain.data.dataset import PIXEL_SCALE, ImageDataset, Provenance, value_statistics
 from mlptrain.data.download import md5sum
 from mlptrain.errors import UserError
-from mlptrain.util.npz_sizes import check_npz_sizes
+from mlptrain.util.npz_archive import open_npz
 from mlptrain.util.user_paths import expand_user
 
 REQUIRED = ("x_test", "y_test")
 OPTIONAL = ("x_train", "y_train", "x_val", "y_val", "class_names")
 MAX_CLASSES = 256  # labels live on the device as uint8
 SAVE_HINT = "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
-ZIP_MAGIC, NPY_MAGIC = b"PK", b"\x93NUMPY"
 
 
 def load_npz(path: str | Path) -> ImageDataset:
@@ -61,25 +58,9 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     """Every array of the archive, by name, after checking the names."""
     if path.exists() and not path.is_file():  # a folder, a FIFO (reading one waits forever), a device
         raise UserError(f"data.path {path}: not a regular file; data.dataset npz reads a file written by {SAVE_HINT}")
-    try:
-        with open(path, "rb") as file:
-            head = file.read(6)
-    except FileNotFoundError:
-        raise UserError(f"data.path {path}: no such file (data.dataset npz reads a file written by "
-                        f"{SAVE_HINT})") from None
-    except OSError as error:
-        raise UserError(f"data.path {path}: cannot read ({error.strerror or error})") from None
-    if head.startswith(NPY_MAGIC):
-        raise UserError(f"{path}: holds a single array (an .npy file), not an .npz archive; save one with {SAVE_HINT}")
-    if not head.startswith(ZIP_MAGIC):  # np.load would try to unpickle it, and say so confusingly
-        raise UserError(f"{path}: not an .npz archive (an .npz is a zip file; this one does not start as one); "
-                        f"save one with {SAVE_HINT}")
-    check_npz_sizes(path, "npz dataset")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:  # a damaged zip
-        raise UserError(f"{path}: not a readable .npz archive ({error}); save one with {SAVE_HINT}") from None
-    with archive:
+    if not path.exists():
+        raise UserError(f"data.path {path}: no such file (data.dataset npz reads a file written by {SAVE_HINT})")
+    with open_npz(path, "npz dataset", f"save one with {SAVE_HINT}") as archive:
         _check_names(path, list(archive.files))
         return {name: _member(path, archive, name) for name in archive.files}
 
@@ -108,13 +89,11 @@ def _check_names(path: Path, names: list[str]) -> None:
 def _member(path: Path, archive, name: str) -> np.ndarray:
     try:
         return archive[name]
-    except ValueError as error:
+    except ValueError as error:  # damage, which open_npz refuses, unless it is an object array
         if "allow_pickle" in str(error):
             raise UserError(f"{path}: array '{name}' holds Python objects, which are not loaded (unpickling can run "
                             f"code); save numbers as numeric arrays and names as np.array(names, dtype=str)") from None
-        raise UserError(f"{path}: array '{name}' is damaged ({error})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
-        raise UserError(f"{path}: array '{name}' is damaged or truncated ({error})") from None
+        raise
 
 
 def _samples(path: Path, name: str, x: np.ndarray) -> np.ndarray:

@@ -5,14 +5,13 @@ pixels 0..255, as the dataset that trained the model stores them."""
 from __future__ import annotations
 
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from mlptrain.errors import UserError
 from mlptrain.training.fallbacks import warn
-from mlptrain.util.npz_sizes import check_npz_sizes
+from mlptrain.util.npz_archive import open_npz
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 NPZ_KEYS = ("images", "x", "test_x")  # the array read from an .npz holding several
@@ -101,19 +100,12 @@ def read_image_file(path: Path, image_shape: tuple[int, ...], dropped: list | No
 
 
 def read_npz(path: Path) -> np.ndarray:
-    check_npz_sizes(path)
-    try:
-        npz = np.load(path, allow_pickle=False)
-        if not isinstance(npz, np.lib.npyio.NpzFile):  # an .npy saved under an .npz name: no `with` there
-            raise UserError(f"{path}: a single .npy array; save images with np.savez(path, images=...)")
-        with npz:
-            key = next((k for k in NPZ_KEYS if k in npz.files), npz.files[0] if len(npz.files) == 1 else None)
-            if key is None:
-                raise UserError(f"{path}: holds {', '.join(npz.files) or 'no arrays'}; name the images one of "
-                                f"{', '.join(NPZ_KEYS)}")
-            return npz[key]
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise UserError(f"{path}: not a readable .npz file ({err})") from None
+    with open_npz(path, "image file", "save images with np.savez(path, images=...)") as npz:
+        key = next((k for k in NPZ_KEYS if k in npz.files), npz.files[0] if len(npz.files) == 1 else None)
+        if key is None:
+            raise UserError(f"{path}: holds {', '.join(npz.files) or 'no arrays'}; name the images one of "
+                            f"{', '.join(NPZ_KEYS)}")
+        return npz[key]
 
 
 def image_rows(array: np.ndarray, image_shape: tuple[int, ...], dtype, path: Path) -> np.ndarray:

@@ -15,6 +15,7 @@ from mlptrain.nn import make_model, model_dataset
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.memory_plan import check_model_fits
+from mlptrain.util.npz_archive import open_npz
 
 CHECKPOINTS = ("best", "last")
 
@@ -81,12 +82,12 @@ def checkpoint_origin(run_dir: Path, checkpoint: str) -> dict:
     metric that picks `best`, and that epoch's value of it) from the checkpoint's own meta/ scalars; {} for a
     checkpoint without them. Reads only those scalars."""
     try:
-        with np.load(run_dir / "checkpoints" / f"{checkpoint}.npz", allow_pickle=False) as arrays:
+        with open_npz(run_dir / "checkpoints" / f"{checkpoint}.npz", "checkpoint") as arrays:
             epoch = int(arrays["meta/epoch"]) if "meta/epoch" in arrays.files else None
             best_epoch = int(arrays["meta/best_epoch"]) if "meta/best_epoch" in arrays.files else None
             metrics = [k for k in arrays.files if k.startswith("meta/best_") and k != "meta/best_epoch"]
             value = float(arrays[metrics[0]]) if metrics else None
-    except (OSError, ValueError, KeyError):
+    except UserError:  # absent, damaged, or no scalar where one belongs (int(NaN): open_npz refuses it too)
         return {}
     if epoch is None:
         return {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from mlptrain.nn import input_scale_shift
 from mlptrain.probe.pooling import GridPool, check_grid
 from mlptrain.training.checkpoint import save_checkpoint
 from mlptrain.training.experiment import Resources
-from mlptrain.util.npz_sizes import check_npz_sizes
+from mlptrain.util.npz_archive import open_npz
 
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
 
@@ -183,27 +182,15 @@ def save_features(path: Path, extraction: Extraction) -> None:
 def load_features(path: Path) -> FeatureSet:
     """A features file, checked: the four arrays present, numeric, finite, of matching lengths and widths.
     Raises UserError naming the file."""
-    if not path.is_file():
-        raise UserError(f"{path}: no such features file")
-    check_npz_sizes(path, "features file")
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise UserError(f"{path}: not a readable .npz features file ({err})") from None
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise UserError(f"{path}: a single .npy array, not a features .npz file")
-    try:
-        with npz:
-            missing = [name for name in ARRAYS if name not in npz.files]
-            if missing:
-                raise UserError(f"{path}: no {', '.join(missing)} array (a features file holds "
-                                f"{', '.join(ARRAYS)}; mlptrain extract-features writes one)")
-            arrays = {name: npz[name] for name in ARRAYS}
-            names = {key: str(npz[key]) if key in npz.files and npz[key].ndim == 0 else ""
-                     for key in ("run", "layer", "pool")}
-            class_names = npz["class_names"] if "class_names" in npz.files else np.array([], dtype=str)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise UserError(f"{path}: not a readable .npz features file ({err})") from None
+    with open_npz(path, "features file", "mlptrain extract-features writes one") as npz:
+        missing = [name for name in ARRAYS if name not in npz.files]
+        if missing:
+            raise UserError(f"{path}: no {', '.join(missing)} array (a features file holds "
+                            f"{', '.join(ARRAYS)}; mlptrain extract-features writes one)")
+        arrays = {name: npz[name] for name in ARRAYS}
+        names = {key: str(npz[key]) if key in npz.files and npz[key].ndim == 0 else ""
+                 for key in ("run", "layer", "pool")}
+        class_names = npz["class_names"] if "class_names" in npz.files else np.array([], dtype=str)
     for split in ("train", "test"):
         _check_split(path, split, arrays[f"{split}_x"], arrays[f"{split}_y"])
     if arrays["train_x"].shape[1] != arrays["test_x"].shape[1]:

@@ -7,12 +7,16 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
 from mlptrain.util.atomic import write_text
+from mlptrain.util.console import console
+from mlptrain.util.read_numbers import finite_float
 from mlptrain.util.regular_file import open_regular, read_regular_text
 
 
@@ -62,10 +66,15 @@ class RunLogger:
         self.run_dir = run_dir
         path = run_dir / "metrics.jsonl"
         try:  # before the writer, so a refusal leaves no new event file behind
-            self._metrics = open_regular(path, "a")  # a FIFO there would block the run
+            self._metrics = open_regular(path, "a+")  # a FIFO there would block the run
         except OSError as err:  # a directory or a FIFO put there, a read-only run folder
             raise UserError(f"{path}: cannot append to it ({err.strerror or err}); it must be a writable "
                             "file (or absent)") from None
+        try:
+            mend_metrics(self._metrics, path)
+        except BaseException:
+            self._metrics.close()
+            raise
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
 
@@ -130,6 +139,61 @@ def read_metrics(run_dir: Path) -> list[dict]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def mend_metrics(file, path: Path) -> None:
+    """Make metrics.jsonl, open as `file` (mode "a+"), end with a whole record before anything is appended.
+    A crash mid-write (the process killed, the disk full) leaves its last line without a newline, and the
+    next record, appended onto it, made one line that is neither: a cut line holding a whole JSON object
+    gets its newline, any other is removed (its epoch had no checkpoint yet, so it is trained and recorded
+    again), with a warning. A damaged line before the last is no crash's doing: refused, naming it."""
+    fd = file.fileno()
+    data = _read_all(fd)
+    tail = check_metrics_lines(data, path)
+    if not tail:
+        return
+    if _is_json_object(tail):  # cut between the record and its newline
+        file.write("\n")
+        file.flush()
+        return
+    os.ftruncate(fd, len(data) - len(tail))
+    console.print(f"[bold yellow]warning:[/] {path}: its last line was cut mid-write ({len(tail):,} bytes, no "
+                  "whole record); removed before appending", highlight=False, soft_wrap=True)
+
+
+def check_metrics_lines(data: bytes, path: Path) -> bytes:
+    """Raise UserError naming the first line of metrics.jsonl's `data`, before its last, that is no JSON
+    object; returns what follows the last newline (b"" in a whole file), which a crash may have cut."""
+    *lines, tail = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not _is_json_object(line):
+            raise UserError(f"{path}: line {number} is not a JSON object ({brief_text(repr(line[:80])[2:-1])}); "
+                            "a resumed run appends one record per line to a file of records: remove or mend "
+                            "that line")
+    return tail
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.pread(fd, 2**20, sum(map(len, chunks))):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: nested deeply
+        return False
+
+
+def is_evaluation_record(record: dict) -> bool:
+    """Whether a record read back from metrics.jsonl is one an evaluation writes: a whole epoch and step,
+    then train_*, val_* and test_* metrics, each a finite number or null (NaN as written)."""
+    counts = all(type(record.get(key)) is int and record[key] >= 0 for key in ("epoch", "step"))
+    metrics = {key: value for key, value in record.items() if key not in ("epoch", "step")}
+    return counts and all(key.startswith(("train_", "val_", "test_"))
+                          and (value is None or finite_float(value) is not None) for key, value in metrics.items())
 
 
 def write_metrics_csv(run_dir: Path) -> None:

@@ -17,7 +17,7 @@ from mlptrain.config.load import config_from_dict, load_config
 from mlptrain.errors import UserError
 from mlptrain.run_dirs.lock import lock_run
 from mlptrain.run_dirs.records import write_json
-from mlptrain.seeds.results import PLAN
+from mlptrain.seeds.results import PLAN, read_json, summary_result
 from mlptrain.seeds.runner import seed_named, seeds_record
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import train
@@ -42,7 +42,7 @@ def _plan(group: Path) -> tuple[list[int], dict | None]:
             if not (isinstance(seeds, list) and seeds and all(type(s) is int for s in seeds)
                     and isinstance(config, dict)):
                 raise ValueError("seeds or config")
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:  # RecursionError: nested deeply
             raise UserError(f"{group / PLAN}: not the plan `--seeds` writes ({type(err).__name__}: {err})") from None
         return seeds, config
     folders = [p.name.removeprefix("seed-") for p in group.glob("seed-*") if (p / "config.yaml").is_file()]
@@ -66,13 +66,23 @@ def finish_group(group: Path, overrides: list[str], resources: Resources, stop=N
     for i, seed in enumerate(seeds):
         run_dir = group / f"seed-{seed}"
         if (run_dir / "summary.json").is_file():
-            summaries.append(json.loads(read_regular_text(run_dir / "summary.json")))
+            summaries.append(_finished_summary(run_dir / "summary.json"))
             continue
         console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
         summaries.append(_finish_seed(run_dir, seed, config, resources, stop))
     record = seeds_record(seeds, summaries)
     write_json(group / "seeds.json", record)
     return seeds, record
+
+
+def _finished_summary(path: Path) -> dict:
+    """A finished seed's summary.json, read back as `compare` reads one: what seeds.json takes from it (the run,
+    the dataset, the final metrics as finite numbers in range) must be there; raises UserError."""
+    summary = read_json(path)
+    if not isinstance(summary.get("run"), str):
+        raise UserError(f"{path}: no 'run' name; not a summary.json as mlptrain writes it")
+    summary_result(path, summary)  # the dataset record and the final metrics, finite numbers in range
+    return summary
 
 
 def _finish_seed(run_dir: Path, seed: int, config: dict | None, resources: Resources, stop) -> dict:

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
-from mlptrain.seeds.statistics import Spread, spread
+from mlptrain.seeds.statistics import MAX_VALUE, Spread, spread
+from mlptrain.util.read_numbers import finite_float
 from mlptrain.util.regular_file import read_regular_text
 
 # the final metrics a run reports, in the order tables show them; accuracy is better higher, the rest lower
@@ -33,13 +33,28 @@ class Result:
 
 
 def final_metrics(summary: dict) -> dict[str, float]:
-    """The final metrics a summary holds as finite numbers (val_* are absent with data.val_size 0)."""
-    return {key: float(summary[key]) for key in FINAL_METRICS
-            if _is_number(summary.get(key)) and math.isfinite(summary[key])}
+    """The final metrics a summary holds as finite numbers in their range (metric_value); val_* are absent
+    with data.val_size 0."""
+    values = {key: metric_value(key, summary.get(key)) for key in FINAL_METRICS}
+    return {key: value for key, value in values.items() if value is not None}
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def metric_value(key: str, value) -> float | None:
+    """`value` as a float when it is a finite number within metric `key`'s range (metric_range), else None."""
+    number = finite_float(value)
+    low, high = metric_range(key)
+    return number if number is not None and low <= number <= high else None
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """An accuracy is 0 to 1; a loss or MSE is 0 or more, and at most statistics.MAX_VALUE, so that no
+    mean, spread or interval over it overflows."""
+    return (0.0, 1.0) if key.endswith("_acc") else (0.0, MAX_VALUE)
+
+
+def _described_range(key: str) -> str:
+    low, high = metric_range(key)
+    return f"from {low:g} to {high:g}"
 
 
 def read_json(path: Path) -> dict:
@@ -76,11 +91,17 @@ def load_result(path: Path) -> Result:
     data = read_json(path)
     if path.name == "seeds.json" or "seeds" in data:
         return _seeds_result(path, data)
+    return summary_result(path, data)
+
+
+def summary_result(path: Path, data: dict) -> Result:
+    """The Result of the summary `data` read from `path`; raises UserError naming the first final metric
+    that is not a finite number in its range (or null), or when there is none."""
     for key in FINAL_METRICS:  # absent or null where the run has none (no validation split); else a number
         value = data.get(key)
-        if value is not None and not (_is_number(value) and math.isfinite(value)):
-            raise UserError(f"{path}: {key} is {brief_text(repr(value), 40)}; a final metric is a finite number "
-                            "(or null); not a summary.json as mlptrain writes it")
+        if value is not None and metric_value(key, value) is None:
+            raise UserError(f"{path}: {key} is {brief_text(repr(value), 40)}; {key} is a finite number "
+                            f"{_described_range(key)} (or null); not a summary.json as mlptrain writes it")
     metrics = final_metrics(data)
     if not metrics:
         raise UserError(f"{path}: no final metric ({', '.join(FINAL_METRICS)}); not a finished run's summary.json")
@@ -99,8 +120,10 @@ def _seeds_result(path: Path, data: dict) -> Result:
         if name not in FINAL_METRICS:
             raise UserError(f"{path}: unknown metric '{name}' (known: {', '.join(FINAL_METRICS)})")
         if not (isinstance(values, list) and len(values) == len(seeds)
-                and all(_is_number(v) and math.isfinite(v) for v in values)):
-            raise UserError(f"{path}: metrics.{name}.values must be {len(seeds)} finite numbers, one per seed")
+                and all(metric_value(name, v) is not None for v in values)):
+            raise UserError(f"{path}: metrics.{name}.values must be {len(seeds)} finite numbers "
+                            f"{_described_range(name)}, one per seed")
+        values = [metric_value(name, v) for v in values]
         out[name] = spread(values)
     return Result(path.parent, tuple(seeds), out, _dataset(path, data))
 

@@ -7,7 +7,6 @@ load with `np.load(path, allow_pickle=False)`.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import numpy as np
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
 from mlptrain.util.atomic import atomic_write
-from mlptrain.util.npz_sizes import check_npz_sizes
+from mlptrain.util.npz_archive import open_npz
 
 
 def save_checkpoint(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -39,14 +38,8 @@ COUNTERS = ("meta/epoch", "meta/window", "meta/seed", "plateau/bad_evaluations")
 def load_checkpoint(path: Path) -> dict[str, np.ndarray]:
     """The checkpoint's arrays, each checked to be numbers (no strings or objects), finite where training
     continues from it, and scalar counters where a counter is expected; raises UserError naming the array."""
-    check_npz_sizes(path, "checkpoint")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such checkpoint") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, NotImplementedError) as err:
-        raise UserError(f"{path}: not a readable checkpoint ({brief_text(str(err), 120)})") from None
+    with open_npz(path, "checkpoint") as npz:
+        arrays = {key: npz[key] for key in npz.files}
     for key, array in arrays.items():
         problem = _problem(key, array)
         if problem:

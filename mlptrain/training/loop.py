@@ -23,7 +23,7 @@ from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
 from mlptrain.run_dirs.lock import check_space
-from mlptrain.run_dirs.records import RunLogger, read_metrics, write_json
+from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics, write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.experiment import data_root, run_config
@@ -147,7 +147,9 @@ def _last_record(s: Session, run_dir: Path, start: Position, logger) -> dict:
     evaluated again (the same parameters, so the same numbers) when the file lost it."""
     for record in reversed(read_metrics(run_dir)):
         if record.get("epoch") == start.epoch:
-            return record
+            if is_evaluation_record(record):  # it becomes the summary's: numbers, under the keys it has
+                return record
+            break
     return s.evaluator.epoch_record(s.val, _test_split(s, start.epoch), start.epoch, s.step.read()["steps"], logger)
 
 

@@ -27,8 +27,10 @@ from mlptrain.config.load import load_config, parse_override, resolved_dict
 from mlptrain.config.schema import Config
 from mlptrain.errors import TrainingDiverged, UserError
 from mlptrain.run_dirs.lock import lock_run
+from mlptrain.run_dirs.records import check_metrics_lines
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.fallbacks import warn
+from mlptrain.util.regular_file import read_regular_bytes
 
 # Keys that do not change what training computes, so config.yaml may differ in them on resume: where the
 # data lives (that it is the same data, `mlptrain run --resume` checks by its checksum), how often the host
@@ -159,7 +161,18 @@ def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]
                             f"{config.train.early_stopping.patience} evaluations); there is nothing to resume")
         raise UserError(f"--resume: the run has already trained {position.epoch} epochs of train.epochs="
                         f"{config.train.epochs}; to train longer, extend it with train.epochs=N (N > {position.epoch})")
+    _check_metrics(run_dir / "metrics.jsonl")
     return config, Resume(path, arrays, position, finished)
+
+
+def _check_metrics(path: Path) -> None:
+    """A damaged record before metrics.jsonl's last line is refused now, before anything is written; a cut
+    last line is mended when the run appends (mlptrain.run_dirs.records.mend_metrics)."""
+    try:
+        data = read_regular_bytes(path)
+    except OSError:  # absent (the run stopped before its first evaluation), or unreadable: said on appending
+        return
+    check_metrics_lines(data, path)
 
 
 def stopped_early(arrays: dict, config: Config, position: Position) -> int | None:

@@ -21,12 +21,13 @@ from mlptrain.util.host_memory import HEADROOM, gib, host_available
 HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
-def check_npz_sizes(path: Path, what: str = "") -> None:
+def check_npz_sizes(path: Path, what: str = "", file=None) -> None:
     """Raise UserError (naming `path` and the array) when an array of the archive declares more bytes than
-    it holds, or all of them more than the host memory available, or a member is no .npy at all. A file that
-    is no readable zip, or a header this cannot read, is left for np.load to report."""
+    it holds, or all of them more than the host memory available, or a member is no .npy at all; `file`, when
+    given, is `path` opened for reading. A file that is no readable zip, or a header this cannot read, is left
+    for np.load to report (mlptrain.util.npz_archive reads every archive and refuses what it raises)."""
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(path if file is None else file)
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):
         return
     total = 0

@@ -11,11 +11,12 @@ import os
 import stat
 from pathlib import Path
 
-_FLAGS = {"rb": os.O_RDONLY, "r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT}
+_FLAGS = {"rb": os.O_RDONLY, "r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+          "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT}
 
 
 def open_regular(path: str | Path, mode: str = "rb"):
-    """`open(path, mode)` for mode "rb", "r" or "a", refusing a FIFO, device or socket without blocking."""
+    """`open(path, mode)` for mode "rb", "r", "a" or "a+", refusing a FIFO, device or socket without blocking."""
     fd = os.open(path, _FLAGS[mode] | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -136,3 +136,17 @@ def test_a_last_run_record_nested_too_deeply_is_not_shown_and_not_a_traceback(tm
                                                   "MLPTRAIN_DATA_CACHE": "off", "COLUMNS": "200"})
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "last run" not in result.stdout + result.stderr
+
+
+def test_numbers_in_the_last_run_record_are_shown_only_when_finite(tmp_path):
+    """A compile time of 10**400 was an OverflowError at format time and a list record an AttributeError."""
+    (tmp_path / "k").mkdir()
+    env = {"MLPTRAIN_KERNEL_CACHE": str(tmp_path / "k"), "MLPTRAIN_DATA_CACHE": "off", "COLUMNS": "200"}
+    (tmp_path / "k" / "last-run.json").write_text('{"run": "r9", "compile_s": 1%s, "load_s": "soon"}' % ("0" * 400))
+    result = mlptrain("cache", cwd=tmp_path, env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    out = result.stdout + result.stderr
+    assert "r9" in out and "(0.0 s," in out and "(0.00 s)" in out
+    (tmp_path / "k" / "last-run.json").write_text("[1, 2]")
+    result = mlptrain("cache", cwd=tmp_path, env=env)
+    assert result.returncode == 0 and "last run" not in result.stdout + result.stderr, result.stderr

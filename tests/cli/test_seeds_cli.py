@@ -80,11 +80,12 @@ def test_compare_refusals(seeds_run, tmp_path):
     (mse / "summary.json").write_text(json.dumps({"test_mse": 0.004, "val_mse": 0.0041,
                                                   "dataset": {"name": "cifar10", "test": 1017}}))
     assert_clean_failure(mlptrain("compare", str(group), str(mse), cwd=cwd), "report different metrics")
-    for value in ('"high"', "Infinity", "NaN", "[0.9]"):  # a metric present but no finite number: named as such
+    # a metric present but no finite number in range: named as such (a 401-digit integer was an OverflowError)
+    for value in ('"high"', "Infinity", "NaN", "[0.9]", "9" * 401, "1.5", "-0.1"):
         (mse / "summary.json").write_text(f'{{"test_acc": {value}, "dataset": {{"name": "mnist", "test": 10000}}}}')
         result = mlptrain("compare", str(group), str(mse), cwd=cwd)
         assert_clean_failure(result, "summary.json: test_acc is ")
-        assert "a final metric is a finite number (or null)" in result.stderr
+        assert "test_acc is a finite number from 0 to 1 (or null)" in result.stderr
 
 
 def test_an_interrupted_group_is_finished_by_resuming_it(seeds_run, tmp_path):

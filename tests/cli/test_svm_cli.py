@@ -47,9 +47,9 @@ def test_a_bad_features_file_is_refused(rng, tmp_path, kind, fragment):
 
 @pytest.mark.parametrize("name, content, fragment", [
     ("features.npz", None, "features.npz: no such features file"),
-    ("features.npz", b"train_x,train_y\n", "not a readable .npz features file"),
-    ("features.npz", b"PK\x03\x04 truncated", "not a readable .npz features file"),
-    ("features.npy", "npy", "a single .npy array, not a features .npz file"),
+    ("features.npz", b"train_x,train_y\n", "not an .npz archive"),
+    ("features.npz", b"PK\x03\x04 truncated", "not a readable features file"),
+    ("features.npy", "npy", "a single .npy array, not an .npz archive"),
 ])
 def test_a_file_that_is_not_a_features_npz_is_refused(tmp_path, name, content, fragment):
     if content == "npy":

@@ -362,6 +362,25 @@ def test_corrupt_archive(tmp_path, serve):
     _assert_nothing_extracted(tmp_path)
 
 
+@pytest.mark.parametrize("mode", ["w:xz", "w:bz2"])
+def test_a_damaged_recompressed_archive_is_one_line(tmp_path, serve, mode):
+    """Damage inside an .xz raises lzma.LZMAError and inside a .bz2 an OSError without an errno: neither is
+    tarfile's own TarError, and both are the archive's damage, not the disk's."""
+    data, _, _ = archive_bytes()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as source, tarfile.open(fileobj=buffer, mode=mode) as again:
+        for member in source:
+            again.addfile(member, source.extractfile(member) if member.isfile() else None)
+    damaged = bytearray(buffer.getvalue())
+    middle = len(damaged) // 2
+    damaged[middle:middle + 16] = bytes(b ^ 0xFF for b in damaged[middle:middle + 16])
+    serve({URL10: bytes(damaged)})
+    with pytest.raises(UserError) as caught:
+        load_cifar(with_md5s(CIFAR10, {}, hashlib.md5(damaged).hexdigest()), tmp_path)
+    assert_one_line(caught, "corrupt archive", "delete it")
+    _assert_nothing_extracted(tmp_path)
+
+
 def test_interrupted_extraction_leaves_no_partial_folder(tmp_path, serve, archive, monkeypatch):
     data, written, spec = archive()
     serve({URL10: data})

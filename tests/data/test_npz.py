@@ -150,7 +150,7 @@ def test_bad_npz(tmp_path, rng, case):
 @pytest.mark.parametrize("content, fragment", [
     (b"", "not an .npz archive (an .npz is a zip file; this one does not start as one)"),
     (b"x_train,y_train\n1,2\n", "not an .npz archive (an .npz is a zip file"),
-    (None, "not a readable .npz archive"),  # a truncated zip
+    (None, "not a readable npz dataset"),  # a truncated zip
 ], ids=["empty", "text", "truncated"])
 def test_not_an_npz(tmp_path, rng, content, fragment):
     path = save(tmp_path, arrays(rng))
@@ -165,7 +165,7 @@ def test_not_an_npz(tmp_path, rng, content, fragment):
 def test_npy_file_is_not_an_npz(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.zeros(3))
-    with pytest.raises(UserError, match="holds a single array .* not an .npz archive"):
+    with pytest.raises(UserError, match="a single .npy array, not an .npz archive"):
         load_npz(path)
 
 

@@ -138,3 +138,46 @@ def test_seeds_table_shows_every_seed(tmp_path):
     result = load_result(write_seeds(tmp_path / "a", [0.9700, 0.9710, 0.9705]))
     text = render(seeds_table([0, 1, 2], result.metrics))
     assert "seed 0" in text and "seed 2" in text and "0.9705" in text and "95% CI" in text
+
+
+@pytest.mark.parametrize("key, values", [("test_acc", [1e308, -1e308]), ("test_acc", [10**400, 0.5]),
+                                         ("test_loss", [1e308, 1e308]), ("test_loss", [-1.0, 0.5]),
+                                         ("test_acc", [0.5, 1.0001])])
+def test_values_read_back_out_of_range_are_refused_before_any_arithmetic(tmp_path, key, values):
+    """[1e308, -1e308] in seeds.json and a 401-digit test_acc in summary.json were OverflowError tracebacks."""
+    (tmp_path / "seeds.json").write_text(json.dumps({"seeds": [0, 1], "metrics": {key: {"values": values}},
+                                                     "dataset": MNIST}))
+    with pytest.raises(UserError, match=f"metrics.{key}.values must be 2 finite numbers from 0 to "):
+        load_result(tmp_path / "seeds.json")
+    (tmp_path / "summary.json").write_text(json.dumps(summary("run", **{key: values[0]})))
+    if not 0 <= values[0] <= (1 if key == "test_acc" else 1e300):
+        with pytest.raises(UserError, match=f"summary.json: {key} is .*; {key} is a finite number from 0 to"):
+            load_result(tmp_path / "summary.json")
+    assert key not in final_metrics({key: values[0]}) or 0 <= values[0] <= 1
+
+
+def test_the_largest_values_taken_compare_to_finite_numbers(tmp_path):
+    a = load_result(write_seeds(tmp_path / "a", [0.5, 0.6], key="test_loss"))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "seeds.json").write_text(json.dumps({
+        "seeds": [0, 1], "dataset": MNIST, "metrics": {"test_loss": {"values": [1e300, 1e-300]}}}))
+    b = load_result(tmp_path / "b")
+    assert math.isfinite(b.metrics["test_loss"].half_width)
+    text = render(compare_table([a, b]))
+    assert "inf" not in text and "nan" not in text
+
+
+def test_finishing_a_group_refuses_a_seed_summary_out_of_range(tmp_path):
+    from mlptrain.seeds.finish import finish_group
+    from mlptrain.training.experiment import Resources
+
+    group = tmp_path / "group"
+    for seed, acc in ((0, 0.9), (1, 10**400)):
+        (group / f"seed-{seed}").mkdir(parents=True)
+        (group / f"seed-{seed}" / "config.yaml").write_text("seed: 0\n")
+        (group / f"seed-{seed}" / "summary.json").write_text(json.dumps(summary(f"seed-{seed}", test_acc=acc)))
+    with pytest.raises(UserError, match="seed-1/summary.json: test_acc is 1000"):
+        finish_group(group, [], Resources())
+    (group / "seed-1" / "summary.json").write_text(json.dumps(summary("seed-1", test_acc=0.92)))
+    seeds, record = finish_group(group, [], Resources())
+    assert seeds == [0, 1] and record["metrics"]["test_acc"]["values"] == [0.9, 0.92]

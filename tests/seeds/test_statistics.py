@@ -2,11 +2,15 @@
 scikit-learn, so present wherever the tests run), and the spreads and Welch intervals by hand."""
 
 import math
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
 from mlptrain.seeds.statistics import (
+    MAX_VALUE,
     decimals,
     regularized_incomplete_beta,
     spread,
@@ -83,3 +87,37 @@ def test_decimals_show_two_digits_of_the_spread():
     assert decimals(0.00012) == 5  # 0.00503 +- 0.00012
     assert decimals(3.4) == 1 and decimals(25.0) == 0
     assert decimals(None) == 4 and decimals(0.0) == 4
+
+
+finite_values = st.lists(st.floats(-MAX_VALUE, MAX_VALUE, allow_nan=False, allow_subnormal=True), min_size=1,
+                         max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(a=finite_values, b=finite_values)
+def test_no_statistic_overflows_on_finite_values_and_each_matches_exact_arithmetic(a, b):
+    """1e308-scale values squared overflowed (an OverflowError from `compare`); tiny ones squared underflowed
+    to a zero spread. Any values within +-MAX_VALUE give finite results, as exact rational arithmetic does."""
+    for values in (a, b):
+        s, exact = spread(values), [Fraction(v) for v in values]
+        mean = sum(exact) / len(exact)
+        assert math.isfinite(s.mean) and s.mean == pytest.approx(float(mean), rel=1e-12, abs=1e-300)
+        if len(values) > 1:
+            variance = sum((v - mean) ** 2 for v in exact) / (len(exact) - 1)
+            assert math.isfinite(s.std) and math.isfinite(s.half_width) and all(map(math.isfinite, s.interval))
+            unit = max(map(abs, values)) or 1.0  # the exact deviation is past float's range squared
+            assert s.std == pytest.approx(math.sqrt(float(variance / Fraction(unit) ** 2)) * unit, rel=1e-9,
+                                          abs=1e-300)
+    d = welch(spread(a), spread(b))
+    assert math.isfinite(d.delta) and (d.interval is None or all(map(math.isfinite, d.interval)))
+
+
+def test_the_issue_values_and_their_limits():
+    s = spread([1e300, -1e300])
+    assert s.mean == 0 and s.std == pytest.approx(math.sqrt(2) * 1e300) and math.isfinite(s.half_width)
+    tiny = spread([1e-200, 3e-200])  # (1e-200) ** 2 is 0.0 in floats
+    assert tiny.std == pytest.approx(math.sqrt(2) * 1e-200)
+    assert welch(tiny, spread([2e-200, 2e-200])).df == pytest.approx(1.0)
+    for values in ([1e308, -1e308], [float("nan"), 1.0], [float("inf")]):
+        with pytest.raises(ValueError, match="finite and within"):
+            spread(values)

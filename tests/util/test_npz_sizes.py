@@ -87,7 +87,7 @@ def test_every_reader_checks_the_headers_first(tmp_path):
 
     readers = [
         (lambda p: load_npz(p), ["x_train", "y_train", "x_test", "y_test"], "x_train", "npz dataset"),
-        (lambda p: read_images(p, (1, 2, 2)), ["images"], "images", "file"),
+        (lambda p: read_images(p, (1, 2, 2)), ["images"], "images", "image file"),
         (lambda p: load_features(p), ["train_x", "train_y", "test_x", "test_y"], "train_x", "features file"),
         (lambda p: load_checkpoint(p), ["params/fc1.weight", "meta/epoch"], "params/fc1.weight", "checkpoint"),
     ]
@@ -109,7 +109,7 @@ def test_a_member_that_is_no_npy_is_refused_by_every_reader(tmp_path, content):
 
     readers = [
         (load_npz, ["x_train", "y_train", "x_test", "y_test"], "x_train", "npz dataset"),
-        (lambda p: read_images(p, (1, 2, 2)), ["images"], "images", "file"),
+        (lambda p: read_images(p, (1, 2, 2)), ["images"], "images", "image file"),
         (load_features, ["train_x", "train_y", "test_x", "test_y"], "train_x", "features file"),
         (load_checkpoint, ["params/fc1.weight", "meta/epoch"], "params/fc1.weight", "checkpoint"),
     ]

@@ -158,7 +158,9 @@ class KernelStore:
             pass
 
     def last_run(self) -> dict | None:
+        """The record write_last_run left, or None when there is none or it is no JSON object."""
         try:
-            return json.loads(read_regular_text(self.root / LAST_RUN))
+            record = json.loads(read_regular_text(self.root / LAST_RUN))
         except (OSError, ValueError, TypeError, RecursionError):  # RecursionError: nested too deeply
             return None
+        return record if isinstance(record, dict) else None
