@@ -17,9 +17,9 @@ from mlptrain.nn import make_model, model_dataset
 from mlptrain.run_dirs.links import check_no_links
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.experiment import check_same_dataset
-from mlptrain.training.resume import check_same_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.memory_plan import check_model_fits
+from mlptrain.training.resume import check_same_config
 from mlptrain.util.npz_sizes import check_npz_sizes
 
 CHECKPOINTS = ("best", "last")

@@ -21,8 +21,7 @@ from mlptrain.config.schema import Config
 from mlptrain.data.loader import ResidentSplit, resident_splits, whole_split
 from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
-from mlptrain.inference.loading import (check_run_data, load_fitting_model, load_run, recorded_inputs,
-                                        warn_fallbacks)
+from mlptrain.inference.loading import check_run_data, load_fitting_model, load_run, recorded_inputs, warn_fallbacks
 from mlptrain.nn import input_scale_shift
 from mlptrain.training.experiment import Resources
 
