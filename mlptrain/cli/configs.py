@@ -4,8 +4,6 @@ in); `mlptrain configs copy NAME [DEST]` writes one to a file of your own to edi
 
 from __future__ import annotations
 
-import os
-from contextlib import suppress
 from pathlib import Path
 from typing import List, Optional
 
@@ -78,21 +76,11 @@ def copy(name: str = typer.Argument(..., help="a built-in config or sweep name, 
 
 def write_new(path: Path, text: str, force: bool) -> None:
     """`text` into `path` whole (old content or new, never half); without `force` an existing file is
-    refused, also when another process creates it at the same moment (the name is claimed first)."""
-    if not force:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the claim: one process wins
-        except FileExistsError:
-            raise UserError(f"{path} exists; use --force to replace it") from None
-        except OSError as err:
-            raise UserError(f"{path}: cannot write it ({err.strerror or err})") from None
-    try:
-        write_text(path, text)
-    except BaseException:
-        if not force:  # the empty claim goes with the failed write: nothing half-made stays
-            with suppress(OSError):
-                path.unlink()
-        raise
+    refused, also when another process creates it at the same moment (mlptrain.util.atomic links the new
+    file to its name, which fails where one exists)."""
+    if not force and (path.exists() or path.is_symlink()):
+        raise UserError(f"{path} exists; use --force to replace it")
+    write_text(path, text, overwrite=force)
 
 
 def print_lists() -> None:

@@ -53,7 +53,7 @@ def evaluate(
                   f"{report['split']}: {report['images']:,} images", highlight=False, soft_wrap=True)
     for table in tables(report):
         console.print(table)
-    write_json(out, report)
+    write_json(out, report, overwrite=force)  # never over a file made meanwhile
     console.print(f"written to {out}", highlight=False, soft_wrap=True)
 
 

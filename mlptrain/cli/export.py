@@ -40,7 +40,7 @@ def export(
         console.print(f"onnx check: {check.output} of {check.images} {check.source} by onnxruntime against "
                       f"mlptrain's forward (cpu, fp32): max abs difference {check.max_abs_diff:.3g} (values up to "
                       f"{check.max_abs_value:.3g}){also}", highlight=False, soft_wrap=True)
-    with atomic_write(out, binary=True) as file:
+    with atomic_write(out, binary=True, overwrite=force) as file:  # never over a file made meanwhile
         file.write(data)
     console.print(f"{fmt} ({len(data):,} bytes, {trained.config.model.type}, {checkpoint} checkpoint) written to "
                   f"{out}", highlight=False, soft_wrap=True)

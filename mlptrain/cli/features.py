@@ -42,7 +42,7 @@ def extract_features(
     batch = positive_int(batch_size, "--batch-size") if batch_size is not None else None
     with pass_progress() as progress:
         extraction = extract(run_dir, checkpoint, layer, batch, progress=progress, pool=pooling)
-    save_features(out, extraction)
+    save_features(out, extraction, overwrite=force)  # never over a file made meanwhile
     f = extraction.features
     pooled = f" ({f.pool}-pooled)" if f.pool else ""
     console.print(f"{f.layer}{pooled} features of {f.run} ({extraction.checkpoint} checkpoint): "

@@ -51,7 +51,7 @@ def new_output(path: Path, force: bool, reads: tuple = ()) -> Path:
                    or path.name.startswith("events.out.tfevents")):
         raise UserError(f"--out {path}: one of the records or checkpoints of {run}, which are never "
                         "replaced; name another file")
-    if path.exists() and not force:
+    if (path.exists() or path.is_symlink()) and not force:  # a dangling link is a name taken too
         raise UserError(f"{path} exists; add --force to overwrite it, or --out another file")
     return path
 

@@ -71,7 +71,7 @@ def predict(
                       f"/ 255; their mean MSE {float(mse.mean()):.4g}", highlight=False)
     arrays.update({"inputs": np.array(names, dtype=str), "run": np.array(trained.run_dir.resolve().name),
                    "checkpoint": np.array(checkpoint)})
-    with atomic_write(out, binary=True) as file:
+    with atomic_write(out, binary=True, overwrite=force) as file:  # never over a file made meanwhile
         np.savez(file, **arrays)
     console.print(f"written to {out}", highlight=False, soft_wrap=True)
 

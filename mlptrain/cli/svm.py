@@ -47,7 +47,7 @@ def svm(
         console.print(f"[bold yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     for table in tables(report):
         console.print(table)
-    write_json(out, report)
+    write_json(out, report, overwrite=force)  # never over a file made meanwhile
     console.print(f"written to {out}", highlight=False, soft_wrap=True)
 
 

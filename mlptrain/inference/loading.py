@@ -12,12 +12,16 @@ from mlptrain.config.schema import Config
 from mlptrain.data import recorded_dataset
 from mlptrain.errors import UserError
 from mlptrain.nn import make_model, model_dataset
+from mlptrain.run_dirs.links import check_no_links
 from mlptrain.training.checkpoint import load_checkpoint
+from mlptrain.training.experiment import check_same_dataset
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.memory_plan import check_model_fits
+from mlptrain.training.resume import check_same_config
 from mlptrain.util.npz_archive import open_npz
 
 CHECKPOINTS = ("best", "last")
+EDITED = "the run's commands read it as it was trained: restore config.yaml as the run wrote it"
 
 
 def load_run(run_dir: Path, checkpoint: str) -> tuple[Config, Path]:
@@ -26,6 +30,7 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[Config, Path]:
         raise UserError(f"--checkpoint {checkpoint}: use best or last")
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
+    check_no_links(run_dir)  # a config.yaml or checkpoint linked from elsewhere would be reported as this run's
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir}: no config.yaml, so not a run directory")
     config = load_config(run_dir / "config.yaml")
@@ -34,7 +39,24 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[Config, Path]:
         others = [name for name in CHECKPOINTS if (run_dir / "checkpoints" / f"{name}.npz").is_file()]
         hint = f"use --checkpoint {others[0]}" if others else "the run stopped before its first checkpoint"
         raise UserError(f"{run_dir}: no checkpoints/{checkpoint}.npz ({hint})")
+    recorded = recorded_config(path)
+    if recorded is not None:  # edited since: a seed or data.val_size changed would evaluate another split
+        check_same_config(path, recorded, config, str(run_dir), EDITED)
     return config, path
+
+
+def recorded_config(path: Path) -> dict | None:
+    """{"meta/config": the config checkpoint `path` recorded} (that array alone, as check_same_config reads
+    it); None for a checkpoint from before runs recorded it, read as it is. A damaged file is refused here in
+    the words the checkpoint loader uses (mlptrain.util.npz_archive)."""
+    with open_npz(path, "checkpoint") as arrays:
+        return {"meta/config": arrays["meta/config"]} if "meta/config" in arrays.files else None
+
+
+def check_run_data(run_dir: Path, config: Config, dataset) -> None:
+    """The run's own data (its config.yaml's) is the data it trained on, by the checksum it recorded."""
+    check_same_dataset(run_dir, config, dataset, str(run_dir), "its results there would not be the run's; give "
+                       "the data it trained on, or name other data with --data (evaluate)")
 
 
 def load_fitting_model(config: Config, path: Path, backend, dataset, rows: int, flag: str):

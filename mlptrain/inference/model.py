@@ -21,7 +21,7 @@ from mlptrain.config.schema import Config
 from mlptrain.data.loader import ResidentSplit, resident_splits, whole_split
 from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
-from mlptrain.inference.loading import load_fitting_model, load_run, recorded_inputs, warn_fallbacks
+from mlptrain.inference.loading import check_run_data, load_fitting_model, load_run, recorded_inputs, warn_fallbacks
 from mlptrain.nn import input_scale_shift
 from mlptrain.training.experiment import Resources
 
@@ -157,6 +157,8 @@ def load_trained(run_dir: Path, checkpoint: str = "best", backend: str = "cpu", 
         device, dataset = get_backend(backend), recorded
     else:
         device, dataset = resources.prepare(config)
+        if data is None:
+            check_run_data(run_dir, trained_config, dataset)
     if data is not None:
         trained_on = recorded or resources.dataset(trained_config)  # the run's record: its data need not be here
         check_same_shape(dataset, trained_on, data)

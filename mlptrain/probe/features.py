@@ -33,7 +33,7 @@ from mlptrain.config.schema import Config
 from mlptrain.data.loader import ResidentSplit, whole_split
 from mlptrain.dtypes import to_float32
 from mlptrain.errors import UserError
-from mlptrain.inference.loading import load_fitting_model, load_run, warn_fallbacks
+from mlptrain.inference.loading import check_run_data, load_fitting_model, load_run, warn_fallbacks
 from mlptrain.nn import input_scale_shift
 from mlptrain.probe.pooling import GridPool, check_grid
 from mlptrain.training.checkpoint import save_checkpoint
@@ -135,6 +135,7 @@ def extract_features(run_dir: Path, checkpoint: str = "best", layer: str | None 
     config, path = load_run(run_dir, checkpoint)
     layer = resolve_layer(config, layer)
     backend, dataset = Resources().prepare(config)
+    check_run_data(run_dir, config, dataset)
     model, dataset = load_fitting_model(config, path, backend, dataset, batch_size or config.train.eval_batch_size,
                                         "--batch-size")
     batch = model.max_rows
@@ -170,13 +171,14 @@ def _bar(progress, name: str, total: int):
 # ---- the .npz file
 
 
-def save_features(path: Path, extraction: Extraction) -> None:
-    """Atomically (temporary file, fsync, rename, as a checkpoint is written): never half a file."""
+def save_features(path: Path, extraction: Extraction, overwrite: bool = True) -> None:
+    """Atomically (temporary file, fsync, rename, as a checkpoint is written): never half a file; without
+    `overwrite` never over a file of that name (mlptrain.util.atomic)."""
     f = extraction.features
     save_checkpoint(path, {"train_x": f.train_x, "train_y": f.train_y, "test_x": f.test_x, "test_y": f.test_y,
                            "run": np.array(f.run), "layer": np.array(f.layer), "pool": np.array(f.pool),
                            "checkpoint": np.array(extraction.checkpoint), "dataset": np.array(extraction.dataset),
-                           "class_names": np.array(f.class_names, dtype=str)})
+                           "class_names": np.array(f.class_names, dtype=str)}, overwrite)
 
 
 def load_features(path: Path) -> FeatureSet:

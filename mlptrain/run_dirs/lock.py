@@ -8,6 +8,10 @@ run never leaves a stale lock behind. A second process asking for the same run i
 Taking the lock also proves the folder writable (the lock file is created there); `check_space` then
 compares the free space with what the run will write, so a read-only or full disk is one line before
 any work is done rather than a failure after it.
+
+The lock file is truncated and given the holder's pid, so it is opened without following a link and
+must be the run's own file (mlptrain.util.regular_file): a `.lock` linked to a file outside the run is
+refused, never overwritten.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import secrets
 import shutil
 from contextlib import suppress
 from pathlib import Path
 
 from mlptrain.errors import UserError
+from mlptrain.util.regular_file import open_regular
 
 LOCK_NAME = ".lock"
 _held: dict[Path, int] = {}  # run directory -> the open lock file's descriptor
@@ -32,10 +38,15 @@ def lock_run(run_dir: Path, purpose: str) -> None:
     if key in _held:
         return
     try:
-        fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = open_regular(key / LOCK_NAME, "r+b", follow=False)
     except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK, errno.EINVAL):  # a link or a FIFO put in its place
+            raise UserError(f"{run_dir / LOCK_NAME}: {err.strerror}; mlptrain writes nothing through it: remove "
+                            "it (no process holds a lock there)") from None
         raise UserError(f"{run_dir}: cannot write in it ({_reason(err)}); {purpose} writes into the run "
                         "directory") from None
+    fd = os.dup(lock.fileno())  # the descriptor is the lock: kept open, without a file object to close it
+    lock.close()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
@@ -80,9 +91,9 @@ def claim_output(path: Path, purpose: str) -> None:
     if (folder / "config.yaml").is_file():
         lock_run(folder, purpose)
         return
-    probe = folder / f".{Path(path).name}.{os.getpid()}.probe"
-    try:
-        probe.touch()
+    probe = folder / f".{Path(path).name}.{secrets.token_hex(4)}.probe"
+    try:  # O_EXCL: a new file of a name nobody could foresee, never one made through a link put there
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
         probe.unlink()
     except OSError as err:
         raise UserError(f"{path}: cannot write in {folder} ({_reason(err)})") from None

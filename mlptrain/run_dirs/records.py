@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import secrets
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +59,13 @@ def metric_tag(key: str) -> str:
     return f"{METRIC_NAMES[metric]}/{split}"
 
 
+def event_suffix(suffix: str = "") -> str:
+    """The end of a new TensorBoard event file's name. tensorboardX names the file by the second and the host
+    and opens it with open(name, "wb"), which follows a link: random digits make the name one nobody could
+    have put a link at beforehand, so the events are never written through one."""
+    return f".{secrets.token_hex(4)}{suffix}"
+
+
 class RunLogger:
     """TensorBoard events and metrics.jsonl under the run directory."""
 
@@ -66,7 +74,7 @@ class RunLogger:
         self.run_dir = run_dir
         path = run_dir / "metrics.jsonl"
         try:  # before the writer, so a refusal leaves no new event file behind
-            self._metrics = open_regular(path, "a+")  # a FIFO there would block the run
+            self._metrics = open_regular(path, "a+", follow=False)  # a FIFO would block the run; a link leads out
         except OSError as err:  # a directory or a FIFO put there, a read-only run folder
             raise UserError(f"{path}: cannot append to it ({err.strerror or err}); it must be a writable "
                             "file (or absent)") from None
@@ -75,7 +83,7 @@ class RunLogger:
         except BaseException:
             self._metrics.close()
             raise
-        self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
+        self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10, filename_suffix=event_suffix())
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -127,7 +135,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     """The records of metrics.jsonl that read as JSON objects, in order; a damaged line (a crash mid-write,
     RecursionError: nested too deeply) is left out; none when the file cannot be read."""
     try:
-        lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
+        lines = read_regular_text(run_dir / "metrics.jsonl", follow=False).splitlines()
     except OSError:
         return []
     records = []
@@ -210,7 +218,9 @@ def write_metrics_csv(run_dir: Path) -> None:
     write_text(run_dir / "metrics.csv", table.getvalue())
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Top-level non-finite floats become null (JSON has no NaN); written atomically."""
-    write_text(path, json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n")
+def write_json(path: Path, data: dict, overwrite: bool = True) -> None:
+    """Top-level non-finite floats become null (JSON has no NaN); written atomically (mlptrain.util.atomic,
+    `overwrite` as there)."""
+    write_text(path, json.dumps({k: _json_value(v) for k, v in data.items()}, indent=2) + "\n",
+               overwrite=overwrite)
 

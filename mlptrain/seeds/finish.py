@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mlptrain.config.load import config_from_dict, load_config
 from mlptrain.errors import UserError
+from mlptrain.run_dirs.links import check_no_links
 from mlptrain.run_dirs.lock import lock_run
 from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import PLAN, read_json, summary_result
@@ -55,6 +56,7 @@ def finish_group(group: Path, overrides: list[str], resources: Resources, stop=N
     if overrides:
         raise UserError(f"--resume {group} finishes the seed group as it was started; drop "
                         f"{' '.join(overrides)}")
+    check_no_links(group, "seed group")  # a seed-N linked to another run would be finished and counted as its own
     if (group / "seeds.json").is_file():
         raise UserError(f"--resume {group}: every seed has finished and seeds.json is written; nothing to resume "
                         f"(mlptrain compare {group} OTHER compares it)")
@@ -66,6 +68,7 @@ def finish_group(group: Path, overrides: list[str], resources: Resources, stop=N
     for i, seed in enumerate(seeds):
         run_dir = group / f"seed-{seed}"
         if (run_dir / "summary.json").is_file():
+            check_no_links(run_dir)
             summaries.append(_finished_summary(run_dir / "summary.json"))
             continue
         console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
@@ -92,6 +95,7 @@ def _finish_seed(run_dir: Path, seed: int, config: dict | None, resources: Resou
             session = build_session(cfg, *resources.prepare(cfg, start_compilers=True))
             return train(session, run_dir, resume=start, stop=stop)
         if (run_dir / "config.yaml").is_file():  # stopped before its first checkpoint: afresh, in its folder
+            check_no_links(run_dir)
             lock_run(run_dir, "--resume")
             cfg = load_config(run_dir / "config.yaml")
             return train(build_session(cfg, *resources.prepare(cfg, start_compilers=True)), run_dir, stop=stop)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
+from mlptrain.run_dirs.links import check_no_links
 from mlptrain.seeds.statistics import MAX_VALUE, Spread, spread
 from mlptrain.util.read_numbers import finite_float
 from mlptrain.util.regular_file import read_regular_text
@@ -80,6 +81,7 @@ def load_result(path: Path) -> Result:
     """A run directory (its summary.json), a seeds directory (its seeds.json), or either file; raises
     UserError when it is none of them or its content is not what mlptrain writes."""
     if path.is_dir():
+        check_no_links(path, "seed group" if (path / "seeds.json").exists() else "run")
         for name in ("seeds.json", "summary.json"):
             if (path / name).is_file():
                 return load_result(path / name)

@@ -12,7 +12,12 @@ JOURNAL, DATABASE = "study.journal", "study.db"  # a sweep folder's own study: t
 
 def default_storage(sweep_dir: Path) -> str:
     """The study of the sweep in `sweep_dir` when --storage names none: its journal file, or the SQLite file
-    an earlier version made there, so that re-running that sweep continues it."""
+    an earlier version made there, so that re-running that sweep continues it. Either one a link is refused:
+    the sweep appends to its study, and --storage is the way to name one elsewhere."""
+    for name in (JOURNAL, DATABASE):
+        if (sweep_dir / name).is_symlink():
+            raise UserError(f"{sweep_dir / name}: a symbolic link inside a sweep folder; mlptrain never writes a "
+                            "sweep's study through a link: remove it, or name the study with --storage")
     if (sweep_dir / DATABASE).exists() and not (sweep_dir / JOURNAL).exists():
         return f"sqlite:///{(sweep_dir / DATABASE).resolve()}"
     return str((sweep_dir / JOURNAL).resolve())

@@ -30,6 +30,7 @@ from mlptrain.config.safe_yaml import brief
 from mlptrain.errors import UserError
 from mlptrain.sweep.spec import Sweep
 from mlptrain.sweep.storage import described, is_database
+from mlptrain.util.regular_file import open_regular
 
 SETUP_WAIT_S = 60  # how long to wait for another worker to finish queueing a new study's trials
 PRUNE_AFTER_TRIALS = 5  # Optuna's default: the median of fewer finished trials is noise
@@ -98,7 +99,12 @@ def _open(location: str, made: bool):
 @contextmanager
 def _setup_lock(folder: Path):
     """Serialises set-up among this machine's workers (the SQLite schema is created on first open)."""
-    with open(folder / ".setup.lock", "w") as lock:
+    path = folder / ".setup.lock"
+    try:  # never truncated, nor opened through a link put in its place (mlptrain.run_dirs.links)
+        lock = open_regular(path, "r+b", follow=False)
+    except OSError as err:
+        raise UserError(f"{path}: cannot open it ({err.strerror or err}); remove it (a sweep makes it again)") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -26,10 +26,12 @@ import time
 from pathlib import Path
 
 from mlptrain.backends.cuda import gpu_count
+from mlptrain.errors import UserError
 from mlptrain.sweep import claims
 from mlptrain.sweep.engine import requeue_stale
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.util.console import console
+from mlptrain.util.regular_file import open_regular
 
 POLL_S = 2  # how often the parent reports the trials its children finished
 WAIT_S = 0.05  # how often it looks at its children: the sweep ends within this of its last worker
@@ -97,7 +99,12 @@ def _start(command: list[str], slots: list, sweep_dir: Path, i: int, threads: li
     if threads:
         command = [*command]
         command[command.index("--workers") + 1] = str(threads[i])
-    with open(sweep_dir / f"worker-{i}.log", "a") as log:
+    path = sweep_dir / f"worker-{i}.log"
+    try:  # appended to, so never through a link put in its place (mlptrain.run_dirs.links)
+        log = open_regular(path, "a", follow=False)
+    except OSError as err:
+        raise UserError(f"{path}: cannot append to it ({err.strerror or err}); remove it") from None
+    with log:
         # a session of its own: Ctrl-C reaches a worker once, from here, not also from the terminal
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 preexec_fn=die_with_parent)

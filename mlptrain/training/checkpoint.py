@@ -17,13 +17,14 @@ from mlptrain.util.atomic import atomic_write
 from mlptrain.util.npz_archive import open_npz
 
 
-def save_checkpoint(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Written atomically (mlptrain.util.atomic): a kill at any instant leaves the previous file intact."""
+def save_checkpoint(path: Path, arrays: dict[str, np.ndarray], overwrite: bool = True) -> None:
+    """Written atomically (mlptrain.util.atomic, `overwrite` as there): a kill at any instant leaves the
+    previous file intact."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"{path.parent}: cannot create it ({err.strerror or err})") from None
-    with atomic_write(path, binary=True) as f:
+    with atomic_write(path, binary=True, overwrite=overwrite) as f:
         np.savez(f, **arrays)
 
 

@@ -132,9 +132,11 @@ def data_root(config: Config) -> Path:
     return Path(config.data.root) if config.data.root else default_data_root()
 
 
-def check_same_dataset(run_dir: Path, config: Config, dataset) -> None:
-    """Refuse to resume `run_dir` on other data than it started with: the checksum its config.yaml
-    recorded must be the loaded dataset's (a run written before the record existed is not checked)."""
+def check_same_dataset(run_dir: Path, config: Config, dataset, command: str | None = None,
+                       remedy: str = "resume with the data it started with") -> None:
+    """Refuse to resume (or evaluate, ...) `run_dir` on other data than it started with: the checksum its
+    config.yaml recorded must be the loaded dataset's (a run written before the record existed is not
+    checked). `command` (default `--resume RUN_DIR`) and `remedy` begin and end the refusal."""
     raw = read_yaml(run_dir / "config.yaml")
     resolved = raw.get(RESOLVED) if isinstance(raw, dict) else None
     recorded = resolved.get("dataset") if isinstance(resolved, dict) else None
@@ -142,6 +144,6 @@ def check_same_dataset(run_dir: Path, config: Config, dataset) -> None:
         return
     now = dataset_record(dataset, config.data.val_size)
     if now["checksum"] != recorded["checksum"]:
-        raise UserError(f"--resume {run_dir}: its data changed since the run started ({now['location']} has "
-                        f"checksum {now['checksum']}, the run recorded {recorded['checksum']} from "
-                        f"{recorded.get('location')}); resume with the data it started with")
+        raise UserError(f"{command or f'--resume {run_dir}'}: its data changed since the run started "
+                        f"({now['location']} has checksum {now['checksum']}, the run recorded {recorded['checksum']} "
+                        f"from {recorded.get('location')}); {remedy}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from mlptrain.config.load import resolved_dict
 from mlptrain.config.schema import Config
+from mlptrain.run_dirs.records import event_suffix
 
 
 def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
@@ -58,5 +59,5 @@ def log_session(run_dir, values: dict) -> None:
     from tensorboardX import SummaryWriter
 
     # the suffix keeps it apart from the run's own file, whose name may carry the same second
-    with SummaryWriter(logdir=str(run_dir), filename_suffix=".hparams") as writer:
+    with SummaryWriter(logdir=str(run_dir), filename_suffix=event_suffix(".hparams")) as writer:
         write_session(writer, values)

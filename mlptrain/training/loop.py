@@ -22,6 +22,7 @@ import numpy as np
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
+from mlptrain.run_dirs.links import checkpoint_file
 from mlptrain.run_dirs.lock import check_space
 from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics, write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
@@ -204,7 +205,7 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
         if best.best_epoch == epoch:  # kept in memory until `last` is written: best.npz never runs ahead of it
             s.unsaved_best = arrays
         if save_last:
-            save_checkpoint(run_dir / "checkpoints" / "last.npz", arrays)
+            save_checkpoint(checkpoint_file(run_dir, "last"), arrays)
             _save_best(s, run_dir)
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
@@ -219,7 +220,7 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
     evaluation record the summary reports."""
     if s.stopping is None or not s.stopping.restore_best or best.best_epoch in (0, last["epoch"]):
         return last
-    s.model.load_parameters(load_checkpoint(run_dir / "checkpoints" / "best.npz"), prefix="params/")
+    s.model.load_parameters(load_checkpoint(checkpoint_file(run_dir, "best")), prefix="params/")
     record = s.evaluator.record(s.val, s.test, best.best_epoch, last["step"])
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in ("epoch", "step"))
     console.print(f"restored the parameters of epoch {best.best_epoch} (checkpoints/best.npz): {metrics}")
@@ -229,7 +230,7 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
     raise TrainingInterrupted."""
-    save_checkpoint(run_dir / "checkpoints" / "last.npz", _checkpoint(s, position))
+    save_checkpoint(checkpoint_file(run_dir, "last"), _checkpoint(s, position))
     _save_best(s, run_dir)
     # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
     # skipped steps included, as the bar counts them)
@@ -243,7 +244,7 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
 def _save_best(s: Session, run_dir: Path) -> None:
     """best.npz from the arrays held since the best epoch, once `last` (which records that epoch) is written."""
     if s.unsaved_best is not None:
-        save_checkpoint(run_dir / "checkpoints" / "best.npz", s.unsaved_best)
+        save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best)
         s.unsaved_best = None
 
 

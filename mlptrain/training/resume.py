@@ -26,6 +26,7 @@ import numpy as np
 from mlptrain.config.load import load_config, parse_override, resolved_dict
 from mlptrain.config.schema import Config
 from mlptrain.errors import TrainingDiverged, UserError
+from mlptrain.run_dirs.links import check_no_links
 from mlptrain.run_dirs.lock import lock_run
 from mlptrain.run_dirs.records import check_metrics_lines
 from mlptrain.training.checkpoint import load_checkpoint
@@ -136,6 +137,7 @@ def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]
     locked for this process; raises UserError before anything is written."""
     if not run_dir.is_dir():
         raise UserError(f"--resume {run_dir}: no such run directory")
+    check_no_links(run_dir)  # before the lock: its .lock, metrics.jsonl and checkpoints are written to
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"--resume {run_dir}: no config.yaml, so not a run directory")
     for text in overrides:
@@ -150,7 +152,7 @@ def prepare_resume(run_dir: Path, overrides: list[str]) -> tuple[Config, Resume]
         raise UserError(f"--resume {run_dir}: no checkpoints/last.npz (the run stopped before its first "
                         "checkpoint); start it again")
     arrays = load_checkpoint(path)
-    _check_same_config(path, arrays, config)
+    check_same_config(path, arrays, config)
     position = _position(path, arrays, config)
     stopped = stopped_early(arrays, config, position)
     finished = (position.epoch == config.train.epochs and not position.window) or stopped is not None
@@ -183,7 +185,12 @@ def stopped_early(arrays: dict, config: Config, position: Position) -> int | Non
     return best_epoch
 
 
-def _check_same_config(path: Path, arrays: dict, config: Config) -> None:
+def check_same_config(path: Path, arrays: dict, config: Config, command: str = "--resume",
+                      remedy: str = "only train.epochs may change (start a new run for other changes)") -> None:
+    """Refuse a run whose config.yaml (read into `config`) differs, in a key that decides what training
+    computes, from the config checkpoint `path` recorded in its `arrays` (`meta/config`; only that entry
+    is needed). `command` and `remedy` begin and end the refusal. Every command that reads a run checks
+    this: an edited seed or data.val_size would silently evaluate another validation split."""
     saved = _saved_config(arrays)
     if saved is None:
         warn(f"{path} predates the record of its config; config.yaml is trusted as it is")
@@ -195,8 +202,8 @@ def _check_same_config(path: Path, arrays: dict, config: Config) -> None:
     if changed:
         shown = ", ".join(f"{k} ({json.dumps(saved.get(k))} -> {json.dumps(now.get(k))})" for k in changed[:4])
         more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-        raise UserError(f"--resume: config.yaml differs from the config the checkpoint was trained with: {shown}"
-                        f"{more}; only train.epochs may change (start a new run for other changes)")
+        raise UserError(f"{command}: config.yaml differs from the config the checkpoint was trained with: {shown}"
+                        f"{more}; {remedy}")
 
 
 def _position(path: Path, arrays: dict, config: Config) -> Position:

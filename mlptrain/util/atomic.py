@@ -9,10 +9,17 @@ with the umask's permissions, like any file the user writes (`mkstemp`'s 0600 wo
 root's downloads from its other users). A durable write is flushed and fsynced before the rename, so the
 rename cannot reach the disk before the data; cache entries skip that, since a torn entry fails its
 checksum when read and is rebuilt.
+
+A command's output written without --force must not replace a file, also one that another process made
+while this one worked (two `export --out x` at once): with `overwrite=False` the finished temporary file
+is hard-linked to the final name, which fails if the name exists, rather than renamed over it. A file
+system without hard links gets the name claimed with O_CREAT | O_EXCL and then replaced by the rename.
+The final name, a link or not, is replaced by the rename, never written through.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from contextlib import contextmanager, suppress
@@ -24,8 +31,10 @@ TEMP_SUFFIX = ".tmp"
 
 
 @contextmanager
-def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str | None = None):
-    """A file to write `path`'s new content to; it replaces `path` when the block ends without an error.
+def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str | None = None,
+              overwrite: bool = True):
+    """A file to write `path`'s new content to; it replaces `path` when the block ends without an error
+    (without `overwrite`, it becomes `path` only where no file has that name: FileExistsError otherwise).
     OSError propagates (the caller decides what a failed write means); `prefix` names the temporary
     file (default `.NAME.`) for callers that sweep up their own interrupted writes."""
     path = Path(path)
@@ -43,7 +52,10 @@ def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str
             if durable:
                 file.flush()
                 os.fsync(file.fileno())
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
         tmp = None
     finally:
         if tmp is not None:
@@ -51,19 +63,37 @@ def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str
                 tmp.unlink()
 
 
+def _link_new(tmp: Path, path: Path) -> None:
+    """`tmp` renamed to `path` where `path` does not exist; FileExistsError where it does."""
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise  # FileExistsError among them: the name is another's
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
+        os.replace(tmp, path)  # over the empty file this process made just above
+        return
+    with suppress(OSError):  # `path` is written whole: the temporary name is only a second link to it
+        tmp.unlink()
+
+
 @contextmanager
-def atomic_write(path: Path, binary: bool = False, durable: bool = True):
-    """`replacing`, for a run's own files: an OSError (a full or read-only disk) becomes one UserError line
-    naming the file. `durable=False` skips the fsync, for a file derived from records that are themselves
+def atomic_write(path: Path, binary: bool = False, durable: bool = True, overwrite: bool = True):
+    """`replacing`, for a run's own files and the commands' outputs: an OSError (a full or read-only disk)
+    becomes one UserError line naming the file, as does a file made at `path` meanwhile when not
+    `overwrite`. `durable=False` skips the fsync, for a file derived from records that are themselves
     durable and written again soon (a sweep's results after each trial): still whole, old or new."""
     try:
-        with replacing(path, binary, durable) as file:
+        with replacing(path, binary, durable, overwrite=overwrite) as file:
             yield file
     except OSError as err:
+        if not overwrite and isinstance(err, FileExistsError):
+            raise UserError(f"{path} exists (another process made it while this one worked); add --force to "
+                            "overwrite it") from None
         raise UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, "
                         "is intact") from None
 
 
-def write_text(path: Path, text: str, durable: bool = True) -> None:
-    with atomic_write(path, durable=durable) as file:
+def write_text(path: Path, text: str, durable: bool = True, overwrite: bool = True) -> None:
+    with atomic_write(path, durable=durable, overwrite=overwrite) as file:
         file.write(text)

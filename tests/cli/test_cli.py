@@ -29,6 +29,20 @@ def assert_clean_failure(result, fragment):
     assert fragment in lines[0], lines[0]
 
 
+def trained_as_configured(run_dir: Path) -> Path:
+    """`run_dir` with its checkpoints' record of the config made what its (edited) config.yaml says, as if the
+    run had trained with it: commands that read a run refuse a config.yaml edited after training."""
+    from mlptrain.config.load import load_config
+    from mlptrain.training.resume import training_config
+
+    record = json.dumps(training_config(load_config(run_dir / "config.yaml")), sort_keys=True).encode()
+    for checkpoint in (run_dir / "checkpoints").glob("*.npz"):
+        arrays = dict(np.load(checkpoint))
+        arrays["meta/config"] = np.frombuffer(record, np.uint8)
+        np.savez(checkpoint, **arrays)
+    return run_dir
+
+
 def test_configs_lists_builtins(tmp_path):
     result = mlptrain("configs", cwd=tmp_path)
     assert result.returncode == 0

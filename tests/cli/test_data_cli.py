@@ -59,6 +59,11 @@ def test_npz_run_records_the_dataset(tmp_path, rng):
     tiny_npz(tmp_path / "tiny.npz", np.random.default_rng(99))
     result = mlptrain("run", "--resume", str(run), "train.epochs=2", cwd=tmp_path, env=NO_NETWORK)
     assert_clean_failure(result, f"--resume {run}: its data changed since the run started")
+    # so is evaluating it there (its config.yaml names the data; it is not the data it trained on)
+    result = mlptrain("evaluate", str(run), "--split", "val", "--out", "e.json", cwd=tmp_path, env=NO_NETWORK)
+    assert_clean_failure(result, f"{run}: its data changed since the run started")
+    assert "give the data it trained on, or name other data with --data" in result.stderr
+    assert not (tmp_path / "e.json").exists()
 
 
 def test_cifar10_subset_says_so_once(tmp_path):

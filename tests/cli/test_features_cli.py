@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.cli.test_cli import assert_clean_failure, mlptrain
+from tests.cli.test_cli import assert_clean_failure, mlptrain, trained_as_configured
 
 
 def files_under(*folders):
@@ -22,10 +22,12 @@ def broken_run(tiny_runs, where, kind):
         shutil.rmtree(run / "checkpoints")
     elif kind == "only-last":
         (run / "checkpoints" / "best.npz").unlink()
-    elif kind == "other-model":
+    elif kind in ("other-model", "other-recorded-model"):
         config = yaml.safe_load((run / "config.yaml").read_text())
         config["model"]["channels"] = [8, 4]
         (run / "config.yaml").write_text(yaml.safe_dump(config))
+        if kind == "other-recorded-model":  # the checkpoint's record agrees, its parameters do not
+            trained_as_configured(run)
     elif kind == "corrupt-checkpoint":
         (run / "checkpoints" / "best.npz").write_bytes(b"PK\x03\x04 not really a zip")
     return run
@@ -34,7 +36,10 @@ def broken_run(tiny_runs, where, kind):
 @pytest.mark.parametrize("kind, fragment", [
     ("no-checkpoint", "no checkpoints/best.npz (the run stopped before its first checkpoint)"),
     ("only-last", "no checkpoints/best.npz (use --checkpoint last)"),
-    ("other-model", "has shape (3, 3, 3, 4), the model's is (3, 3, 3, 8); was the config.yaml beside it changed?"),
+    ("other-model", "config.yaml differs from the config the checkpoint was trained with: model.channels ([4, 4] -> "
+                    "[8, 4])"),
+    ("other-recorded-model", "has shape (3, 3, 3, 4), the model's is (3, 3, 3, 8); was the config.yaml beside it "
+                             "changed?"),
     ("corrupt-checkpoint", "not a readable checkpoint"),
 ])
 def test_a_run_without_a_usable_checkpoint_is_refused(tiny_runs, tmp_path, kind, fragment):
@@ -75,6 +80,7 @@ def test_an_mlp_without_hidden_layers_needs_an_explicit_layer(tiny_runs, tmp_pat
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["model"]["hidden"] = []
     (run / "config.yaml").write_text(yaml.safe_dump(config))
+    trained_as_configured(run)
     assert_clean_failure(mlptrain("extract-features", str(run), cwd=tmp_path), "give --layer input")
     assert not (run / "features.npz").exists()
     np.testing.assert_equal(sorted(p.name for p in run.iterdir()), sorted(p.name for p in tiny_runs["mlp"].iterdir()))

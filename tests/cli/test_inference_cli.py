@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from mlptrain.cli import app
 from mlptrain.errors import UserError
 from mlptrain.inference.model import load_trained
-from tests.cli.test_cli import mlptrain
+from tests.cli.test_cli import mlptrain, trained_as_configured
 
 
 def invoke(*args):
@@ -240,6 +240,7 @@ def test_evaluate_refuses_an_empty_validation_split(tiny_runs, tmp_path):
     run = tmp_path / "noval"
     shutil.copytree(tiny_runs["mlp"], run)
     (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("val_size: 5000", "val_size: 0"))
+    trained_as_configured(run)  # a run that held out no validation images
     with pytest.raises(UserError, match=r"--split val: the run held out no validation images \(data.val_size 0\)"):
         invoke("evaluate", run, "--split", "val", "--out", tmp_path / "e.json")
     assert not (tmp_path / "e.json").exists()

@@ -82,3 +82,39 @@ def test_a_cache_write_skips_the_fsync_and_an_interrupted_one_leaves_nothing(tmp
             file.write(b"half")
             raise KeyboardInterrupt
     assert [(p.name, p.read_bytes()) for p in tmp_path.iterdir()] == [("a.kernel", b"whole")]
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "no-hard-links"])
+def test_a_new_output_never_replaces_a_file_made_while_it_was_written(tmp_path, monkeypatch, links):
+    """Two commands writing one new --out at once: the second refuses, the first's file stays (it was replaced
+    by the second's rename); a file system without hard links claims the name with O_EXCL instead."""
+    if not links:
+        def no_links(*args, **kwargs):
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+        monkeypatch.setattr(atomic.os, "link", no_links)
+    path = tmp_path / "model.safetensors"
+    with pytest.raises(UserError, match=f"{path} exists \\(another process made it while this one worked\\); add "
+                                        "--force to overwrite it"):
+        with atomic.atomic_write(path, binary=True, overwrite=False) as file:
+            file.write(b"second")
+            path.write_bytes(b"first")  # the other process finished meanwhile
+    assert path.read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no temporary file left
+    path.unlink()
+    with atomic.atomic_write(path, binary=True, overwrite=False) as file:  # alone, it is written as ever
+        file.write(b"only")
+    assert path.read_bytes() == b"only" and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    with atomic.atomic_write(path, binary=True) as file:  # --force: replaced
+        file.write(b"forced")
+    assert path.read_bytes() == b"forced"
+
+
+def test_a_link_at_a_new_outputs_name_is_not_written_through(tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_text("precious")
+    (tmp_path / "out.json").symlink_to(outside)
+    with pytest.raises(UserError, match="exists"):
+        write_json(tmp_path / "out.json", {"a": 1}, overwrite=False)
+    write_json(tmp_path / "out.json", {"a": 1})  # a rename replaces the link itself
+    assert outside.read_text() == "precious" and not (tmp_path / "out.json").is_symlink()
