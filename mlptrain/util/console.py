@@ -3,10 +3,33 @@ script reads), and the progress bar of a pass over a dataset outside training.""
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-console = Console(stderr=True)
+MIN_WIDTH = 20  # narrower, Rich prints nothing at all (COLUMNS=0) or a word per line
+
+
+def console_width() -> int | None:
+    """The width to lay out for, when $COLUMNS would make Rich print nothing or next to nothing (COLUMNS=0
+    made every refusal silent): the terminal's own, else 80. None lets Rich decide, as it does well
+    otherwise."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if not columns.isdigit() or int(columns) >= MIN_WIDTH:
+        return None
+    try:
+        return max(os.get_terminal_size(2).columns, MIN_WIDTH)
+    except (OSError, ValueError):
+        return 80
+
+
+def make_console(**options) -> Console:
+    """A Console on stderr at a sane width (`console_width`)."""
+    return Console(stderr=True, width=console_width(), **options)
+
+
+console = make_console()
 
 
 class _FirstTaskProgress(Progress):
