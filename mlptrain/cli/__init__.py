@@ -105,6 +105,10 @@ CLICK_ERROR = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ 
 
 
 def _main() -> None:
+    # here, not at the top: rich's console is not imported before a command runs (see _print_error)
+    from mlptrain.util.console import show_warnings_as_lines
+
+    show_warnings_as_lines()
     try:
         # not standalone: Click's usage errors come here to be printed in one line like every other error,
         # rather than as Typer's usage block and boxed message

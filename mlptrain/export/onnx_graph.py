@@ -35,8 +35,9 @@ def require_onnx():
     except ImportError as err:
         raise_interruption(err)  # Ctrl-C during the (slow) import is an interrupt, not a missing package
         if err.name is None or err.name.split(".")[0] not in ("onnx", "onnxruntime"):
+            reason = " ".join(str(err).split())
             raise UserError(f"--format onnx: the onnx and onnxruntime packages are installed but do not import "
-                            f"({' '.join(str(err).split())}); reinstall them with: pip install -e \".[export]\"") from None
+                            f"({reason}); reinstall them with: pip install -e \".[export]\"") from None
         raise UserError(f"--format onnx needs the onnx and onnxruntime packages ({err.name} is missing); "
                         'install them with: pip install -e ".[export]"') from None
     return onnx, onnxruntime

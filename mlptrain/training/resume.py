@@ -28,6 +28,7 @@ from mlptrain.config.schema import Config
 from mlptrain.errors import TrainingDiverged, UserError
 from mlptrain.run_dirs.lock import lock_run
 from mlptrain.training.checkpoint import load_checkpoint
+from mlptrain.training.diagnosis import likely_cause
 from mlptrain.training.fallbacks import warn
 
 # Keys that do not change what training computes, so config.yaml may differ in them on resume: where the
@@ -88,8 +89,9 @@ def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
     non-finite parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
     arrays = model.params.to_host_dict(prefix="params/")
     if not all(np.isfinite(value).all() for value in arrays.values()):
-        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {step.read()['steps']}; "
-                               f"the learning rate optim.lr={config.optim.lr} is likely too high")
+        state = step.read()
+        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {state['steps']}; "
+                               f"{likely_cause(config, state)}")
     arrays.update(step.state_dict())
     if plateau is not None:
         arrays.update(plateau.state_dict())

@@ -4,8 +4,10 @@ script reads), and the progress bar of a pass over a dataset outside training.""
 from __future__ import annotations
 
 import os
+import warnings
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 MIN_WIDTH = 20  # narrower, Rich prints nothing at all (COLUMNS=0) or a word per line
@@ -30,6 +32,17 @@ def make_console(**options) -> Console:
 
 
 console = make_console()
+
+
+def show_warnings_as_lines() -> None:
+    """Python's warnings (NumPy's overflow in a diverging run, Pillow's on an odd image) as one line each,
+    `warning: MESSAGE (Category)`, instead of the raw `file:line: Category: message` and its source line."""
+    warnings.showwarning = _one_line
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split())
+    console.print(f"[bold yellow]warning:[/] {escape(text)} ({category.__name__})", highlight=False, soft_wrap=True)
 
 
 class _FirstTaskProgress(Progress):
