@@ -8,8 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
+import pytest
 
 from tests.cli.test_cli import REPO, assert_clean_failure, mlptrain
 from tests.cli.test_data_cli import tiny_npz
@@ -77,3 +79,32 @@ def test_sighup_stops_like_sigterm_and_leaves_no_temporary_file(tmp_path, data_d
     assert "Traceback" not in err and "resume with: mlptrain run --resume" in err
     assert (tmp_path / "runs" / "h" / "checkpoints" / "last.npz").is_file()
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.name.endswith(".tmp")]
+
+
+def _main_raising(monkeypatch, error):
+    import mlptrain.cli as cli
+
+    def app(**kwargs):
+        raise error
+
+    monkeypatch.setattr(cli, "app", app)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # _main sets its own: put back after
+    try:
+        cli._main()
+    except SystemExit as done:
+        return done.code
+    return 0
+
+
+def test_a_memory_error_anywhere_is_one_line(monkeypatch, capsys):
+    error = MemoryError("Unable to allocate 3.00 GiB for an array with shape (1,) and data type float64")
+    assert _main_raising(monkeypatch, error) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: out of memory: allocating 3.00 GiB") and err.count("\n") == 1
+
+
+def test_a_thread_that_cannot_start_is_out_of_memory_and_other_runtime_errors_pass(monkeypatch, capsys):
+    assert _main_raising(monkeypatch, RuntimeError("can't start new thread")) == 2
+    assert "error: out of memory: starting a thread failed" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="a bug"):
+        _main_raising(monkeypatch, RuntimeError("a bug"))
