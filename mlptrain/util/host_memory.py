@@ -25,8 +25,18 @@ CGROUP_FILES = (("memory.max", "memory.current"), ("memory.limit_in_bytes", "mem
 def host_available() -> int | None:
     """Bytes this process can still allocate: the least of the host's, its address-space limit's and its
     control group's; None where none of them says."""
-    known = [n for n in (_meminfo_available(), address_space_available(), cgroup_available()) if n is not None]
-    return min(known) if known else None
+    return _least()[0]
+
+
+def binding_limit() -> str:
+    """Which limit `host_available` reports, in words for a refusal: "" for the host's free memory."""
+    return _least()[1]
+
+
+def _least() -> tuple[int | None, str]:
+    known = [(n, why) for n, why in ((_meminfo_available(), ""), (address_space_available(), "ulimit -v"),
+                                     (cgroup_available(), "the control group's memory limit")) if n is not None]
+    return min(known, key=lambda pair: pair[0]) if known else (None, "")
 
 
 def _meminfo_available() -> int | None:

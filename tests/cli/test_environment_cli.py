@@ -49,6 +49,7 @@ def test_a_memory_limit_is_refused_before_the_run_folder(tmp_path, data_dir):
                              "model.hidden=[12000,12000]", "--runs-dir", "runs", "--name", "m"], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
     assert_clean_failure(result, "of host memory, more than the")
+    assert "free under ulimit -v" in result.stderr
     assert not (tmp_path / "runs").exists()
 
 

@@ -53,9 +53,9 @@ def test_host_available_is_the_least_of_the_three(monkeypatch):
     monkeypatch.setattr(host_memory, "_meminfo_available", lambda: 64 * 2**30)
     monkeypatch.setattr(host_memory, "address_space_available", lambda: 3 * 2**30)
     monkeypatch.setattr(host_memory, "cgroup_available", lambda: 5 * 2**30)
-    assert host_available() == 3 * 2**30
+    assert host_available() == 3 * 2**30 and host_memory.binding_limit() == "ulimit -v"
     monkeypatch.setattr(host_memory, "address_space_available", lambda: None)
-    assert host_available() == 5 * 2**30
+    assert host_available() == 5 * 2**30 and host_memory.binding_limit() == "the control group's memory limit"
 
 
 @pytest.mark.parametrize("error, fragment", [
