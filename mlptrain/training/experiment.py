@@ -106,8 +106,8 @@ def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suff
 def discard_run(run_dir: Path) -> None:
     """Remove a run folder this process made and holds, lock last (another process waiting for the name
     finds either the whole folder or none)."""
-    for entry in sorted(run_dir.iterdir(), key=lambda p: p.name == LOCK_NAME) if run_dir.is_dir() else ():
-        with suppress(OSError):
+    for entry in list(run_dir.iterdir()) if run_dir.is_dir() else ():
+        with suppress(OSError):  # a link is removed, never followed
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             elif entry.name != LOCK_NAME:
