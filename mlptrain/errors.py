@@ -36,3 +36,12 @@ def problems_error(problems: list[str], source: str = "") -> UserError:
     if source and all(problem.startswith(prefix) for problem in problems):
         return UserError(f"{prefix}{len(problems)} problems: " + "; ".join(p.removeprefix(prefix) for p in problems))
     return UserError(f"{len(problems)} problems{f' in {source}' if source else ''}: " + "; ".join(problems))
+
+
+class OutputClosed(BaseException):
+    """The reader of stdout or stderr has gone (`mlptrain run ... | head -1`, a closed terminal): nothing can be
+    said any more, so the command ends as a process killed by SIGPIPE ends (exit 141), leaving every folder it
+    was making whole or removed. A BaseException, as KeyboardInterrupt is, so that no handler of ordinary
+    errors on the way (an OSError's "cannot write to the run") takes it for another failure."""
+
+    exit_code = 141  # 128 + SIGPIPE

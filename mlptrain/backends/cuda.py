@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from mlptrain.errors import UserError
+from mlptrain.util.interrupts import raise_interruption
 
 
 class CudaBackend:
@@ -193,6 +194,7 @@ def cuda_unusable_reason() -> str | None:
         len(cuda.gpus)  # raises the driver's reason, which is_available() swallows
         return "numba found no CUDA GPU"
     except Exception as err:  # a missing or broken driver or toolkit means: not usable, and this is why
+        raise_interruption(err)  # Ctrl-C while numba imports is no missing GPU (auto would fall back to the CPU)
         return " ".join(str(err).split()).rstrip(" :") or type(err).__name__
 
 

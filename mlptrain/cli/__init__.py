@@ -12,15 +12,16 @@ import sys
 import threading
 
 # first, so that they cover the imports below (numba, optuna and rich take a noticeable fraction of a second)
-from mlptrain.cli import signals  # signals imports only the standard library
+from mlptrain.cli import output, signals  # both import only the standard library (and mlptrain.errors)
 
 signals.catch_interrupts_from_start()
+output.guard_output()
 
 import typer  # noqa: E402
 
 from mlptrain import __version__  # noqa: E402
 from mlptrain.cli import cache, compare, configs, evaluate, export, features, predict, run, svm, sweep, warmup  # noqa: E402
-from mlptrain.errors import UserError  # noqa: E402
+from mlptrain.errors import OutputClosed, UserError  # noqa: E402
 
 MAX_MESSAGE = 2000  # a message echoes values cut short already; this bounds whatever slipped through
 
@@ -72,7 +73,7 @@ def _root(ctx: typer.Context,
         raise typer.Exit()
 
 
-INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+INTERRUPTED = tuple(128 + sig for sig in signals.SIGNALS)
 
 
 def main() -> None:
@@ -81,12 +82,14 @@ def main() -> None:
         code = 0
     except SystemExit as done:
         code = done.code
+    except OutputClosed as closed:  # while reporting another outcome (a terminal gone after SIGHUP)
+        code = closed.exit_code
     finally:
         # The outcome is decided and reported; a Ctrl-C from here on could only land in the interpreter's
         # shutdown, after Python has put back the default handler, and kill it with no message (exit -2).
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for sig in signals.SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
     if code in INTERRUPTED:
         # CPython ends a process with SIGINT (exit -2, no message) once a KeyboardInterrupt has escaped code
         # that exec() ran from a string, even one caught afterwards: dataclasses and namedtuple build their
@@ -102,6 +105,10 @@ CLICK_ERROR = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ 
 
 
 def _main() -> None:
+    # here, not at the top: rich's console is not imported before a command runs (see _print_error)
+    from mlptrain.util.console import show_warnings_as_lines
+
+    show_warnings_as_lines()
     try:
         # not standalone: Click's usage errors come here to be printed in one line like every other error,
         # rather than as Typer's usage block and boxed message
@@ -120,6 +127,16 @@ def _main() -> None:
         text = text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}..."
         _print_error("error:" if code == 2 else "stopped:", text)
         sys.exit(code)
+    except OutputClosed as closed:  # nothing can be said: the exit code is all
+        sys.exit(closed.exit_code)
+    except (MemoryError, RuntimeError) as err:
+        # here, not at the top: --help and the light commands start without it (as _print_error's imports)
+        from mlptrain.util.host_memory import is_out_of_memory, out_of_memory
+
+        if not is_out_of_memory(err):
+            raise
+        _print_error("error:", out_of_memory(err))
+        sys.exit(2)
     except KeyboardInterrupt as err:  # before a command has its own handling (start-up, loading data)
         _say_interrupted()
         sys.exit(128 + getattr(err, "signum", 2))
@@ -127,7 +144,7 @@ def _main() -> None:
     # which, not standalone, comes back as this return code rather than a SystemExit
     if code == 128 + signal.SIGINT:
         _say_interrupted()
-        code = 128 + signal.SIGTERM if signals.was_terminated() else code
+        code = 128 + signals.was_terminated() if signals.was_terminated() else code
     if isinstance(code, int) and code:
         sys.exit(code)
 

@@ -38,7 +38,7 @@ def run(
     from mlptrain.config.load import load_config
     from mlptrain.run_dirs.folders import check_run_name
     from mlptrain.seeds.finish import is_group
-    from mlptrain.training.experiment import Resources, check_same_dataset, create_run
+    from mlptrain.training.experiment import Resources, check_same_dataset, create_run, whole_or_removed
     from mlptrain.training.loop import train
     from mlptrain.training.resume import prepare_resume
     from mlptrain.training.session import build_session
@@ -76,7 +76,7 @@ def run(
             check_run_name(name)
         session = build_session(cfg, *Resources().prepare(cfg, start_compilers=True))  # before anything is written
         run_dir = create_run(cfg, runs_dir, name, path.stem, dataset=session.dataset, backend=session.backend.name)
-    with StopOnSignal() as stop:
+    with StopOnSignal() as stop, whole_or_removed(run_dir, new=start is None):
         summary = train(session, run_dir, resume=start, stop=stop)
     table = Table("metric", "value")
     for key in ("test_acc", "test_loss", "val_acc", "test_mse", "val_mse", "mean_image_mse", "epochs",

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM: one line and the right exit code in every command, from the first import on; during
+"""Ctrl-C, SIGTERM and SIGHUP: one line and the right exit code in every command, from the first import on; during
 training, finish the optimizer step, checkpoint, exit.
 
 The handler only records the signal; the training loop reads that Python attribute after each
@@ -15,12 +15,17 @@ import sys
 import threading
 from contextlib import contextmanager
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from mlptrain.util.interrupts import interruption
+
+# SIGHUP (the terminal closed, an ssh session dropped) takes SIGTERM's path: its default action killed the
+# process where it stood, leaving the atomic writes' temporary files and an unresumable run behind
+HANGUPS = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
+SIGNALS = (signal.SIGINT, signal.SIGTERM, *HANGUPS)
 _previous_hook, _previous_unraisable = sys.excepthook, sys.unraisablehook  # replaced by catch_interrupts_from_start
 
 
 class StopOnSignal:
-    """While entered (main thread only: Python delivers signals there), SIGINT and SIGTERM set
+    """While entered (main thread only: Python delivers signals there), SIGINT, SIGTERM and SIGHUP set
     `signum` instead of raising; the previous handlers come back on exit."""
 
     def __init__(self):
@@ -47,59 +52,55 @@ class StopOnSignal:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's kill) raised where Ctrl-C raises KeyboardInterrupt, so both take one path."""
+    """SIGTERM (a scheduler's kill) or SIGHUP raised where Ctrl-C raises KeyboardInterrupt, so all take one
+    path; `signum` says which."""
 
     signum = signal.SIGTERM
 
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__()
+        self.signum = signum
 
-_terminated = False  # whether raise_terminated has run in this process: see was_terminated
+
+_terminated: int | None = None  # the signal raise_terminated last raised in this process: see was_terminated
 
 
 def raise_terminated(signum, frame):
-    """A SIGTERM handler: raise `Terminated` where the signal lands."""
+    """A SIGTERM (or SIGHUP) handler: raise `Terminated` where the signal lands."""
     global _terminated
-    _terminated = True
-    raise Terminated()
+    _terminated = signum
+    raise Terminated(signum)
 
 
-def was_terminated() -> bool:
-    """Whether a SIGTERM was raised as `Terminated`: Typer turns every KeyboardInterrupt escaping a command into
-    exit code 130, Ctrl-C's, and this tells the CLI that it was SIGTERM's (143)."""
+def was_terminated() -> int | None:
+    """The signal (SIGTERM, SIGHUP) raised as `Terminated`, if any: Typer turns every KeyboardInterrupt escaping
+    a command into exit code 130, Ctrl-C's, and this tells the CLI that it was another's (143, 129)."""
     return _terminated
 
 
 @contextmanager
 def sigterm_as_interrupt():
-    """While entered (main thread only), SIGTERM raises `Terminated`, a KeyboardInterrupt."""
+    """While entered (main thread only), SIGTERM and SIGHUP raise `Terminated`, a KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous = {sig: signal.signal(sig, raise_terminated) for sig in (signal.SIGTERM, *HANGUPS)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def interrupt_exit_code(err: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM, as a shell reports a process killed by either."""
+    """130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports a process killed by each."""
     return 128 + getattr(err, "signum", signal.SIGINT)
-
-
-def _interruption(error: BaseException | None) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM (a KeyboardInterrupt) that `error` is or was caused by: Python wraps one that
-    lands in a class's `__set_name__` (dataclasses, at import) in a RuntimeError."""
-    for _ in range(100):  # a chain is short; the bound only guards against a cycle
-        if error is None or isinstance(error, KeyboardInterrupt):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
 
 
 def _interrupted_at_start(kind, value, traceback) -> None:
     """Ctrl-C or SIGTERM while the command is still importing (before `main` runs), or during a command's
     own imports: one line, not a traceback."""
-    interrupt = _interruption(value)
+    interrupt = interruption(value)
     if interrupt is not None:
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()
@@ -112,7 +113,7 @@ def _interrupt_in_callback(unraisable) -> None:
     system's module-lock cleanup; a __del__) is printed as "Exception ignored in: ..." with a traceback and
     dropped, and the command runs on as if never interrupted. The signal is sent again a moment later, from
     another thread: sent from here, its handler would run inside this hook and be dropped the same way."""
-    interrupt = _interruption(unraisable.exc_value)
+    interrupt = interruption(unraisable.exc_value)
     if interrupt is None:
         _previous_unraisable(unraisable)
         return
@@ -134,4 +135,7 @@ def catch_interrupts_from_start() -> None:
     _previous_hook, sys.excepthook = sys.excepthook, _interrupted_at_start
     _previous_unraisable, sys.unraisablehook = sys.unraisablehook, _interrupt_in_callback
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, raise_terminated)
+        for sig in (signal.SIGTERM, *HANGUPS):
+            if sig in HANGUPS and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started under nohup: the hangup is meant to pass unnoticed
+            signal.signal(sig, raise_terminated)

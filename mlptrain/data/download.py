@@ -6,11 +6,11 @@ import http.client
 import urllib.error
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from mlptrain.errors import DataNotFound, UserError
 from mlptrain.util.atomic import replacing
+from mlptrain.util.console import make_console
 from mlptrain.util.regular_file import open_regular, read_regular_bytes
 
 CHUNK_BYTES = 1 << 20
@@ -109,7 +109,7 @@ def _progress(url: str) -> Progress:
     # stderr so a piped stdout (result tables) stays clean; transient so a finished
     # download leaves no bar behind. Off a terminal a bar would only leave a stray
     # newline, while one line saying what is being fetched helps a CI log.
-    console = Console(stderr=True)
+    console = make_console()
     if not console.is_terminal:
         console.print(f"downloading {url}", markup=False, highlight=False, soft_wrap=True)
     return Progress(TextColumn("downloading {task.description}"), BarColumn(), DownloadColumn(),

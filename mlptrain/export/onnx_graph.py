@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlptrain.errors import UserError
+from mlptrain.util.interrupts import raise_interruption
 
 OPSET = 17  # Resize with `scales` and Gemm/Softmax as used here; onnxruntime >= 1.13 runs it
 IR_VERSION = 8  # the IR of opset 17, so that older runtimes load the file
@@ -32,6 +33,11 @@ def require_onnx():
         import onnx
         import onnxruntime
     except ImportError as err:
+        raise_interruption(err)  # Ctrl-C during the (slow) import is an interrupt, not a missing package
+        if err.name is None or err.name.split(".")[0] not in ("onnx", "onnxruntime"):
+            reason = " ".join(str(err).split())
+            raise UserError(f"--format onnx: the onnx and onnxruntime packages are installed but do not import "
+                            f"({reason}); reinstall them with: pip install -e \".[export]\"") from None
         raise UserError(f"--format onnx needs the onnx and onnxruntime packages ({err.name} is missing); "
                         'install them with: pip install -e ".[export]"') from None
     return onnx, onnxruntime

@@ -21,7 +21,7 @@ from mlptrain.run_dirs.folders import create_run_dir
 from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
-from mlptrain.training.experiment import Resources, create_run
+from mlptrain.training.experiment import Resources, create_run, whole_or_removed
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
@@ -67,8 +67,9 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
             group = create_run_dir(runs_dir, name, stem)
             write_json(group / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})
         console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
-        with seed_named(seed):
-            summaries.append(train(session, create_run(seeded, group, f"seed-{seed}", stem), stop=stop))
+        run_dir = create_run(seeded, group, f"seed-{seed}", stem)
+        with seed_named(seed), whole_or_removed(run_dir, new=True):
+            summaries.append(train(session, run_dir, stop=stop))
         session = None  # its buffers go before the next seed's are allocated
     record = seeds_record(seeds, summaries)
     write_json(group / "seeds.json", record)

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from mlptrain.errors import UserError
 from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
 from mlptrain.util.atomic import replacing
+from mlptrain.util.interrupts import raise_interruption
 from mlptrain.util.user_paths import cache_folder
 
 STUDY_CACHE_ENV = "MLPTRAIN_STUDY_CACHE"  # where the empty study file is kept (see new_database)
@@ -55,6 +56,7 @@ def open_database(url: str, checked: bool = False):
                                               grace_period=GRACE_S, skip_compatibility_check=checked,
                                               skip_table_creation=checked)
     except Exception as err:  # a bad URL, a missing driver, an unreachable server: one line
+        raise_interruption(err)  # Ctrl-C while a driver imports is no bad URL
         raise UserError(f"--storage {redacted(url)}: cannot open it ({type(err).__name__}: {err})") from None
 
 

@@ -228,7 +228,7 @@ def _tell(study, trial, state, attempt: _Attempt, metrics: dict, value=None, err
 def _signals_held():
     """Ctrl-C and SIGTERM wait while an interrupted trial is queued again, so the queue is never left
     half-written."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

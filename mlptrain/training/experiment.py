@@ -8,6 +8,7 @@ on the GPU, numba's compiled kernels with them).
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -19,10 +20,11 @@ from mlptrain.config.rules import check_validation
 from mlptrain.config.schema import Config
 from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_trainable, check_val_size
-from mlptrain.errors import UserError
+from mlptrain.errors import OutputClosed, UserError
 from mlptrain.nn import check_model_input
 from mlptrain.run_dirs.folders import create_run_dir, write_yaml
 from mlptrain.run_dirs.lock import LOCK_NAME, lock_run, release_run
+from mlptrain.util.host_memory import is_out_of_memory, out_of_memory
 from mlptrain.util.user_paths import expand_user
 
 
@@ -96,12 +98,44 @@ def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suff
         lock_run(run_dir, "the run")  # held while this process works in it
         write_yaml(run_dir / "config.yaml", run_config(config, dataset, backend))
     except BaseException:  # a full disk or Ctrl-C here: no run folder holding only its lock is left behind
-        release_run(run_dir)
-        with suppress(OSError):  # the folder was made just above, so nothing else is in it
-            (run_dir / LOCK_NAME).unlink(missing_ok=True)
-            run_dir.rmdir()
+        discard_run(run_dir)
         raise
     return run_dir
+
+
+def discard_run(run_dir: Path) -> None:
+    """Remove a run folder this process made and holds, lock last (another process waiting for the name
+    finds either the whole folder or none)."""
+    for entry in list(run_dir.iterdir()) if run_dir.is_dir() else ():
+        with suppress(OSError):  # a link is removed, never followed
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            elif entry.name != LOCK_NAME:
+                entry.unlink()
+    release_run(run_dir)
+    with suppress(OSError):
+        (run_dir / LOCK_NAME).unlink(missing_ok=True)
+        run_dir.rmdir()
+
+
+@contextmanager
+def whole_or_removed(run_dir: Path, new: bool):
+    """Around training `run_dir`: when it ends for want of memory or of a reader (a closed stdout/stderr),
+    a new run that has no checkpoint yet is removed (nothing in it could be resumed or evaluated, and it
+    would take the name); one that has a checkpoint, or a resumed one, keeps it. An allocation that failed
+    becomes the one-line refusal."""
+    try:
+        yield
+    except (MemoryError, RuntimeError, OutputClosed) as err:
+        if not isinstance(err, OutputClosed) and not is_out_of_memory(err):
+            raise
+        resumable = (run_dir / "checkpoints" / "last.npz").is_file()
+        if new and not resumable:
+            discard_run(run_dir)
+        if isinstance(err, OutputClosed):
+            raise
+        kept = f"; {run_dir} keeps its last checkpoint (mlptrain run --resume {run_dir})" if resumable else ""
+        raise UserError(out_of_memory(err) + kept) from None
 
 
 def run_config(config: Config, dataset=None, backend: str | None = None) -> dict:

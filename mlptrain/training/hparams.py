@@ -13,12 +13,14 @@ from __future__ import annotations
 from mlptrain.config.load import resolved_dict
 from mlptrain.config.schema import Config
 from mlptrain.run_dirs.records import event_suffix
+from mlptrain.util.user_paths import readable
 
 
 def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
     """Dotted keys to scalar values (see `_cell`: lists and whole numbers as text, an unset value such as
-    data.path as a blank cell rather than `None`) of the config as the run used it (see `resolved_dict`), with the effective batch size; the
-    description is left out."""
+    data.path as a blank cell rather than `None`, text `readable`: TensorBoard's strings are UTF-8) of the
+    config as the run used it (see `resolved_dict`), with the effective batch size; the description is
+    left out."""
     def flatten(values: dict, prefix: str):
         for key, value in values.items():
             if isinstance(value, dict):
@@ -39,7 +41,7 @@ def _cell(value):
         return ""
     if isinstance(value, list) or (isinstance(value, int) and not isinstance(value, bool)):
         return str(value)
-    return value
+    return readable(value) if isinstance(value, str) else value
 
 
 def write_session(writer, values: dict) -> None:

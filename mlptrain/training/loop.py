@@ -27,6 +27,7 @@ from mlptrain.run_dirs.lock import check_space
 from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics, write_json
 from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
 from mlptrain.training.compilation import compile_kernels, kernel_records
+from mlptrain.training.diagnosis import learning_warning, likely_cause
 from mlptrain.training.experiment import data_root, run_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
@@ -88,6 +89,9 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
                    "restored_best": last["epoch"] != trained, "resumed": resume is not None, **records,
                    **kernel_records(s, run_dir.name)}
         summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
+        # said once the run is over (not per epoch: an early epoch may still be at chance), and recorded
+        note = learning_warning(s.config, last, s.dataset, summary.get("mean_image_mse"), s.step.read())
+        summary["warnings"] = [warn(note)] if note else []
         write_session(logger.writer, hparam_values(s.config, s.backend.name, data_root(s.config)))
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
@@ -190,7 +194,7 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
     val_loss = record["val_loss" if s.classifies else "val_mse"]
     if not np.isfinite(val_loss) and s.val.size:
         raise TrainingDiverged(f"the validation loss became {val_loss} after epoch {epoch} (optimizer step "
-                               f"{step}); the learning rate optim.lr={s.config.optim.lr} is likely too high")
+                               f"{step}); {likely_cause(s.config, s.step.read())}")
     if s.plateau is not None:  # before the checkpoint, which must hold the plateau's state after this epoch
         metric = s.config.schedule.metric if s.classifies else "val_mse"
         s.step.set_lr_factor(s.plateau.observe(record[metric]))

@@ -24,7 +24,7 @@ from mlptrain.nn import make_model
 from mlptrain.optim import make_optimizer
 from mlptrain.training.evaluation import Evaluator
 from mlptrain.training.window import TrainingWindow
-from mlptrain.util.host_memory import HEADROOM, gib, host_available
+from mlptrain.util.host_memory import HEADROOM, binding_limit, gib, host_available
 
 DEVICE_BYTES_PER_STEP = 16  # the lr table and the grad-norm record, float64 each
 HOST_BYTES_PER_STEP = 120  # the lr table built through a Python list, grad_norm_history in summary.json
@@ -101,8 +101,9 @@ def check_fits(config, backend, dataset) -> None:
 def _too_much(need: float, free: float, where: str) -> str:
     """What does not fit, in words that cannot read as a contradiction: a run may use only part of what is
     free (HEADROOM), so "needs 21.9 GiB and 22.8 GiB is free" was a refusal that looked like room to spare."""
+    limit = binding_limit() if where == "host" else ""
     return (f"the run needs about {gib(need)} of {where} memory, more than the {gib(HEADROOM * free)} it may use "
-            f"({gib(free)} free, less {1 - HEADROOM:.0%} kept for the system)")
+            f"({gib(free)} free{f' under {limit}' if limit else ''}, less {1 - HEADROOM:.0%} kept for the system)")
 
 
 def _what_fits(config, need: Need, rows: int, excess: float, steps: int, total: float) -> str:

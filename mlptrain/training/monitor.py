@@ -11,6 +11,7 @@ import numpy as np
 
 from mlptrain.errors import TrainingDiverged
 from mlptrain.run_dirs.records import metric_tag
+from mlptrain.training.diagnosis import likely_cause
 from mlptrain.training.progress import training_progress
 from mlptrain.util.console import console
 
@@ -55,7 +56,7 @@ class TrainingMonitor:
         if not np.isfinite(w["loss"]):
             raise TrainingDiverged(
                 f"the training loss became {w['loss']} at optimizer step {w['step']} (epoch {w['epoch']}); "
-                f"the learning rate optim.lr={self.config.optim.lr} is likely too high")
+                f"{likely_cause(self.config, w)}")
         rate = w["samples"] / w["seconds"]
         self.seconds += w["seconds"]
         self.samples += w["samples"]

@@ -30,6 +30,7 @@ from mlptrain.run_dirs.links import check_no_links
 from mlptrain.run_dirs.lock import lock_run
 from mlptrain.run_dirs.records import check_metrics_lines
 from mlptrain.training.checkpoint import load_checkpoint
+from mlptrain.training.diagnosis import likely_cause
 from mlptrain.training.fallbacks import warn
 from mlptrain.util.regular_file import read_regular_bytes
 
@@ -91,8 +92,9 @@ def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
     non-finite parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
     arrays = model.params.to_host_dict(prefix="params/")
     if not all(np.isfinite(value).all() for value in arrays.values()):
-        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {step.read()['steps']}; "
-                               f"the learning rate optim.lr={config.optim.lr} is likely too high")
+        state = step.read()
+        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {state['steps']}; "
+                               f"{likely_cause(config, state)}")
     arrays.update(step.state_dict())
     if plateau is not None:
         arrays.update(plateau.state_dict())

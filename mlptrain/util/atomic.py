@@ -47,7 +47,10 @@ def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str
         except FileExistsError:  # 2^32 names: another writer's, try the next
             continue
     try:
-        with os.fdopen(fd, "wb" if binary else "w") as file:
+        # text as UTF-8 whatever the locale; a non-UTF-8 file name's bytes (Python's surrogate escapes, in a data
+        # path a results table or a config echoes) written back as they are, not a UnicodeEncodeError
+        text = {} if binary else {"encoding": "utf-8", "errors": "surrogateescape"}
+        with os.fdopen(fd, "wb" if binary else "w", **text) as file:
             yield file
             if durable:
                 file.flush()

@@ -3,10 +3,46 @@ script reads), and the progress bar of a pass over a dataset outside training.""
 
 from __future__ import annotations
 
+import os
+import warnings
+
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-console = Console(stderr=True)
+MIN_WIDTH = 20  # narrower, Rich prints nothing at all (COLUMNS=0) or a word per line
+
+
+def console_width() -> int | None:
+    """The width to lay out for, when $COLUMNS would make Rich print nothing or next to nothing (COLUMNS=0
+    made every refusal silent): the terminal's own, else 80. None lets Rich decide, as it does well
+    otherwise."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if not columns.isdigit() or int(columns) >= MIN_WIDTH:
+        return None
+    try:
+        return max(os.get_terminal_size(2).columns, MIN_WIDTH)
+    except (OSError, ValueError):
+        return 80
+
+
+def make_console(**options) -> Console:
+    """A Console on stderr at a sane width (`console_width`)."""
+    return Console(stderr=True, width=console_width(), **options)
+
+
+console = make_console()
+
+
+def show_warnings_as_lines() -> None:
+    """Python's warnings (NumPy's overflow in a diverging run, Pillow's on an odd image) as one line each,
+    `warning: MESSAGE (Category)`, instead of the raw `file:line: Category: message` and its source line."""
+    warnings.showwarning = _one_line
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split())
+    console.print(f"[bold yellow]warning:[/] {escape(text)} ({category.__name__})", highlight=False, soft_wrap=True)
 
 
 class _FirstTaskProgress(Progress):

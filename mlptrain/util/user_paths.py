@@ -21,6 +21,13 @@ def expand_user(value: str, what: str) -> Path:
                         f"full path") from None
 
 
+def readable(text: str) -> str:
+    """`text` with the bytes of a non-UTF-8 file name shown as \\xNN: Python keeps such bytes in a str as lone
+    surrogates ('\\udcff'), which no UTF-8 writer accepts (TensorBoard's protobuf strings ended a run in a
+    UnicodeEncodeError before its summary.json). For what is shown, not for a path to open again."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 OFF = ("", "0", "off", "none", "false")  # a cache variable set to one of these turns that cache off
 
 

@@ -27,6 +27,8 @@ import weakref
 
 from numba import cuda
 
+from mlptrain.util.interrupts import raise_interruption
+
 _local = threading.local()  # .stream: this thread's stream (0, the legacy default stream, when unset)
 
 
@@ -57,7 +59,8 @@ def graphs_supported() -> bool:
         return False
     try:
         return importlib.util.find_spec("cuda.bindings") is not None
-    except ImportError:  # no `cuda` package at all
+    except ImportError as err:  # no `cuda` package at all
+        raise_interruption(err)
         return False
 
 

@@ -14,12 +14,13 @@ def bias_backward_workspace(rows, columns):
 
 def bias_backward(dy, db, beta, workspace=None):
     """db = beta * db + sum over rows of dy; dy in any storage format, db float32 (workspace unused)."""
-    total = to_float32(dy).sum(axis=0, dtype=np.float32)
-    if beta == 0.0:
-        db[...] = total
-    else:
-        db *= beta
-        db += total
+    with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
+        total = to_float32(dy).sum(axis=0, dtype=np.float32)
+        if beta == 0.0:
+            db[...] = total
+        else:
+            db *= beta
+            db += total
 
 
 def sum_of_squares(x, partials):
