@@ -137,7 +137,8 @@ def test_adam_mnist_one_epoch_on_cpu(tmp_path, data_dir):
 
     events = EventAccumulator(str(run)).Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"loss/train", "accuracy/train", "loss/val", "accuracy/val", "loss/test", "opt/lr", "perf/samples_per_s"} <= tags
+    assert {"loss/train", "accuracy/train", "loss/val", "accuracy/val", "loss/test", "opt/lr",
+            "perf/samples_per_s"} <= tags
 
 
 def test_existing_run_name_is_refused(tmp_path, data_dir):

@@ -1,4 +1,5 @@
-"""train.eval_test: when a run evaluates its test split (early stopping's case: tests/training/test_early_stopping.py)."""
+"""train.eval_test: when a run evaluates its test split (early stopping's case:
+tests/training/test_early_stopping.py)."""
 
 import json
 import re
@@ -22,7 +23,9 @@ def records(run_dir):
 
 def steps_with_test_metrics(run_dir):
     events = EventAccumulator(str(run_dir)).Reload()
-    return [event.step for event in events.Scalars("accuracy/test")] if "accuracy/test" in events.Tags()["scalars"] else []
+    if "accuracy/test" not in events.Tags()["scalars"]:
+        return []
+    return [event.step for event in events.Scalars("accuracy/test")]
 
 
 def test_by_default_the_test_split_is_evaluated_once_at_the_end(tmp_path):
@@ -45,7 +48,8 @@ def test_every_epoch_tests_every_epoch_and_trains_the_same(tmp_path):
     end, every = make_config(64, 1, epochs=3), make_config(64, 1, epochs=3, eval_test="every_epoch")
     summaries = {}
     for name, config in (("end", end), ("every", every)):
-        summaries[name] = train(build_session(config, CpuBackend(), synthetic_dataset()), new_run(tmp_path, name, config))
+        run = new_run(tmp_path, name, config)
+        summaries[name] = train(build_session(config, CpuBackend(), synthetic_dataset()), run)
     logged = records(tmp_path / "every")
     assert all("test_acc" in r and "test_loss" in r for r in logged) and len(logged) == 3
     assert steps_with_test_metrics(tmp_path / "every") == [r["step"] for r in logged]
