@@ -98,7 +98,7 @@ class RunLogger:
         self.writer.add_custom_scalars({"train, val and test": charts})
 
     def image(self, tag: str, image, step: int) -> None:
-        """An (H, W, C) float image in [0, 1]."""
+        """An (H, W, C) image: floats in [0, 1], or uint8."""
         self.writer.add_image(tag, image, step, dataformats="HWC")
 
     def image_later(self, tag: str, draw, step: int) -> None:

@@ -5,6 +5,8 @@ the cell is large enough to hold it."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 WHITE, BLUE = np.array([255, 255, 255]), np.array([33, 90, 180])  # a share of 0 and of 1
@@ -12,6 +14,7 @@ MAX_SIDE = 300  # pixels across the whole matrix: 10 classes get 30-pixel cells,
 CELL_LIMITS = (6, 30)
 COUNT_CELL = 26  # the smallest cell a count is written in
 LABEL_CELL = 14  # the smallest cell whose row and column get their class number
+LABEL_INK, DARK_INK, LIGHT_INK = np.array([90, 90, 90]), np.array([40, 40, 40]), np.array([255, 255, 255])
 
 
 def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, classes: int) -> np.ndarray:
@@ -23,9 +26,7 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, classes: int) ->
 
 
 def confusion_image(matrix: np.ndarray) -> np.ndarray:
-    """The matrix drawn as an (H, W, 3) float image in [0, 1], class numbers along the top and left."""
-    from PIL import Image, ImageDraw, ImageFont  # only runs that log a classifier's evaluations draw
-
+    """The matrix drawn as an (H, W, 3) uint8 image, class numbers along the top and left."""
     classes = len(matrix)
     cell = int(np.clip(MAX_SIDE // max(classes, 1), *CELL_LIMITS))
     margin = 2 * cell // 3 if cell >= LABEL_CELL else 0
@@ -36,19 +37,39 @@ def confusion_image(matrix: np.ndarray) -> np.ndarray:
     picture = np.full((margin + classes * cell, margin + classes * cell, 3), 255, np.uint8)
     picture[margin:, margin:] = cells
     picture[margin:, margin::cell] = picture[margin::cell, margin:] = 200  # grid lines between the cells
-    image = Image.fromarray(picture)
     if margin:
-        draw, font = ImageDraw.Draw(image), ImageFont.load_default()
         for k in range(classes):
             middle = margin + k * cell + cell // 2
-            draw.text((middle, margin // 2), str(k), fill=(90, 90, 90), font=font, anchor="mm")
-            draw.text((margin // 2, middle), str(k), fill=(90, 90, 90), font=font, anchor="mm")
+            _write(picture, str(k), middle, margin // 2, LABEL_INK)
+            _write(picture, str(k), margin // 2, middle, LABEL_INK)
         if cell >= COUNT_CELL:
             for (t, p), count in np.ndenumerate(matrix):
-                ink = (255, 255, 255) if share[t, p] > 0.5 else (40, 40, 40)
-                draw.text((margin + p * cell + cell // 2, margin + t * cell + cell // 2), _short(int(count)),
-                          fill=ink, font=font, anchor="mm")
-    return np.asarray(image, np.float32) / 255.0
+                _write(picture, _short(int(count)), margin + p * cell + cell // 2, margin + t * cell + cell // 2,
+                       LIGHT_INK if share[t, p] > 0.5 else DARK_INK)
+    return picture
+
+
+def _write(picture: np.ndarray, text: str, x: int, y: int, ink: np.ndarray) -> None:
+    """`text` centred on (x, y), blended in by its coverage."""
+    coverage, left, top = _rendered(text)
+    y0, x0 = y + top, x + left
+    coverage = coverage[max(-y0, 0):, max(-x0, 0):]  # clipped at the picture's edges
+    region = picture[max(y0, 0):, max(x0, 0):][:coverage.shape[0], :coverage.shape[1]]
+    coverage = coverage[:region.shape[0], :region.shape[1], None]
+    region[...] = (region * (1 - coverage) + ink * coverage).round().astype(np.uint8)
+
+
+@lru_cache(maxsize=4096)
+def _rendered(text: str) -> tuple[np.ndarray, int, int]:
+    """`text` in Pillow's default font as coverage in [0, 1], with its box's offset from the centre: a
+    count recurs from one evaluation to the next, and rendering is most of a matrix's drawing."""
+    from PIL import Image, ImageDraw, ImageFont  # only runs that log a classifier's evaluations draw
+
+    font = ImageFont.load_default()
+    left, top, right, bottom = font.getbbox(text, anchor="mm")
+    mask = Image.new("L", (max(right - left, 1), max(bottom - top, 1)), 0)
+    ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font, anchor="mm")
+    return np.asarray(mask, np.float32) / 255.0, left, top
 
 
 def _short(count: int) -> str:

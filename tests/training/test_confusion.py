@@ -2,10 +2,11 @@
 logged to TensorBoard beside training."""
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mlptrain.backends.cpu import CpuBackend
-from mlptrain.training.confusion import BLUE, WHITE, confusion_image, confusion_matrix
+from mlptrain.training.confusion import BLUE, MAX_SIDE, WHITE, confusion_image, confusion_matrix
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
 from tests.training.test_accumulation import make_config, synthetic_dataset
@@ -21,13 +22,19 @@ def test_the_matrix_counts_true_rows_and_predicted_columns():
 def test_the_image_shades_each_cell_by_its_share_of_the_row():
     matrix = np.array([[9, 1], [0, 0]])  # an empty row stays white
     image = confusion_image(matrix)
-    assert image.dtype == np.float32 and image.ndim == 3 and image.shape[2] == 3
-    assert 0.0 <= image.min() and image.max() <= 1.0
-    colours = {tuple(np.round(pixel * 255).astype(int)) for pixel in image.reshape(-1, 3)}
+    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+    colours = {tuple(int(v) for v in pixel) for pixel in image.reshape(-1, 3)}
     for share in (0.9, 0.1):  # the two cells of the first row, each its share of the way from white to blue
         assert tuple(np.round(WHITE + share * (BLUE - WHITE)).astype(int)) in colours, share
     assert (255, 255, 255) in colours  # the empty row
     assert confusion_image(np.ones((100, 100), np.int64)).shape[0] <= 700  # a hundred classes stay a picture
+
+
+@pytest.mark.parametrize("classes", [1, 2, 21, 45, 256])
+def test_any_number_of_classes_draws_within_the_picture(classes):
+    matrix = np.arange(classes * classes).reshape(classes, classes) * 997  # counts up to "64k"
+    image = confusion_image(matrix)
+    assert image.dtype == np.uint8 and image.shape[0] == image.shape[1] <= 2 * MAX_SIDE
 
 
 def test_each_evaluation_logs_its_confusion_matrix(tmp_path):
