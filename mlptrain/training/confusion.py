@@ -10,8 +10,9 @@ from functools import lru_cache
 import numpy as np
 
 WHITE, BLUE = np.array([255, 255, 255]), np.array([33, 90, 180])  # a share of 0 and of 1
-MAX_SIDE = 300  # pixels across the whole matrix: 10 classes get 30-pixel cells, 100 get 6
-CELL_LIMITS = (6, 30)
+MAX_SIDE = 300  # pixels across the whole matrix: 10 classes get 30-pixel cells, 100 get 3
+CELL_LIMITS = (2, 30)
+GRID_CELL = 6  # the smallest cell that gets grid lines (finer ones would be all grid)
 COUNT_CELL = 26  # the smallest cell a count is written in
 LABEL_CELL = 14  # the smallest cell whose row and column get their class number
 LABEL_INK, DARK_INK, LIGHT_INK = np.array([90, 90, 90]), np.array([40, 40, 40]), np.array([255, 255, 255])
@@ -36,7 +37,8 @@ def confusion_image(matrix: np.ndarray) -> np.ndarray:
     cells = np.repeat(np.repeat(colours, cell, axis=0), cell, axis=1)
     picture = np.full((margin + classes * cell, margin + classes * cell, 3), 255, np.uint8)
     picture[margin:, margin:] = cells
-    picture[margin:, margin::cell] = picture[margin::cell, margin:] = 200  # grid lines between the cells
+    if cell >= GRID_CELL:
+        picture[margin:, margin::cell] = picture[margin::cell, margin:] = 200  # grid lines between the cells
     if margin:
         for k in range(classes):
             middle = margin + k * cell + cell // 2
