@@ -4,6 +4,7 @@ Numba's CUDA simulator (CI). This must run before anything imports numba."""
 import ctypes
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -37,6 +38,14 @@ def pytest_unconfigure(config):
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
 
+
+# The signal tests send SIGINT and SIGHUP to the commands they start, which inherit an ignored signal: a suite
+# started under nohup (SIGHUP ignored) or in a non-interactive shell's background (SIGINT ignored) would see
+# them ignored. The suite's own process takes them as usual, so its children do too.
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # tiny test grids are meant to be small; the occupancy warning would only add noise
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
