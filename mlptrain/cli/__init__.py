@@ -144,7 +144,7 @@ def _main() -> None:
     # which, not standalone, comes back as this return code rather than a SystemExit
     if code == 128 + signal.SIGINT:
         _say_interrupted()
-        code = 128 + signals.was_terminated() if signals.was_terminated() else code
+        code = 128 + (signals.was_terminated() or signal.SIGINT)
     if isinstance(code, int) and code:
         sys.exit(code)
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from mlptrain.cli.options import new_output, positive_int
 from mlptrain.run_dirs.lock import claim_output
 from mlptrain.run_dirs.records import write_json
-from mlptrain.util.console import console
+from mlptrain.util.console import console, warn
 
 
 def svm(
@@ -44,7 +44,7 @@ def svm(
     claim_output(out, "svm")
     report = svm_report(data, features, cs, standardize=not no_standardize, max_iter=iterations)
     for note in report["warnings"]:
-        console.print(f"[bold yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
+        warn(note)
     for table in tables(report):
         console.print(table)
     write_json(out, report, overwrite=force)  # never over a file made meanwhile

@@ -16,7 +16,7 @@ from pathlib import Path
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
 from mlptrain.util.atomic import write_text
-from mlptrain.util.console import console
+from mlptrain.util.console import warn
 from mlptrain.util.read_numbers import finite_float
 from mlptrain.util.regular_file import open_regular, read_regular_text
 
@@ -165,8 +165,7 @@ def mend_metrics(file, path: Path) -> None:
         file.flush()
         return
     os.ftruncate(fd, len(data) - len(tail))
-    console.print(f"[bold yellow]warning:[/] {path}: its last line was cut mid-write ({len(tail):,} bytes, no "
-                  "whole record); removed before appending", highlight=False, soft_wrap=True)
+    warn(f"{path}: its last line was cut mid-write ({len(tail):,} bytes, no whole record); removed before appending")
 
 
 def check_metrics_lines(data: bytes, path: Path) -> bytes:

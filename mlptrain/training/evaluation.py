@@ -38,11 +38,7 @@ class Evaluator:
             self.launch_batch(split, start, min(self.batch_size, split.size - start))
         if split.size == 0:
             return float("nan"), float("nan"), None
-        loss = self.backend.to_host(self.row_loss[:split.size]).astype(np.float64).mean()
-        if not self.classifies:
-            return float(loss), float("nan"), None
-        outcomes = self.backend.to_host(self.row_correct[:split.size])
-        return float(loss), float((outcomes == 1).mean()), outcomes
+        return self.read_rows(self.row_loss, self.row_correct, 0, split.size)
 
     def launch_batch(self, split, start: int, rows: int) -> None:
         """Gather, forward and per-sample loss of split rows [start, start + rows)."""
@@ -55,9 +51,16 @@ class Evaluator:
     def mean_loss_and_accuracy(self, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
         """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64
         (the accuracy is NaN for a model without one)."""
-        loss = self.backend.to_host(row_loss[lo:hi]).astype(np.float64).mean()
-        acc = (self.backend.to_host(row_correct[lo:hi]) == 1).mean() if self.classifies else np.nan
-        return float(loss), float(acc)
+        loss, acc, _ = self.read_rows(row_loss, row_correct, lo, hi)
+        return loss, acc
+
+    def read_rows(self, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float, np.ndarray | None]:
+        """`mean_loss_and_accuracy`, with the rows' outcomes on the host (None for the autoencoder)."""
+        loss = float(self.backend.to_host(row_loss[lo:hi]).astype(np.float64).mean())
+        if not self.classifies:
+            return loss, float("nan"), None
+        outcomes = self.backend.to_host(row_correct[lo:hi])
+        return loss, float((outcomes == 1).mean()), outcomes
 
     def record(self, val, test, epoch: int, step: int) -> dict:
         """Evaluate on val and, unless `test` is None, on test: epoch, step and val_loss/val_acc/test_loss/

@@ -13,15 +13,9 @@ from __future__ import annotations
 
 from mlptrain.data.dataset import is_subset
 from mlptrain.data.registry import BUILTIN
-from mlptrain.util.console import console
+from mlptrain.util.console import warn
 
-__all__ = ["is_subset", "subset_note", "warn"]
-
-
-def warn(note: str) -> str:
-    """Print `note` as one warning line; returns it, for the run's `fallbacks` record."""
-    console.print(f"[bold yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
-    return note
+__all__ = ["is_subset", "subset_note", "warn"]  # warn: one warning line, its text for the `fallbacks` record
 
 
 def subset_note(dataset) -> str | None:

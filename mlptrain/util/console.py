@@ -40,9 +40,14 @@ def show_warnings_as_lines() -> None:
     warnings.showwarning = _one_line
 
 
+def warn(note: str) -> str:
+    """Print `note` as one warning line (markup in it is rich's); returns it, for a run's records."""
+    console.print(f"[bold yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
+    return note
+
+
 def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
-    text = " ".join(str(message).split())
-    console.print(f"[bold yellow]warning:[/] {escape(text)} ({category.__name__})", highlight=False, soft_wrap=True)
+    warn(f"{escape(' '.join(str(message).split()))} ({category.__name__})")
 
 
 class _FirstTaskProgress(Progress):
