@@ -9,6 +9,7 @@ import ctypes
 import math
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -169,6 +170,35 @@ def driver_gpu_count() -> int | str | None:
     if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
         return "the CUDA driver sees no GPU"
     return count.value
+
+
+CONTEXTS_STARTED: set[int] = set()  # the GPUs whose primary context make_context_early has started making
+_EARLY_LOCK = threading.Lock()
+
+
+def make_context_early(device: int | None) -> None:
+    """Start making `device`'s primary CUDA context (None: the first visible GPU) in a thread, through the
+    driver library. Making a context takes 0.1-0.2 s of driver work, during which ctypes lets the interpreter
+    go: numba's import (0.6 s) runs meanwhile, and numba then retains the same primary context and finds it
+    made; on two GPUs their contexts are made at once. The reference taken here is never released: the
+    driver frees the context when the process ends (see leave_to_the_driver). A driver error is left for
+    numba to meet when it makes the context, and to report then."""
+    device = 0 if device is None else device
+    if not isinstance(driver_gpu_count(), int):  # no driver to ask, or no GPU: nothing to start
+        return
+    with _EARLY_LOCK:
+        if device in CONTEXTS_STARTED:
+            return
+        CONTEXTS_STARTED.add(device)
+    threading.Thread(target=_retain_primary_context, args=(device,), name=f"cuda-context-{device}",
+                     daemon=True).start()
+
+
+def _retain_primary_context(device: int) -> None:
+    driver = ctypes.CDLL("libcuda.so.1")
+    handle, context = ctypes.c_int(0), ctypes.c_void_p()
+    if driver.cuDeviceGet(ctypes.byref(handle), device) == 0:
+        driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle)
 
 
 def driver_unusable_reason() -> str | None:

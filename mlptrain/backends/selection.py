@@ -7,7 +7,7 @@ fallback when no GPU is usable.
 from __future__ import annotations
 
 from mlptrain.backends.cpu import CpuBackend
-from mlptrain.backends.cuda import CudaBackend, cuda_unusable_reason
+from mlptrain.backends.cuda import CudaBackend, cuda_unusable_reason, make_context_early
 from mlptrain.errors import UserError
 
 
@@ -17,6 +17,8 @@ def get_backend(name: str, device: int | None = None, own_stream: bool = False):
     backend is made on `device`, with a stream of its own when `own_stream` (see CudaBackend)."""
     if name == "cpu":
         return CpuBackend()
+    if name in ("auto", "cuda"):
+        make_context_early(device)  # while numba imports (no-op where the driver offers no GPU)
     if name == "auto":
         reason = cuda_unusable_reason()
         if reason is None:

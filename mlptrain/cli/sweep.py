@@ -57,7 +57,7 @@ def sweep(
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
-    from mlptrain.sweep.threads import TrialThreads, gpu_shares, process_per_gpu, thread_gpus
+    from mlptrain.sweep.threads import TrialThreads, gpu_shares, make_contexts_early, process_per_gpu, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
     # the driver's start (cuInit: a fifth of a second on two GPUs) while the sweep file is read: it does not
@@ -73,6 +73,8 @@ def sweep(
     sweep_dir = runs_dir / name
     resources, base_config = Resources(), config_from_dict(spec.raw)
     if base_config.backend != "cpu":
+        # the GPU contexts the workers will use, made from now on beside Optuna's and numba's imports
+        threading.Thread(target=make_contexts_early, args=(workers,), name="cuda-contexts", daemon=True).start()
         # imported anyway, and now while the driver starts: cuInit does not hold the interpreter (a CPU
         # sweep imports it after its child workers have started instead)
         import_module("mlptrain.sweep.engine")

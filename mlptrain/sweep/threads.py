@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 
-from mlptrain.backends.cuda import driver_gpu_count
+from mlptrain.backends.cuda import driver_gpu_count, make_context_early
 
 WAIT_S = 0.05  # a timed join: Ctrl-C still reaches this thread while it waits for the others
 
@@ -53,6 +53,15 @@ PROCESS_PER_GPU_ENV = "MLPTRAIN_SWEEP_PROCESS_PER_GPU"  # "1": a process per GPU
 def process_per_gpu(workers: int, gpus: int) -> bool:
     """Whether the workers run as a process per GPU: asked for, and more than one GPU in use."""
     return os.environ.get(PROCESS_PER_GPU_ENV) == "1" and min(workers, gpus) > 1
+
+
+def make_contexts_early(workers: int) -> None:
+    """Start making the CUDA contexts of the GPUs this process's workers will train on (make_context_early),
+    once the driver has started: the workers then find them made."""
+    found = driver_gpu_count()
+    if isinstance(found, int):
+        for device in range(1 if process_per_gpu(workers, found) else min(workers, found)):
+            make_context_early(device)
 
 
 def gpu_shares(workers: int, gpus: int) -> list[int]:

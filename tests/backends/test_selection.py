@@ -22,6 +22,9 @@ class FakeDriver:
         pointer._obj.value = self.count
         return 0
 
+    def cuDeviceGet(self, pointer, ordinal):  # the early context (make_context_early): refused here
+        return 101  # CUDA_ERROR_INVALID_DEVICE
+
 
 @pytest.fixture
 def linux_without_simulator(monkeypatch):
