@@ -173,19 +173,29 @@ def driver_gpu_count() -> int | str | None:
 
 
 CONTEXTS_STARTED: set[int] = set()  # the GPUs whose primary context make_context_early has started making
+_STARTED_DRIVER: list[bool] = []  # [True] once start_driver has started the driver
 _EARLY_LOCK = threading.Lock()
+
+
+def start_driver() -> None:
+    """Start the CUDA driver (cuInit: 0.2 s on an H100 host) in a thread, once: ctypes lets the interpreter go
+    while it works, so the command's imports and config run meanwhile, and the later driver_gpu_count
+    answers at once. Harmless where there is no driver (the thread finds none and ends)."""
+    with _EARLY_LOCK:
+        if _STARTED_DRIVER:
+            return
+        _STARTED_DRIVER.append(True)
+    threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
 
 
 def make_context_early(device: int | None) -> None:
     """Start making `device`'s primary CUDA context (None: the first visible GPU) in a thread, through the
-    driver library. Making a context takes 0.1-0.2 s of driver work, during which ctypes lets the interpreter
-    go: numba's import (0.6 s) runs meanwhile, and numba then retains the same primary context and finds it
-    made; on two GPUs their contexts are made at once. The reference taken here is never released: the
-    driver frees the context when the process ends (see leave_to_the_driver). A driver error is left for
-    numba to meet when it makes the context, and to report then."""
+    driver library, and return at once. Making a context takes 0.1-0.2 s of driver work, during which
+    ctypes lets the interpreter go: numba's import (0.6 s) runs meanwhile, and numba then retains the same
+    primary context and finds it made; on two GPUs their contexts are made at once. The reference taken
+    here is never released: the driver frees the context when the process ends (see leave_to_the_driver).
+    A driver error is left for numba to meet when it makes the context, and to report then."""
     device = 0 if device is None else device
-    if not isinstance(driver_gpu_count(), int):  # no driver to ask, or no GPU: nothing to start
-        return
     with _EARLY_LOCK:
         if device in CONTEXTS_STARTED:
             return
@@ -195,6 +205,8 @@ def make_context_early(device: int | None) -> None:
 
 
 def _retain_primary_context(device: int) -> None:
+    if not isinstance(driver_gpu_count(), int):  # no driver to ask, or no GPU: nothing to make
+        return
     driver = ctypes.CDLL("libcuda.so.1")
     handle, context = ctypes.c_int(0), ctypes.c_void_p()
     if driver.cuDeviceGet(ctypes.byref(handle), device) == 0:

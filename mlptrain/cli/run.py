@@ -31,6 +31,9 @@ def run(
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     # here, not at the top: `mlptrain --help` and the other commands need none of this (numpy, the data loaders)
+    from mlptrain.backends.cuda import start_driver
+
+    start_driver()  # the CUDA driver starts (0.2 s, in a thread) while the rest is imported
     from rich.table import Table
 
     from mlptrain.cli.seeds import finish_seeds, run_seeds

@@ -53,16 +53,15 @@ def sweep(
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.backends.cuda import driver_gpu_count
+    from mlptrain.backends.cuda import start_driver
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
     from mlptrain.sweep.threads import TrialThreads, gpu_shares, make_contexts_early, process_per_gpu, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
-    # the driver's start (cuInit: a fifth of a second on two GPUs) while the sweep file is read: it does not
-    # hold the interpreter, and the driver starts once per process, so thread_gpus below then answers at once
-    threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
+    # the driver's start while the sweep file is read: thread_gpus below then answers at once
+    start_driver()
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [])
     name = check_run_name(name if name is not None else path.stem)
