@@ -30,10 +30,11 @@ def run(
                                              "NAME/seeds.json and each metric's mean and 95% CI"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
-    # here, not at the top: `mlptrain --help` and the other commands need none of this (numpy, the data loaders)
+    # first, so that the CUDA driver starts (0.2 s, in a thread) while the command's modules below are imported
     from mlptrain.backends.cuda import start_driver
 
-    start_driver()  # the CUDA driver starts (0.2 s, in a thread) while the rest is imported
+    start_driver()
+    # here, not at the top: `mlptrain --help` and the other commands need none of this (numpy, the data loaders)
     from rich.table import Table
 
     from mlptrain.cli.seeds import finish_seeds, run_seeds

@@ -102,6 +102,11 @@ def sweep(
                    str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
         try:
             _make_folder(sweep_dir)
+            if base_config.logging.mlflow and not worker:  # the store made once, before workers write to it
+                # imported on first use: only sweeps that log to MLflow need it
+                from mlptrain.run_dirs.mlflow_log import connect
+
+                connect(base_config.logging, sweep_dir)
             if processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
                 children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares,
                                          env=None if gpus else blas_share(processes))

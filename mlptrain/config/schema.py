@@ -193,6 +193,28 @@ class TrainConfig:
         return self.batch_size * self.grad_accum_steps
 
 
+def _mlflow_uri(value):
+    return None if value is None or value.strip() else "must be a tracking URI (a server, a database) or null"
+
+
+def _experiment_name(value):
+    return None if value is None or value.strip() else "must be an experiment's name or null"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Where a run logs besides TensorBoard and metrics.jsonl (which it always writes): not a hyperparameter."""
+
+    mlflow: bool = _option(False, doc="also log the params, metrics and artefacts to MLflow (pip install "
+                                      "'mlptrain[mlflow]')")
+    mlflow_uri: str | None = _option(None, check=_mlflow_uri,
+                                     doc="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else "
+                                         "sqlite:///RUNS/mlflow.db; artefacts in RUNS/mlruns/ unless a server keeps them")
+    mlflow_experiment: str | None = _option(None, check=_experiment_name,
+                                            doc="MLflow experiment; default the runs folder's name (a sweep's "
+                                                "trials: the sweep's)")
+
+
 @dataclass(frozen=True)
 class Config:
     description: str = _option("")
@@ -203,6 +225,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 def valid_keys(cls=Config, prefix="") -> list[str]:

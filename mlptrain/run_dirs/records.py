@@ -67,11 +67,12 @@ def event_suffix(suffix: str = "") -> str:
 
 
 class RunLogger:
-    """TensorBoard events and metrics.jsonl under the run directory."""
+    """TensorBoard events and metrics.jsonl under the run directory; with `mlflow` (an
+    mlptrain.run_dirs.mlflow_log.MlflowLog), the same scalars to MLflow, sent at each evaluation."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, mlflow=None):
         SummaryWriter = summary_writer_class()
-        self.run_dir = run_dir
+        self.run_dir, self.mlflow = run_dir, mlflow
         path = run_dir / "metrics.jsonl"
         try:  # before the writer, so a refusal leaves no new event file behind
             self._metrics = open_regular(path, "a+", follow=False)  # a FIFO would block the run; a link leads out
@@ -89,6 +90,8 @@ class RunLogger:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
+        if self.mlflow is not None:
+            self.mlflow.add(step, values)
 
     def chart_layout(self, classifies: bool) -> None:
         """TensorBoard's Custom Scalars dashboard: one chart per metric with its training, validation and test
@@ -116,6 +119,8 @@ class RunLogger:
         self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
         self._metrics.flush()
         write_metrics_csv(self.run_dir)
+        if self.mlflow is not None:
+            self.mlflow.flush()
 
     def close(self) -> None:
         try:
@@ -127,6 +132,8 @@ class RunLogger:
             finally:
                 self.writer.close()
                 self._metrics.close()
+                if self.mlflow is not None:
+                    self.mlflow.flush()
         except OSError as err:  # a full or read-only disk: one line, like every other write
             raise UserError(f"{self.run_dir}: cannot write to it ({err.strerror or err})") from None
 

@@ -92,7 +92,13 @@ def check_inputs(config: Config, resources: Resources | None = None) -> None:
 def create_run(config: Config, runs_dir: Path, name: str | None, stem: str, suffix_on_clash: bool = False,
                dataset=None, backend: str | None = None) -> Path:
     """The new run directory, locked for this process and holding the resolved config (see
-    `create_run_dir` for the name) and, given the dataset, what the run read (`run_config`)."""
+    `create_run_dir` for the name) and, given the dataset, what the run read (`run_config`). With
+    logging.mlflow, MLflow's store is checked first: a refusal leaves no folder behind."""
+    if config.logging.mlflow:
+        # imported on first use: only runs that log to MLflow need it
+        from mlptrain.run_dirs.mlflow_log import connect
+
+        connect(config.logging, runs_dir)
     run_dir = create_run_dir(runs_dir, name, stem, suffix_on_clash)
     try:
         lock_run(run_dir, "the run")  # held while this process works in it

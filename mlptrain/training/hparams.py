@@ -19,8 +19,8 @@ from mlptrain.util.user_paths import readable
 def hparam_values(config: Config, backend: str | None = None, data_root=None) -> dict:
     """Dotted keys to scalar values (see `_cell`: lists and whole numbers as text, an unset value such as
     data.path as a blank cell rather than `None`, text `readable`: TensorBoard's strings are UTF-8) of the
-    config as the run used it (see `resolved_dict`), with the effective batch size; the description is
-    left out."""
+    config as the run used it (see `resolved_dict`), with the effective batch size; the description and the
+    logging section are left out."""
     def flatten(values: dict, prefix: str):
         for key, value in values.items():
             if isinstance(value, dict):
@@ -28,7 +28,9 @@ def hparam_values(config: Config, backend: str | None = None, data_root=None) ->
             elif key != "description":
                 yield prefix + key, _cell(value)
 
-    values = dict(flatten(resolved_dict(config, backend, data_root), ""))
+    resolved = resolved_dict(config, backend, data_root)
+    resolved.pop("logging", None)  # where the run logs is no hyperparameter
+    values = dict(flatten(resolved, ""))
     values["train.effective_batch_size"] = _cell(config.train.effective_batch_size)
     return values
 

@@ -58,7 +58,18 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
-    logger = RunLogger(run_dir)
+    mlflow = start_mlflow(s, run_dir)
+    if mlflow is None:
+        return _train(s, run_dir, on_evaluation, resume, start, records, progress)
+    with mlflow.ending(run_dir):  # the MLflow run's status: FINISHED, KILLED (stopped) or FAILED
+        return _train(s, run_dir, mlflow.watching(on_evaluation), resume, start, records, progress, mlflow)
+
+
+def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, start: Position, records: dict,
+           progress: bool, mlflow=None) -> dict:
+    """train()'s epochs, evaluations, checkpoints and summary, from `start`, logged by a RunLogger (and to
+    `mlflow`, an mlptrain.run_dirs.mlflow_log.MlflowLog, when given)."""
+    logger = RunLogger(run_dir, mlflow)
     logger.chart_layout(s.classifies)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window,
@@ -101,6 +112,18 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     save_grad_norms(run_dir / GRAD_NORMS, s.step)
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def start_mlflow(s: Session, run_dir: Path):
+    """The run's MLflow log (mlptrain.run_dirs.mlflow_log) when logging.mlflow is on, else None; raises
+    UserError when MLflow cannot be used. A failure later is recorded among the run's fallbacks."""
+    if not s.config.logging.mlflow:
+        return None
+    # imported on first use: only runs that log to MLflow need it
+    from mlptrain.run_dirs.mlflow_log import MlflowLog
+
+    return MlflowLog.start(run_dir, s.config.logging, hparam_values(s.config, s.backend.name, data_root(s.config)),
+                           on_failure=s.notes.append)
 
 
 def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:

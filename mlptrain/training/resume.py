@@ -38,7 +38,8 @@ from mlptrain.util.regular_file import read_regular_bytes
 # data lives (that it is the same data, `mlptrain run --resume` checks by its checksum), how often the host
 # looks, how and when evaluation is done, and train.epochs (which may grow)
 NOT_TRAINING = ("description", "backend", "data.root", "data.path", "train.epochs", "train.log_every",
-                "train.eval_batch_size", "train.eval_test", "train.checkpoint_every_epochs", "train.cuda_graphs")
+                "train.eval_batch_size", "train.eval_test", "train.checkpoint_every_epochs", "train.cuda_graphs",
+                "logging.mlflow", "logging.mlflow_uri", "logging.mlflow_experiment")
 
 
 @dataclass(frozen=True)
