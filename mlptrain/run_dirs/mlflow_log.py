@@ -29,6 +29,7 @@ from rich.markup import escape
 from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.util.atomic import write_text
 from mlptrain.util.console import console, warn
+from mlptrain.util.regular_file import read_regular_text
 
 RECORD = "mlflow.json"  # in the run folder: which MLflow run it logs to
 ARTEFACTS = ("config.yaml", "summary.json", "metrics.csv", "grad_norms.npy")
@@ -197,10 +198,10 @@ def _continued_run(client, run_dir: Path, uri: str) -> str | None:
     """The id of the MLflow run this run folder logged to at `uri` (a resumed run), marked running again; None
     for a new run, another store, or a record that names no run there."""
     try:
-        record = json.loads((run_dir / RECORD).read_text())
-        run_id = record["run_id"] if record.get("tracking_uri") == uri else None
-    except (OSError, ValueError, TypeError, KeyError):
+        record = json.loads(read_regular_text(run_dir / RECORD, follow=False))  # a link is no record of this run
+    except (OSError, ValueError, RecursionError):  # missing, a link, damaged
         return None
+    run_id = record.get("run_id") if isinstance(record, dict) and record.get("tracking_uri") == uri else None
     if not isinstance(run_id, str):
         return None
     try:

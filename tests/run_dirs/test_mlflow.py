@@ -165,3 +165,24 @@ def test_connect_makes_the_local_store_once_for_every_worker(tmp_path):
     first = connect(settings, tmp_path / "sweep")
     second = connect(settings, tmp_path / "sweep")
     assert first[1:] == second[1:] and first[2] == "sweep"
+
+
+@pytest.mark.parametrize("record", ["[1, 2]", "{", '{"tracking_uri": 3}', '"text"', '{"run_id": "nosuchrun"}'])
+def test_a_damaged_record_starts_a_new_mlflow_run(tmp_path, record):
+    runs = tmp_path / "runs"
+    run_dir, _ = trained(runs, mlflow_config(epochs=1))
+    first = recorded_run(run_dir)[1].info.run_id
+    (run_dir / "mlflow.json").write_text(record)
+    config, start = prepare_resume(run_dir, ["train.epochs=2"])
+    train(build_session(config, CpuBackend(), synthetic_dataset()), run_dir, resume=start)
+    client, run = recorded_run(run_dir)
+    assert run.info.run_id != first and run.info.status == "FINISHED"
+
+
+def test_a_linked_record_is_refused_like_every_link_in_a_run(tmp_path):
+    run_dir, _ = trained(tmp_path / "runs", mlflow_config(epochs=1))
+    elsewhere = tmp_path / "other.json"
+    (run_dir / "mlflow.json").rename(elsewhere)
+    (run_dir / "mlflow.json").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="mlflow.json: a symbolic link"):
+        prepare_resume(run_dir, ["train.epochs=2"])
