@@ -31,3 +31,12 @@ class CountingBackend:
     def to_device(self, array):
         array = np.asarray(array)
         return self._stand_in(array.shape, array.dtype)
+
+    def resident(self, array):
+        """Counted unless the backend keeps it on the device already (a sweep's next trial) or reads the host's
+        own array (the cpu backend)."""
+        array = np.asarray(array)
+        if self.backend.holds(array):
+            return np.lib.stride_tricks.as_strided(np.zeros(1, array.dtype), shape=array.shape,
+                                                   strides=(0,) * array.ndim, writeable=False)
+        return self._stand_in(array.shape, array.dtype)

@@ -27,6 +27,15 @@ class CpuBackend:
     def to_device(self, array):
         return np.ascontiguousarray(array).copy()
 
+    def resident(self, array):
+        """The host array itself, read-only: the device is the host, and nothing writes it."""
+        view = np.ascontiguousarray(array).view()
+        view.flags.writeable = False
+        return view
+
+    def holds(self, array) -> bool:
+        return True  # resident() reads the host's own array
+
     def to_host(self, array):
         return np.array(array, copy=True)
 

@@ -31,6 +31,13 @@ class Backend(Protocol):
     def to_device(self, array) -> Any:
         """A device copy of a host array."""
 
+    def resident(self, array) -> Any:
+        """The device copy of a host array that nothing writes (a dataset's images), made once per backend and
+        reused while the same array comes back (a sweep's trials on one worker share their data)."""
+
+    def holds(self, array) -> bool:
+        """Whether `resident(array)` needs no new device memory (a copy kept, or the host's own array)."""
+
     def to_host(self, array) -> Any:
         """A NumPy copy of a device array."""
 

@@ -75,7 +75,7 @@ def resident_splits(dataset, backend, val_size: int | float, seed: int):
         held_out = np.random.default_rng([seed, 0x5EED]).permutation(n)
         val_index = np.sort(held_out[:val_size]).astype(np.int32)
         train_index = np.sort(held_out[val_size:]).astype(np.int32)
-    images, labels = backend.to_device(images), backend.to_device(labels)
+    images, labels = backend.resident(images), backend.resident(labels)
     return (
         ResidentSplit(images, labels, train_index, backend.to_device(train_index)),
         ResidentSplit(images, labels, val_index, backend.to_device(val_index)),
@@ -86,7 +86,7 @@ def resident_splits(dataset, backend, val_size: int | float, seed: int):
 def whole_split(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSplit:
     """Every row of `images`, in order, resident on the device."""
     index = np.arange(len(images), dtype=np.int32)
-    return ResidentSplit(backend.to_device(images), backend.to_device(labels), index, backend.to_device(index))
+    return ResidentSplit(backend.resident(images), backend.resident(labels), index, backend.to_device(index))
 
 
 def epoch_order(split: ResidentSplit, seed: int, epoch: int) -> np.ndarray:

@@ -1,0 +1,52 @@
+"""A dataset's arrays are put on the device once per backend: a sweep's trials on one worker share them
+(the cpu backend reads the host's own arrays, read-only), and the memory plan does not count them twice."""
+
+import numpy as np
+import pytest
+
+from mlptrain.backends.counting import CountingBackend
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import RESIDENT_ARRAYS, CudaBackend
+from mlptrain.data.loader import resident_splits
+from tests.training.test_accumulation import synthetic_dataset
+
+
+def test_the_cpu_backend_reads_the_hosts_own_array_and_nothing_writes_it():
+    images = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    resident = CpuBackend().resident(images)
+    assert np.shares_memory(resident, images) and np.array_equal(resident, images)
+    with pytest.raises(ValueError):
+        resident[0, 0] = 1
+    assert images.flags.writeable  # the dataset's own array is left as it was
+
+
+@pytest.mark.gpu
+def test_a_cuda_backend_uploads_an_array_once_and_keeps_the_latest_few():
+    backend = CudaBackend()  # the simulator here, the GPU in the gpu run
+    arrays = [np.full(5, i, np.uint8) for i in range(RESIDENT_ARRAYS + 1)]
+    first = backend.resident(arrays[0])
+    assert backend.resident(arrays[0]) is first and backend.holds(arrays[0])
+    assert not backend.holds(arrays[0].copy())  # the same values in another array: another upload
+    for array in arrays[1:]:
+        backend.resident(array)
+    assert not backend.holds(arrays[0]) and all(backend.holds(a) for a in arrays[1:])  # the oldest given up
+    assert np.array_equal(backend.to_host(backend.resident(arrays[0])), arrays[0])
+
+
+@pytest.mark.parametrize("make", [CpuBackend, pytest.param(CudaBackend, marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_a_second_session_shares_the_data_and_the_plan_counts_it_once(make):
+    backend, dataset = make(), synthetic_dataset()
+    data_bytes = sum(a.nbytes for a in (dataset.train_images, dataset.train_labels, dataset.test_images,
+                                        dataset.test_labels))
+    counting = CountingBackend(backend)
+    resident_splits(dataset, counting, 0.1, seed=0)
+    first_plan = counting.bytes
+    first = resident_splits(dataset, backend, 0.1, seed=0)
+    counting = CountingBackend(backend)
+    resident_splits(dataset, counting, 0.1, seed=1)
+    second = resident_splits(dataset, backend, 0.1, seed=1)
+    same = np.shares_memory if backend.name == "cpu" else (lambda a, b: a is b)  # a view of the host's, or one copy
+    assert same(second[0].images, first[0].images) and same(second[2].images, first[2].images)
+    # the cpu backend never copies the data; a GPU's copy is counted until it is there
+    assert first_plan - counting.bytes == (0 if backend.name == "cpu" else data_bytes)
+    assert not np.array_equal(first[1].index, second[1].index)  # each seed's own validation rows
