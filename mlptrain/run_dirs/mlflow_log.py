@@ -52,7 +52,7 @@ class MlflowLog:
         self.caller_stopped = False  # the run's on_evaluation stopped it (a sweep pruned the trial)
 
     @classmethod
-    def start(cls, run_dir: Path, settings, params: dict, on_failure=None) -> "MlflowLog":
+    def start(cls, run_dir: Path, settings, params: dict, on_failure=None) -> MlflowLog:
         """Open the MLflow run of `run_dir` (the one mlflow.json names, else a new one with `params`); raises
         UserError in one line when MLflow is missing or its store cannot be used. `on_failure(line)` is
         called once if a later call fails (the run records the line among its fallbacks)."""
