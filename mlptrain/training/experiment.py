@@ -20,7 +20,7 @@ from mlptrain.config.rules import check_validation
 from mlptrain.config.schema import Config
 from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_trainable, check_val_size
-from mlptrain.errors import OutputClosed, UserError
+from mlptrain.errors import OutputClosed, TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.nn import check_model_input
 from mlptrain.run_dirs.folders import create_run_dir, write_yaml
 from mlptrain.run_dirs.lock import LOCK_NAME, lock_run, release_run
@@ -129,9 +129,16 @@ def whole_or_removed(run_dir: Path, new: bool):
     """Around training `run_dir`: when it ends for want of memory or of a reader (a closed stdout/stderr),
     a new run that has no checkpoint yet is removed (nothing in it could be resumed or evaluated, and it
     would take the name); one that has a checkpoint, or a resumed one, keeps it. An allocation that failed
-    becomes the one-line refusal."""
+    becomes the one-line refusal. So is a new run refused before its first record (too little disk for its
+    checkpoints, a metrics.jsonl it cannot write): its folder would hold only config.yaml. A run that
+    diverged or was interrupted keeps what it wrote, for its curves and its resume."""
     try:
         yield
+    except UserError as err:
+        untrained = not (run_dir / "checkpoints" / "last.npz").is_file() and not _has_records(run_dir)
+        if new and untrained and not isinstance(err, (TrainingDiverged, TrainingInterrupted)):
+            discard_run(run_dir)
+        raise
     except (MemoryError, RuntimeError, OutputClosed) as err:
         if not isinstance(err, OutputClosed) and not is_out_of_memory(err):
             raise
@@ -142,6 +149,13 @@ def whole_or_removed(run_dir: Path, new: bool):
             raise
         kept = f"; {run_dir} keeps its last checkpoint (mlptrain run --resume {run_dir})" if resumable else ""
         raise UserError(out_of_memory(err) + kept) from None
+
+
+def _has_records(run_dir: Path) -> bool:
+    try:
+        return (run_dir / "metrics.jsonl").stat().st_size > 0
+    except OSError:
+        return False
 
 
 def run_config(config: Config, dataset=None, backend: str | None = None) -> dict:

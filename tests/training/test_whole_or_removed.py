@@ -5,7 +5,7 @@ import pytest
 
 from mlptrain.config.load import load_config
 from mlptrain.cli.configs import resolve_config
-from mlptrain.errors import OutputClosed, UserError
+from mlptrain.errors import OutputClosed, TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.training.experiment import create_run, whole_or_removed
 
@@ -54,3 +54,37 @@ def test_other_errors_pass_untouched(new_run):
         with whole_or_removed(new_run, new=True):
             raise RuntimeError("something else")
     assert new_run.exists()
+
+
+def test_a_new_run_refused_before_its_first_record_is_removed(new_run, monkeypatch):
+    """Too little disk for its checkpoints: the refusal comes from inside training, after the folder was made."""
+    from mlptrain.backends.cpu import CpuBackend
+    from mlptrain.training.loop import train
+    from mlptrain.training.session import build_session
+    from tests.training.test_accumulation import make_config, synthetic_dataset
+
+    session = build_session(make_config(64, 1), CpuBackend(), synthetic_dataset())
+    monkeypatch.setattr("shutil.disk_usage", lambda path: type("Usage", (), {"free": 2**10})())
+    with pytest.raises(UserError, match="MiB free on its disk"):
+        with whole_or_removed(new_run, new=True):
+            train(session, new_run)
+    assert not new_run.exists()
+
+
+@pytest.mark.parametrize("kind", [TrainingDiverged, TrainingInterrupted])
+def test_a_run_that_diverged_or_was_interrupted_keeps_its_folder(new_run, kind):
+    with pytest.raises(kind):
+        with whole_or_removed(new_run, new=True):
+            raise kind("the training loss became nan") if kind is TrainingDiverged else kind("stopped", 15)
+    assert (new_run / "config.yaml").is_file()
+
+
+def test_a_refusal_after_records_or_on_a_resumed_run_keeps_the_folder(new_run):
+    with pytest.raises(UserError):
+        with whole_or_removed(new_run, new=False):
+            raise UserError("a refusal")
+    (new_run / "metrics.jsonl").write_text('{"epoch": 1, "step": 4}\n')
+    with pytest.raises(UserError):
+        with whole_or_removed(new_run, new=True):
+            raise UserError("a refusal")
+    assert (new_run / "config.yaml").is_file()
