@@ -15,10 +15,10 @@ class CountingBackend:
         self.backend, self.kernels, self.name = backend, backend.kernels, backend.name
         self.bytes = 0
 
-    def _stand_in(self, shape, dtype):
+    def _stand_in(self, shape, dtype, counted: bool = True):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
-        self.bytes += math.prod(shape) * dtype.itemsize
+        self.bytes += math.prod(shape) * dtype.itemsize if counted else 0
         return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape, strides=(0,) * len(shape),
                                                writeable=False)
 
@@ -36,7 +36,4 @@ class CountingBackend:
         """Counted unless the backend keeps it on the device already (a sweep's next trial) or reads the host's
         own array (the cpu backend)."""
         array = np.asarray(array)
-        if self.backend.holds(array):
-            return np.lib.stride_tricks.as_strided(np.zeros(1, array.dtype), shape=array.shape,
-                                                   strides=(0,) * array.ndim, writeable=False)
-        return self._stand_in(array.shape, array.dtype)
+        return self._stand_in(array.shape, array.dtype, counted=not self.backend.holds(array))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import os
 import sys
@@ -69,9 +70,7 @@ class CudaBackend:
         """A device copy of `array` made once and kept while the same host array comes back (a sweep's trials
         on this backend's thread upload their dataset once: 55 MB for MNIST, ~8 ms a trial); at most
         RESIDENT_ARRAYS are kept, the least recently asked for given up first."""
-        entry = self._resident.pop(id(array), None)
-        if entry is None or entry[0] is not array:
-            entry = (array, self.to_device(array))
+        entry = self._resident.pop(id(array)) if self.holds(array) else (array, self.to_device(array))
         self._resident[id(array)] = entry  # last: the most recently asked for
         while len(self._resident) > RESIDENT_ARRAYS:
             del self._resident[next(iter(self._resident))]
@@ -194,18 +193,14 @@ def driver_gpu_count() -> int | str | None:
 
 
 CONTEXTS_STARTED: set[int] = set()  # the GPUs whose primary context make_context_early has started making
-_STARTED_DRIVER: list[bool] = []  # [True] once start_driver has started the driver
 _EARLY_LOCK = threading.Lock()
 
 
+@functools.cache  # once per process: the driver starts once
 def start_driver() -> None:
-    """Start the CUDA driver (cuInit: 0.2 s on an H100 host) in a thread, once: ctypes lets the interpreter go
+    """Start the CUDA driver (cuInit: 0.2 s on an H100 host) in a thread: ctypes lets the interpreter go
     while it works, so the command's imports and config run meanwhile, and the later driver_gpu_count
     answers at once. Harmless where there is no driver (the thread finds none and ends)."""
-    with _EARLY_LOCK:
-        if _STARTED_DRIVER:
-            return
-        _STARTED_DRIVER.append(True)
     threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
 
 

@@ -135,20 +135,24 @@ def whole_or_removed(run_dir: Path, new: bool):
     try:
         yield
     except UserError as err:
-        untrained = not (run_dir / "checkpoints" / "last.npz").is_file() and not _has_records(run_dir)
-        if new and untrained and not isinstance(err, (TrainingDiverged, TrainingInterrupted)):
+        kept_for_its_records = isinstance(err, (TrainingDiverged, TrainingInterrupted))
+        if new and not kept_for_its_records and not _resumable(run_dir) and not _has_records(run_dir):
             discard_run(run_dir)
         raise
     except (MemoryError, RuntimeError, OutputClosed) as err:
         if not isinstance(err, OutputClosed) and not is_out_of_memory(err):
             raise
-        resumable = (run_dir / "checkpoints" / "last.npz").is_file()
+        resumable = _resumable(run_dir)
         if new and not resumable:
             discard_run(run_dir)
         if isinstance(err, OutputClosed):
             raise
         kept = f"; {run_dir} keeps its last checkpoint (mlptrain run --resume {run_dir})" if resumable else ""
         raise UserError(out_of_memory(err) + kept) from None
+
+
+def _resumable(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / "last.npz").is_file()
 
 
 def _has_records(run_dir: Path) -> bool:
