@@ -33,7 +33,7 @@ def main():
     session = build_session(config, backend, dataset)
     plan = plan_launches(session)
     timings = []
-    for k, types in plan.launches.values():
+    for k, types in plan.numba_launches():
         started = time.perf_counter()
         k.dispatcher.compile(types)
         timings.append((time.perf_counter() - started, k.dispatcher.py_func.__qualname__, types))
@@ -42,7 +42,7 @@ def main():
     for seconds, name, _ in timings:
         print(f"{seconds:7.2f} s  {name}")
     _, name, types = timings[0]
-    slowest = next(k for k, t in plan.launches.values() if t == types and k.dispatcher.py_func.__qualname__ == name)
+    slowest = next(k for k, t in plan.numba_launches() if t == types and k.dispatcher.py_func.__qualname__ == name)
     from numba.cuda.dispatcher import CUDADispatcher
 
     fresh = CUDADispatcher(slowest.dispatcher.py_func, targetoptions=dict(slowest.dispatcher.targetoptions))

@@ -37,11 +37,10 @@ class Backend:
 
 def numba_backend():
     """CUDA device arrays (the real GPU or the simulator, as conftest chose)."""
-    from numba import cuda
-
     import mlptrain.backends.numba_kernels
+    from mlptrain.backends.numba_kernels import current
 
-    return Backend(mlptrain.backends.numba_kernels, cuda.to_device, lambda array: array.copy_to_host())
+    return Backend(mlptrain.backends.numba_kernels, current.to_device, lambda array: array.copy_to_host())
 
 
 def numpy_backend():

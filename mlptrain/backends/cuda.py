@@ -1,6 +1,7 @@
-"""The CUDA backend: numba device arrays and the Numba kernel set (numba_kernels/), and whether a GPU is
-usable at all. numba is imported only once a `CudaBackend` is made or the driver library could not answer,
-so the CPU path never pays for it."""
+"""The CUDA backend: device arrays and the Numba kernel set (numba_kernels/), and whether a GPU is usable at
+all. The driver library answers the questions about GPUs; numba is imported only where a kernel must be
+compiled, on the simulator, or with MLPTRAIN_CUDA_LAUNCH=numba, so neither the CPU path nor a GPU run whose
+kernels are all cached pays for it."""
 
 from __future__ import annotations
 
@@ -17,54 +18,50 @@ import numpy as np
 from mlptrain.errors import UserError
 from mlptrain.util.interrupts import raise_interruption
 
-
 RESIDENT_ARRAYS = 8  # a session's data is 4-5 arrays (images, labels, test images and labels)
 
 
 class CudaBackend:
-    """Satisfies `mlptrain.backends.protocol.Backend` with numba device arrays.
+    """Satisfies `mlptrain.backends.protocol.Backend` on a GPU.
 
-    Made in the thread that will use it: `device` (numba's index among the visible GPUs; default: the
-    thread's current one, else the first) becomes the thread's GPU, and with `own_stream` every launch,
-    copy and synchronisation of this thread goes to a stream of its own, so that several of a sweep's
-    trials share a GPU at once (mlptrain.sweep.threads). The stream is a blocking one: anything that
-    still reaches the legacy default stream waits for it, as before."""
+    Made in the thread that will use it: `device` (the index among the visible GPUs; default: the thread's
+    current one, else the first) becomes the thread's GPU, and with `own_stream` every launch, copy and
+    synchronisation of this thread goes to a stream of its own, so that several of a sweep's trials share a
+    GPU at once (mlptrain.sweep.threads). The stream is a blocking one: anything that still reaches the legacy
+    default stream waits for it, as before.
+
+    Its arrays and launches go through the driver (mlptrain.backends.driver) wherever the kernel modules defer
+    numba (kernel_cache.numba_names): numba is then imported only if a kernel must be compiled. On the
+    simulator, or with MLPTRAIN_CUDA_LAUNCH=numba, they are numba's device arrays and launches."""
 
     name = "cuda"
 
     def __init__(self, device: int | None = None, own_stream: bool = False):
-        # here, not at the top: the CPU path and `backend: auto` without a GPU never import numba (seconds)
-        import numba
-        from numba import cuda
-
+        # here, not at the top: the CPU path never loads the kernel modules
         from mlptrain.backends import numba_kernels
+        from mlptrain.backends.kernel_cache.numba_names import DEFERRED
         from mlptrain.backends.numba_kernels import streams
 
-        # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
-        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
-        self._cuda = cuda
         self.kernels = numba_kernels
         self.fallbacks = []
-        if device is not None:
-            cuda.select_device(device)
-        self.stream = cuda.stream() if own_stream else 0
         self._resident = {}  # id(host array) -> (host array, device copy), in the order last asked for
+        self._device = _DriverDevice(device, own_stream) if DEFERRED else _NumbaDevice(device, own_stream)
+        self.stream = self._device.stream
         streams.use(self.stream)
-        raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
-        self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        self.device_name = self._device.name
 
     def empty(self, shape, dtype=np.float32):
         with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
-            return self._cuda.device_array(shape, dtype, stream=self.stream)
+            return self._device.empty(shape, dtype)
 
     def zeros(self, shape, dtype=np.float32):
         with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
-            return self._cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
+            return self._device.zeros(shape, dtype)
 
     def to_device(self, array):
         array = np.ascontiguousarray(array)
         with gpu_memory_errors(array.nbytes):
-            return self._cuda.to_device(array, stream=self.stream)
+            return self._device.to_device(array)
 
     def resident(self, array):
         """A device copy of `array` made once and kept while the same host array comes back (a sweep's trials
@@ -91,24 +88,20 @@ class CudaBackend:
         dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype), stream=self.stream)
 
     def synchronize(self):
-        if self.stream:
-            self.stream.synchronize()
-        else:
-            self._cuda.synchronize()
+        self._device.synchronize()
 
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
         itself will tell)."""
         try:
-            free, _ = self._cuda.current_context().get_memory_info()
-            return int(free)
+            return self._device.free_bytes()
         except Exception:
             return None
 
     def start_compilers(self):
         """On a machine with no compiled kernels yet, start the processes that will compile them, so that
         they start while the data loads (numba_kernels.kernel_cache)."""
-        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        # imported on first use: the CPU path never needs the kernel cache
         from mlptrain.backends.kernel_cache import cache as kernel_cache
 
         kernel_cache.start_workers_if_cold()
@@ -116,23 +109,96 @@ class CudaBackend:
     def capture(self, record):
         """The launches `record()` makes, captured (not run) as a CUDA graph whose `replay()` queues them all
         at once; None on the simulator."""
-        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        # imported on first use: the CPU path never needs the kernel modules
         from mlptrain.backends.numba_kernels import streams
 
         return streams.Graph(record) if streams.graphs_supported() else None
 
     def graphs_unavailable(self) -> str | None:
         """Why `capture` records nothing (None: it records)."""
-        # imported on first use: numba takes seconds to import, and the CPU path never needs it
-        from numba import config
-
+        # imported on first use: the CPU path never needs the kernel modules
+        from mlptrain.backends.kernel_cache.numba_names import SIMULATOR
         from mlptrain.backends.numba_kernels import streams
 
         if streams.graphs_supported():
             return None
-        if config.ENABLE_CUDASIM:
+        if SIMULATOR:
             return "the CUDA simulator cannot capture graphs"
         return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
+
+
+class _DriverDevice:
+    """A CudaBackend's GPU, arrays and stream through the driver (no numba)."""
+
+    def __init__(self, device: int | None, own_stream: bool):
+        # imported here, not at the top: the CPU path never loads the driver's bindings
+        from mlptrain.backends.driver import api
+        from mlptrain.backends.driver.arrays import DeviceArray
+
+        self._api, self._array = api, DeviceArray
+        device = (api.current_device() or 0) if device is None else device
+        api.use_device(device)
+        self.stream = api.Stream() if own_stream else 0
+        self.name = api.device_name(device)
+
+    def empty(self, shape, dtype):
+        return self._array.allocate(shape, dtype)
+
+    def zeros(self, shape, dtype):
+        array = self._array.allocate(shape, dtype)
+        self._api.zero(array.pointer, array.nbytes, self.stream)
+        return array
+
+    def to_device(self, host):
+        array = self._array.allocate(host.shape, host.dtype)
+        array.copy_to_device(host, stream=self.stream)
+        return array
+
+    def synchronize(self):
+        if self.stream:
+            self.stream.synchronize()
+        else:
+            self._api.synchronize()
+
+    def free_bytes(self) -> int:
+        return self._api.memory_info()[0]
+
+
+class _NumbaDevice:
+    """A CudaBackend's GPU, arrays and stream through numba (the simulator, MLPTRAIN_CUDA_LAUNCH=numba)."""
+
+    def __init__(self, device: int | None, own_stream: bool):
+        # here, not at the top: the CPU path and `backend: auto` without a GPU never import numba (seconds)
+        import numba
+        from numba import cuda
+
+        # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
+        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        self._cuda = cuda
+        if device is not None:
+            cuda.select_device(device)
+        self.stream = cuda.stream() if own_stream else 0
+        raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+        self.name = raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def empty(self, shape, dtype):
+        return self._cuda.device_array(shape, dtype, stream=self.stream)
+
+    def zeros(self, shape, dtype):
+        return self._cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
+
+    def to_device(self, host):
+        return self._cuda.to_device(host, stream=self.stream)
+
+    def synchronize(self):
+        if self.stream:
+            self.stream.synchronize()
+        else:
+            self._cuda.synchronize()
+
+    def free_bytes(self) -> int:
+        free, _ = self._cuda.current_context().get_memory_info()
+        return int(free)
 
 
 _LEFT_TO_THE_DRIVER = []  # the deferrals leave_to_the_driver entered: held (never left) until the process ends
@@ -144,11 +210,11 @@ def leave_to_the_driver(device: int) -> None:
     adds to next empties, and at exit it unloads every kernel from the main thread, where another GPU's
     context is current: on two H200s that crashed the process as it exited (a sweep's threads had trained
     on both). Call it once every thread that used `device` has ended, for each GPU they used."""
-    # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or "numba.cuda" not in sys.modules:
+        return  # numba never made or retained a context here: nothing of its to keep from freeing
+    # imported here: numba is already imported (above)
     from numba import cuda
 
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return
     with cuda.gpus[device]:
         deferral = cuda.current_context().defer_cleanup()
         deferral.__enter__()  # and never left: the generator is kept, or collecting it would leave it
@@ -240,9 +306,11 @@ def cuda_unusable_reason() -> str | None:
     """None when a GPU is usable, else why not, on one line (the driver's own words where it has some).
     The driver is asked first: importing numba and probing through it takes seconds on a machine
     without a GPU, which `backend: auto` would pay on every run there."""
-    reason = driver_unusable_reason()
-    if reason is not None:
-        return reason
+    found = driver_gpu_count()
+    if isinstance(found, str):
+        return found
+    if isinstance(found, int) and _driver_path():
+        return None  # the driver offers a GPU, and the driver path (not numba) will use it
     try:
         # imported on first use: numba takes seconds to import, and the CPU path never needs it
         from numba import cuda
@@ -254,6 +322,13 @@ def cuda_unusable_reason() -> str | None:
     except Exception as err:  # a missing or broken driver or toolkit means: not usable, and this is why
         raise_interruption(err)  # Ctrl-C while numba imports is no missing GPU (auto would fall back to the CPU)
         return " ".join(str(err).split()).rstrip(" :") or type(err).__name__
+
+
+def _driver_path() -> bool:
+    # imported on first use: it decides whether numba is deferred, which only a GPU run needs to know
+    from mlptrain.backends.kernel_cache.numba_names import DEFERRED
+
+    return DEFERRED
 
 
 def cuda_usable() -> bool:

@@ -3,7 +3,7 @@ compiled (or loaded from the disk cache) up front, and what that took, for summa
 
 The launches of a full and of the last (shorter) training window, and of the evaluation batches, are
 planned: run through the same code with each launch recorded instead of run
-(numba_kernels.kernel_cache.planning). What the cache lacks is compiled by worker processes at once;
+(kernel_cache.kernels.planning). What the cache lacks is compiled by worker processes at once;
 everything is then loaded, so no step waits for a compiler and a CUDA graph capture never compiles.
 """
 
@@ -19,12 +19,12 @@ from mlptrain.util.console import console
 
 def plan_launches(s: Session):
     """The kernels (and argument types) a run launches, recorded without running them."""
-    # here and below, not at the top: the kernel cache imports numba, which a CPU run never pays for
-    from mlptrain.backends.kernel_cache import cache as kernel_cache
+    # here and below, not at the top: a CPU run never loads the kernel cache
+    from mlptrain.backends.kernel_cache import kernels
 
     window, eval_batch = s.config.train.effective_batch_size, s.config.train.eval_batch_size
     last_window = s.train.size - (s.steps_per_epoch - 1) * window
-    with kernel_cache.planning() as plan:
+    with kernels.planning() as plan:
         for rows in sorted({min(window, s.train.size), last_window} - {0}):
             s.window.plan(rows)
         for split in (s.val, s.test):
@@ -41,21 +41,21 @@ def compile_kernels(s: Session) -> dict:
     records = {"startup_s": round(time.time() - STARTED, 3)}
     if s.backend.name != "cuda":
         return records
-    from mlptrain.backends.kernel_cache import cache as kernel_cache  # imports numba: GPU runs only
+    from mlptrain.backends.kernel_cache import cache as kernel_cache, kernels  # GPU runs only
 
     started = time.perf_counter()
     plan = plan_launches(s)
-    missing = kernel_cache.missing(plan)
+    missing = kernels.missing(plan)
     if missing:
         with console.status(f"compiling {missing} kernels (the first run of them on this GPU)"):
-            kernel_cache.compile_ahead(plan)
+            kernels.compile_ahead(plan)
     else:
-        kernel_cache.compile_ahead(plan)
+        kernels.compile_ahead(plan)
     stats = kernel_cache.STATS
     compiled = stats.compiled + stats.compiled_ahead
     console.print(f"{len(plan)} kernels ready in {time.perf_counter() - started:.1f} s: {compiled} compiled"
                   f"{f' by {stats.workers} processes' if stats.workers else ''}, "
-                  f"{stats.from_cache - stats.compiled_ahead} from the cache")
+                  f"{stats.from_cache + stats.from_index - stats.compiled_ahead} from the cache")
     if stats.parallel_error:  # kernel_cache printed the line
         s.notes.append(f"compiling kernels in parallel failed ({stats.parallel_error}); compiled one by one")
     if not kernel_cache.store().writable:
@@ -89,10 +89,11 @@ def kernel_records(s: Session, run: str) -> dict:
                "kernel_plan": s.model.kernel_plan(s.config.train.batch_size)}
     if s.backend.name != "cuda":
         return records
-    from mlptrain.backends.kernel_cache import cache as kernel_cache  # imports numba: GPU runs only
+    from mlptrain.backends.kernel_cache import cache as kernel_cache  # GPU runs only
 
     stats = kernel_cache.STATS.as_dict()
     kernel_cache.store().write_last_run({"run": run, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **stats})
     return {**records, "compile_s": round(stats["compile_s"] + stats["ahead_s"], 3),
             "kernels_compiled": stats["compiled"] + stats["compiled_ahead"],
-            "kernels_from_cache": stats["from_cache"] - stats["compiled_ahead"], "kernel_cache": stats}
+            "kernels_from_cache": stats["from_cache"] + stats["from_index"] - stats["compiled_ahead"],
+            "kernel_cache": stats}

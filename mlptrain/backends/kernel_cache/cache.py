@@ -1,7 +1,7 @@
 """Compiled kernels cached on disk, and what a run needs compiled up front, in parallel.
 
-Every kernel of the package is declared with `@kernel_cache.jit` (with cuda.jit's options) instead
-of `@cuda.jit`. On a GPU its dispatcher gets a `DiskCache`: when numba-cuda needs a version of the
+Every kernel of the package is declared with `@kernels.jit` (with cuda.jit's options) instead
+of `@cuda.jit` (kernels.py). On a GPU its numba dispatcher gets a `DiskCache`: when numba-cuda needs a version of the
 kernel for new argument types it asks the cache first (numba-cuda's own per-dispatcher cache
 protocol, `load_overload` / `save_overload`), and stores what it compiled (PTX and cubin). An
 entry's key digests everything that decides the machine code: the kernel's fingerprint (bytecode,
@@ -9,30 +9,26 @@ captured specialisation values, every device function it reaches; see fingerprin
 argument types, the jit options, numba's and numba-cuda's versions, Python's, the GPU's compute
 capability and the codegen settings. Different configs that share shapes and dtypes share kernels.
 
-A first run is fast too: `planning()` records the launches a training window and an evaluation
+A first run is fast too: `kernels.planning()` records the launches a training window and an evaluation
 would make without running them, and `compile_ahead` compiles the missing ones in worker processes
 (numba holds one compiler lock per process) that write the cache, then loads them all. `STATS`
-counts what this process compiled and loaded, for summary.json.
+counts what this process compiled and loaded, for summary.json. numba is imported only by the calls that
+need it: a process whose kernels are all in the driver's index (cubins.py) never calls them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import multiprocessing
 import os
 import pickle
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from importlib.metadata import version
-
-from numba import config, cuda
 
 from mlptrain.backends.kernel_cache.fingerprint import Unfingerprintable, fingerprint
+from mlptrain.backends.kernel_cache.numba_names import LAUNCH_ENV, SIMULATOR
 from mlptrain.backends.kernel_cache.store import KernelStore, default_dir, warn
 
 MAX_WORKERS = 16  # each worker holds a CUDA context (~0.5 GB of GPU memory) while it compiles
@@ -50,6 +46,8 @@ class Stats:
     not_cached: int = 0
     compile_s: float = 0.0
     load_s: float = 0.0
+    from_index: int = 0  # cubins the driver loaded from the index (cubins.py), numba not involved
+    numba_launches: int = 0  # launches the driver path left to numba (arguments it cannot pass)
     compiled_ahead: int = 0
     ahead_s: float = 0.0
     workers: int = 0
@@ -63,7 +61,6 @@ class Stats:
 
 STATS = Stats()
 _state = {"store": None, "pool": None}
-_planning = threading.local()  # .plan: the Plan this thread records into (a sweep's other trials launch meanwhile)
 _compiling = threading.Lock()  # one compile_ahead at a time: a second waits, then finds the first's kernels
 
 
@@ -83,13 +80,19 @@ def use_store(root) -> KernelStore:
 def environment() -> tuple:
     """What besides the kernel itself changes its machine code: the current GPU's kind (a sweep's threads
     may run on several) and the process's settings."""
+    # imported on first use: numba takes seconds to import, and a process with every kernel indexed never needs it
+    from numba import cuda
+
     return _environment(tuple(cuda.get_current_device().compute_capability))
 
 
 @functools.cache
 def _environment(capability: tuple) -> tuple:
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    from importlib.metadata import version
+
     import numba
+    from numba import config
 
     try:
         numba_cuda = version("numba-cuda")
@@ -163,105 +166,31 @@ class DiskCache:
         pass
 
 
-class Kernel:
-    """A @cuda.jit kernel launched as `kernel[grid, block, stream](*args)`, whose compiled versions
-    come from and go to the disk cache; while `planning()` is active a launch only records the kernel
-    and its argument types."""
-
-    __slots__ = ("dispatcher",)
-
-    def __init__(self, dispatcher):
-        self.dispatcher = dispatcher
-
-    def __getitem__(self, launch):
-        plan = getattr(_planning, "plan", None)
-        if plan is not None:
-            return functools.partial(plan.record, self)
-        return self.dispatcher[launch]
-
-    def __getattr__(self, name):
-        return getattr(self.dispatcher, name)
-
-
-def jit(fn=None, **options):
-    """`@kernel_cache.jit` / `@kernel_cache.jit(**cuda_jit_options)`: cuda.jit, with the disk cache on a real GPU."""
-    def build(f):
-        dispatcher = cuda.jit(**options)(f)
-        if not config.ENABLE_CUDASIM:
-            dispatcher._cache = DiskCache(dispatcher)
-        return Kernel(dispatcher)
-
-    return build(fn) if fn is not None else build
-
-
-def device(fn):
-    """`@kernel_cache.device`: a device function that NVVM inlines into every kernel calling it (the
-    `alwaysinline` attribute, numba-cuda's forceinline). numba's own IR-level inlining (`inline="always"`)
-    gives the same machine code but copies the callee's IR at each call site: on an H100 host it was
-    9.0 of the 13.8 s a tiled GEMM kernel took to compile. The simulator takes neither option."""
-    if config.ENABLE_CUDASIM:
-        return cuda.jit(device=True)(fn)
-    return cuda.jit(device=True, forceinline=True)(fn)
-
-
-class Plan:
-    """The distinct (kernel, argument types) that the launches made while planning would need."""
-
-    def __init__(self):
-        self.launches: dict = {}
-
-    def record(self, kernel_: Kernel, *args):
-        if config.ENABLE_CUDASIM:  # the simulator compiles nothing; record what ran, for tests
-            argtypes = tuple(type(a).__name__ for a in args)
-        else:
-            argtypes = tuple(kernel_.dispatcher.typeof_pyval(a) for a in args)
-        self.launches.setdefault((id(kernel_), argtypes), (kernel_, argtypes))
-
-    def __len__(self):
-        return len(self.launches)
-
-
-@contextlib.contextmanager
-def planning():
-    """Within the block, this thread's kernel launches are recorded in the yielded Plan, not run."""
-    if getattr(_planning, "plan", None) is not None:
-        raise RuntimeError("planning() does not nest")
-    plan = _planning.plan = Plan()
-    try:
-        yield plan
-    finally:
-        _planning.plan = None
-
-
-def _pending(plan: Plan):
-    """The planned (kernel, argument types) not yet compiled in this process, each with its cache key
-    and whether the cache holds it."""
-    for k, types in plan.launches.values():
+def _pending(launches: list):
+    """The (kernel, numba argument types) not yet compiled in this process, each with its cache key and
+    whether the cache holds it."""
+    for k, types in launches:
         if types not in k.dispatcher.overloads:
             key = k.dispatcher._cache.key(types)
             yield k, types, key, key is not None and store().contains(key)
 
 
-def missing(plan: Plan) -> int:
-    """How many of the planned kernels must be compiled (neither in memory nor in the cache)."""
-    if config.ENABLE_CUDASIM:
-        return 0
-    return sum(not cached for _, _, _, cached in _pending(plan))
+def missing(launches: list) -> int:
+    """How many of the (kernel, numba argument types) must be compiled (neither in memory nor in the cache)."""
+    return sum(not cached for _, _, _, cached in _pending(launches))
 
 
-def compile_ahead(plan: Plan, workers: int | None = None) -> int:
-    """Make every launch of `plan` ready: kernels missing from the cache are compiled by up to
+def compile_ahead(launches: list, workers: int | None = None) -> int:
+    """Make every (kernel, numba argument types) ready: kernels missing from the cache are compiled by up to
     `workers` processes (default: the CPU count) writing the cache, then all are loaded (or, where
     there is no cache or a worker failed, compiled here). Returns the kernels this call compiled or
     loaded."""
-    if config.ENABLE_CUDASIM:
-        return 0
     with _compiling:
-        return _compile_ahead(plan, workers)
+        return _compile_ahead(launches, workers)
 
 
-def _compile_ahead(plan: Plan, workers: int | None) -> int:
-    pending = list(_pending(plan))
+def _compile_ahead(launches: list, workers: int | None) -> int:
+    pending = list(_pending(launches))
     absent = [(k, types, key) for k, types, key, cached in pending if key is not None and not cached]
     started, _state["pool"] = _state["pool"], None
     if store().writable and len(absent) >= MIN_PARALLEL:
@@ -270,7 +199,7 @@ def _compile_ahead(plan: Plan, workers: int | None) -> int:
             _compile_in_workers(absent, pool or _new_pool(count), count)
     elif started is not None:
         started[0].shutdown(wait=False, cancel_futures=True)
-    for k, types in plan.launches.values():
+    for k, types in launches:
         # bound to this thread's GPU now: one another thread compiled or loaded (on another GPU) is not yet
         k.dispatcher.compile(types).bind()
     return len(pending)
@@ -278,6 +207,9 @@ def _compile_ahead(plan: Plan, workers: int | None) -> int:
 
 def worker_count(wanted: int) -> int:
     """Compile workers to use: as wanted, at most one per CPU, MAX_WORKERS, and what free GPU memory allows."""
+    # imported on first use: numba takes seconds to import, and a process with every kernel indexed never needs it
+    from numba import cuda
+
     free, _ = cuda.current_context().get_memory_info()
     return max(1, min(wanted, MAX_WORKERS, os.cpu_count() or 1, free // WORKER_GPU_BYTES))
 
@@ -286,22 +218,35 @@ def start_workers_if_cold() -> None:
     """On a machine whose kernel cache is empty (its first run, or after `mlptrain cache clear`), start the
     compile workers now: their start (Python, numba, a CUDA context: ~2 s) then overlaps the loading of
     the data and the building of the model. compile_ahead uses them, or stops them if nothing is missing."""
-    if config.ENABLE_CUDASIM or _state["pool"] is not None or not store().writable or not store().empty():
+    if SIMULATOR or _state["pool"] is not None or not store().writable or not store().empty():
         return
     workers = worker_count(MAX_WORKERS)
     if workers > 1:
-        pool = _new_pool(workers)
+        _state["pool"] = (_new_pool(workers), workers)
+
+
+def _new_pool(workers: int):
+    # imported on first use: only a process that compiles needs worker processes
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # a forked child cannot use the parent's CUDA
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(str(store().root),))
+    # every worker started now, each told to use numba's own names: a compiler needs them, not the driver path's
+    saved = os.environ.get(LAUNCH_ENV)
+    os.environ[LAUNCH_ENV] = "numba"
+    try:
         for _ in range(workers):  # one task each makes the pool start every worker at once
             pool.submit(os.getpid)
-        _state["pool"] = (pool, workers)
+    finally:
+        if saved is None:
+            os.environ.pop(LAUNCH_ENV, None)
+        else:
+            os.environ[LAUNCH_ENV] = saved
+    return pool
 
 
-def _new_pool(workers: int) -> ProcessPoolExecutor:
-    context = multiprocessing.get_context("spawn")  # a forked child cannot use the parent's CUDA
-    return ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(str(store().root),))
-
-
-def _compile_in_workers(missing, pool: ProcessPoolExecutor, workers: int) -> None:
+def _compile_in_workers(missing, pool, workers: int) -> None:
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from numba.cuda import serialize
 
@@ -327,6 +272,9 @@ def _compile_in_workers(missing, pool: ProcessPoolExecutor, workers: int) -> Non
 
 def _worker_start(root: str) -> None:
     """Each worker: the parent's cache folder, and its CUDA context made before the first kernel arrives."""
+    # imported on first use: numba takes seconds to import, and a process with every kernel indexed never needs it
+    from numba import config, cuda
+
     config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
     use_store(root)
     cuda.current_context()

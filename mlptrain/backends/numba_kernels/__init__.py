@@ -2,7 +2,7 @@
 launcher right under it (the launcher checks shapes and dtypes and computes
 the grid; nothing else launches a kernel).
 
-Launchers take numba device arrays (C-contiguous; a row slice `buf[:n]` of a
+Launchers take device arrays (C-contiguous; a row slice `buf[:n]` of a
 preallocated buffer is fine) and write into the outputs they are given, with
 the same names and signatures as their twins in `mlptrain.backends.numpy_kernels`.
 No kernel uses atomics: every output element has one owning thread, so results

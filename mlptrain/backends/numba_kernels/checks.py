@@ -8,14 +8,15 @@ to the device and back on every launch).
 import functools
 
 import numpy as np
-from numba import cuda
+
+from mlptrain.backends.numba_kernels import current
 
 
 def require(name, array, dtype, shape):
     """Raise ValueError unless `array` is a C-contiguous device array of this
     dtype and shape (None in `shape` matches any length on that axis)."""
     if isinstance(array, np.ndarray) or not hasattr(array, "is_c_contiguous"):
-        raise ValueError(f"{name} must be a numba device array (cuda.to_device), got {type(array).__name__}")
+        raise ValueError(f"{name} must be a device array (backend.to_device), got {type(array).__name__}")
     if array.dtype != np.dtype(dtype):
         raise ValueError(f"{name} must be {np.dtype(dtype)}, got {array.dtype}")
     if len(array.shape) != len(shape) or any(
@@ -39,7 +40,7 @@ def checked_cursor(cursor):
     """The cursor a launch reads: the one given (a 1-element int64 device array), or a shared zero for
     launches given none (evaluation and tests walk through their arrays from the host)."""
     if cursor is None:
-        return _zero_cursor(getattr(cuda.get_current_device(), "id", 0))
+        return _zero_cursor(current.device())
     require("cursor", cursor, "int64", (1,))
     return cursor
 
@@ -47,4 +48,4 @@ def checked_cursor(cursor):
 @functools.cache
 def _zero_cursor(device: int):
     """One per GPU: a sweep's threads train on several GPUs of one process, and a launch reads its own GPU's."""
-    return cuda.to_device(np.zeros(1, np.int64))
+    return current.to_device(np.zeros(1, np.int64))

@@ -7,9 +7,8 @@ same bits on every run and every device.
 
 import math
 
-from numba import cuda, float32
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.tiles import launch_grid
 

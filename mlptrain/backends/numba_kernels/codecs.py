@@ -6,9 +6,9 @@ or weights in a low format builds on these; precision.py's cast kernels among th
 """
 
 import numpy as np
-from numba import config, float32, int32, types, uint16, uint32
 
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, float32, int32, types, uint16, uint32
 
 if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: the same casts in NumPy
     def float_bits(v):
@@ -17,7 +17,7 @@ if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: t
     def bits_float(u):
         return np.array(int(u) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
 else:
-    from numba.cuda import libdevice
+    from mlptrain.backends.kernel_cache.numba_names import libdevice
 
     @kernel_cache.device
     def float_bits(v):

@@ -30,9 +30,8 @@ that narrow directly, conv_wide sums inputs that narrow.
 import functools
 import math
 
-from numba import config, cuda, float32
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, streams, tiles
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec

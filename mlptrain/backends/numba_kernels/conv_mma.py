@@ -21,10 +21,10 @@ import functools
 import math
 
 import numpy as np
-from numba import config, cuda, float32
 
-from mlptrain.backends.kernel_cache import cache as kernel_cache
-from mlptrain.backends.numba_kernels import chunks, gemm_mma, streams, tiles
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
+from mlptrain.backends.numba_kernels import chunks, current, gemm_mma, streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.backends.numba_kernels.im2col import image_columns_operand, image_rows_operand
@@ -41,7 +41,7 @@ def capability():
     """The current GPU's compute capability, which decides whether the passes run here (conv_plan); older
     GPUs keep conv's CUDA-core tiles. Asked each time (numba keeps it): a sweep's threads may each run on
     a different GPU."""
-    return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else tuple(cuda.get_current_device().compute_capability)
+    return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else current.capability()
 
 
 def _grid(rows, columns, tile):

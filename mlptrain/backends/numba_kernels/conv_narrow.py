@@ -23,10 +23,9 @@ second half of conv's, which have checked every argument.
 import functools
 import math
 
-from numba import config, cuda, float32, uint64
-
 from mlptrain.activation import RELU, SIGMOID, TANH
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
 from mlptrain.backends.numba_kernels import chunks, streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 

@@ -17,10 +17,9 @@ reproducible. The launchers are the second half of conv's, which have checked ev
 import functools
 import math
 
-from numba import cuda, float32, uint64
-
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.conv_narrow import LANES, even_segment, launch_bounds

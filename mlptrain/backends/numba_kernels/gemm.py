@@ -19,9 +19,8 @@ No atomics: a fixed summation order, bitwise-reproducible results.
 
 import functools
 
-from numba import cuda, float32
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials

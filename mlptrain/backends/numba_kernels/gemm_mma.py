@@ -26,9 +26,8 @@ Every output is summed by one warp in a fixed order (the mma sequence over
 k), with no atomics, so results are bitwise reproducible on one GPU model.
 """
 
-from numba import config, cuda, float32, int64, uint32, uint64
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, int64, uint32, uint64
 from mlptrain.backends.numba_kernels import tiles
 from mlptrain.backends.numba_kernels.tensor_core import mma
 

@@ -9,9 +9,8 @@ per tile and its columns once per K slice into packed codes, so the loaders
 never divide and an element's fetch only unpacks fields.
 """
 
-from numba import float32, uint64
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import float32, uint64
 from mlptrain.backends.numba_kernels import tiles
 from mlptrain.backends.numba_kernels.tiles import Operand
 

@@ -23,9 +23,8 @@ order and rounds once.
 import functools
 import math
 
-from numba import cuda, float32, uint8
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint8
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec

@@ -4,9 +4,9 @@ launchers, over the device codecs of codecs.py."""
 import math
 
 import numpy as np
-from numba import cuda
 
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec

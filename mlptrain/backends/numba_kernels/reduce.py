@@ -3,9 +3,8 @@
 import functools
 import math
 
-from numba import config, cuda, float32
-
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import chunks, streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.chunks import column_width

@@ -25,8 +25,7 @@ import importlib.util
 import threading
 import weakref
 
-from numba import cuda
-
+from mlptrain.backends.kernel_cache.numba_names import DEFERRED, SIMULATOR, cuda
 from mlptrain.util.interrupts import raise_interruption
 
 _local = threading.local()  # .stream: this thread's stream (0, the legacy default stream, when unset)
@@ -38,24 +37,22 @@ def current():
 
 
 def use(stream) -> None:
-    """Launches from this thread queue on `stream` (a numba stream, or 0 for the legacy default stream)."""
+    """Launches from this thread queue on `stream` (a numba stream or, on the driver path, a driver stream;
+    0 for the legacy default stream)."""
     _local.stream = stream
 
 
 def _handle(stream):
-    """The driver's handle of a numba stream (0: the legacy default stream)."""
+    """The driver's handle of a stream (0: the legacy default stream)."""
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from cuda.bindings import driver
 
-    return driver.CUstream(0 if isinstance(stream, int) else int(stream))  # numba's Stream: int() is its handle
+    return driver.CUstream(0 if isinstance(stream, int) else int(stream))  # numba's Stream and ours: int() is the handle
 
 
 def graphs_supported() -> bool:
     """CUDA graphs need a real GPU and the driver bindings (numba-cuda's `cuda.bindings`)."""
-    # imported on first use: numba takes seconds to import, and the CPU path never needs it
-    from numba import config
-
-    if config.ENABLE_CUDASIM:
+    if SIMULATOR:
         return False
     try:
         return importlib.util.find_spec("cuda.bindings") is not None
@@ -86,7 +83,7 @@ class Graph:
         self._replay_on = _handle(home)
         context = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         raw = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        stream = cuda.external_stream(int(raw))
+        stream = _wrapped(raw)
         # thread-local: other threads (a sweep's other trials) may allocate and synchronise meanwhile
         _check(driver.cuStreamBeginCapture(raw, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                "cuStreamBeginCapture")
@@ -109,6 +106,16 @@ class Graph:
         from cuda.bindings import driver
 
         _check(driver.cuGraphLaunch(self._exec, self._replay_on), "cuGraphLaunch")
+
+
+def _wrapped(raw):
+    """A stream made through the driver, as this process's launches take it."""
+    if DEFERRED:
+        # imported on first use: the driver's bindings load only on a GPU
+        from mlptrain.backends.driver.api import Stream
+
+        return Stream(raw)
+    return cuda.external_stream(int(raw))
 
 
 def _destroy(graph_exec, stream, context):

@@ -23,7 +23,8 @@ it together: it synchronises the block.
 """
 
 import numpy as np
-from numba import config, cuda, types
+
+from mlptrain.backends.kernel_cache.numba_names import DEFERRED, Deferred, config, cuda
 
 KINDS = ("bf16", "fp16")
 _SHAPE = "m16n8k16.row.col.f32.{0}.{0}.f32"
@@ -68,6 +69,7 @@ def _simulated(kind):
 def _inline(kind):
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from llvmlite import ir
+    from numba import types
     from numba.cuda.extending import intrinsic
 
     instruction = ("mma.sync.aligned." + _SHAPE.format(_PTX_TYPE[kind])
@@ -93,4 +95,6 @@ def mma(kind):
     """The m16n8k16 tensor-core product for 16-bit inputs of `kind` ("bf16" or "fp16")."""
     if kind not in KINDS:
         raise ValueError(f"no tensor-core product for {kind!r} (expected one of {KINDS})")
-    return _simulated(kind) if config.ENABLE_CUDASIM else _inline(kind)
+    if config.ENABLE_CUDASIM:
+        return _simulated(kind)
+    return Deferred(_inline, (kind,)) if DEFERRED else _inline(kind)  # an intrinsic needs numba: made when it compiles

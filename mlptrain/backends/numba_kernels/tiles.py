@@ -13,10 +13,9 @@ and transposed on its way into shared memory, padded so the stores do not confli
 import math
 from typing import NamedTuple
 
-from numba import complex64, config, cuda, float32, int64, uint64
-
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import complex64, config, cuda, float32, int64, uint64
 
 # A tile is (BM, BN, BK, TM, TN, KSPLIT): a block computes a BM x BN tile of
 # the output, each thread a TM x TN register block of it, and KSPLIT groups of

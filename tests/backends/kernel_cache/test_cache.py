@@ -11,6 +11,7 @@ import pytest
 from numba import cuda, float32, int32
 
 from mlptrain.backends.kernel_cache import cache as kernel_cache
+from mlptrain.backends.kernel_cache import kernels
 from mlptrain.backends.kernel_cache.fingerprint import Unfingerprintable, fingerprint
 from mlptrain.backends.kernel_cache.store import MAGIC, KernelStore
 
@@ -147,7 +148,7 @@ def test_the_cache_folder_comes_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_planning_records_launches_without_running_them(rng):
-    @kernel_cache.jit
+    @kernels.jit
     def double(out, x):
         i = cuda.grid(1)
         if i < x.shape[0]:
@@ -155,7 +156,7 @@ def test_planning_records_launches_without_running_them(rng):
 
     x = cuda.to_device(np.ones(8, np.float32))
     out = cuda.to_device(np.zeros(8, np.float32))
-    with kernel_cache.planning() as plan:
+    with kernels.planning() as plan:
         double[1, 8](out, x)
         double[1, 8](out, x)
     assert len(plan) == 1 and out.copy_to_host().sum() == 0  # recorded once, not run
@@ -172,7 +173,7 @@ def test_a_kernel_from_the_cache_computes_what_a_fresh_one_does(tmp_path, rng):
         x = cuda.to_device(rng.standard_normal(1000).astype(np.float32))
         results = []
         for _ in range(2):
-            fresh = kernel_cache.jit(body)  # a new dispatcher: nothing compiled in memory
+            fresh = kernels.jit(body)  # a new dispatcher: nothing compiled in memory
             before = kernel_cache.STATS.from_cache
             out = cuda.to_device(np.full(1000, np.nan, np.float32))
             fresh[4, 64](out, x)

@@ -16,10 +16,9 @@ import math
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.backends.numba_kernels import chunks, conv, conv_mma, conv_narrow, conv_plan, conv_wide, tiles
+from mlptrain.backends.numba_kernels import chunks, conv, conv_mma, conv_narrow, conv_plan, conv_wide, current, tiles
 from mlptrain.backends.numpy_kernels import conv as numpy_conv
 from tests import kernel_cases
 from tests import reference_conv as ref
@@ -63,8 +62,8 @@ def test_conv2d_backward_input(rng, shape, size, activation, dtype):
 @pytest.mark.parametrize("dtype", [FP32, BF16])
 def test_flip_kernel(rng, dtype):
     w = (rng.standard_normal((3, 3, 5, 7)) * 100).astype(np.float32).astype(dtype)
-    flipped = cuda.to_device(np.zeros((63, 5), dtype))
-    conv.flip_kernel(cuda.to_device(w), flipped)
+    flipped = current.to_device(np.zeros((63, 5), dtype))
+    conv.flip_kernel(current.to_device(w), flipped)
     expected = np.zeros((63, 5), dtype)
     numpy_conv.flip_kernel(w, expected)
     np.testing.assert_array_equal(flipped.copy_to_host(), expected)
@@ -152,8 +151,8 @@ def test_narrow_results_are_bitwise_reproducible(rng, monkeypatch):
     """Two launches on the same inputs give the same bits: the forward's butterfly and the weight
     gradient's chunks (three here) sum in fixed orders."""
     monkeypatch.setattr(chunks, "MIN_CHUNK", 15)
-    x, w, b = (cuda.to_device(ref.stored(rng, s, FP32)[0]) for s in ((2, 5, 7, 37), (3, 3, 37, 3), (3,)))
-    dy = cuda.to_device(ref.stored(rng, (2, 5, 7, 3), FP32)[0])
+    x, w, b = (current.to_device(ref.stored(rng, s, FP32)[0]) for s in ((2, 5, 7, 37), (3, 3, 37, 3), (3,)))
+    dy = current.to_device(ref.stored(rng, (2, 5, 7, 3), FP32)[0])
     y, dw = ref.poisoned(BACKEND, (2, 5, 7, 3), FP32), ref.poisoned(BACKEND, (3, 3, 37, 3), np.float32)
     workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape, x.dtype), np.float32)
     assert conv_narrow.weight_plan(x.shape, w.shape)[1] == 3
@@ -218,9 +217,9 @@ def test_wide_results_are_bitwise_reproducible(rng):
     fixed order)."""
     (x, _), (w, _), (b, _) = (ref.stored(rng, s, FP32) for s in ((2, 5, 7, 3), (3, 3, 3, 37), (37,)))
     (dy, _), (h, _) = ref.stored(rng, (2, 5, 7, 3), FP32), ref.stored(rng, (2, 5, 7, 37), FP32, TANH)
-    x, w, b, dy, h = (cuda.to_device(a) for a in (x, w, b, dy, h))
+    x, w, b, dy, h = (current.to_device(a) for a in (x, w, b, dy, h))
     y, dx = ref.poisoned(BACKEND, (2, 5, 7, 37), FP32), ref.poisoned(BACKEND, (2, 5, 7, 37), FP32)
-    flipped = cuda.to_device(ref.stored(rng, (3, 3, 37, 3), FP32)[0])  # w of the 37 -> 3 layer
+    flipped = current.to_device(ref.stored(rng, (3, 3, 37, 3), FP32)[0])  # w of the 37 -> 3 layer
     twice(lambda: conv.conv2d_forward(x, w, b, y, TANH), y)
     twice(lambda: conv.conv2d_backward_input(dy, flipped, h, dx, TANH), dx)
 
@@ -240,7 +239,7 @@ def test_direct_kernels_are_dispatched_by_channels(monkeypatch):
     for module, name in ((conv_narrow, "narrow_forward"), (conv_wide, "wide_forward"),
                          (conv_wide, "wide_backward_input")):
         monkeypatch.setattr(module, name, lambda *args, name=name: calls.append(name))
-    device = lambda *shape: cuda.to_device(np.zeros(shape, FP32))  # noqa: E731
+    device = lambda *shape: current.to_device(np.zeros(shape, FP32))  # noqa: E731
     x3, x256 = device(1, 2, 3, 3), device(1, 2, 3, 256)
     conv.conv2d_forward(x3, device(3, 3, 3, 256), device(256), x256, RELU)
     conv.conv2d_forward(x3, device(3, 3, 3, 3), device(3), device(1, 2, 3, 3), RELU)
@@ -278,7 +277,7 @@ def test_workspace_fills_the_gpu_and_serves_smaller_batches():
 
 
 def test_launchers_reject_bad_arguments(rng):
-    device = lambda *shape, dtype=FP32: cuda.to_device(np.zeros(shape, dtype))  # noqa: E731
+    device = lambda *shape, dtype=FP32: current.to_device(np.zeros(shape, dtype))  # noqa: E731
     x, w, b, y = device(1, 4, 4, 3), device(3, 3, 3, 5), device(5), device(1, 4, 4, 5)
     with pytest.raises(ValueError, match="odd size"):
         conv.conv2d_forward(x, device(2, 2, 3, 5), b, y, RELU)
@@ -334,7 +333,7 @@ def test_autoencoder_layers_on_the_gpu(rng, layer, dtype):
     H, W, cin, cout, activation, input_activation = layer
     (x, xv), (w, wv), (b, bv) = (ref.stored(rng, s, dtype) for s in ((8, H, W, cin), (3, 3, cin, cout), (cout,)))
     (dy, dyv), (h, hv) = ref.stored(rng, (8, H, W, cout), dtype), ref.stored(rng, (8, H, W, cin), dtype, RELU)
-    d = {name: cuda.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
+    d = {name: current.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
     y, dx = ref.poisoned(BACKEND, (8, H, W, cout), dtype), ref.poisoned(BACKEND, (8, H, W, cin), dtype)
     dw = ref.poisoned(BACKEND, (3, 3, cin, cout), np.float32)
     workspace = ref.poisoned(BACKEND, conv.conv2d_backward_weight_workspace(x.shape, w.shape, x.dtype), np.float32)

@@ -14,6 +14,7 @@ import pytest
 from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.backends.kernel_cache import numba_names
 from mlptrain.backends.numba_kernels import chunks, conv, conv_mma, conv_plan, gemm_mma, tensor_core
 from tests import kernel_cases
 from tests import reference_conv as ref
@@ -47,7 +48,7 @@ def test_mma_matches_the_fragment_layout(rng, kind, dtype):
     regs = np.stack([pairs_a[g, t], pairs_a[g + 8, t], pairs_a[g, t + 4], pairs_a[g + 8, t + 4],
                      pairs_b[g, t], pairs_b[g, t + 4]], axis=1).astype(np.uint32)
     accs = np.stack([c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]], axis=1)
-    product = tensor_core.mma(kind)
+    product = numba_names.resolve(tensor_core.mma(kind))  # numba's own intrinsic, for numba's own kernel
 
     @cuda.jit
     def kernel(regs, accs):

@@ -3,9 +3,8 @@ run lives in `tests.kernel_cases`)."""
 
 import numpy as np
 import pytest
-from numba import cuda
 
-from mlptrain.backends.numba_kernels import data
+from mlptrain.backends.numba_kernels import current, data
 from tests import kernel_cases as cases
 
 pytestmark = pytest.mark.gpu
@@ -29,15 +28,15 @@ def test_more_rows_than_grid_rows(rng, monkeypatch):
 
 
 def test_launcher_rejects_bad_arguments(rng):
-    images = cuda.to_device(np.zeros((4, 3), np.uint8))
-    labels = cuda.to_device(np.zeros(4, np.uint8))
-    x, y = cuda.to_device(np.zeros((2, 3), np.float32)), cuda.to_device(np.zeros(2, np.int32))
+    images = current.to_device(np.zeros((4, 3), np.uint8))
+    labels = current.to_device(np.zeros(4, np.uint8))
+    x, y = current.to_device(np.zeros((2, 3), np.float32)), current.to_device(np.zeros(2, np.int32))
     with pytest.raises(ValueError, match="out of range"):
-        data.gather_batch(images, labels, cuda.to_device(np.arange(4)), 3, x, y, 1.0, 0.0)
+        data.gather_batch(images, labels, current.to_device(np.arange(4)), 3, x, y, 1.0, 0.0)
     with pytest.raises(ValueError, match="indices must be int32 or int64"):
-        data.gather_batch(images, labels, cuda.to_device(np.arange(4.0)), 0, x, y, 1.0, 0.0)
+        data.gather_batch(images, labels, current.to_device(np.arange(4.0)), 0, x, y, 1.0, 0.0)
     with pytest.raises(ValueError, match="x has shape"):
-        data.gather_batch(images, labels, cuda.to_device(np.arange(4)), 0, cuda.to_device(np.zeros((2, 4), np.float32)),
+        data.gather_batch(images, labels, current.to_device(np.arange(4)), 0, current.to_device(np.zeros((2, 4), np.float32)),
                           y, 1.0, 0.0)
 
 

@@ -3,9 +3,8 @@ backends run live in `tests.kernel_cases`)."""
 
 import numpy as np
 import pytest
-from numba import cuda
 
-from mlptrain.backends.numba_kernels import loss
+from mlptrain.backends.numba_kernels import current, loss
 from tests import kernel_cases as cases
 
 pytestmark = pytest.mark.gpu
@@ -45,10 +44,10 @@ def test_bitwise_deterministic(rng):
 
 
 def test_launcher_rejects_bad_arguments():
-    logits, dlogits = cuda.to_device(np.zeros((4, 3), np.float32)), cuda.to_device(np.zeros((4, 3), np.float32))
-    row_loss, row_correct = cuda.to_device(np.zeros(4, np.float32)), cuda.to_device(np.zeros(4, np.int32))
-    int64_labels, labels = cuda.to_device(np.zeros(4, np.int64)), cuda.to_device(np.zeros(4, np.int32))
-    scale = cuda.to_device(np.ones(1))
+    logits, dlogits = current.to_device(np.zeros((4, 3), np.float32)), current.to_device(np.zeros((4, 3), np.float32))
+    row_loss, row_correct = current.to_device(np.zeros(4, np.float32)), current.to_device(np.zeros(4, np.int32))
+    int64_labels, labels = current.to_device(np.zeros(4, np.int64)), current.to_device(np.zeros(4, np.int32))
+    scale = current.to_device(np.ones(1))
     with pytest.raises(ValueError, match="labels must be int32"):
         loss.softmax_cross_entropy(logits, int64_labels, dlogits, row_loss, row_correct, 0, 1.0, scale)
     with pytest.raises(ValueError, match="do not fit"):

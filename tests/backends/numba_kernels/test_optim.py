@@ -3,10 +3,9 @@ run live in `tests.kernel_cases`)."""
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from mlptrain.backends import numpy_kernels
-from mlptrain.backends.numba_kernels import optim, reduce
+from mlptrain.backends.numba_kernels import current, optim, reduce
 from mlptrain.optim.step_state import LOSS_SCALE, LR_FACTOR, SIZE
 from tests import kernel_cases as cases
 from tests import reference as ref
@@ -49,16 +48,16 @@ def test_bitwise_deterministic(rng):
 
 
 def test_launchers_reject_bad_arguments():
-    param = cuda.to_device(np.zeros(5, np.float32))
+    param = current.to_device(np.zeros(5, np.float32))
     state = cases.state_for(BACKEND, 0.1)
     with pytest.raises(ValueError, match="grad has shape"):
-        optim.sgd_update(param, cuda.to_device(np.zeros(4, np.float32)), param, state, 0.0)
+        optim.sgd_update(param, current.to_device(np.zeros(4, np.float32)), param, state, 0.0)
     with pytest.raises(ValueError, match="velocity must be float32"):
-        optim.momentum_update(param, param, cuda.to_device(np.zeros(5)), param, state, 0.9, 0.0, False)
+        optim.momentum_update(param, param, current.to_device(np.zeros(5)), param, state, 0.9, 0.0, False)
     with pytest.raises(ValueError, match="state has shape"):
         optim.adam_update(param, param, param, param, param, state[:3], 0.9, 0.999, 1e-8, 0.0, False)
     with pytest.raises(ValueError, match="compute must be"):
-        optim.sgd_update(param, param, cuda.to_device(np.zeros(5, np.int32)), state, 0.0)
+        optim.sgd_update(param, param, current.to_device(np.zeros(5, np.int32)), state, 0.0)
 
 
 @pytest.mark.real_gpu
@@ -94,13 +93,13 @@ def test_finish_step_kernel_follows_the_shared_rules(rng):
     table = np.linspace(1e-3, 1e-4, 5)
     host = {"state": np.zeros(SIZE), "norms": np.zeros(4)}
     host["state"][LOSS_SCALE], host["state"][LR_FACTOR] = 1024.0, 1.0
-    device = {k: cuda.to_device(v) for k, v in host.items()}
+    device = {k: current.to_device(v) for k, v in host.items()}
     for partial_sum in (4.0 * 1024**2, 900.0 * 1024**2, np.inf):
         partials = np.zeros(reduce.PARTIALS, np.float32)
         partials[3] = partial_sum
         rules = (2.0, 0.9, 0.999, True, 2.0, 0.5, 2)  # max_norm, betas, fp16 scaling: growth, backoff, interval
         numpy_kernels.optim.finish_step(partials, host["state"], table, host["norms"], *rules)
-        optim.finish_step(cuda.to_device(partials), device["state"], cuda.to_device(table), device["norms"], *rules)
+        optim.finish_step(current.to_device(partials), device["state"], current.to_device(table), device["norms"], *rules)
         np.testing.assert_array_equal(device["state"].copy_to_host(), host["state"])
     np.testing.assert_array_equal(device["norms"].copy_to_host(), host["norms"])
     np.testing.assert_allclose(host["norms"][:2], [2.0, 30.0])

@@ -3,9 +3,8 @@ backends run lives in `tests.kernel_cases`)."""
 
 import numpy as np
 import pytest
-from numba import cuda
 
-from mlptrain.backends.numba_kernels import reduce
+from mlptrain.backends.numba_kernels import current, reduce
 from mlptrain.backends.numba_kernels.chunks import column_width
 from tests import kernel_cases as cases
 from tests import reference as ref
@@ -32,11 +31,11 @@ def test_bias_backward_in_chunks(rng, monkeypatch, rows, columns, beta):
 
 def test_chunked_bias_gradient_is_bitwise_deterministic(rng, monkeypatch):
     monkeypatch.setattr(reduce, "CHUNK_ROWS", 8)
-    dy = cuda.to_device(rng.standard_normal((30, 5)).astype(np.float32))
+    dy = current.to_device(rng.standard_normal((30, 5)).astype(np.float32))
     results = []
     for _ in range(2):
-        db = cuda.to_device(np.full(5, np.nan, np.float32))
-        reduce.bias_backward(dy, db, 0.0, cuda.to_device(np.full(20, np.nan, np.float32)))
+        db = current.to_device(np.full(5, np.nan, np.float32))
+        reduce.bias_backward(dy, db, 0.0, current.to_device(np.full(20, np.nan, np.float32)))
         results.append(db.copy_to_host().view(np.uint32))
     np.testing.assert_array_equal(*results)
 
@@ -47,40 +46,40 @@ def test_column_width_shrinks_for_narrow_gradients():
 
 def test_row_slice_of_a_larger_buffer(rng):
     dy = rng.standard_normal((30, 7)).astype(np.float32)
-    db = cuda.to_device(np.full(7, np.nan, np.float32))
-    reduce.bias_backward(cuda.to_device(dy)[:9], db, 0.0)
+    db = current.to_device(np.full(7, np.nan, np.float32))
+    reduce.bias_backward(current.to_device(dy)[:9], db, 0.0)
     ref.assert_within(db.copy_to_host(), ref.bias_backward(dy[:9], None, 0.0), 1e-5)
 
 
 def test_bitwise_deterministic(rng):
-    dy = cuda.to_device(rng.standard_normal((67, 35)).astype(np.float32))
+    dy = current.to_device(rng.standard_normal((67, 35)).astype(np.float32))
     results = []
     for _ in range(2):
-        db = cuda.to_device(np.full(35, np.nan, np.float32))
+        db = current.to_device(np.full(35, np.nan, np.float32))
         reduce.bias_backward(dy, db, 0.0)
         results.append(db.copy_to_host().view(np.uint32))
     np.testing.assert_array_equal(*results)
 
 
 def test_launcher_rejects_bad_arguments():
-    dy = cuda.to_device(np.zeros((4, 3), np.float32))
+    dy = current.to_device(np.zeros((4, 3), np.float32))
     with pytest.raises(ValueError, match="db has shape"):
-        reduce.bias_backward(dy, cuda.to_device(np.zeros(4, np.float32)), 0.0)
+        reduce.bias_backward(dy, current.to_device(np.zeros(4, np.float32)), 0.0)
     with pytest.raises(ValueError, match="beta"):
-        reduce.bias_backward(dy, cuda.to_device(np.zeros(3, np.float32)), 2.0)
-    long = cuda.to_device(np.zeros((reduce.CHUNK_ROWS + 1, 3), np.float32))
+        reduce.bias_backward(dy, current.to_device(np.zeros(3, np.float32)), 2.0)
+    long = current.to_device(np.zeros((reduce.CHUNK_ROWS + 1, 3), np.float32))
     with pytest.raises(ValueError, match="workspace has 5 elements, needs 6"):
-        reduce.bias_backward(long, cuda.to_device(np.zeros(3, np.float32)), 0.0,
-                             cuda.to_device(np.zeros(5, np.float32)))
+        reduce.bias_backward(long, current.to_device(np.zeros(3, np.float32)), 0.0,
+                             current.to_device(np.zeros(5, np.float32)))
 
 
 @pytest.mark.real_gpu
 def test_large_batch_on_the_gpu(rng):
     dy = rng.standard_normal((4096, 512)).astype(np.float32)
-    d_dy, results = cuda.to_device(dy), []
+    d_dy, results = current.to_device(dy), []
     for _ in range(2):
-        db = cuda.to_device(np.full(512, np.nan, np.float32))
-        reduce.bias_backward(d_dy, db, 0.0, cuda.device_array(reduce.bias_backward_workspace(*dy.shape), np.float32))
+        db = current.to_device(np.full(512, np.nan, np.float32))
+        reduce.bias_backward(d_dy, db, 0.0, current.to_device(np.empty(reduce.bias_backward_workspace(*dy.shape), np.float32)))
         results.append(db.copy_to_host())
     ref.assert_within(results[0], ref.bias_backward(dy, None, 0.0), 2e-6 * 64 * np.abs(dy).sum(axis=0))
     np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
@@ -100,10 +99,10 @@ def test_sum_of_squares(rng, size):
 
 
 def test_sum_of_squares_is_bitwise_deterministic_and_sees_inf(rng):
-    x = cuda.to_device(rng.standard_normal(5000).astype(np.float32))
+    x = current.to_device(rng.standard_normal(5000).astype(np.float32))
     runs = []
     for _ in range(2):
-        partials = cuda.to_device(np.full(reduce.PARTIALS, np.nan, np.float32))
+        partials = current.to_device(np.full(reduce.PARTIALS, np.nan, np.float32))
         reduce.sum_of_squares(x, partials)
         runs.append(partials.copy_to_host().view(np.uint32))
     np.testing.assert_array_equal(*runs)

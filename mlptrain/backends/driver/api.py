@@ -1,0 +1,164 @@
+"""The driver calls the numba-free CUDA path makes, each checked: a failing call raises `DriverError` naming
+the call and the driver's error."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from cuda.bindings import driver as cu
+
+OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+class DriverError(RuntimeError):
+    """A driver call that failed; `code` is the driver's error name."""
+
+    def __init__(self, what: str, code: str):
+        super().__init__(f"{what} failed: {code}")
+        self.code = code
+
+
+def check(result, what: str):
+    """cuda.bindings calls return (CUresult, *values): the values, or DriverError."""
+    err, *values = result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise DriverError(what, getattr(err, "name", str(err)))
+    return values[0] if len(values) == 1 else values or None
+
+
+@functools.cache
+def started() -> None:
+    check(cu.cuInit(0), "cuInit")
+
+
+_contexts: dict[int, object] = {}
+_contexts_lock = threading.Lock()
+
+
+def primary_context(device: int):
+    """`device`'s primary context (the one numba uses too), retained once per process and left to the driver to
+    free when the process ends."""
+    started()
+    with _contexts_lock:
+        if device not in _contexts:
+            handle = check(cu.cuDeviceGet(device), "cuDeviceGet")
+            _contexts[device] = check(cu.cuDevicePrimaryCtxRetain(handle), "cuDevicePrimaryCtxRetain")
+        return _contexts[device]
+
+
+_local = threading.local()  # .device: the GPU use_device made current in this thread
+
+
+def use_device(device: int) -> None:
+    """Make `device`'s primary context this thread's current one."""
+    check(cu.cuCtxSetCurrent(primary_context(device)), "cuCtxSetCurrent")
+    _local.device = device
+
+
+def current_device() -> int | None:
+    """The GPU whose context is current in this thread (what use_device set, else the driver's answer); None
+    when none is."""
+    device = getattr(_local, "device", None)
+    if device is not None:
+        return device
+    started()
+    if not int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")):
+        return None
+    return int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def ensure_context() -> None:
+    """A thread with no current context gets the first GPU's (a thread that never made a backend: tests,
+    a garbage collection)."""
+    if current_device() is None:
+        use_device(0)
+
+
+def current_context():
+    return check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+
+
+@functools.cache
+def capability(device: int) -> tuple[int, int]:
+    started()
+    handle = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    attribute = cu.CUdevice_attribute
+    return (check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle), "cuDeviceGetAttribute"),
+            check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle), "cuDeviceGetAttribute"))
+
+
+@functools.cache
+def device_name(device: int) -> str:
+    started()
+    raw = check(cu.cuDeviceGetName(256, check(cu.cuDeviceGet(device), "cuDeviceGet")), "cuDeviceGetName")
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def memory_info() -> tuple[int, int]:
+    """(free, total) bytes of the current GPU."""
+    free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+    return int(free), int(total)
+
+
+class Stream:
+    """A blocking stream of the current context (as numba's cuda.stream()), or one made elsewhere (`handle`)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle=None):
+        self.handle = handle if handle is not None else check(cu.cuStreamCreate(0), "cuStreamCreate")
+
+    def __int__(self):
+        return int(self.handle)
+
+    def synchronize(self) -> None:
+        check(cu.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+
+
+def handle(stream):
+    """The driver's handle of a stream argument (0: the legacy default stream)."""
+    return stream.handle if isinstance(stream, Stream) else cu.CUstream(int(stream))
+
+
+def synchronize() -> None:
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def allocate(nbytes: int) -> int:
+    return int(check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc"))
+
+
+def free(pointer: int, context) -> None:
+    """Free `pointer` in `context`: a garbage collection may run this in any thread, current on another GPU."""
+    check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+    try:
+        check(cu.cuMemFree(pointer), "cuMemFree")
+    finally:
+        cu.cuCtxPopCurrent()
+
+
+def to_device(pointer: int, host_address: int, nbytes: int, stream) -> None:
+    if nbytes:
+        check(cu.cuMemcpyHtoDAsync(pointer, host_address, nbytes, handle(stream)), "cuMemcpyHtoDAsync")
+
+
+def to_host(host_address: int, pointer: int, nbytes: int, stream) -> None:
+    if nbytes:
+        check(cu.cuMemcpyDtoHAsync(host_address, pointer, nbytes, handle(stream)), "cuMemcpyDtoHAsync")
+
+
+def zero(pointer: int, nbytes: int, stream) -> None:
+    if nbytes:
+        check(cu.cuMemsetD8Async(pointer, 0, nbytes, handle(stream)), "cuMemsetD8Async")
+
+
+def load_function(image: bytes, name: str):
+    """The kernel `name` of a cubin, loaded into the current context."""
+    module = check(cu.cuModuleLoadData(image), "cuModuleLoadData")
+    return check(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
+
+
+def launch(function, grid: tuple, block: tuple, stream, parameters: int) -> None:
+    """Queue `function` with the kernel parameters at address `parameters` (an array of pointers)."""
+    check(cu.cuLaunchKernel(function, *grid, *block, 0, handle(stream), parameters, 0), "cuLaunchKernel")

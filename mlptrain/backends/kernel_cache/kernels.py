@@ -1,0 +1,258 @@
+"""The package's kernels as launchable objects: `@kernels.jit` makes a `Kernel`, launched as
+`kernel[grid, block, stream](*args)`, and `planning()` records launches instead of running them.
+
+Where numba_names defers numba (a real GPU with `cuda.bindings`), a launch finds the kernel's cubin for its
+argument types (cubins.py) and queues it through the driver (backends.driver): a process whose kernels are
+all cached never imports numba. A kernel the index lacks is made by numba (its own disk cache, cache.py, or
+the compiler), and its cubin then joins the index. Elsewhere (the simulator, MLPTRAIN_CUDA_LAUNCH=numba) the
+Kernel is numba's dispatcher with the disk cache, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+
+from mlptrain.backends.kernel_cache import cache, cubins, numba_names
+from mlptrain.backends.kernel_cache.fingerprint import Unfingerprintable
+from mlptrain.backends.kernel_cache.numba_names import (
+    DEFERRED,
+    SIMULATOR,
+    Deferred,
+    Name,
+)
+
+_planning = threading.local()  # .plan: the Plan this thread records into (a sweep's other trials launch meanwhile)
+_building = threading.Lock()  # numba's dispatchers are made (and their code bound) one at a time
+
+
+class Kernel:
+    """A @cuda.jit kernel whose compiled versions come from and go to the disk cache; while `planning()` is
+    active a launch only records the kernel and its argument types."""
+
+    __slots__ = ("py_func", "options", "_dispatcher", "_functions", "_identity")
+
+    def __init__(self, py_func, options: dict):
+        self.py_func, self.options = py_func, dict(options)
+        self._dispatcher = None
+        self._functions = {}  # (GPU, argument type names) -> the loaded CUfunction
+        self._identity = None
+
+    @property
+    def dispatcher(self):
+        """numba's dispatcher of this kernel (numba imported, and the kernel's names bound, on first use)."""
+        if self._dispatcher is None:
+            with _building:
+                if self._dispatcher is None:
+                    self._dispatcher = _dispatcher(self.py_func, self.options)
+        return self._dispatcher
+
+    def __getitem__(self, launch):
+        plan = getattr(_planning, "plan", None)
+        if plan is not None:
+            return functools.partial(plan.record, self)
+        if not DEFERRED:
+            return self.dispatcher[launch]
+        grid, block, stream = (tuple(launch) + (0,))[:3]
+        return functools.partial(self.launch, grid, block, stream)
+
+    def launch(self, grid, block, stream, *args):
+        # imported on first use: the driver's bindings load only on a GPU
+        from mlptrain.backends.driver import api, launch
+
+        names = argument_types(args)
+        function = self._functions.get((api.current_device(), names)) if names is not None else False
+        if function is None:
+            function = self.load(names, args)
+        if function is False:  # numba launches what the driver path cannot
+            cache.STATS.numba_launches += 1
+            self.dispatcher[grid, block, _numba_stream(stream)](*args)
+            return
+        launch.launch(function, names, args, grid, block, stream)
+
+    def load(self, names: tuple, args):
+        """This kernel's function for these argument types, loaded into the current GPU's context: from the
+        index, else made by numba and added to it; False when only numba can launch it."""
+        # imported on first use: the driver's bindings load only on a GPU
+        from mlptrain.backends.driver import api
+
+        device = api.current_device()
+        capability = api.capability(device)
+        key = self.index_key(names, capability)
+        started = time.perf_counter()
+        stored = cache.store().get(key) if key is not None else None
+        found = cubins.entry(stored) if stored is not None else None
+        if found is None:
+            dispatcher = self.dispatcher
+            types = tuple(dispatcher.typeof_pyval(a) for a in args)
+            # a type this path would pack differently from numba, or a kernel it cannot launch: numba launches it
+            found = cubins.launchable(dispatcher.compile(types), capability) if tuple(map(str, types)) == names else None
+            if found is None:
+                self._functions[(device, names)] = False
+                return False
+            if key is not None:
+                cache.store().put(key, cubins.payload(*found))
+        else:
+            cache.STATS.from_index += 1
+            cache.STATS.load_s += time.perf_counter() - started
+        function = self._functions[(device, names)] = api.load_function(found[1], found[0])
+        return function
+
+    def index_key(self, names: tuple, capability: tuple) -> str | None:
+        if self._identity is None:
+            try:
+                self._identity = cubins.identity(self.py_func, self.options)
+            except Unfingerprintable:
+                self._identity = ""
+        return cubins.key(self._identity, names, capability) if self._identity else None
+
+    def ready(self, names: tuple) -> bool:
+        """Whether a launch with these argument types needs neither numba nor the disk (loaded already)."""
+        # imported on first use: the driver's bindings load only on a GPU
+        from mlptrain.backends.driver import api
+
+        return (api.current_device(), names) in self._functions
+
+
+def argument_types(args) -> tuple | None:
+    """The numba type names of a launch's arguments; None when the driver path cannot pass one of them."""
+    # imported on first use: the driver's bindings load only on a GPU
+    from mlptrain.backends.driver.launch import Unlaunchable, typename
+
+    try:
+        return tuple(typename(a) for a in args)
+    except Unlaunchable:
+        return None
+
+
+def _numba_stream(stream):
+    """numba's stream object for a driver stream (0 stays the legacy default stream)."""
+    # imported on first use: only a launch the driver path cannot make needs numba's streams
+    from numba import cuda
+
+    return stream if isinstance(stream, int) else cuda.external_stream(int(stream))
+
+
+def _dispatcher(py_func, options: dict):
+    # imported on first use: numba takes 0.6 s to import, and a warm process never needs it
+    import numba
+    from numba import cuda
+
+    if DEFERRED:
+        numba_names.bind(py_func)
+        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0  # small MLP grids are launch-bound by design
+    dispatcher = cuda.jit(**options)(py_func)
+    if not SIMULATOR:
+        dispatcher._cache = cache.DiskCache(dispatcher)
+    return dispatcher
+
+
+def jit(fn=None, **options):
+    """`@kernels.jit` / `@kernels.jit(**cuda_jit_options)`: cuda.jit, with the disk cache on a real GPU."""
+    def build(f):
+        kernel = Kernel(f, options)
+        if not DEFERRED:
+            kernel.dispatcher  # made now, as numba's own decorator would
+        return kernel
+
+    return build(fn) if fn is not None else build
+
+
+def device(fn):
+    """`@kernels.device`: a device function that NVVM inlines into every kernel calling it (the
+    `alwaysinline` attribute, numba-cuda's forceinline). numba's own IR-level inlining (`inline="always"`)
+    gives the same machine code but copies the callee's IR at each call site: on an H100 host it was
+    9.0 of the 13.8 s a tiled GEMM kernel took to compile. The simulator takes neither option."""
+    if DEFERRED:
+        return Deferred(Deferred(Name("cuda.jit"), (), {"device": True, "forceinline": True}), (fn,))
+    # imported here: numba is already imported on this path (numba_names)
+    from numba import cuda
+
+    if SIMULATOR:
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+class Plan:
+    """The distinct (kernel, argument types) that the launches made while planning would need, each with the
+    arguments of one such launch (numba types them when it must compile)."""
+
+    def __init__(self):
+        self.launches: dict = {}
+
+    def record(self, kernel_: Kernel, *args):
+        if SIMULATOR:  # the simulator compiles nothing; record what ran, for tests
+            argtypes = tuple(type(a).__name__ for a in args)
+        elif DEFERRED:
+            argtypes = argument_types(args)
+        else:
+            argtypes = tuple(kernel_.dispatcher.typeof_pyval(a) for a in args)
+        self.launches.setdefault((id(kernel_), argtypes), (kernel_, argtypes, args))
+
+    def __len__(self):
+        return len(self.launches)
+
+    def numba_launches(self, launches=None) -> list:
+        """(kernel, numba argument types) of `launches` (default: all), numba imported to type them."""
+        return [(k, tuple(k.dispatcher.typeof_pyval(a) for a in args))
+                for k, _, args in (self.launches.values() if launches is None else launches)]
+
+
+@contextlib.contextmanager
+def planning():
+    """Within the block, this thread's kernel launches are recorded in the yielded Plan, not run."""
+    if getattr(_planning, "plan", None) is not None:
+        raise RuntimeError("planning() does not nest")
+    plan = _planning.plan = Plan()
+    try:
+        yield plan
+    finally:
+        _planning.plan = None
+
+
+def _unindexed(plan: Plan) -> list:
+    """The planned launches the driver path cannot serve from memory or the index (numba must make them)."""
+    # imported on first use: the driver's bindings load only on a GPU
+    from mlptrain.backends.driver import api
+
+    capability = api.capability(api.current_device())
+    out = []
+    for launch in plan.launches.values():
+        k, names, _ = launch
+        if names is None or not (k.ready(names) or _indexed(k, names, capability)):
+            out.append(launch)
+    return out
+
+
+def _indexed(k: Kernel, names: tuple, capability: tuple) -> bool:
+    key = k.index_key(names, capability)
+    return key is not None and cache.store().contains(key)
+
+
+def missing(plan: Plan) -> int:
+    """How many of the planned kernels must be compiled (in neither memory, the index nor numba's cache)."""
+    if SIMULATOR:
+        return 0
+    if DEFERRED:
+        unindexed = _unindexed(plan)
+        return cache.missing(plan.numba_launches(unindexed)) if unindexed else 0
+    return cache.missing(plan.numba_launches())
+
+
+def compile_ahead(plan: Plan, workers: int | None = None) -> int:
+    """Make every launch of `plan` ready (see cache.compile_ahead); on the driver path, load each kernel's
+    function too, so that no step and no graph capture waits for the disk or numba. Returns the kernels
+    this call compiled or loaded."""
+    if SIMULATOR:
+        return 0
+    if not DEFERRED:
+        return cache.compile_ahead(plan.numba_launches(), workers)
+    unindexed = _unindexed(plan)
+    if unindexed:
+        cache.compile_ahead(plan.numba_launches(unindexed), workers)
+    pending = [(k, names, args) for k, names, args in plan.launches.values() if names is not None and not k.ready(names)]
+    for k, names, args in pending:
+        k.load(names, args)
+    return len(pending)

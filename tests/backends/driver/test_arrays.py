@@ -1,0 +1,53 @@
+"""The driver path's device arrays: views keep C order and the allocation alive, as numpy would shape them.
+No GPU needed: a view only computes addresses and shapes (nothing is allocated here)."""
+
+import numpy as np
+import pytest
+
+from mlptrain.backends.driver.arrays import DeviceArray
+
+
+def fake(shape, dtype=np.float32, pointer=4096):
+    return DeviceArray(pointer, shape, dtype, base=object())
+
+
+def test_row_slices_move_the_pointer_like_numpy():
+    a = fake((5, 3, 2))
+    host = np.zeros((5, 3, 2), np.float32)
+    for index in (slice(1, 4), slice(None, 2), slice(3, None), slice(-2, None), slice(4, 2), slice(0, 99)):
+        view, expected = a[index], host[index]
+        assert view.shape == expected.shape
+        offset = (expected.__array_interface__["data"][0] - host.__array_interface__["data"][0]) if expected.size else None
+        if offset is not None:
+            assert view.pointer == a.pointer + offset
+        assert view.base is a.base and view.strides == expected.strides and view.typename == "array(float32, 3d, C)"
+
+
+def test_only_row_slices_are_made():
+    a = fake((4, 6))
+    for index in ((slice(None), slice(0, 3)), 2, slice(0, 4, 2)):
+        with pytest.raises(TypeError, match="row slices"):
+            a[index]
+
+
+def test_reshape_and_views_follow_numpy():
+    a = fake((4, 6), np.float16)
+    host = np.zeros((4, 6), np.float16)
+    assert a.reshape(3, 8).shape == host.reshape(3, 8).shape
+    assert a.reshape((2, -1)).shape == host.reshape((2, -1)).shape == (2, 12)
+    assert a.reshape(24).strides == (2,)
+    with pytest.raises(ValueError, match="cannot reshape"):
+        a.reshape(5, 5)
+    assert a.view(np.uint16).shape == (4, 6) and a.view(np.uint16).dtype == np.uint16
+    pairs = a.view(np.uint32)  # the tensor cores' pairs along the last axis
+    assert pairs.shape == host.view(np.uint32).shape == (4, 3) and pairs.pointer == a.pointer
+    with pytest.raises(ValueError, match="whole items"):
+        fake((4, 5), np.float16).view(np.uint32)
+
+
+def test_the_array_interface_describes_the_same_memory():
+    a = fake((3, 4), np.uint16, pointer=1 << 20)[1:]
+    interface = a.__cuda_array_interface__
+    assert interface["shape"] == (2, 4) and interface["typestr"] == np.dtype(np.uint16).str
+    assert interface["data"] == ((1 << 20) + 4 * 2, False) and interface["strides"] is None
+    assert a.size == 8 and a.nbytes == 16 and len(a) == 2 and a.ndim == 2 and a.is_c_contiguous()
