@@ -22,6 +22,14 @@ def test_out_of_memory_is_one_line_naming_what_to_change():
     assert "\n" not in message and "3,072.0 MiB" in message and "train.batch_size" in message
 
 
+def test_the_driver_paths_out_of_memory_is_the_same_line():
+    from mlptrain.backends.driver.api import DriverError as PathError
+
+    with pytest.raises(UserError, match="ran out of memory allocating 1.0 MiB"):
+        with gpu_memory_errors(2**20):
+            raise PathError("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY")
+
+
 def test_other_driver_errors_pass_through():
     with pytest.raises(DriverError):
         with gpu_memory_errors(1):
@@ -34,8 +42,8 @@ def test_the_backend_allocations_say_so(monkeypatch):
     def full(*args, **kwargs):
         raise DriverError(2, "CUDA_ERROR_OUT_OF_MEMORY")
 
-    monkeypatch.setattr(backend._cuda, "device_array", full)
-    monkeypatch.setattr(backend._cuda, "to_device", full)
+    for method in ("empty", "zeros", "to_device"):  # numba's arrays or the driver path's, whichever it made
+        monkeypatch.setattr(backend._device, method, full)
     for allocate in (lambda: backend.empty((1024, 1024)), lambda: backend.zeros((8,)),
                      lambda: backend.to_device(__import__("numpy").ones(4))):
         with pytest.raises(UserError, match="ran out of memory"):

@@ -81,24 +81,46 @@ class Kernel:
         device = api.current_device()
         capability = api.capability(device)
         key = self.index_key(names, capability)
+        function = self._from_index(key) if key is not None else None
+        if function is None:
+            found = self._from_numba(names, args, capability)
+            if found is None:
+                function = False
+            else:
+                if key is not None:
+                    cache.store().put(key, cubins.payload(*found))
+                function = api.load_function(found[1], found[0])
+        self._functions[(device, names)] = function
+        return function
+
+    @staticmethod
+    def _from_index(key: str):
+        """The function the index holds under `key`, loaded; None when it holds none that loads."""
+        # imported on first use: the driver's bindings load only on a GPU
+        from mlptrain.backends.driver import api
+
         started = time.perf_counter()
-        stored = cache.store().get(key) if key is not None else None
+        stored = cache.store().get(key)
         found = cubins.entry(stored) if stored is not None else None
         if found is None:
-            dispatcher = self.dispatcher
-            types = tuple(dispatcher.typeof_pyval(a) for a in args)
-            # a type this path would pack differently from numba, or a kernel it cannot launch: numba launches it
-            found = cubins.launchable(dispatcher.compile(types), capability) if tuple(map(str, types)) == names else None
-            if found is None:
-                self._functions[(device, names)] = False
-                return False
-            if key is not None:
-                cache.store().put(key, cubins.payload(*found))
-        else:
-            cache.STATS.from_index += 1
-            cache.STATS.load_s += time.perf_counter() - started
-        function = self._functions[(device, names)] = api.load_function(found[1], found[0])
+            return None
+        try:
+            function = api.load_function(found[1], found[0])
+        except api.DriverError as err:  # an entry the driver refuses is as bad as a corrupt one
+            cache.store().drop(key, f"does not load ({err.code})")
+            return None
+        cache.STATS.from_index += 1
+        cache.STATS.load_s += time.perf_counter() - started
         return function
+
+    def _from_numba(self, names: tuple, args, capability: tuple):
+        """(entry name, cubin) of numba's kernel for `args` (numba's cache, or compiled now); None when the
+        driver path would pack a type differently from numba, or cannot launch the kernel as numba would."""
+        dispatcher = self.dispatcher
+        types = tuple(dispatcher.typeof_pyval(a) for a in args)
+        if tuple(map(str, types)) != names:
+            return None
+        return cubins.launchable(dispatcher.compile(types), capability)
 
     def index_key(self, names: tuple, capability: tuple) -> str | None:
         if self._identity is None:
