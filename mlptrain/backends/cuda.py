@@ -136,10 +136,14 @@ class _DriverDevice:
         from mlptrain.backends.driver.arrays import DeviceArray
 
         self._api, self._array = api, DeviceArray
-        device = (api.current_device() or 0) if device is None else device
-        api.use_device(device)
-        self.stream = api.Stream() if own_stream else 0
-        self.name = api.device_name(device)
+        try:
+            device = (api.current_device() or 0) if device is None else device
+            api.use_device(device)
+            self.stream = api.Stream() if own_stream else 0
+            self.name = api.device_name(device)
+        except api.DriverError as err:  # a GPU the driver lists but will not give (busy in exclusive mode, failing)
+            raise UserError(f"GPU {device} cannot be used: {err}; free it (nvidia-smi shows who holds it) "
+                            "or use backend=cpu") from None
 
     def empty(self, shape, dtype):
         return self._array.allocate(shape, dtype)

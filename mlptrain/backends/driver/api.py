@@ -130,10 +130,13 @@ def allocate(nbytes: int) -> int:
 
 
 def free(pointer: int, context) -> None:
-    """Free `pointer` in `context`: a garbage collection may run this in any thread, current on another GPU."""
-    check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+    """Free `pointer` in `context`: a garbage collection may run this in any thread, current on another GPU.
+    A free the driver refuses (its context gone bad after an earlier error) leaves the block to the driver,
+    which frees it with the process, rather than print a traceback from the collector."""
+    if cu.cuCtxPushCurrent(context)[0] != cu.CUresult.CUDA_SUCCESS:
+        return
     try:
-        check(cu.cuMemFree(pointer), "cuMemFree")
+        cu.cuMemFree(pointer)
     finally:
         cu.cuCtxPopCurrent()
 

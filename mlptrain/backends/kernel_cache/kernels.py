@@ -17,12 +17,7 @@ import time
 
 from mlptrain.backends.kernel_cache import cache, cubins, numba_names
 from mlptrain.backends.kernel_cache.fingerprint import Unfingerprintable
-from mlptrain.backends.kernel_cache.numba_names import (
-    DEFERRED,
-    SIMULATOR,
-    Deferred,
-    Name,
-)
+from mlptrain.backends.kernel_cache.numba_names import DEFERRED, SIMULATOR, Deferred, Name
 
 _planning = threading.local()  # .plan: the Plan this thread records into (a sweep's other trials launch meanwhile)
 _building = threading.Lock()  # numba's dispatchers are made (and their code bound) one at a time
@@ -37,7 +32,7 @@ class Kernel:
     def __init__(self, py_func, options: dict):
         self.py_func, self.options = py_func, dict(options)
         self._dispatcher = None
-        self._functions = {}  # (GPU, argument type names) -> the loaded CUfunction
+        self._functions = {}  # (GPU, argument type names) -> the loaded CUfunction; False: numba launches it
         self._identity = None
 
     @property
@@ -55,6 +50,8 @@ class Kernel:
             return functools.partial(plan.record, self)
         if not DEFERRED:
             return self.dispatcher[launch]
+        if len(launch) > 3:  # dynamic shared memory (none of ours has any): numba launches it
+            return self.dispatcher[(*launch[:2], _numba_stream(launch[2]), *launch[3:])]
         grid, block, stream = (tuple(launch) + (0,))[:3]
         return functools.partial(self.launch, grid, block, stream)
 
@@ -175,8 +172,8 @@ def jit(fn=None, **options):
     """`@kernels.jit` / `@kernels.jit(**cuda_jit_options)`: cuda.jit, with the disk cache on a real GPU."""
     def build(f):
         kernel = Kernel(f, options)
-        if not DEFERRED:
-            kernel.dispatcher  # made now, as numba's own decorator would
+        if not DEFERRED:  # made now, as numba's own decorator would
+            kernel._dispatcher = _dispatcher(f, options)
         return kernel
 
     return build(fn) if fn is not None else build
