@@ -100,12 +100,12 @@ class Graph:
         self._exec = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         _check(driver.cuGraphDestroy(graph), "cuGraphDestroy")
         weakref.finalize(self, _destroy, self._exec, raw, context)
+        self._launch, self._success = driver.cuGraphLaunch, driver.CUresult.CUDA_SUCCESS  # a replay per step: looked up once
 
     def replay(self) -> None:
-        # imported on first use: numba takes seconds to import, and the CPU path never needs it
-        from cuda.bindings import driver
-
-        _check(driver.cuGraphLaunch(self._exec, self._replay_on), "cuGraphLaunch")
+        err, = self._launch(self._exec, self._replay_on)
+        if err != self._success:
+            raise RuntimeError(f"cuGraphLaunch failed: {getattr(err, 'name', err)}")
 
 
 def _wrapped(raw):
