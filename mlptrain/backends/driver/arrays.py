@@ -17,7 +17,7 @@ class DeviceArray:
     """`shape` elements of `dtype` at device address `pointer`, C-contiguous; `base` keeps the allocation alive
     for views."""
 
-    __slots__ = ("pointer", "shape", "dtype", "base", "typename", "__weakref__")
+    __slots__ = ("pointer", "shape", "dtype", "base", "typename", "parameters", "__weakref__")
 
     def __init__(self, pointer: int, shape: tuple, dtype, base=None):
         self.pointer = pointer
@@ -25,6 +25,9 @@ class DeviceArray:
         self.dtype = np.dtype(dtype)
         self.base = base
         self.typename = f"array({self.dtype}, {len(self.shape)}d, C)"  # numba's name for its type
+        # what a launch passes for it, as numba does (meminfo, parent, size, item size, pointer, shape, strides),
+        # made once: an array is launched many times
+        self.parameters = (0, 0, self.size, self.dtype.itemsize, pointer, *self.shape, *self.strides)
 
     @classmethod
     def allocate(cls, shape, dtype) -> DeviceArray:

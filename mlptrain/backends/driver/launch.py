@@ -48,7 +48,7 @@ def values(args) -> list:
     out = []
     for value in args:
         if type(value) is DeviceArray:
-            out += (0, 0, value.size, value.dtype.itemsize, value.pointer, *value.shape, *value.strides)
+            out += value.parameters
         elif type(value) is tuple:
             out += values(value)
         else:

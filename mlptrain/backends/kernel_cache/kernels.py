@@ -56,9 +56,7 @@ class Kernel:
         return functools.partial(self.launch, grid, block, stream)
 
     def launch(self, grid, block, stream, *args):
-        # imported on first use: the driver's bindings load only on a GPU
-        from mlptrain.backends.driver import api, launch
-
+        api, launch = _driver()
         names = argument_types(args)
         function = self._functions.get((api.current_device(), names)) if names is not None else False
         if function is None:
@@ -135,14 +133,21 @@ class Kernel:
         return (api.current_device(), names) in self._functions
 
 
+@functools.cache
+def _driver():
+    """The driver path's modules, imported once (a launch asks for them each time)."""
+    # imported on first use: the driver's bindings load only on a GPU
+    from mlptrain.backends.driver import api, launch
+
+    return api, launch
+
+
 def argument_types(args) -> tuple | None:
     """The numba type names of a launch's arguments; None when the driver path cannot pass one of them."""
-    # imported on first use: the driver's bindings load only on a GPU
-    from mlptrain.backends.driver.launch import Unlaunchable, typename
-
+    launch = _driver()[1]
     try:
-        return tuple(typename(a) for a in args)
-    except Unlaunchable:
+        return tuple(map(launch.typename, args))
+    except launch.Unlaunchable:
         return None
 
 
