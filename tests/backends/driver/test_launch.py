@@ -39,4 +39,3 @@ def test_tuples_are_their_items_in_order():
     assert names == ("(int32, int64,)",)
     packed = launch.layout(names).pack(*launch.values(args))
     assert struct.unpack("<i4xq", packed) == (4, 5)
-
