@@ -65,13 +65,21 @@ def _write(picture: np.ndarray, text: str, x: int, y: int, ink: np.ndarray) -> N
 def _rendered(text: str) -> tuple[np.ndarray, int, int]:
     """`text` in Pillow's default font as coverage in [0, 1], with its box's offset from the centre: a
     count recurs from one evaluation to the next, and rendering is most of a matrix's drawing."""
-    from PIL import Image, ImageDraw, ImageFont  # only runs that log a classifier's evaluations draw
+    from PIL import Image, ImageDraw  # only runs that log a classifier's evaluations draw
 
-    font = ImageFont.load_default()
+    font = _font()
     left, top, right, bottom = font.getbbox(text, anchor="mm")
     mask = Image.new("L", (max(right - left, 1), max(bottom - top, 1)), 0)
     ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font, anchor="mm")
     return np.asarray(mask, np.float32) / 255.0, left, top
+
+
+@lru_cache(maxsize=1)
+def _font():
+    """Pillow's default font, loaded once: loading it decodes the font afresh (a tenth of a text's rendering)."""
+    from PIL import ImageFont  # only runs that log a classifier's evaluations draw
+
+    return ImageFont.load_default()
 
 
 def _short(count: int) -> str:
