@@ -5,6 +5,7 @@ the cell is large enough to hold it."""
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -16,6 +17,7 @@ GRID_CELL = 6  # the smallest cell that gets grid lines (finer ones would be all
 COUNT_CELL = 26  # the smallest cell a count is written in
 LABEL_CELL = 14  # the smallest cell whose row and column get their class number
 LABEL_INK, DARK_INK, LIGHT_INK = np.array([90, 90, 90]), np.array([40, 40, 40]), np.array([255, 255, 255])
+_FONT_IN_USE = threading.Lock()
 
 
 def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, classes: int) -> np.ndarray:
@@ -68,9 +70,10 @@ def _rendered(text: str) -> tuple[np.ndarray, int, int]:
     from PIL import Image, ImageDraw  # only runs that log a classifier's evaluations draw
 
     font = _font()
-    left, top, right, bottom = font.getbbox(text, anchor="mm")
-    mask = Image.new("L", (max(right - left, 1), max(bottom - top, 1)), 0)
-    ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font, anchor="mm")
+    with _FONT_IN_USE:  # one FreeType face, and the runs of a sweep draw on threads of their own
+        left, top, right, bottom = font.getbbox(text, anchor="mm")
+        mask = Image.new("L", (max(right - left, 1), max(bottom - top, 1)), 0)
+        ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font, anchor="mm")
     return np.asarray(mask, np.float32) / 255.0, left, top
 
 
