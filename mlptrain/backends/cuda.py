@@ -88,7 +88,10 @@ class CudaBackend:
         dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype), stream=self.stream)
 
     def synchronize(self):
-        self._device.synchronize()
+        if self.stream:
+            self.stream.synchronize()
+        else:
+            self._device.synchronize()
 
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
@@ -159,10 +162,8 @@ class _DriverDevice:
         return array
 
     def synchronize(self):
-        if self.stream:
-            self.stream.synchronize()
-        else:
-            self._api.synchronize()
+        """Every queued launch of the context (a stream's own wait is the backend's)."""
+        self._api.synchronize()
 
     def free_bytes(self) -> int:
         return self._api.memory_info()[0]
@@ -195,10 +196,8 @@ class _NumbaDevice:
         return self._cuda.to_device(host, stream=self.stream)
 
     def synchronize(self):
-        if self.stream:
-            self.stream.synchronize()
-        else:
-            self._cuda.synchronize()
+        """Every queued launch of the context (a stream's own wait is the backend's)."""
+        self._cuda.synchronize()
 
     def free_bytes(self) -> int:
         free, _ = self._cuda.current_context().get_memory_info()

@@ -18,18 +18,14 @@ import hashlib
 import os
 import re
 import sys
-import types
 from pathlib import Path
 
-import numpy as np
-
 from mlptrain.backends.kernel_cache import numba_names
-from mlptrain.backends.kernel_cache.fingerprint import Unfingerprintable
+from mlptrain.backends.kernel_cache.fingerprint import Describer, Unfingerprintable
 from mlptrain.backends.kernel_cache.numba_names import Deferred, Name
 
 PACKAGE = Path(__file__).resolve().parents[2]  # mlptrain/
 _DISTRIBUTIONS = re.compile(r"(numba|numba_cuda|llvmlite|cuda_bindings)-([^-]+)\.dist-info")
-_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
 
 @functools.cache
@@ -61,7 +57,7 @@ def environment(capability: tuple) -> tuple:
 
 def identity(py_func, options: dict) -> str:
     """What tells this kernel from the others its source makes (a factory's closure), as text."""
-    describe = _Describer().describe
+    describe = _ClosureDescriber().describe
     return repr((py_func.__module__, py_func.__qualname__, describe(py_func), describe(dict(options))))
 
 
@@ -96,43 +92,15 @@ def launchable(kernel, capability: tuple) -> tuple[str, bytes] | None:
     return (library._entry_name, bytes(cubin)) if isinstance(cubin, (bytes, bytearray)) else None
 
 
-class _Describer:
-    """A closure's values as nested tuples of plain scalars. A numba object made from a Name or Deferred is
-    described as what it came from, so a kernel made before numba's import and one made after get one key."""
+class _ClosureDescriber(Describer):
+    """A kernel by its module, name, closure and defaults (the package's digest covers its code). A numba
+    object made from a Name or Deferred is described as what it came from, so a kernel made before numba's
+    import and one made after get one key."""
 
-    def __init__(self):
-        self._seen: dict[int, int] = {}
-        self._alive: list = []
-
-    def describe(self, obj):
-        if isinstance(obj, _SCALARS):
-            return (type(obj).__name__, repr(obj))
-        if isinstance(obj, (tuple, list)):
-            return (type(obj).__name__, tuple(self.describe(item) for item in obj))
-        if isinstance(obj, dict):
-            return ("dict", tuple(sorted((repr(k), self.describe(v)) for k, v in obj.items())))
-        if isinstance(obj, (np.dtype, np.generic)):
-            return (type(obj).__name__, str(obj), repr(obj))
-        if isinstance(obj, type) and issubclass(obj, np.generic):
-            return ("numpy type", obj.__name__)
-        if isinstance(obj, types.ModuleType):
-            return ("module", obj.__name__)
-        if isinstance(obj, Name):
-            return ("numba", obj.path)
-        if isinstance(obj, Deferred):
-            return ("deferred", self.describe(obj.function), self.describe(obj.args), self.describe(obj.kwargs))
-        if isinstance(obj, types.FunctionType):
-            return self._function(obj)
-        origin = numba_names.ORIGINS.get(id(obj))
-        if origin is not None and origin[1] is obj:
-            return self.describe(origin[0])
-        raise Unfingerprintable(f"cannot describe a {type(obj).__qualname__} for the driver's kernel index")
-
-    def _function(self, fn):
-        if id(fn) in self._seen:
-            return ("seen", self._seen[id(fn)])
-        self._seen[id(fn)] = len(self._seen)
-        self._alive.append(fn)
+    def function(self, fn):
+        seen = self.seen_before(fn)
+        if seen is not None:
+            return seen
         closure = []
         for cell in fn.__closure__ or ():
             try:
@@ -140,3 +108,13 @@ class _Describer:
             except ValueError:  # an empty cell
                 closure.append(("empty",))
         return ("function", fn.__module__, fn.__qualname__, tuple(closure), self.describe(fn.__defaults__ or ()))
+
+    def other(self, obj):
+        if isinstance(obj, Name):
+            return ("numba", obj.path)
+        if isinstance(obj, Deferred):
+            return ("deferred", self.describe(obj.function), self.describe(obj.args), self.describe(obj.kwargs))
+        origin = numba_names.ORIGINS.get(id(obj))
+        if origin is not None and origin[1] is obj:
+            return self.describe(origin[0])
+        raise Unfingerprintable(f"cannot describe a {type(obj).__qualname__} for the driver's kernel index")

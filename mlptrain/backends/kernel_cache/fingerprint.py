@@ -27,12 +27,14 @@ class Unfingerprintable(Exception):
 
 def fingerprint(obj) -> str:
     """The hex sha256 of `obj`'s description (see the module docstring)."""
-    return hashlib.sha256(repr(_Describer().describe(obj)).encode()).hexdigest()
+    return hashlib.sha256(repr(Describer().describe(obj)).encode()).hexdigest()
 
 
-class _Describer:
+class Describer:
     """Describes values as nested tuples of plain scalars; functions seen before (recursion through
-    globals) become back-references, so cycles terminate and the description stays deterministic."""
+    globals) become back-references, so cycles terminate and the description stays deterministic.
+    A subclass describes functions (`function`) and what is neither a plain value nor a function
+    (`other`) its own way: the driver's kernel index (cubins.py) names a kernel by its closure alone."""
 
     def __init__(self):
         self._seen: dict[int, int] = {}
@@ -52,13 +54,24 @@ class _Describer:
             return ("numpy type", obj.__name__)
         if isinstance(obj, types.ModuleType):
             return ("module", obj.__name__)
+        if isinstance(obj, types.FunctionType):
+            return self.function(obj)
+        return self.other(obj)
+
+    def other(self, obj):
         if isinstance(obj, types.CodeType):
             return self._code(obj)
-        if isinstance(obj, types.FunctionType):
-            return self._function(obj)
         if isinstance(obj, types.BuiltinFunctionType):
             return ("builtin", getattr(obj, "__module__", None), obj.__qualname__)
         return self._numba_object(obj)
+
+    def seen_before(self, fn) -> tuple | None:
+        """A back-reference to `fn` when it was described already; else None, and it is marked seen."""
+        if id(fn) in self._seen:
+            return ("seen", self._seen[id(fn)])
+        self._seen[id(fn)] = len(self._seen)
+        self._alive.append(fn)
+        return None
 
     def _numba_object(self, obj):
         module = type(obj).__module__ or ""
@@ -67,20 +80,18 @@ class _Describer:
         py_func = getattr(obj, "py_func", None)
         if isinstance(py_func, types.FunctionType):  # a device function's (or kernel's) dispatcher
             options = getattr(obj, "targetoptions", {})
-            return ("dispatcher", self._function(py_func), self.describe(dict(options)))
+            return ("dispatcher", self.function(py_func), self.describe(dict(options)))
         definition = getattr(obj, "_defn", None)
         if isinstance(definition, types.FunctionType):  # an @intrinsic: its typing + codegen function
-            return ("intrinsic", self._function(definition))
+            return ("intrinsic", self.function(definition))
         # numba types (float32, UniTuple(...)) and the module-level stubs (cuda.grid, cuda.local.array):
         # their text names them completely
         return ("numba", type(obj).__qualname__, str(obj))
 
-    def _function(self, fn):
-        key = id(fn)
-        if key in self._seen:
-            return ("seen", self._seen[key])
-        self._seen[key] = len(self._seen)
-        self._alive.append(fn)
+    def function(self, fn):
+        seen = self.seen_before(fn)
+        if seen is not None:
+            return seen
         closure = tuple(self.describe(cell.cell_contents) for cell in fn.__closure__ or ())
         defaults = self.describe(fn.__defaults__ or ())
         return ("function", fn.__module__, fn.__qualname__, self._code(fn.__code__), closure, defaults,

@@ -70,9 +70,7 @@ class Kernel:
     def load(self, names: tuple, args):
         """This kernel's function for these argument types, loaded into the current GPU's context: from the
         index, else made by numba and added to it; False when only numba can launch it."""
-        # imported on first use: the driver's bindings load only on a GPU
-        from mlptrain.backends.driver import api
-
+        api = _driver()[0]
         device = api.current_device()
         capability = api.capability(device)
         key = self.index_key(names, capability)
@@ -91,9 +89,7 @@ class Kernel:
     @staticmethod
     def _from_index(key: str):
         """The function the index holds under `key`, loaded; None when it holds none that loads."""
-        # imported on first use: the driver's bindings load only on a GPU
-        from mlptrain.backends.driver import api
-
+        api = _driver()[0]
         started = time.perf_counter()
         stored = cache.store().get(key)
         found = cubins.entry(stored) if stored is not None else None
@@ -127,9 +123,7 @@ class Kernel:
 
     def ready(self, names: tuple) -> bool:
         """Whether a launch with these argument types needs neither numba nor the disk (loaded already)."""
-        # imported on first use: the driver's bindings load only on a GPU
-        from mlptrain.backends.driver import api
-
+        api = _driver()[0]
         return (api.current_device(), names) in self._functions
 
 
@@ -238,9 +232,7 @@ def planning():
 
 def _unindexed(plan: Plan) -> list:
     """The planned launches the driver path cannot serve from memory or the index (numba must make them)."""
-    # imported on first use: the driver's bindings load only on a GPU
-    from mlptrain.backends.driver import api
-
+    api = _driver()[0]
     capability = api.capability(api.current_device())
     out = []
     for launch in plan.launches.values():

@@ -23,7 +23,7 @@ import numpy as np
 
 from mlptrain.util.interrupts import raise_interruption
 
-__all__ = ["DEFERRED", "SIMULATOR", "LAUNCH_ENV", "Name", "Deferred", "resolve", "bind", "cuda", "types",
+__all__ = ["DEFERRED", "SIMULATOR", "LAUNCH_ENV", "bindings_installed", "Name", "Deferred", "resolve", "bind", "cuda", "types",
            "libdevice", "config", "float32", "float64", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
            "complex64"]
 
@@ -31,9 +31,8 @@ SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 LAUNCH_ENV = "MLPTRAIN_CUDA_LAUNCH"  # "numba": every launch through numba (the way before the driver path)
 
 
-def _driver_path() -> bool:
-    if SIMULATOR or os.environ.get(LAUNCH_ENV, "").strip().lower() == "numba":
-        return False
+def bindings_installed() -> bool:
+    """Whether the CUDA driver's Python bindings (`cuda.bindings`, numba-cuda's) are there, without importing them."""
     try:
         return importlib.util.find_spec("cuda.bindings") is not None
     except ImportError as err:  # no `cuda` package at all
@@ -41,7 +40,7 @@ def _driver_path() -> bool:
         return False
 
 
-DEFERRED = _driver_path()
+DEFERRED = not SIMULATOR and os.environ.get(LAUNCH_ENV, "").strip().lower() != "numba" and bindings_installed()
 _CASTS = ("float32", "float64", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "complex64")
 
 

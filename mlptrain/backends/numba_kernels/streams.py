@@ -21,12 +21,10 @@ device memory (the window's position in the epoch, the step state).
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import weakref
 
-from mlptrain.backends.kernel_cache.numba_names import DEFERRED, SIMULATOR, cuda
-from mlptrain.util.interrupts import raise_interruption
+from mlptrain.backends.kernel_cache.numba_names import DEFERRED, SIMULATOR, bindings_installed, cuda
 
 _local = threading.local()  # .stream: this thread's stream (0, the legacy default stream, when unset)
 
@@ -52,13 +50,7 @@ def _handle(stream):
 
 def graphs_supported() -> bool:
     """CUDA graphs need a real GPU and the driver bindings (numba-cuda's `cuda.bindings`)."""
-    if SIMULATOR:
-        return False
-    try:
-        return importlib.util.find_spec("cuda.bindings") is not None
-    except ImportError as err:  # no `cuda` package at all
-        raise_interruption(err)
-        return False
+    return not SIMULATOR and bindings_installed()
 
 
 def _check(result, what):
