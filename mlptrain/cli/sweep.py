@@ -52,16 +52,18 @@ def sweep(
                                      "trials until none is queued, then exit"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
-    # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.backends.cuda import start_driver
+    # the command's own modules, imported when it runs: --help and the other commands start without them;
+    # none of these starts a thread or imports NumPy, so that a process per GPU can be forked below
     from mlptrain.config.load import config_from_dict
+    from mlptrain.sweep.forked import gpu_shares, process_per_gpu, visible_slots
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
-    from mlptrain.sweep.threads import TrialThreads, gpu_shares, make_contexts_early, process_per_gpu, thread_gpus
-    from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
-    # the driver's start while the sweep file is read: thread_gpus below then answers at once
-    start_driver()
+    if workers == 1 or worker:  # nothing to fork: the driver's start while the sweep file is read
+        # imported here: it imports NumPy, which starts threads (see above)
+        from mlptrain.backends.cuda import start_driver
+
+        start_driver()
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [])
     name = check_run_name(name if name is not None else path.stem)
@@ -70,58 +72,49 @@ def sweep(
     if storage is not None:  # before the data is loaded: a mistyped --storage is refused at once
         check_storage(storage)
     sweep_dir = runs_dir / name
-    resources, base_config = Resources(), config_from_dict(spec.raw)
-    if base_config.backend != "cpu":
-        # the GPU contexts the workers will use, made from now on beside Optuna's and numba's imports
-        threading.Thread(target=make_contexts_early, args=(workers,), name="cuda-contexts", daemon=True).start()
-        # imported anyway, and now while the driver starts: cuInit does not hold the interpreter (a CPU
-        # sweep imports it after its child workers have started instead)
-        import_module("mlptrain.sweep.engine")
-    gpus = thread_gpus(base_config.backend)  # > 0: the workers are threads of this process
-    if workers == 1 and not gpus:
-        resources.prepare(base_config)  # refusals before the sweep's folder exists
-    else:  # the same refusals, without a GPU context: each worker makes its own
-        check_inputs(base_config, resources)
-    # a process per GPU when asked for (mlptrain.sweep.threads), each with its share of the workers as
-    # threads; this process takes the first GPU's share
-    shares = gpu_shares(workers, gpus) if not worker and process_per_gpu(workers, gpus) else None
-    # on GPUs the workers start now: their GPU contexts are made while Optuna is imported and the study opened
-    pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
-                        lambda view: view.prepare(base_config)) if gpus else None
-    children = {}
+    base_config, created = config_from_dict(spec.raw), not sweep_dir.exists()
+    url = absolute(storage) if storage is not None else default_storage(sweep_dir)
+    command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
+               str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
+    children, forked, pool = {}, None, None  # forked: (the GPUs' CUDA_VISIBLE_DEVICES, each one's share)
     try:
+        slots = visible_slots() if not worker and base_config.backend != "cpu" and workers > 1 else None
+        if slots and process_per_gpu(workers, len(slots)):
+            # first, before this process starts CUDA or a thread: the children start where it stands
+            forked = _fork_gpu_processes(children, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots,
+                                         gpu_shares(workers, len(slots)))
+        pool, resources, shares = _start_here(base_config, workers, worker, forked)
+        if forked and pool is None:  # the driver listed GPUs that CUDA does not offer: workers as on the CPU
+            console.print("[yellow]warning:[/] CUDA offers none of the GPUs the NVIDIA driver lists: the "
+                          "workers run as processes on the CPU", highlight=False)
+            _stop_children(children)
+            children, forked, shares = {}, None, None
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
         from mlptrain.sweep import engine, study as studies
         from mlptrain.sweep.report import results_table, trial_rows, write_results
-        from mlptrain.sweep.workers import blas_share, gpu_slots, start_workers
+        from mlptrain.sweep.workers import announce, blas_share, gpu_slots, start_workers
 
-        url = absolute(storage) if storage is not None else default_storage(sweep_dir)
-        processes = len(shares) if shares else workers if not gpus else 1
-        created, slots = not sweep_dir.exists(), gpu_slots(base_config.backend) if processes > 1 else [None]
-        command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
-                   str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
-        try:
-            _make_folder(sweep_dir)
-            if base_config.logging.mlflow and not worker:  # the store made once, before workers write to it
-                # imported on first use: only sweeps that log to MLflow need it
-                from mlptrain.run_dirs.mlflow_log import connect
+        gpus = len(pool.devices) if pool is not None else 0
+        processes = len(shares) if shares else workers if pool is None else 1
+        slots = forked[0] if forked else gpu_slots(base_config.backend) if processes > 1 else [None]
+        _make_folder(sweep_dir)
+        if base_config.logging.mlflow and not worker:  # the store made once, before workers write to it
+            # imported on first use: only sweeps that log to MLflow need it
+            from mlptrain.run_dirs.mlflow_log import connect
 
-                connect(base_config.logging, sweep_dir)
-            if processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
-                children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares,
-                                         env=None if gpus else blas_share(processes))
-            study, study_storage = studies.open_study(spec, sweep_dir, name, url, worker=worker)
-        except BaseException:
-            if created:
-                shutil.rmtree(sweep_dir, ignore_errors=True)
-            raise
+            connect(base_config.logging, sweep_dir)
+        if forked:
+            announce(processes, slots, sweep_dir, first=1, threads=shares)
+        elif processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
+            children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares,
+                                     env=None if gpus else blas_share(processes))
+        study, study_storage = studies.open_study(spec, sweep_dir, name, url, worker=worker)
     except BaseException:
-        # the command's own modules, imported when it runs: --help and the other commands start without them
-        from mlptrain.sweep.workers import stop_workers
-
-        stop_workers(list(children.values()), signal.SIGTERM)
+        _stop_children(children)
         if pool is not None:
             _end_threads(pool, base_config, pool.cancel)
+        if created:  # nothing of a sweep refused or interrupted before its first trial is left
+            shutil.rmtree(sweep_dir, ignore_errors=True)
         raise
 
     def save():  # after each trial; the sweep's end (or Ctrl-C) writes them durably
@@ -152,6 +145,66 @@ def sweep(
     console.print(f"results in {sweep_dir}/results.json and results.csv (tensorboard --logdir {sweep_dir})")
     if problems:
         raise UserError("; ".join(problems))
+
+
+def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots, shares):
+    """Fork a process for each GPU after the first (mlptrain.sweep.forked), each a `--worker` of this sweep
+    that runs its share of the workers as threads, into `children`; returns (slots, shares), or None where
+    this process cannot fork cleanly (a thread already runs here: an embedding program's), and its children
+    are then started from nothing once it has counted the GPUs."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.forked import can_fork, fork_child
+
+    if not can_fork():
+        return None
+    _make_folder(sweep_dir)
+    for i in range(1, len(shares)):
+        def run(share=shares[i]):  # the same command as a `--worker` with its share: see `command` above
+            sweep(sweep_file, overrides, runs_dir, name, url, share, True)
+        children[i] = fork_child(run, sweep_dir / f"worker-{i}.log", slots[i])
+    return slots, shares
+
+
+def _start_here(base_config, workers: int, worker: bool, forked):
+    """This process's start once any children are forked: the CUDA driver and contexts, the data's checks,
+    and on GPUs the worker threads (their contexts made while Optuna is imported and the study opened).
+    Returns (the threads or None, the resources, each process's share of the workers or None)."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.backends.cuda import start_driver
+    from mlptrain.sweep.forked import gpu_shares, process_per_gpu
+    from mlptrain.sweep.threads import TrialThreads, make_contexts_early, thread_gpus
+    from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
+
+    start_driver()  # in a thread, once (a sweep with nothing to fork started it already): thread_gpus answers at once
+    resources = Resources()
+    if base_config.backend != "cpu":
+        # the GPU contexts the workers will use, made from now on beside Optuna's import
+        threading.Thread(target=make_contexts_early, args=(workers,), name="cuda-contexts", daemon=True).start()
+        # imported anyway, and now while the driver starts: cuInit does not hold the interpreter (a CPU
+        # sweep imports it after its child workers have started instead)
+        import_module("mlptrain.sweep.engine")
+    gpus = thread_gpus(base_config.backend)  # > 0: the workers are threads of this process
+    if workers == 1 and not gpus:
+        resources.prepare(base_config)  # refusals before the sweep's folder exists
+    else:  # the same refusals, without a GPU context: each worker makes its own
+        check_inputs(base_config, resources)
+    # a process per GPU (mlptrain.sweep.threads), each with its share of the workers as threads; this
+    # process takes the first GPU's share
+    shares = forked[1] if forked else gpu_shares(workers, gpus) if not worker and process_per_gpu(workers, gpus) \
+        else None
+    pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
+                        lambda view: view.prepare(base_config)) if gpus else None
+    return pool, resources, shares
+
+
+def _stop_children(children: dict) -> None:
+    """Stop a sweep's children that its command started or forked (each queues its trial again), and wait
+    for them."""
+    if children:
+        # the command's own modules, imported when it runs: --help and the other commands start without them
+        from mlptrain.sweep.workers import stop_workers
+
+        stop_workers(list(children.values()), signal.SIGTERM)
 
 
 def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress: bool):

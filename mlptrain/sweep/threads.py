@@ -21,11 +21,11 @@ and opens the study.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
 from mlptrain.backends.cuda import driver_gpu_count, make_context_early
+from mlptrain.sweep.forked import process_per_gpu
 
 WAIT_S = 0.05  # a timed join: Ctrl-C still reaches this thread while it waits for the others
 
@@ -47,14 +47,6 @@ def thread_gpus(backend: str) -> int:
     return found if isinstance(found, int) else 0
 
 
-PROCESS_PER_GPU_ENV = "MLPTRAIN_SWEEP_PROCESS_PER_GPU"  # "1": a process per GPU (see above)
-
-
-def process_per_gpu(workers: int, gpus: int) -> bool:
-    """Whether the workers run as a process per GPU: asked for, and more than one GPU in use."""
-    return os.environ.get(PROCESS_PER_GPU_ENV) == "1" and min(workers, gpus) > 1
-
-
 def make_contexts_early(workers: int) -> None:
     """Start making the CUDA contexts of the GPUs this process's workers will train on (make_context_early),
     once the driver has started: the workers then find them made."""
@@ -62,12 +54,6 @@ def make_contexts_early(workers: int) -> None:
     if isinstance(found, int):
         for device in range(1 if process_per_gpu(workers, found) else min(workers, found)):
             make_context_early(device)
-
-
-def gpu_shares(workers: int, gpus: int) -> list[int]:
-    """How many of `workers` run on each of the first min(workers, gpus) GPUs: worker i on GPU i mod that."""
-    used = min(workers, gpus)
-    return [len(range(j, workers, used)) for j in range(used)]
 
 
 class TrialThreads:

@@ -17,7 +17,6 @@ process per GPU keeps that contention within a GPU.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from mlptrain.backends.cuda import gpu_count
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims
 from mlptrain.sweep.engine import requeue_stale
+from mlptrain.sweep.forked import die_with_parent
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.util.console import console
 from mlptrain.util.regular_file import open_regular
@@ -36,7 +36,6 @@ from mlptrain.util.regular_file import open_regular
 POLL_S = 2  # how often the parent reports the trials its children finished
 WAIT_S = 0.05  # how often it looks at its children: the sweep ends within this of its last worker
 STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed
-PR_SET_PDEATHSIG = 1  # prctl(2)
 BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # read by NumPy's BLAS at start
 
 
@@ -75,6 +74,13 @@ def start_workers(command: list[str], workers: int, slots: list, sweep_dir: Path
     """Start workers `first` .. `workers` - 1 running `command` (worker 0 is this process when `first` is 1),
     each on its slot of `slots` (gpu_slots) in turn; returns {index: process}. `threads`: worker i is a
     process of threads[i] worker threads (its `--workers`), one GPU each. `env`: added to each one's."""
+    procs = {i: _start(command, slots, sweep_dir, i, threads, env) for i in range(first, workers)}
+    announce(workers, slots, sweep_dir, first, threads)
+    return procs
+
+
+def announce(workers: int, slots: list, sweep_dir: Path, first: int = 0, threads: list[int] | None = None) -> None:
+    """The line that says which workers run where (start_workers; a process per GPU forked, mlptrain.sweep.forked)."""
     def on(i):
         return f"{threads[i]} on GPU {slots[i % len(slots)]}" if threads else slots[i % len(slots)]
 
@@ -86,9 +92,7 @@ def start_workers(command: list[str], workers: int, slots: list, sweep_dir: Path
         who = f"{workers} workers (this process and {workers - 1} more){gpus}; the others'"
     else:
         who = f"{workers} workers started{gpus}; their"
-    procs = {i: _start(command, slots, sweep_dir, i, threads, env) for i in range(first, workers)}
     console.print(f"{who} output goes to {sweep_dir}/worker-N.log", highlight=False)
-    return procs
 
 
 def _start(command: list[str], slots: list, sweep_dir: Path, i: int, threads: list[int] | None = None,
@@ -214,14 +218,6 @@ def stop_workers(procs, signum: int) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def die_with_parent() -> None:
-    """In each worker (Linux): SIGTERM when the parent dies, even by SIGKILL, so that none is orphaned."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: a parent killed with SIGKILL leaves its workers running
-        pass
 
 
 def _ending(code: int) -> str:

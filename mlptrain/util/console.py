@@ -34,6 +34,12 @@ def make_console(**options) -> Console:
 console = make_console()
 
 
+def reopen_console() -> None:
+    """Have the console decide afresh what stderr is, after a forked child pointed it at a log: Rich chose
+    colours and a live display for the command's terminal when it was made."""
+    console.__init__(stderr=True, width=console_width())  # the same object: every module holds it
+
+
 def show_warnings_as_lines() -> None:
     """Python's warnings (NumPy's overflow in a diverging run, Pillow's on an odd image) as one line each,
     `warning: MESSAGE (Category)`, instead of the raw `file:line: Category: message` and its source line."""

@@ -9,7 +9,8 @@ import pytest
 
 from mlptrain.backends import cuda
 from mlptrain.backends.selection import get_backend
-from mlptrain.sweep.threads import PROCESS_PER_GPU_ENV, make_contexts_early
+from mlptrain.sweep.forked import PROCESS_PER_GPU_ENV
+from mlptrain.sweep.threads import make_contexts_early
 
 
 class FakeDriver:

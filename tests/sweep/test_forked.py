@@ -1,0 +1,142 @@
+"""A process per GPU forked from the sweep command (mlptrain.sweep.forked), without a GPU: which GPUs the
+command counts without starting CUDA, that nothing it imports before the fork starts a thread, and what a
+forked child does with its output, its GPU, its exit code and a signal.
+
+The forks happen in a fresh interpreter (a subprocess): pytest's own process has NumPy's threads, and a
+fork is only made from a process with none (`can_fork`)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mlptrain.sweep.forked import Forked, visible_slots
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def driver_folder(tmp_path):
+    """The NVIDIA driver's folder of a machine with `n` GPUs."""
+    def machine(n: int):
+        folder = tmp_path / "gpus"
+        folder.mkdir()
+        for i in range(n):
+            (folder / f"0000:{i:02x}:00.0").mkdir()
+        return folder
+    return machine
+
+
+@pytest.mark.parametrize("visible, slots", [
+    (None, ["0", "1", "2", "3"]),
+    ("2,0", ["2", "0"]),
+    (" 3 , 1 ", ["3", "1"]),
+    ("1,7,2", ["1"]),  # CUDA stops reading at the first index the driver has no GPU for
+    ("1,1", ["1"]),  # nor does it repeat a GPU
+    ("", []),
+    ("-1", []),
+    ("GPU-5e2a8f7c,1", None),  # UUIDs and MIG instances: only the driver can tell, so no fork
+    ("0,MIG-7d1c", None),
+])
+def test_the_gpus_are_counted_without_starting_cuda(driver_folder, visible, slots):
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert visible_slots(environ, driver_folder(4)) == slots
+
+
+def test_no_driver_folder_or_the_simulator_count_nothing(driver_folder, tmp_path):
+    assert visible_slots({}, tmp_path / "missing") is None
+    assert visible_slots({"NUMBA_ENABLE_CUDASIM": "1"}, driver_folder(2)) is None
+
+
+def _fresh(script: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_the_sweep_command_forks_before_anything_starts_a_thread(tmp_path):
+    """What `mlptrain sweep` imports and reads before it forks (the CLI, the sweep file, its config) starts
+    no thread and leaves NumPy (whose BLAS starts threads) unimported, so its children fork clean."""
+    done = _fresh("""
+        import sys
+        import mlptrain.cli
+        from mlptrain.cli.sweep import resolve_sweep
+        from mlptrain.config.load import config_from_dict
+        from mlptrain.sweep.forked import can_fork, threads_now, visible_slots
+        from mlptrain.sweep.spec import load_sweep
+        from mlptrain.sweep.storage import absolute, check_storage, default_storage
+        spec = load_sweep(resolve_sweep("sweep_lr_mnist"), ["train.epochs=1"])
+        config_from_dict(spec.raw)
+        visible_slots()
+        print("numpy" in sys.modules, threads_now(), can_fork())
+    """, tmp_path)
+    assert done.stdout.split() == ["False", "1", "True"], done.stderr
+    assert done.returncode == 0
+
+
+def test_a_forked_child_writes_its_log_pins_its_gpu_and_exits_with_its_code(tmp_path):
+    done = _fresh(f"""
+        import os, sys
+        from pathlib import Path
+        from mlptrain.errors import UserError
+        from mlptrain.sweep.forked import fork_child
+        from mlptrain.util.console import console
+        print("before the fork", flush=False)  # pending in the buffer: printed once, by the command
+
+        def fine():
+            console.print("child on GPU " + os.environ["CUDA_VISIBLE_DEVICES"], highlight=False)
+            print("session", os.getsid(0) == os.getpid())
+
+        def refused():
+            raise UserError("no data [here]")
+
+        def crashed():
+            raise ZeroDivisionError("boom")
+
+        def interrupted():
+            raise KeyboardInterrupt
+
+        codes = [fork_child(run, Path({str(tmp_path)!r}) / f"worker-{{i}}.log", str(i)).wait(60)
+                 for i, run in enumerate([fine, refused, crashed, interrupted, lambda: 3])]
+        print("codes", *codes, "here", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["before the fork", "codes 0 2 1 130 3 here None"]
+    logs = [(tmp_path / f"worker-{i}.log").read_text() for i in range(5)]
+    assert logs[0] == "child on GPU 0\nsession True\n"  # no colours: a log, not the command's terminal
+    assert logs[1] == "error: no data [here]\n"
+    assert "ZeroDivisionError: boom" in logs[2] and "Traceback" in logs[2]
+    assert logs[3] == logs[4] == ""
+
+
+def test_a_forked_child_is_stopped_and_reaped_as_a_started_one(tmp_path):
+    done = _fresh(f"""
+        import signal, time
+        from pathlib import Path
+        from mlptrain.sweep.forked import fork_child
+        from mlptrain.sweep.workers import stop_workers
+        import mlptrain.sweep.workers as workers
+
+        child = fork_child(lambda: time.sleep(60), Path({str(tmp_path)!r}) / "worker-1.log", None)
+        assert child.poll() is None
+        started = time.monotonic()
+        stop_workers([child], signal.SIGTERM)
+        print(child.returncode, child.poll(), time.monotonic() - started < 30)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGTERM), str(-signal.SIGTERM), "True"]
+
+
+def test_waiting_for_a_forked_child_times_out_as_popen_does():
+    pid = os.fork()
+    if pid == 0:  # a child that only waits to be killed
+        signal.pause()
+        os._exit(0)
+    child = Forked(pid)
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.05)
+    child.kill()
+    assert child.wait(timeout=30) == -signal.SIGKILL and child.poll() == -signal.SIGKILL
+    child.send_signal(signal.SIGTERM)  # an ended child: nothing is sent
