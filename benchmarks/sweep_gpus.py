@@ -140,7 +140,10 @@ def timeline(sweep_dir: Path, study_name: str, start: float, end: float, shared_
     trials = optuna.load_study(study_name=study_name, storage=storage).get_trials()
     first = min(t.datetime_start for t in trials).timestamp()  # local time, as Optuna keeps it
     last = max(t.datetime_complete for t in trials).timestamp()
-    return {"to_first_trial_s": round(first - start, 2), "after_last_trial_s": round(end - last, 2)}
+    # each trial's (start, end) from the command's start, and the process that ran it
+    each = [[t.number, round(t.datetime_start.timestamp() - start, 3), round(t.datetime_complete.timestamp() - start, 3),
+             (t.system_attrs.get("mlptrain:worker") or {}).get("pid")] for t in trials]
+    return {"to_first_trial_s": round(first - start, 2), "after_last_trial_s": round(end - last, 2), "each": each}
 
 
 def run_sweep(package: Path, scratch: Path, workload: str, workers: int, sampler: GpuSampler,

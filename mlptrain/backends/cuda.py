@@ -6,15 +6,13 @@ kernels are all cached pays for it."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import math
 import os
 import sys
-import threading
 
 import numpy as np
 
+from mlptrain.backends.driver.early import driver_gpu_count
 from mlptrain.errors import UserError
 from mlptrain.util.interrupts import raise_interruption
 
@@ -240,62 +238,6 @@ def gpu_memory_errors(nbytes: int):
         raise UserError(f"the GPU ran out of memory allocating {nbytes / 2**20:,.1f} MiB; use a smaller "
                         "train.batch_size (with train.grad_accum_steps for the same effective batch), a smaller "
                         "model or train.eval_batch_size, or free the GPU (nvidia-smi shows who holds it)") from None
-
-
-def driver_gpu_count() -> int | str | None:
-    """The GPUs the CUDA driver offers this process (CUDA_VISIBLE_DEVICES applied), found in milliseconds by
-    asking the driver library itself (ctypes: no numba import, no CUDA context); a string saying why the
-    driver offers none; None when only numba can tell (the CUDA simulator, a system other than Linux)."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not sys.platform.startswith("linux"):
-        return None
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "no CUDA driver: libcuda.so.1 not found"
-    count = ctypes.c_int(0)
-    status = driver.cuInit(0)
-    if status != 0:
-        return f"the CUDA driver failed to start (cuInit error {status})"
-    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-        return "the CUDA driver sees no GPU"
-    return count.value
-
-
-CONTEXTS_STARTED: set[int] = set()  # the GPUs whose primary context make_context_early has started making
-_EARLY_LOCK = threading.Lock()
-
-
-@functools.cache  # once per process: the driver starts once
-def start_driver() -> None:
-    """Start the CUDA driver (cuInit: 0.2 s on an H100 host) in a thread: ctypes lets the interpreter go
-    while it works, so the command's imports and config run meanwhile, and the later driver_gpu_count
-    answers at once. Harmless where there is no driver (the thread finds none and ends)."""
-    threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
-
-
-def make_context_early(device: int | None) -> None:
-    """Start making `device`'s primary CUDA context (None: the first visible GPU) in a thread, through the
-    driver library, and return at once. Making a context takes 0.1-0.2 s of driver work, during which
-    ctypes lets the interpreter go: numba's import (0.6 s) runs meanwhile, and numba then retains the same
-    primary context and finds it made; on two GPUs their contexts are made at once. The reference taken
-    here is never released: the driver frees the context when the process ends (see leave_to_the_driver).
-    A driver error is left for numba to meet when it makes the context, and to report then."""
-    device = 0 if device is None else device
-    with _EARLY_LOCK:
-        if device in CONTEXTS_STARTED:
-            return
-        CONTEXTS_STARTED.add(device)
-    threading.Thread(target=_retain_primary_context, args=(device,), name=f"cuda-context-{device}",
-                     daemon=True).start()
-
-
-def _retain_primary_context(device: int) -> None:
-    if not isinstance(driver_gpu_count(), int):  # no driver to ask, or no GPU: nothing to make
-        return
-    driver = ctypes.CDLL("libcuda.so.1")
-    handle, context = ctypes.c_int(0), ctypes.c_void_p()
-    if driver.cuDeviceGet(ctypes.byref(handle), device) == 0:
-        driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle)
 
 
 def driver_unusable_reason() -> str | None:

@@ -7,7 +7,8 @@ fallback when no GPU is usable.
 from __future__ import annotations
 
 from mlptrain.backends.cpu import CpuBackend
-from mlptrain.backends.cuda import CudaBackend, cuda_unusable_reason, make_context_early
+from mlptrain.backends.cuda import CudaBackend, cuda_unusable_reason
+from mlptrain.backends.driver.early import make_context_early
 from mlptrain.errors import UserError
 
 

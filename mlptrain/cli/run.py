@@ -31,7 +31,7 @@ def run(
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     # first, so that the CUDA driver starts (0.2 s, in a thread) while the command's modules below are imported
-    from mlptrain.backends.cuda import start_driver
+    from mlptrain.backends.driver.early import start_driver
 
     start_driver()
     # here, not at the top: `mlptrain --help` and the other commands need none of this (numpy, the data loaders)

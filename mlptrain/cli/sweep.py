@@ -54,15 +54,13 @@ def sweep(
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them;
     # none of these starts a thread or imports NumPy, so that a process per GPU can be forked below
+    from mlptrain.backends.driver.early import start_driver
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.forked import gpu_shares, process_per_gpu, visible_slots
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
 
     if workers == 1 or worker:  # nothing to fork: the driver's start while the sweep file is read
-        # imported here: it imports NumPy, which starts threads (see above)
-        from mlptrain.backends.cuda import start_driver
-
         start_driver()
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [])
@@ -170,16 +168,19 @@ def _start_here(base_config, workers: int, worker: bool, forked):
     and on GPUs the worker threads (their contexts made while Optuna is imported and the study opened).
     Returns (the threads or None, the resources, each process's share of the workers or None)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.backends.cuda import start_driver
+    from mlptrain.backends.driver.early import start_driver
+
+    start_driver()  # first, in a thread, once (a sweep with nothing to fork started it already)
+    # then the rest, NumPy's import among them, while the driver starts
     from mlptrain.sweep.forked import gpu_shares, process_per_gpu
     from mlptrain.sweep.threads import TrialThreads, make_contexts_early, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 
-    start_driver()  # in a thread, once (a sweep with nothing to fork started it already): thread_gpus answers at once
     resources = Resources()
     if base_config.backend != "cpu":
         # the GPU contexts the workers will use, made from now on beside Optuna's import
-        threading.Thread(target=make_contexts_early, args=(workers,), name="cuda-contexts", daemon=True).start()
+        threading.Thread(target=make_contexts_early, args=(workers, forked is not None), name="cuda-contexts",
+                         daemon=True).start()
         # imported anyway, and now while the driver starts: cuInit does not hold the interpreter (a CPU
         # sweep imports it after its child workers have started instead)
         import_module("mlptrain.sweep.engine")
@@ -190,11 +191,22 @@ def _start_here(base_config, workers: int, worker: bool, forked):
         check_inputs(base_config, resources)
     # a process per GPU (mlptrain.sweep.threads), each with its share of the workers as threads; this
     # process takes the first GPU's share
-    shares = forked[1] if forked else gpu_shares(workers, gpus) if not worker and process_per_gpu(workers, gpus) \
-        else None
+    started = not worker and process_per_gpu(workers, gpus, forking=False)  # children started from nothing
+    shares = forked[1] if forked else gpu_shares(workers, gpus) if started else None
     pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
-                        lambda view: view.prepare(base_config)) if gpus else None
+                        lambda view: _prepare_worker(view, base_config)) if gpus else None
     return pool, resources, shares
+
+
+def _prepare_worker(view, base_config) -> None:
+    """A worker thread's preparation before its first trial: tensorboardX, which that trial's writer would
+    import (0.1-0.15 s), imported while its GPU's context is made in another thread (driver work, which
+    lets the interpreter go), then its GPU's backend and the data."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.run_dirs.records import summary_writer_class
+
+    summary_writer_class()
+    view.prepare(base_config)
 
 
 def _stop_children(children: dict) -> None:

@@ -40,9 +40,13 @@ POLL_S = 0.01  # how often `Forked.wait` looks
 PROCESS_PER_GPU_ENV = "MLPTRAIN_SWEEP_PROCESS_PER_GPU"  # "1": a process per GPU; "0": threads (see process_per_gpu)
 
 
-def process_per_gpu(workers: int, gpus: int) -> bool:
-    """Whether the workers run as a process per GPU: asked for, and more than one GPU in use."""
-    return os.environ.get(PROCESS_PER_GPU_ENV) == "1" and min(workers, gpus) > 1
+def process_per_gpu(workers: int, gpus: int, forking: bool = True) -> bool:
+    """Whether the workers run as a process per GPU: more than one GPU in use, and either asked for
+    ($MLPTRAIN_SWEEP_PROCESS_PER_GPU=1: forked, else started from nothing) or, unless refused ("0"), where
+    the processes are forked (`forking`). A started child reaches its first trial later than a thread
+    would, so without a fork the workers are threads unless asked otherwise."""
+    setting = os.environ.get(PROCESS_PER_GPU_ENV)
+    return min(workers, gpus) > 1 and (setting == "1" or (setting != "0" and forking))
 
 
 def gpu_shares(workers: int, gpus: int) -> list[int]:

@@ -2,13 +2,13 @@
 
 Worker i trains on GPU i mod G (of the G visible) on a CUDA stream of its own, so K > G puts several
 trials on one GPU at once: a small model leaves most of a GPU idle, and their kernels overlap. The
-workers of one GPU are threads of one process: none pays a process's start (Python, numba, a CUDA
-context: a second and more), the data is read once, and kernels are loaded once for them all. With
-several GPUs, $MLPTRAIN_SWEEP_PROCESS_PER_GPU=1 makes each GPU's share (gpu_shares) a process of its own,
-this one the first GPU's (mlptrain.sweep.workers): threads of one process take turns on its interpreter,
-and trials with short steps wait for each other there, but a child process reaches its first trial
-about 0.7 s after a thread would (benchmarks/NOTES.md, issue 29 step 4), so it is not the default. The
-workers start first thing; this thread opens the study meanwhile, then waits for them.
+workers of one GPU are threads of one process: the data is read once, and kernels are loaded once for
+them all. With several GPUs each GPU's share (gpu_shares) is a process of its own, forked from the command
+before it starts CUDA (mlptrain.sweep.forked), this one the first GPU's: threads of one process take turns
+on its interpreter, and trials with short steps would wait for each other there. Where the command cannot
+fork, the workers of all GPUs are threads of this process (or, with $MLPTRAIN_SWEEP_PROCESS_PER_GPU=1,
+children started from nothing, mlptrain.sweep.workers, which reach their first trial later). The workers
+start first thing; this thread opens the study meanwhile, then waits for them.
 
 A signal reaches this thread only. It then sets `Stop.signum`, which every trial's training loop reads
 after each optimizer step: each worker queues its running trial again and takes no other; this thread
@@ -24,7 +24,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from mlptrain.backends.cuda import driver_gpu_count, make_context_early
+from mlptrain.backends.driver.early import driver_gpu_count, make_context_early
 from mlptrain.sweep.forked import process_per_gpu
 
 WAIT_S = 0.05  # a timed join: Ctrl-C still reaches this thread while it waits for the others
@@ -47,12 +47,14 @@ def thread_gpus(backend: str) -> int:
     return found if isinstance(found, int) else 0
 
 
-def make_contexts_early(workers: int) -> None:
+def make_contexts_early(workers: int, forked: bool = False) -> None:
     """Start making the CUDA contexts of the GPUs this process's workers will train on (make_context_early),
-    once the driver has started: the workers then find them made."""
+    once the driver has started: the workers then find them made. `forked`: this process runs the first
+    GPU's share of a process per GPU (mlptrain.sweep.forked)."""
     found = driver_gpu_count()
     if isinstance(found, int):
-        for device in range(1 if process_per_gpu(workers, found) else min(workers, found)):
+        one = forked or process_per_gpu(workers, found, forking=False)
+        for device in range(1 if one else min(workers, found)):
             make_context_early(device)
 
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from mlptrain.backends import cuda
+from mlptrain.backends.driver import early
 from mlptrain.backends.selection import get_backend
 from mlptrain.sweep.forked import PROCESS_PER_GPU_ENV
 from mlptrain.sweep.threads import make_contexts_early
@@ -43,7 +43,7 @@ def driver(monkeypatch):
     monkeypatch.delenv(PROCESS_PER_GPU_ENV, raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(ctypes, "CDLL", lambda name: fake)
-    monkeypatch.setattr(cuda, "CONTEXTS_STARTED", set())
+    monkeypatch.setattr(early, "CONTEXTS_STARTED", set())
     return fake
 
 
@@ -55,8 +55,8 @@ def retained(fake):
 
 
 def test_a_gpu_context_is_started_once(driver):
-    cuda.make_context_early(None)  # the first visible GPU
-    cuda.make_context_early(0)
+    early.make_context_early(None)  # the first visible GPU
+    early.make_context_early(0)
     assert retained(driver) == [0]
 
 
@@ -74,7 +74,7 @@ def test_a_sweep_starts_the_contexts_its_threads_use(driver, monkeypatch, worker
 def test_no_context_is_started_without_a_gpu(driver, monkeypatch):
     driver.count = 0
     make_contexts_early(2)
-    cuda.make_context_early(0)
+    early.make_context_early(0)
     assert retained(driver) == []
 
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from mlptrain.backends import cuda
 from mlptrain.backends.cuda import cuda_unusable_reason, driver_unusable_reason, gpu_count
 from mlptrain.backends.selection import get_backend
 
@@ -52,10 +53,19 @@ def test_no_gpu_is_found_without_numba(monkeypatch, linux_without_simulator, dri
 
 
 def test_a_driver_with_a_gpu_leaves_the_answer_to_numba(monkeypatch, linux_without_simulator):
+    """Where numba launches the kernels (MLPTRAIN_CUDA_LAUNCH=numba, or no cuda.bindings), numba must work."""
     monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeDriver(count=1))
+    monkeypatch.setattr(cuda, "_driver_path", lambda: False)
     assert driver_unusable_reason() is None
     reason = cuda_unusable_reason()  # numba cannot be imported here: its failure is the answer
     assert reason is not None and "numba" in reason
+
+
+def test_a_driver_with_a_gpu_is_the_answer_where_it_launches(monkeypatch, linux_without_simulator):
+    """The driver path (cuda.bindings) launches cached kernels without numba: a GPU the driver offers is usable."""
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeDriver(count=1))
+    monkeypatch.setattr(cuda, "_driver_path", lambda: True)
+    assert cuda_unusable_reason() is None
 
 
 def test_the_simulator_is_numbas_to_answer(monkeypatch):

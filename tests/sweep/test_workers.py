@@ -115,12 +115,15 @@ def test_several_gpus_share_the_workers_in_turn(count, shares):
     assert gpu_shares(count, 8) == [1] * count  # no more GPUs used than workers
 
 
-def test_a_process_per_gpu_only_when_asked_for_and_several_gpus_are_used(monkeypatch):
+def test_a_process_per_gpu_where_it_forks_or_when_asked_for_and_several_gpus_are_used(monkeypatch):
     monkeypatch.delenv(PROCESS_PER_GPU_ENV, raising=False)
-    assert not process_per_gpu(4, 2)  # threads of one process by default
+    assert process_per_gpu(4, 2) and process_per_gpu(2, 8)  # forked, by default
+    assert not process_per_gpu(4, 2, forking=False)  # threads rather than children started from nothing
     monkeypatch.setenv(PROCESS_PER_GPU_ENV, "1")
-    assert process_per_gpu(4, 2) and process_per_gpu(2, 8)
+    assert process_per_gpu(4, 2) and process_per_gpu(4, 2, forking=False)
     assert not process_per_gpu(1, 2) and not process_per_gpu(4, 1)
+    monkeypatch.setenv(PROCESS_PER_GPU_ENV, "0")  # threads
+    assert not process_per_gpu(4, 2) and not process_per_gpu(4, 2, forking=False)
 
 
 def test_on_several_gpus_a_process_per_gpu_runs_its_share_as_threads(gpus, tmp_path, monkeypatch, capsys):
