@@ -134,6 +134,8 @@ def sweep(
         write_results(sweep_dir, spec, trial_rows(study, spec))
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
         raise typer.Exit(interrupt_exit_code(err))
+    if worker:  # this machine's sweep command writes the results and shows the table once its workers end
+        return
     rows = trial_rows(study, spec)
     write_results(sweep_dir, spec, rows)
     _show(results_table(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})"))
@@ -141,6 +143,8 @@ def sweep(
         if row["error"]:
             console.print(f"trial {row['number']} failed: {row['error']}", highlight=False)
     console.print(f"results in {sweep_dir}/results.json and results.csv (tensorboard --logdir {sweep_dir})")
+    for child in children.values():  # a forked child said it was done before its exit (mlptrain.sweep.forked)
+        child.wait()
     if problems:
         raise UserError("; ".join(problems))
 

@@ -94,21 +94,32 @@ def threads_now() -> int:
 
 class Forked:
     """A forked child as subprocess.Popen presents one (`poll`, `wait`, `send_signal`, `kill`, `returncode`),
-    so that the code that watches and stops a sweep's children treats either kind alike."""
+    so that the code that watches and stops a sweep's children treats either kind alike. A forked child
+    also says its exit code through a pipe once its work is done, before its process ends (the driver's
+    teardown of its GPU context takes a tenth of a second more): `poll` returns that code at once, and
+    `wait` waits for the process itself."""
 
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+    def __init__(self, pid: int, done: int | None = None):
+        self.pid, self.returncode, self._done, self._ended = pid, None, done, False
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
+        if not self._ended:
+            ended, status = os.waitpid(self.pid, os.WNOHANG)
+            if ended:
+                self._ended, self.returncode = True, os.waitstatus_to_exitcode(status)
+                self._close()
+        if self.returncode is None and self._done is not None:
+            try:
+                said = os.read(self._done, 1)
+            except BlockingIOError:  # nothing said yet
+                said = None
+            if said:
+                self.returncode = said[0]
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while self.poll() is None or not self._ended:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
             time.sleep(POLL_S)
@@ -122,7 +133,16 @@ class Forked:
                 pass
 
     def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+        if not self._ended:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _close(self) -> None:
+        if self._done is not None:
+            os.close(self._done)
+            self._done = None
 
 
 def can_fork() -> bool:
@@ -142,12 +162,16 @@ def fork_child(run, log_path: Path, slot: str | None) -> Forked:
         raise UserError(f"{log_path}: cannot append to it ({err.strerror or err}); remove it") from None
     for stream in (sys.stdout, sys.stderr):  # or the child would write the command's pending text again
         stream.flush()
+    done, say_done = os.pipe()
+    os.set_blocking(done, False)
     pid = os.fork()
     if pid:
         log.close()
-        return Forked(pid)
+        os.close(say_done)
+        return Forked(pid, done)
     code = 1
     try:
+        os.close(done)
         os.setsid()
         die_with_parent()
         os.dup2(log.fileno(), 1)
@@ -163,6 +187,10 @@ def fork_child(run, log_path: Path, slot: str | None) -> Forked:
                 stream.flush()
             except Exception:  # the code is decided; a stream that cannot flush has nothing to add to it
                 pass
+        try:
+            os.write(say_done, bytes([code & 0xFF]))  # as the process's exit status would carry it
+        except OSError:  # the command is gone; the exit itself tells whoever waits
+            pass
         os._exit(code)
 
 

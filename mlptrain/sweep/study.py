@@ -34,6 +34,7 @@ from mlptrain.util.regular_file import open_regular
 
 SETUP_WAIT_S = 60  # how long to wait for another worker to finish queueing a new study's trials
 PRUNE_AFTER_TRIALS = 5  # Optuna's default: the median of fewer finished trials is noise
+READY_POLL_S = 0.005  # how often a `--worker` child looks for READY: its first trial waits up to this long
 READY = ".study-ready"  # in the sweep folder once its study exists: `--worker` children wait for it
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -144,7 +145,7 @@ def _wait_for_study(sweep_dir: Path, url: str) -> None:
     while not (sweep_dir / READY).exists():
         if time.monotonic() > deadline:
             raise UserError(f"{described(url)}: the sweep command that started this worker never opened its study")
-        time.sleep(0.05)
+        time.sleep(READY_POLL_S)
 
 
 def _check_same_sweep(study, sweep: Sweep, sweep_dir: Path, url: str) -> None:

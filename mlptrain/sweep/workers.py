@@ -34,7 +34,7 @@ from mlptrain.util.console import console
 from mlptrain.util.regular_file import open_regular
 
 POLL_S = 2  # how often the parent reports the trials its children finished
-WAIT_S = 0.05  # how often it looks at its children: the sweep ends within this of its last worker
+WAIT_S = 0.01  # how often it looks at its children: the sweep ends within this of its last worker
 STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed
 BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # read by NumPy's BLAS at start
 

@@ -140,3 +140,25 @@ def test_waiting_for_a_forked_child_times_out_as_popen_does():
     child.kill()
     assert child.wait(timeout=30) == -signal.SIGKILL and child.poll() == -signal.SIGKILL
     child.send_signal(signal.SIGTERM)  # an ended child: nothing is sent
+
+
+def test_a_forked_child_says_it_is_done_before_its_process_ends(tmp_path):
+    """The command goes on once a child's work is done (its code through a pipe), while the child's process
+    still ends (a GPU context's teardown); `wait` waits for that end."""
+    done = _fresh(f"""
+        import os, time
+        from pathlib import Path
+        from mlptrain.sweep.forked import fork_child
+
+        real_exit = os._exit
+        os._exit = lambda code: (time.sleep(1.5), real_exit(code))  # a slow end, in the child only
+        child = fork_child(lambda: 7, Path({str(tmp_path)!r}) / "worker-1.log", None)
+        os._exit = real_exit
+        started = time.monotonic()
+        while child.poll() is None:
+            time.sleep(0.01)
+        said = time.monotonic() - started
+        print(child.poll(), said < 1.0, child.wait(timeout=30), time.monotonic() - started >= 1.4)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["7", "True", "7", "True"]
