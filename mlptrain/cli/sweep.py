@@ -194,7 +194,8 @@ def _start_here(base_config, workers: int, worker: bool, forked):
     else:  # the same refusals, without a GPU context: each worker makes its own
         check_inputs(base_config, resources)
     # a process per GPU (mlptrain.sweep.threads), each with its share of the workers as threads; this
-    # process takes the first GPU's share
+    # process takes the first GPU's share; its children forked already, or started from nothing when asked
+    # for where it could not fork
     started = not worker and process_per_gpu(workers, gpus, forking=False)  # children started from nothing
     shares = forked[1] if forked else gpu_shares(workers, gpus) if started else None
     pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,

@@ -12,7 +12,9 @@ does. Ctrl-C reaches the children from here, once.
 On several GPUs the workers are a process per GPU, each running its share of the K workers as threads
 (mlptrain.sweep.threads): the command takes the first GPU and a child each other one. Threads of one
 process share its interpreter, so trials whose steps are short (an MNIST MLP's) would queue for it; a
-process per GPU keeps that contention within a GPU.
+process per GPU keeps that contention within a GPU. Those children are forked (mlptrain.sweep.forked),
+and watched here like started ones; a child that dies is replaced by a started one (the command has
+started CUDA by then, and a child forked after that could not use the GPU).
 """
 
 from __future__ import annotations
