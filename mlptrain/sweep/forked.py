@@ -8,12 +8,13 @@ sweep file starts from where the command stands: both then import, start CUDA an
 on different cores, and reach their first trials together.
 
 A fork must come before the command starts CUDA (a child forked after cuInit cannot use the GPU) and
-before it has any thread other than the main one (NumPy's BLAS starts its threads at import): `fork_child`
-refuses otherwise, and the caller starts its children the old way (mlptrain.sweep.workers). So the GPUs
-are counted without the driver (`visible_slots`). Each child pins its GPU with CUDA_VISIBLE_DEVICES, as a
-child started from nothing does, writes its output to worker-N.log, and leaves with `os._exit` once its
-work is done: its files are closed and flushed by then, and the interpreter's own teardown (0.15 s) would
-only hold up the command, which waits for it.
+before it has any thread other than the main one (NumPy's BLAS starts its threads at import): `can_fork`
+says whether it may, and where it may not the command's workers are threads (or, asked for, children
+started from nothing: mlptrain.sweep.workers). So the GPUs are counted without the driver
+(`visible_slots`). Each child pins its GPU with CUDA_VISIBLE_DEVICES, as a child started from nothing
+does, writes its output to worker-N.log, says its exit code through a pipe once its work is done, and
+leaves with `os._exit`: its files are closed and flushed by then, and the interpreter's own teardown
+(0.15 s) would only delay the sweep's end.
 """
 
 from __future__ import annotations
