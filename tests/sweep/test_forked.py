@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from mlptrain.sweep.forked import Forked, visible_slots
+from mlptrain.sweep.forked import visible_slots
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -129,17 +129,23 @@ def test_a_forked_child_is_stopped_and_reaped_as_a_started_one(tmp_path):
     assert done.stdout.split() == [str(-signal.SIGTERM), str(-signal.SIGTERM), "True"]
 
 
-def test_waiting_for_a_forked_child_times_out_as_popen_does():
-    pid = os.fork()
-    if pid == 0:  # a child that only waits to be killed
-        signal.pause()
-        os._exit(0)
-    child = Forked(pid)
-    with pytest.raises(subprocess.TimeoutExpired):
-        child.wait(timeout=0.05)
-    child.kill()
-    assert child.wait(timeout=30) == -signal.SIGKILL and child.poll() == -signal.SIGKILL
-    child.send_signal(signal.SIGTERM)  # an ended child: nothing is sent
+def test_waiting_for_a_forked_child_times_out_as_popen_does(tmp_path):
+    done = _fresh(f"""
+        import signal, subprocess
+        from pathlib import Path
+        from mlptrain.sweep.forked import fork_child
+
+        child = fork_child(signal.pause, Path({str(tmp_path)!r}) / "worker-1.log", None)  # waits to be killed
+        try:
+            child.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            print("timed out")
+        child.kill()
+        print(child.wait(timeout=30), child.poll())
+        child.send_signal(signal.SIGTERM)  # an ended child: nothing is sent
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["timed out", f"{-signal.SIGKILL} {-signal.SIGKILL}"]
 
 
 def test_a_forked_child_says_it_is_done_before_its_process_ends(tmp_path):
