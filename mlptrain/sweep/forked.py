@@ -61,8 +61,7 @@ def visible_slots(environ=None, gpus_folder: Path = NVIDIA_GPUS) -> list[str] | 
     without starting CUDA: CUDA_VISIBLE_DEVICES's indices (up to the first that names no GPU the driver
     has, where CUDA stops reading it), else one index per GPU in the NVIDIA driver's folder. None where that
     folder cannot be read (no driver, not Linux), under the CUDA simulator, or where CUDA_VISIBLE_DEVICES
-    names GPUs by UUID or MIG instance: only the driver can tell those, so the children are started the
-    old way."""
+    names GPUs by UUID or MIG instance: only the driver can tell those, so the command does not fork."""
     environ = os.environ if environ is None else environ
     if environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return None
