@@ -35,7 +35,7 @@ from mlptrain.training.monitor import TrainingMonitor
 from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
-from mlptrain.util.atomic import atomic_write
+from mlptrain.util.atomic import atomic_write, link_whole
 from mlptrain.util.console import console
 
 
@@ -233,7 +233,7 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
             s.unsaved_best = arrays
         if save_last:
             save_checkpoint(checkpoint_file(run_dir, "last"), arrays)
-            _save_best(s, run_dir)
+            _save_best(s, run_dir, last=arrays)
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
                       f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
@@ -268,10 +268,15 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
 
 
-def _save_best(s: Session, run_dir: Path) -> None:
-    """best.npz from the arrays held since the best epoch, once `last` (which records that epoch) is written."""
+def _save_best(s: Session, run_dir: Path, last: dict | None = None) -> None:
+    """best.npz from the arrays held since the best epoch, once `last` (which records that epoch) is written.
+    Where they are the arrays `last` was just written from (this epoch is the best), best.npz is a second
+    name of that file (link_whole), not the same bytes written again."""
     if s.unsaved_best is not None:
-        save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best)
+        if s.unsaved_best is last:
+            link_whole(checkpoint_file(run_dir, "last"), checkpoint_file(run_dir, "best"))
+        else:
+            save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best)
         s.unsaved_best = None
 
 

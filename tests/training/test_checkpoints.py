@@ -50,3 +50,29 @@ def test_a_stop_writes_the_pending_best_beside_last(tmp_path):
         raise AssertionError("the run was not stopped")
     state = epochs_on_disk(run)
     assert state["last"] == 2 and 1 <= state["best"] <= 2
+
+
+def test_best_written_with_last_from_the_same_arrays_is_the_same_file(tmp_path):
+    """An epoch that is the best so far writes `last` and `best` from the same arrays: `best` is then a second
+    name of `last`'s file (8 MB not written again), and the next `last` replaces its own name only."""
+    config = make_config(64, 4, ADAM, None, epochs=2, checkpoint_every_epochs=1)
+    run = new_run(tmp_path, "run", config)
+    seen = []
+
+    def on_disk(record):
+        last, best = run / "checkpoints" / "last.npz", run / "checkpoints" / "best.npz"
+        seen.append((record["epoch"], last.samefile(best), last.read_bytes() == best.read_bytes(),
+                     int(load_checkpoint(best)["meta/epoch"])))
+    summary = train(build_session(config, CpuBackend(), synthetic_dataset()), run, on_evaluation=on_disk)
+    assert summary["best_epoch"] == 2  # val_acc improves in both epochs (ADAM): each epoch is the best so far
+    assert seen == [(1, True, True, 1), (2, True, True, 2)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.npz", "last.npz"]  # no temporary
+
+
+def test_best_held_from_an_earlier_epoch_is_written_from_its_own_arrays(tmp_path):
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=3)
+    run = new_run(tmp_path, "run", config)
+    train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    state = epochs_on_disk(run)
+    last, best = run / "checkpoints" / "last.npz", run / "checkpoints" / "best.npz"
+    assert last.samefile(best) == (state["best"] == state["last"] == 5)

@@ -118,3 +118,35 @@ def test_a_link_at_a_new_outputs_name_is_not_written_through(tmp_path):
         write_json(tmp_path / "out.json", {"a": 1}, overwrite=False)
     write_json(tmp_path / "out.json", {"a": 1})  # a rename replaces the link itself
     assert outside.read_text() == "precious" and not (tmp_path / "out.json").is_symlink()
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_a_second_name_of_a_whole_file_replaces_the_old_one_whole(tmp_path, monkeypatch, links):
+    """link_whole: `best` made the same file as `last` in one rename (a copy where the file system has no hard
+    links); the old `best` stays until then, and a later write of `last` leaves `best` as it was."""
+    last, best = tmp_path / "last.npz", tmp_path / "best.npz"
+    save_checkpoint(last, {"x": np.arange(3)})
+    save_checkpoint(best, {"x": np.zeros(3)})
+    if not links:
+        def no_links(*args, **kwargs):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(atomic.os, "link", no_links)
+    atomic.link_whole(last, best)
+    assert last.samefile(best) == links and list(load_checkpoint(best)["x"]) == [0, 1, 2]
+    save_checkpoint(last, {"x": np.full(3, 7)})
+    assert list(load_checkpoint(best)["x"]) == [0, 1, 2] and list(load_checkpoint(last)["x"]) == [7, 7, 7]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.npz", "last.npz"]
+
+
+def test_a_second_name_that_cannot_be_made_is_one_line_and_leaves_the_old_file(tmp_path, monkeypatch):
+    last, best = tmp_path / "last.npz", tmp_path / "best.npz"
+    save_checkpoint(last, {"x": np.arange(3)})
+    save_checkpoint(best, {"x": np.zeros(3)})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(atomic.os, "replace", full)
+    with pytest.raises(UserError, match="best.npz: cannot write it \\(No space left on device\\); the previous file"):
+        atomic.link_whole(last, best)
+    assert list(load_checkpoint(best)["x"]) == [0, 0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.npz", "last.npz"]
