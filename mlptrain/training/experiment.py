@@ -14,6 +14,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from mlptrain.backends.cuda import driver_unusable_reason
+from mlptrain.backends.driver.early import make_context_early
 from mlptrain.backends.selection import get_backend
 from mlptrain.config.load import RESOLVED, read_yaml, resolved_dict
 from mlptrain.config.rules import check_validation
@@ -24,6 +25,7 @@ from mlptrain.errors import OutputClosed, TrainingDiverged, TrainingInterrupted,
 from mlptrain.nn import check_model_input
 from mlptrain.run_dirs.folders import create_run_dir, write_yaml
 from mlptrain.run_dirs.lock import LOCK_NAME, lock_run, release_run
+from mlptrain.run_dirs.records import summary_writer_class
 from mlptrain.util.host_memory import is_out_of_memory, out_of_memory
 from mlptrain.util.user_paths import expand_user
 
@@ -74,6 +76,9 @@ class Resources:
         """(backend, dataset) for `config`; raises UserError. start_compilers: on a GPU with no compiled
         kernels yet, start the compile workers before loading the data (a run that will train)."""
         if config.backend not in self._backends:
+            if start_compilers and config.backend != "cpu":
+                make_context_early(self._gpu[0])  # the GPU's context made from now on, in a thread of its own
+                summary_writer_class()  # tensorboardX, which the run's writer imports anyway, meanwhile (0.1 s)
             self._backends[config.backend] = get_backend(config.backend, *self._gpu)
             if start_compilers:
                 self._backends[config.backend].start_compilers()
