@@ -199,19 +199,8 @@ def _start_here(base_config, workers: int, worker: bool, forked):
     started = not worker and process_per_gpu(workers, gpus, forking=False)  # children started from nothing
     shares = forked[1] if forked else gpu_shares(workers, gpus) if started else None
     pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
-                        lambda view: _prepare_worker(view, base_config)) if gpus else None
+                        lambda view: view.prepare(base_config, logs=True)) if gpus else None
     return pool, resources, shares
-
-
-def _prepare_worker(view, base_config) -> None:
-    """A worker thread's preparation before its first trial: tensorboardX, which that trial's writer would
-    import (0.1-0.15 s), imported while its GPU's context is made in another thread (driver work, which
-    lets the interpreter go), then its GPU's backend and the data."""
-    # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.run_dirs.records import summary_writer_class
-
-    summary_writer_class()
-    view.prepare(base_config)
 
 
 def _stop_children(children: dict) -> None:

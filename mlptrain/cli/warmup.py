@@ -23,7 +23,7 @@ def warmup(
     from mlptrain.training.session import build_session
 
     cfg = load_config(resolve_config(config), overrides or [])
-    backend, dataset = Resources().prepare(cfg, start_compilers=True)
+    backend, dataset = Resources().prepare(cfg, start_compilers=True, logs=False)
     if backend.name != "cuda":
         console.print(f"backend {backend.name}: the NumPy kernels need no compiling")
         return

@@ -72,11 +72,13 @@ class Resources:
         check_model_input(config.model, self._datasets[key])
         return self._datasets[key]
 
-    def prepare(self, config: Config, start_compilers: bool = False):
+    def prepare(self, config: Config, start_compilers: bool = False, logs: bool | None = None):
         """(backend, dataset) for `config`; raises UserError. start_compilers: on a GPU with no compiled
-        kernels yet, start the compile workers before loading the data (a run that will train)."""
+        kernels yet, start the compile workers before loading the data (a run that will train). logs (default:
+        start_compilers): the run will write TensorBoard events, so tensorboardX is imported while the GPU's
+        context is made."""
         if config.backend not in self._backends:
-            if start_compilers and config.backend != "cpu":
+            if (start_compilers if logs is None else logs) and config.backend != "cpu":
                 make_context_early(self._gpu[0])  # the GPU's context made from now on, in a thread of its own
                 summary_writer_class()  # tensorboardX, which the run's writer imports anyway, meanwhile (0.1 s)
             self._backends[config.backend] = get_backend(config.backend, *self._gpu)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -93,8 +94,11 @@ def atomic_write(path: Path, binary: bool = False, durable: bool = True, overwri
         if not overwrite and isinstance(err, FileExistsError):
             raise UserError(f"{path} exists (another process made it while this one worked); add --force to "
                             "overwrite it") from None
-        raise UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, "
-                        "is intact") from None
+        raise _cannot_write(path, err) from None
+
+
+def _cannot_write(path: Path, err: OSError) -> UserError:
+    return UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, is intact")
 
 
 def link_whole(source: Path, path: Path) -> None:
@@ -112,8 +116,7 @@ def link_whole(source: Path, path: Path) -> None:
             if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
                 raise
             with replacing(path) as file, open(source, "rb") as whole:
-                while chunk := whole.read(2**20):
-                    file.write(chunk)
+                shutil.copyfileobj(whole, file)
             return
         try:
             os.replace(tmp, path)
@@ -122,8 +125,7 @@ def link_whole(source: Path, path: Path) -> None:
                 tmp.unlink()
             raise
     except OSError as err:
-        raise UserError(f"{path}: cannot write it ({err.strerror or err}); the previous file, if any, "
-                        "is intact") from None
+        raise _cannot_write(path, err) from None
 
 
 def write_text(path: Path, text: str, durable: bool = True, overwrite: bool = True) -> None:
