@@ -9,7 +9,7 @@ import sys
 import threading
 from importlib import import_module
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -56,7 +56,8 @@ def sweep(
     # none of these starts a thread or imports NumPy, so that a process per GPU can be forked below
     from mlptrain.backends.driver.early import start_driver
     from mlptrain.config.load import config_from_dict
-    from mlptrain.sweep.forked import gpu_shares, process_per_gpu, visible_slots
+    from mlptrain.sweep.gpu_processes import gpu_shares, process_per_gpu, visible_slots
+    from mlptrain.sweep.prefork import drop_planned
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
 
@@ -81,6 +82,7 @@ def sweep(
             # first, before this process starts CUDA or a thread: the children start where it stands
             forked = _fork_gpu_processes(children, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots,
                                          gpu_shares(workers, len(slots)))
+        drop_planned()  # children forked at the command's start that it does not use (a CPU sweep, say)
         pool, resources, shares = _start_here(base_config, workers, worker, forked)
         if forked and pool is None:  # the driver listed GPUs that CUDA does not offer: workers as on the CPU
             console.print("[yellow]warning:[/] CUDA offers none of the GPUs the NVIDIA driver lists: the "
@@ -143,8 +145,6 @@ def sweep(
         if row["error"]:
             console.print(f"trial {row['number']} failed: {row['error']}", highlight=False)
     console.print(f"results in {sweep_dir}/results.json and results.csv (tensorboard --logdir {sweep_dir})")
-    for child in children.values():  # a forked child said it was done before its exit (mlptrain.sweep.forked)
-        child.wait()
     if problems:
         raise UserError("; ".join(problems))
 
@@ -153,18 +153,57 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
     """Fork a process for each GPU after the first (mlptrain.sweep.forked), each a `--worker` of this sweep
     that runs its share of the workers as threads, into `children`; returns (slots, shares), or None where
     this process cannot fork cleanly (a thread already runs here: an embedding program's), and its children
-    are then started from nothing once it has counted the GPUs."""
+    are then started from nothing once it has counted the GPUs. The command forked them at its start
+    already where its arguments said it would (mlptrain.sweep.prefork): those are sent their calls."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.sweep.forked import can_fork, fork_child
+    from mlptrain.sweep.forked import Forked, fork_child, open_log
+    from mlptrain.sweep.gpu_processes import can_fork
+    from mlptrain.sweep.prefork import take_planned
 
-    if not can_fork():
+    def call(i):  # the same command as a `--worker` with its share: see `command` in sweep()
+        return dict(sweep_file=sweep_file, overrides=overrides or [], runs_dir=str(runs_dir), name=name, url=url,
+                    share=shares[i], log=str(sweep_dir / f"worker-{i}.log"))
+
+    planned = take_planned(slots[1:len(shares)])
+    if planned is None and not can_fork():
         return None
     _make_folder(sweep_dir)
+    if planned is not None:
+        for i in sorted(planned):
+            open_log(Path(call(i)["log"])).close()  # refused here, in one line, when it cannot be written
+        for i, child in sorted(planned.items()):
+            child.send(call(i))  # one that died meanwhile is seen as a dead worker (its log says why)
+            children[i] = Forked(child.pid, child.done)
+        return slots, shares
     for i in range(1, len(shares)):
-        def run(share=shares[i]):  # the same command as a `--worker` with its share: see `command` above
-            sweep(sweep_file, overrides, runs_dir, name, url, share, True)
+        def run(c=call(i)):
+            sweep(c["sweep_file"], c["overrides"], Path(c["runs_dir"]), c["name"], c["url"], c["share"], True)
         children[i] = fork_child(run, sweep_dir / f"worker-{i}.log", slots[i])
     return slots, shares
+
+
+def serve_planned(waiting) -> NoReturn:
+    """A child forked at the command's start (mlptrain.sweep.prefork): what its trials need is imported while
+    the command reads the sweep file; then it runs the command's call, a `--worker` of the sweep with its
+    share of the workers, and exits with its code (mlptrain.sweep.forked). Without a call it exits at once."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.forked import open_log, run_child
+
+    try:
+        import_module("mlptrain.training.experiment")
+        import_module("mlptrain.sweep.engine")
+        import_module("mlptrain.run_dirs.records").summary_writer_class()  # tensorboardX, without torch
+    except Exception:  # imported again where it is used, which reports the failure in the worker's log
+        pass
+    call = waiting.call()
+    if call is None:
+        os._exit(0)
+
+    def run():
+        sweep(call["sweep_file"], call["overrides"], Path(call["runs_dir"]), call["name"], call["url"],
+              call["share"], True)
+
+    run_child(lambda: open_log(Path(call["log"])), run, waiting.done)
 
 
 def _start_here(base_config, workers: int, worker: bool, forked):
@@ -176,7 +215,7 @@ def _start_here(base_config, workers: int, worker: bool, forked):
 
     start_driver()  # first, in a thread, once (a sweep with nothing to fork started it already)
     # then the rest, NumPy's import among them, while the driver starts
-    from mlptrain.sweep.forked import gpu_shares, process_per_gpu
+    from mlptrain.sweep.gpu_processes import gpu_shares, process_per_gpu
     from mlptrain.sweep.threads import TrialThreads, make_contexts_early, thread_gpus
     from mlptrain.training.experiment import Resources, check_inputs  # numpy and the data loaders: when used
 

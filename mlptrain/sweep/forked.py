@@ -3,23 +3,25 @@
 Threads of one process take turns on its interpreter: two MNIST trials at once on two GPUs took 0.35 s
 each where one alone takes 0.31 s, and the more GPUs, the longer the queue (benchmarks/NOTES.md, issue 29).
 A child process per GPU has an interpreter of its own, but a child started from nothing pays Python, the
-CLI and its imports before its first trial. A child forked from the command right after it has read the
-sweep file starts from where the command stands: both then import, start CUDA and load the data at once,
-on different cores, and reach their first trials together.
+CLI and its imports before its first trial. A forked child starts from where the command stands: both then
+import, start CUDA and load the data at once, on different cores, and reach their first trials together.
+The `mlptrain` command forks them at its first line (mlptrain.sweep.prefork); a sweep called otherwise (from
+Python, a test) forks them here, right after it has read the sweep file (`fork_child`).
 
 A fork must come before the command starts CUDA (a child forked after cuInit cannot use the GPU) and
 before it has any thread other than the main one (NumPy's BLAS starts its threads at import): `can_fork`
 says whether it may, and where it may not the command's workers are threads (or, asked for, children
 started from nothing: mlptrain.sweep.workers). So the GPUs are counted without the driver
-(`visible_slots`). Each child pins its GPU with CUDA_VISIBLE_DEVICES, as a child started from nothing
-does, writes its output to worker-N.log, says its exit code through a pipe once its work is done, and
-leaves with `os._exit`: its files are closed and flushed by then, and the interpreter's own teardown
-(0.15 s) would only delay the sweep's end.
+(mlptrain.sweep.gpu_processes). Each child pins its GPU with CUDA_VISIBLE_DEVICES, as a child started from
+nothing does, writes its output to worker-N.log, says its exit code through a pipe once its work is done,
+and leaves with `os._exit`: its files are closed and flushed by then, and the interpreter's own teardown
+(0.15 s) would only delay the sweep's end. The command waits for that code, not for the process's end
+(the driver's teardown of its GPU context, 0.06-0.1 s more): it may return while a child's process still
+ends, which the system then reaps.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -28,69 +30,16 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from rich.markup import escape
 
 from mlptrain.errors import UserError
+from mlptrain.sweep.gpu_processes import die_with_parent
 from mlptrain.util.console import console, reopen_console
 from mlptrain.util.regular_file import open_regular
 
-NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # a folder per GPU the NVIDIA driver gives this machine (container)
-PR_SET_PDEATHSIG = 1  # prctl(2)
 POLL_S = 0.01  # how often `Forked.wait` looks
-PROCESS_PER_GPU_ENV = "MLPTRAIN_SWEEP_PROCESS_PER_GPU"  # "1": a process per GPU; "0": threads (see process_per_gpu)
-
-
-def process_per_gpu(workers: int, gpus: int, forking: bool = True) -> bool:
-    """Whether the workers run as a process per GPU: more than one GPU in use, and either asked for
-    ($MLPTRAIN_SWEEP_PROCESS_PER_GPU=1: forked, else started from nothing) or, unless refused ("0"), where
-    the processes are forked (`forking`). A started child reaches its first trial later than a thread
-    would, so without a fork the workers are threads unless asked otherwise."""
-    setting = os.environ.get(PROCESS_PER_GPU_ENV)
-    return min(workers, gpus) > 1 and (setting == "1" or (setting != "0" and forking))
-
-
-def gpu_shares(workers: int, gpus: int) -> list[int]:
-    """How many of `workers` run on each of the first min(workers, gpus) GPUs: worker i on GPU i mod that."""
-    used = min(workers, gpus)
-    return [len(range(j, workers, used)) for j in range(used)]
-
-
-def visible_slots(environ=None, gpus_folder: Path = NVIDIA_GPUS) -> list[str] | None:
-    """The GPUs CUDA will offer this process, as the CUDA_VISIBLE_DEVICES value that pins each one, told
-    without starting CUDA: CUDA_VISIBLE_DEVICES's indices (up to the first that names no GPU the driver
-    has, where CUDA stops reading it), else one index per GPU in the NVIDIA driver's folder. None where that
-    folder cannot be read (no driver, not Linux), under the CUDA simulator, or where CUDA_VISIBLE_DEVICES
-    names GPUs by UUID or MIG instance: only the driver can tell those, so the command does not fork."""
-    environ = os.environ if environ is None else environ
-    if environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return None
-    try:
-        bound = len(list(gpus_folder.iterdir()))
-    except OSError:
-        return None
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return [str(i) for i in range(bound)]
-    slots = []
-    for entry in (part.strip() for part in visible.split(",")):
-        if not entry.isdigit():
-            return None if entry.upper().startswith(("GPU-", "MIG-")) else slots
-        if int(entry) >= bound or entry in slots:
-            break
-        slots.append(entry)
-    return slots
-
-
-def threads_now() -> int:
-    """The threads this process has, the operating system's count (a library's own threads included); 0
-    where it cannot be read."""
-    try:
-        with open("/proc/self/status") as status:
-            return next((int(line.split()[1]) for line in status if line.startswith("Threads:")), 0)
-    except OSError:
-        return 0
-
 
 class Forked:
     """A forked child as subprocess.Popen presents one (`poll`, `wait`, `send_signal`, `kill`, `returncode`),
@@ -145,21 +94,12 @@ class Forked:
             self._done = None
 
 
-def can_fork() -> bool:
-    """Whether a child forked now would start clean: Linux (the only system where the sweep counts GPUs
-    without the driver) and no thread but this one."""
-    return hasattr(os, "fork") and sys.platform.startswith("linux") and threads_now() == 1
-
-
 def fork_child(run, log_path: Path, slot: str | None) -> Forked:
     """Fork a child that pins CUDA to GPU `slot` (a CUDA_VISIBLE_DEVICES value; None: unpinned), writes its
     output to `log_path` (appended to), runs `run()` and exits with the code it returns. The child has a
     session of its own, as a started one has (Ctrl-C reaches it once, from the command), and SIGTERM when
     the command dies. Raises UserError when the log cannot be opened."""
-    try:  # appended to, so never through a link put in its place (mlptrain.run_dirs.links)
-        log = open_regular(log_path, "a", follow=False)
-    except OSError as err:
-        raise UserError(f"{log_path}: cannot append to it ({err.strerror or err}); remove it") from None
+    log = open_log(log_path)
     for stream in (sys.stdout, sys.stderr):  # or the child would write the command's pending text again
         stream.flush()
     done, say_done = os.pipe()
@@ -169,24 +109,49 @@ def fork_child(run, log_path: Path, slot: str | None) -> Forked:
         log.close()
         os.close(say_done)
         return Forked(pid, done)
-    code = 1
-    try:
+
+    def start():
         os.close(done)
         os.setsid()
         die_with_parent()
+        if slot is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = slot
+        return log
+
+    run_child(start, run, say_done)
+
+
+def open_log(log_path: Path):
+    """A worker's log, open to append to (never through a link put in its place: mlptrain.run_dirs.links);
+    UserError when it cannot be."""
+    try:
+        return open_regular(log_path, "a", follow=False)
+    except OSError as err:
+        raise UserError(f"{log_path}: cannot append to it ({err.strerror or err}); remove it") from None
+
+
+def run_child(start, run, say_done: int) -> NoReturn:
+    """The rest of a forked child's life: start() (which returns its open log), its output to that log,
+    run(), and its exit code said through the pipe `say_done` and ended with (`os._exit`: the command goes
+    on once it has the code). Anything start() raises ends the child with 1 (2: a refusal)."""
+    code = 1
+    try:
+        log = start()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         log.close()
-        if slot is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = slot
         reopen_console()  # a log, not the command's terminal: no colours, no live display
         code = exit_code(run)
+    except UserError:  # the log could not be opened: nowhere to say more, the code says it
+        code = 2
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # the code is decided; a stream that cannot flush has nothing to add to it
                 pass
+        # the command may end once it has the code: its SIGTERM (die_with_parent) must not stop this exit
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
         try:
             os.write(say_done, bytes([code & 0xFF]))  # as the process's exit status would carry it
         except OSError:  # the command is gone; the exit itself tells whoever waits
@@ -217,9 +182,3 @@ def exit_code(run) -> int:
         logging.shutdown()  # Optuna's log handlers: flushed, as the interpreter's exit would
 
 
-def die_with_parent() -> None:
-    """In each worker (Linux): SIGTERM when the parent dies, even by SIGKILL, so that none is orphaned."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: a parent killed with SIGKILL leaves its workers running
-        pass

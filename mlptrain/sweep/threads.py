@@ -25,7 +25,7 @@ import signal
 import threading
 
 from mlptrain.backends.driver.early import driver_gpu_count, make_context_early
-from mlptrain.sweep.forked import process_per_gpu
+from mlptrain.sweep.gpu_processes import process_per_gpu
 
 WAIT_S = 0.05  # a timed join: Ctrl-C still reaches this thread while it waits for the others
 

@@ -30,7 +30,7 @@ from mlptrain.backends.cuda import gpu_count
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims
 from mlptrain.sweep.engine import requeue_stale
-from mlptrain.sweep.forked import die_with_parent
+from mlptrain.sweep.gpu_processes import die_with_parent
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.util.console import console
 from mlptrain.util.regular_file import open_regular

@@ -9,7 +9,7 @@ import pytest
 
 from mlptrain.backends.driver import early
 from mlptrain.backends.selection import get_backend
-from mlptrain.sweep.forked import PROCESS_PER_GPU_ENV
+from mlptrain.sweep.gpu_processes import PROCESS_PER_GPU_ENV
 from mlptrain.sweep.threads import make_contexts_early
 
 

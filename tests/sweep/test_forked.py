@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from mlptrain.sweep.forked import visible_slots
+from mlptrain.sweep.gpu_processes import visible_slots
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,7 +64,7 @@ def test_the_sweep_command_forks_before_anything_starts_a_thread(tmp_path):
         import mlptrain.cli
         from mlptrain.cli.sweep import resolve_sweep
         from mlptrain.config.load import config_from_dict
-        from mlptrain.sweep.forked import can_fork, threads_now, visible_slots
+        from mlptrain.sweep.gpu_processes import can_fork, threads_now, visible_slots
         from mlptrain.sweep.spec import load_sweep
         from mlptrain.sweep.storage import absolute, check_storage, default_storage
         spec = load_sweep(resolve_sweep("sweep_lr_mnist"), ["train.epochs=1"])

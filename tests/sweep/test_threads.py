@@ -20,7 +20,7 @@ import pytest
 from mlptrain.sweep import engine, threads
 from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
-from mlptrain.sweep.forked import PROCESS_PER_GPU_ENV
+from mlptrain.sweep.gpu_processes import PROCESS_PER_GPU_ENV
 from mlptrain.training.experiment import Resources
 from tests.cli.test_cli import REPO
 from tests.sweep.test_sweep import FAST, study_trials, write_sweep

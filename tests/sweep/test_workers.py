@@ -15,7 +15,7 @@ import pytest
 
 from mlptrain.sweep import workers
 from mlptrain.sweep.claims import process_alive
-from mlptrain.sweep.forked import PROCESS_PER_GPU_ENV, gpu_shares, process_per_gpu
+from mlptrain.sweep.gpu_processes import PROCESS_PER_GPU_ENV, gpu_shares, process_per_gpu
 
 PRINT_GPU = [sys.executable, "-c", "import os; print('gpu=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"]
 

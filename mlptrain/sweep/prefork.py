@@ -1,0 +1,166 @@
+"""A sweep's process per GPU forked at the command's first line, before it imports anything, so that every
+process starts its CUDA driver at once.
+
+A process's driver start (cuInit and a context) takes 0.3 s alone and 0.45 s when two processes start
+theirs together (the driver does much of that work one process at a time), and it was the path to a two-GPU
+sweep's first trial: forked after the command had read the sweep file (0.25 s in), the processes only
+started their drivers then (benchmarks/NOTES.md, issue 29). So `mlptrain sweep --workers K` on several
+GPUs forks its children from what its arguments say (`start_early`, called by mlptrain.__main__), and each
+child at once pins its GPU, starts its driver and its context, imports what its trials need, and waits.
+The command reads the sweep file meanwhile, then either sends each child its call (the same sweep as a
+`--worker`, with its share: `Planned.send`) or, where it does not fork after all (a refused sweep file, a
+CPU backend, other GPUs than planned), stops them (`drop_planned`, also run at its exit). Until its call
+comes a child writes nothing anywhere: its output goes to /dev/null.
+
+Standard library only, besides the driver's early start: nothing here starts a thread before the fork.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+
+from mlptrain.backends.driver.early import make_context_early, start_driver
+from mlptrain.sweep.gpu_processes import can_fork, die_with_parent, gpu_shares, process_per_gpu, visible_slots
+
+GPU_COMMANDS = ("run", "sweep")  # the commands that start the CUDA driver first thing (a thread; harmless on a CPU)
+
+
+class Planned:
+    """In the command: a child forked at its start for GPU `slot`, waiting for its call."""
+
+    def __init__(self, pid: int, slot: str, go: int, done: int):
+        self.pid, self.slot, self.go, self.done = pid, slot, go, done
+        self.ended = False  # reaped: its pid may be another process's now
+
+    def alive(self) -> bool:
+        if not self.ended:
+            self.ended = os.waitpid(self.pid, os.WNOHANG)[0] != 0
+        return not self.ended
+
+    def send(self, call: dict) -> bool:
+        """Hand the child its call (JSON) and the pipe `done`, through which it says its exit code, to the
+        caller; whether the child took it (False: it had died)."""
+        try:
+            data = json.dumps(call).encode()
+            while data:
+                data = data[os.write(self.go, data):]
+            return True
+        except BrokenPipeError:
+            return False
+        finally:
+            os.close(self.go)
+
+    def stop(self) -> None:
+        os.close(self.go)
+        os.close(self.done)
+        if not self.ended:
+            os.kill(self.pid, signal.SIGKILL)  # it has done nothing anyone sees: nothing to let it finish
+            os.waitpid(self.pid, 0)
+            self.ended = True
+
+
+class Waiting:
+    """In a child forked at the command's start: worker process `index`, until the command's call comes."""
+
+    def __init__(self, index: int, go: int, done: int):
+        self.index, self.go, self.done = index, go, done
+
+    def call(self) -> dict | None:
+        """The command's call for this child (blocks until it comes); None when the command will not fork
+        (it closed the pipe without one, or ended)."""
+        chunks = []
+        while chunk := os.read(self.go, 1 << 16):
+            chunks.append(chunk)
+        os.close(self.go)
+        return json.loads(b"".join(chunks)) if chunks else None
+
+
+PLANNED: dict[int, Planned] = {}  # in the command: its children forked at its start, by worker-process index
+
+
+def start_early(argv: list[str]) -> Waiting | None:
+    """The command's first step: for `mlptrain sweep ... --workers K` on several GPUs, fork a child per GPU
+    after the first (where the sweep would fork them later: mlptrain.sweep.gpu_processes); then, for the
+    commands that use a GPU, start the CUDA driver in a thread. Returns None in the command, and in a child
+    its Waiting."""
+    args = argv[1:]
+    if not args or args[0] not in GPU_COMMANDS:
+        return None
+    workers = workers_asked(args[1:]) if args[0] == "sweep" else None
+    slots = visible_slots() if workers is not None and workers > 1 else None
+    if slots and process_per_gpu(workers, len(slots)) and can_fork():
+        atexit.register(drop_planned)
+        for i in range(1, len(gpu_shares(workers, len(slots)))):
+            waiting = _fork(i, slots[i])
+            if waiting is not None:
+                return waiting
+    start_driver()
+    return None
+
+
+def workers_asked(args: list[str]) -> int | None:
+    """The K of a sweep command's `--workers K` (the last one given, as Click reads it); None without one,
+    with one that is not a number, or where the command is a `--worker` or asks for help: then nothing is
+    forked here, and the command decides as it reads its arguments itself."""
+    if any(arg in ("--worker", "--help") for arg in args):
+        return None
+    found = None
+    for i, arg in enumerate(args):
+        if arg == "--workers" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--workers="):
+            found = arg.partition("=")[2]
+    return int(found) if found is not None and found.strip().isdigit() else None
+
+
+def take_planned(slots: list[str]) -> dict[int, Planned] | None:
+    """The children forked at the command's start, by worker-process index, when they are for exactly `slots`
+    (the GPUs after the first of the sweep's process per GPU) and all alive: the caller sends each its call.
+    Otherwise None, and any there are stopped."""
+    planned = dict(PLANNED)
+    PLANNED.clear()
+    if planned and [planned[i].slot for i in sorted(planned)] == list(slots) and sorted(planned) == list(
+            range(1, len(slots) + 1)) and all(child.alive() for child in planned.values()):
+        return planned
+    for child in planned.values():
+        child.stop()
+    return None
+
+
+def drop_planned() -> None:
+    """Stop the children forked at the command's start that it has not sent a call (it refused the sweep,
+    or runs it otherwise)."""
+    while PLANNED:
+        PLANNED.popitem()[1].stop()
+
+
+def _fork(index: int, slot: str) -> Waiting | None:
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(go_read)
+        os.close(done_write)
+        os.set_blocking(done_read, False)
+        PLANNED[index] = Planned(pid, slot, go_write, done_read)
+        return None
+    os.close(go_write)
+    os.close(done_read)
+    for sibling in PLANNED.values():  # the earlier children's pipes: theirs and the command's alone
+        os.close(sibling.go)
+        os.close(sibling.done)
+    PLANNED.clear()
+    atexit.unregister(drop_planned)
+    os.setsid()  # a session of its own, as a started worker has: Ctrl-C reaches it once, from the command
+    die_with_parent()
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    os.close(quiet)
+    os.environ["CUDA_VISIBLE_DEVICES"] = slot
+    start_driver()
+    make_context_early(0)  # its only GPU
+    return Waiting(index, go_read, done_write)

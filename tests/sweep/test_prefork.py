@@ -1,0 +1,144 @@
+"""The command's first line (mlptrain.sweep.prefork): which arguments fork a process per GPU before anything is
+imported, what such a child does until the command's call and after it, and that children the command does
+not use are stopped. Without a GPU: the NVIDIA driver's folder of GPUs is a folder made here.
+
+The forks happen in a fresh interpreter (a subprocess): pytest's own process has NumPy's threads."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mlptrain.sweep.prefork import workers_asked
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("args, workers", [
+    (["s.yaml", "--workers", "4"], 4),
+    (["s.yaml", "--workers=3", "lr=0.1"], 3),
+    (["--workers", "2", "s.yaml", "--workers", "5"], 5),  # the last one given, as Click reads it
+    (["s.yaml"], None),
+    (["s.yaml", "--workers"], None),
+    (["s.yaml", "--workers", "two"], None),  # the command refuses it itself
+    (["s.yaml", "--workers", "4", "--worker"], None),  # a started worker forks nothing
+    (["s.yaml", "--workers", "4", "--help"], None),
+])
+def test_the_workers_are_read_from_the_arguments(args, workers):
+    assert workers_asked(args) == workers
+
+
+def _fresh(script: str, tmp_path) -> subprocess.CompletedProcess:
+    gpus = tmp_path / "gpus"
+    for i in range(3):
+        (gpus / f"0000:{i:02x}:00.0").mkdir(parents=True)
+    prelude = f"""
+        import os, sys, time
+        from pathlib import Path
+        import mlptrain.sweep.gpu_processes as gpu_processes
+        gpu_processes.NVIDIA_GPUS = Path({str(gpus)!r})  # a machine with three GPUs
+        from mlptrain.sweep import prefork
+    """
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM",
+                                                                                      "MLPTRAIN_SWEEP_PROCESS_PER_GPU")},
+                               "PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": "2,0,1"})
+
+
+def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path):
+    done = _fresh(f"""
+        waiting = prefork.start_early(["mlptrain", "sweep", "s.yaml", "--workers", "5"])
+        if waiting is not None:  # a child: nothing it prints before its call is seen
+            print("before the call", flush=True)
+            call = waiting.call()
+            from mlptrain.sweep.forked import open_log, run_child
+            run_child(lambda: open_log(Path(call["log"])), lambda: print(
+                "worker", waiting.index, os.environ["CUDA_VISIBLE_DEVICES"], os.getsid(0) == os.getpid(),
+                call["share"]) or call["share"], waiting.done)
+        planned = prefork.take_planned(["0", "1"])
+        from mlptrain.sweep.forked import Forked
+        children = []
+        for i, child in sorted(planned.items()):
+            print("sent", child.send({{"log": f"worker-{{i}}.log", "share": i + 1}}))
+            children.append(Forked(child.pid, child.done))
+        print("codes", *[child.wait(60) for child in children], "here", os.environ["CUDA_VISIBLE_DEVICES"])
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["sent True", "sent True", "codes 2 3 here 2,0,1"]
+    assert (tmp_path / "worker-1.log").read_text() == "worker 1 0 True 2\n"
+    assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3\n"
+
+
+@pytest.mark.parametrize("take", ["none", "other GPUs", "at exit"])
+def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
+    """A refused sweep file, a CPU backend (nothing taken), other GPUs than planned, or a command that ends
+    first: each child is killed and reaped, and says nothing."""
+    done = _fresh(f"""
+        waiting = prefork.start_early(["mlptrain", "sweep", "s.yaml", "--workers", "3"])
+        if waiting is not None:
+            print("a child ran", flush=True)
+            os._exit(0 if waiting.call() is None else 5)
+        pids = [child.pid for child in prefork.PLANNED.values()]
+        print(*pids)
+        if {take!r} == "none":
+            prefork.drop_planned()
+        elif {take!r} == "other GPUs":
+            print("taken", prefork.take_planned(["1", "0"]))
+        if {take!r} != "at exit":
+            print("left", len(prefork.PLANNED))
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    pids = [int(pid) for pid in lines[0].split()]
+    assert len(pids) == 2 and "a child ran" not in done.stdout
+    for pid in pids:  # reaped (not a zombie of the ended command): no such process any more
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    if take == "other GPUs":
+        assert lines[1] == "taken None"
+
+
+def test_only_a_multi_gpu_sweep_forks_and_only_gpu_commands_start_the_driver(tmp_path):
+    done = _fresh("""
+        started = []
+        prefork.start_driver = lambda: started.append(1)  # counted, not started
+        for argv in (["mlptrain", "sweep", "s.yaml"], ["mlptrain", "sweep", "s.yaml", "--workers", "1"],
+                     ["mlptrain", "sweep", "s.yaml", "--workers", "4", "--worker"], ["mlptrain", "evaluate", "r"],
+                     ["mlptrain"], ["mlptrain", "run", "adam_mnist"]):
+            started.clear()
+            print(prefork.start_early(argv), len(prefork.PLANNED), len(started))
+        os.environ["MLPTRAIN_SWEEP_PROCESS_PER_GPU"] = "0"  # threads asked for: nothing forked
+        print(prefork.start_early(["mlptrain", "sweep", "s.yaml", "--workers", "4"]), len(prefork.PLANNED))
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:7] == ["None 0 1", "None 0 1", "None 0 1", "None 0 0", "None 0 0", "None 0 1",
+                                           "None 0"]
+
+
+def test_a_refused_sweep_says_so_once_and_leaves_no_child(tmp_path):
+    """The command's own entry: its children forked first, then the sweep file refused: one line, exit code
+    2, and the children stopped at its exit."""
+    done = _fresh("""
+        from mlptrain import __main__ as entry
+        first = prefork.start_early
+
+        def start_early(argv):  # the command's, its children's pids shown
+            waiting = first(argv)
+            if waiting is None:
+                print(*[child.pid for child in prefork.PLANNED.values()], flush=True)
+            return waiting
+
+        prefork.start_early = start_early
+        sys.argv = ["mlptrain", "sweep", "missing.yaml", "--workers", "3"]
+        entry.main()
+    """, tmp_path)
+    assert done.returncode == 2, done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    assert done.stderr.count("error:") == 1 and "missing.yaml" in done.stderr
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
