@@ -137,9 +137,11 @@ def sweep(
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
         raise typer.Exit(interrupt_exit_code(err))
     if worker:  # this machine's sweep command writes the results and shows the table once its workers end
+        studies.close_storage(study_storage)
         return
     rows = trial_rows(study, spec)
     write_results(sweep_dir, spec, rows)
+    studies.close_storage(study_storage)
     _show(results_table(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})"))
     for row in rows:
         if row["error"]:

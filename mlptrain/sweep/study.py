@@ -97,6 +97,15 @@ def _open(location: str, made: bool):
     return storage
 
 
+def close_storage(storage) -> None:
+    """Close a database study's connections once this process is done with it: SQLite then moves its
+    write-ahead log into the file and syncs it, as the interpreter's teardown did when it closed them (the
+    command now ends before that: mlptrain.__main__). A journal keeps nothing open."""
+    engine = getattr(storage, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 @contextmanager
 def _setup_lock(folder: Path):
     """Serialises set-up among this machine's workers (the SQLite schema is created on first open)."""
