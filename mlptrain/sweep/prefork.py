@@ -26,6 +26,7 @@ from mlptrain.backends.driver.early import make_context_early, start_driver
 from mlptrain.sweep.gpu_processes import can_fork, die_with_parent, gpu_shares, process_per_gpu, visible_slots
 
 GPU_COMMANDS = ("run", "sweep")  # the commands that start the CUDA driver first thing (a thread; harmless on a CPU)
+WORK_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # read by the CUDA driver as it makes a context
 
 
 class Planned:
@@ -83,37 +84,51 @@ PLANNED: dict[int, Planned] = {}  # in the command: its children forked at its s
 
 def start_early(argv: list[str]) -> Waiting | None:
     """The command's first step: for `mlptrain sweep ... --workers K` on several GPUs, fork a child per GPU
-    after the first (where the sweep would fork them later: mlptrain.sweep.gpu_processes); then, for the
-    commands that use a GPU, start the CUDA driver in a thread. Returns None in the command, and in a child
-    its Waiting."""
+    after the first (where the sweep would fork them later: mlptrain.sweep.gpu_processes), each with its
+    share of the workers; a sweep's processes size their GPU contexts for their workers (`work_queues`);
+    then the commands that use a GPU start the CUDA driver in a thread. Returns None in the command, and in
+    a child its Waiting."""
     args = argv[1:]
     if not args or args[0] not in GPU_COMMANDS:
         return None
     workers = workers_asked(args[1:]) if args[0] == "sweep" else None
-    slots = visible_slots() if workers is not None and workers > 1 else None
-    if slots and process_per_gpu(workers, len(slots)) and can_fork():
-        atexit.register(drop_planned)
-        for i in range(1, len(gpu_shares(workers, len(slots)))):
-            waiting = _fork(i, slots[i])
-            if waiting is not None:
-                return waiting
+    slots = visible_slots() if workers is not None else None
+    if workers is not None:
+        shares = gpu_shares(workers, len(slots) if slots else 1)
+        if slots and process_per_gpu(workers, len(slots)) and can_fork():
+            atexit.register(drop_planned)
+            for i in range(1, len(shares)):
+                waiting = _fork(i, slots[i], shares[i])
+                if waiting is not None:
+                    return waiting
+            shares = shares[:1]  # this process's own: the first GPU's
+        work_queues(max(shares))
     start_driver()
     return None
 
 
+def work_queues(workers: int) -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS for a process whose GPU runs `workers` of a sweep's workers at most: two
+    each (a worker launches on a stream of its own and captures its CUDA graphs on another), unless the user
+    set it. A context makes each of these hardware work queues as it starts (8 by default), ~12 ms of driver
+    work apiece: a context took 0.115 s alone and 0.19-0.30 s beside another process's, against 0.07 s and
+    0.11-0.23 s with 2 (benchmarks/NOTES.md, issue 29, step 10)."""
+    os.environ.setdefault(WORK_QUEUES_ENV, str(2 * max(workers, 1)))
+
+
 def workers_asked(args: list[str]) -> int | None:
-    """The K of a sweep command's `--workers K` (the last one given, as Click reads it); None without one,
+    """The K of a sweep command's `--workers K` (the last one given, as Click reads it; 1 without one); None
     with one that is not a number, or where the command is a `--worker` or asks for help: then nothing is
-    forked here, and the command decides as it reads its arguments itself."""
+    decided here, and the command decides as it reads its arguments itself."""
     if any(arg in ("--worker", "--help") for arg in args):
         return None
-    found = None
+    found = "1"
     for i, arg in enumerate(args):
         if arg == "--workers" and i + 1 < len(args):
             found = args[i + 1]
         elif arg.startswith("--workers="):
             found = arg.partition("=")[2]
-    return int(found) if found is not None and found.strip().isdigit() else None
+    return int(found) if found.strip().isdigit() and int(found) > 0 else None
 
 
 def take_planned(slots: list[str]) -> dict[int, Planned] | None:
@@ -137,7 +152,7 @@ def drop_planned() -> None:
         PLANNED.popitem()[1].stop()
 
 
-def _fork(index: int, slot: str) -> Waiting | None:
+def _fork(index: int, slot: str, share: int) -> Waiting | None:
     go_read, go_write = os.pipe()
     done_read, done_write = os.pipe()
     pid = os.fork()
@@ -161,6 +176,7 @@ def _fork(index: int, slot: str) -> Waiting | None:
     os.dup2(quiet, 2)
     os.close(quiet)
     os.environ["CUDA_VISIBLE_DEVICES"] = slot
+    work_queues(share)
     start_driver()
     make_context_early(0)  # its only GPU
     return Waiting(index, go_read, done_write)

@@ -20,8 +20,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["s.yaml", "--workers", "4"], 4),
     (["s.yaml", "--workers=3", "lr=0.1"], 3),
     (["--workers", "2", "s.yaml", "--workers", "5"], 5),  # the last one given, as Click reads it
-    (["s.yaml"], None),
-    (["s.yaml", "--workers"], None),
+    (["s.yaml"], 1),  # Click's default
+    (["s.yaml", "--workers"], 1),  # the command refuses it itself
+    (["s.yaml", "--workers", "0"], None),
     (["s.yaml", "--workers", "two"], None),  # the command refuses it itself
     (["s.yaml", "--workers", "4", "--worker"], None),  # a started worker forks nothing
     (["s.yaml", "--workers", "4", "--help"], None),
@@ -43,8 +44,8 @@ def _fresh(script: str, tmp_path) -> subprocess.CompletedProcess:
     """
     return subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(script)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM",
-                                                                                      "MLPTRAIN_SWEEP_PROCESS_PER_GPU")},
+                          env={**{k: v for k, v in os.environ.items() if k not in (
+                                   "NUMBA_ENABLE_CUDASIM", "MLPTRAIN_SWEEP_PROCESS_PER_GPU", "CUDA_DEVICE_MAX_CONNECTIONS")},
                                "PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": "2,0,1"})
 
 
@@ -57,19 +58,21 @@ def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path)
             from mlptrain.sweep.forked import open_log, run_child
             run_child(lambda: open_log(Path(call["log"])), lambda: print(
                 "worker", waiting.index, os.environ["CUDA_VISIBLE_DEVICES"], os.getsid(0) == os.getpid(),
-                call["share"]) or call["share"], waiting.done)
+                call["share"], os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]) or call["share"], waiting.done)
         planned = prefork.take_planned(["0", "1"])
         from mlptrain.sweep.forked import Forked
         children = []
         for i, child in sorted(planned.items()):
             print("sent", child.send({{"log": f"worker-{{i}}.log", "share": i + 1}}))
             children.append(Forked(child.pid, child.done))
-        print("codes", *[child.wait(60) for child in children], "here", os.environ["CUDA_VISIBLE_DEVICES"])
+        print("codes", *[child.wait(60) for child in children], "here", os.environ["CUDA_VISIBLE_DEVICES"],
+              os.environ["CUDA_DEVICE_MAX_CONNECTIONS"])
     """, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:3] == ["sent True", "sent True", "codes 2 3 here 2,0,1"]
-    assert (tmp_path / "worker-1.log").read_text() == "worker 1 0 True 2\n"
-    assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3\n"
+    # five workers on three GPUs: two, two and one, each process's context with two work queues a worker
+    assert done.stdout.split("\n")[:3] == ["sent True", "sent True", "codes 2 3 here 2,0,1 4"]
+    assert (tmp_path / "worker-1.log").read_text() == "worker 1 0 True 2 4\n"
+    assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3 2\n"
 
 
 @pytest.mark.parametrize("take", ["none", "other GPUs", "at exit"])
@@ -142,3 +145,22 @@ def test_a_refused_sweep_says_so_once_and_leaves_no_child(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_sweeps_gpu_contexts_get_two_work_queues_a_worker(tmp_path):
+    """CUDA_DEVICE_MAX_CONNECTIONS, read as a context is made: two for each worker its GPU runs at most; what
+    the user set is kept; other commands leave it alone."""
+    done = _fresh("""
+        prefork.start_driver = lambda: None
+        os.environ["MLPTRAIN_SWEEP_PROCESS_PER_GPU"] = "0"  # threads: nothing forked, every GPU in this process
+        for argv in (["mlptrain", "sweep", "s.yaml"], ["mlptrain", "sweep", "s.yaml", "--workers", "5"],
+                     ["mlptrain", "sweep", "s.yaml", "--workers", "2", "--worker"], ["mlptrain", "run", "adam_mnist"]):
+            os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+            prefork.start_early(argv)
+            print(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+        prefork.start_early(["mlptrain", "sweep", "s.yaml"])
+        print(os.environ["CUDA_DEVICE_MAX_CONNECTIONS"])
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "4", "None", "None", "8"]
