@@ -166,15 +166,18 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
         return dict(sweep_file=sweep_file, overrides=overrides or [], runs_dir=str(runs_dir), name=name, url=url,
                     share=shares[i], log=str(sweep_dir / f"worker-{i}.log"))
 
-    planned = take_planned(slots[1:len(shares)])
-    if planned is None and not can_fork():
+    planned, ended = take_planned(slots[1:len(shares)])
+    if planned is None and not can_fork():  # the driver has started here: the workers are threads instead
+        if ended:
+            console.print(f"[yellow]warning:[/] the process forked for GPU {', '.join(ended)} ended before the sweep "
+                          "began: every GPU's workers run as threads of this process instead", highlight=False)
         return None
     _make_folder(sweep_dir)
     if planned is not None:
         for i in sorted(planned):
             open_log(Path(call(i)["log"])).close()  # refused here, in one line, when it cannot be written
         for i, child in sorted(planned.items()):
-            child.send(call(i))  # one that died meanwhile is seen as a dead worker (its log says why)
+            child.send(call(i))  # one that died since take_planned is seen as a dead worker
             children[i] = Forked(child.pid, child.done)
         return slots, shares
     for i in range(1, len(shares)):

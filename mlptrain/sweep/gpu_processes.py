@@ -1,6 +1,7 @@
 """A sweep's process per GPU, told without CUDA: which GPUs this machine offers, each process's share of the
-workers, and whether this process may fork them. Standard library only: the command decides this at its
-first line (mlptrain.sweep.prefork), before it imports anything that starts a thread or the CUDA driver."""
+workers, and whether this process may fork them. The standard library only (and whether the driver's early
+start has run): the command decides this at its first line (mlptrain.sweep.prefork), before it imports
+anything that starts a thread or the CUDA driver."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from mlptrain.backends.driver.early import driver_started
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # a folder per GPU the NVIDIA driver gives this machine (container)
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -70,9 +73,10 @@ def threads_now() -> int:
 
 def can_fork() -> bool:
     """Whether a child forked now would start clean: Linux (the only system where the sweep counts GPUs
-    without the driver) and no thread but this one."""
-    return hasattr(os, "fork") and sys.platform.startswith("linux") and threads_now() == 1
-
+    without the driver), no thread but this one, and the CUDA driver not started here (a child forked after
+    cuInit cannot use the GPU)."""
+    return (hasattr(os, "fork") and sys.platform.startswith("linux") and threads_now() == 1
+            and not driver_started())
 
 
 def die_with_parent() -> None:

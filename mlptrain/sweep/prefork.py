@@ -131,18 +131,20 @@ def workers_asked(args: list[str]) -> int | None:
     return int(found) if found.strip().isdigit() and int(found) > 0 else None
 
 
-def take_planned(slots: list[str]) -> dict[int, Planned] | None:
+def take_planned(slots: list[str]) -> tuple[dict[int, Planned] | None, list[str]]:
     """The children forked at the command's start, by worker-process index, when they are for exactly `slots`
     (the GPUs after the first of the sweep's process per GPU) and all alive: the caller sends each its call.
-    Otherwise None, and any there are stopped."""
+    Otherwise None, and any there are stopped; with the GPUs whose child had ended already (it died before
+    the sweep began: what it said went nowhere)."""
     planned = dict(PLANNED)
     PLANNED.clear()
-    if planned and [planned[i].slot for i in sorted(planned)] == list(slots) and sorted(planned) == list(
-            range(1, len(slots) + 1)) and all(child.alive() for child in planned.values()):
-        return planned
+    ended = [child.slot for child in planned.values() if not child.alive()]
+    if planned and not ended and [planned[i].slot for i in sorted(planned)] == list(slots) and sorted(
+            planned) == list(range(1, len(slots) + 1)):
+        return planned, []
     for child in planned.values():
         child.stop()
-    return None
+    return None, ended
 
 
 def drop_planned() -> None:

@@ -168,3 +168,19 @@ def test_a_forked_child_says_it_is_done_before_its_process_ends(tmp_path):
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["7", "True", "7", "True"]
+
+
+def test_no_fork_once_the_driver_has_started(tmp_path):
+    """A child forked after cuInit could not use the GPU: once the command has started the driver (its thread
+    ended or not), it forks nothing more and its workers are threads."""
+    done = _fresh("""
+        import time
+        from mlptrain.backends.driver.early import start_driver
+        from mlptrain.sweep.gpu_processes import can_fork, threads_now
+        before = can_fork()
+        start_driver()
+        time.sleep(0.5)  # its thread has ended: no driver here, or cuInit done
+        print(before, threads_now(), can_fork())
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "1", "False"]

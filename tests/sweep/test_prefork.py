@@ -59,7 +59,7 @@ def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path)
             run_child(lambda: open_log(Path(call["log"])), lambda: print(
                 "worker", waiting.index, os.environ["CUDA_VISIBLE_DEVICES"], os.getsid(0) == os.getpid(),
                 call["share"], os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]) or call["share"], waiting.done)
-        planned = prefork.take_planned(["0", "1"])
+        planned, ended = prefork.take_planned(["0", "1"])
         from mlptrain.sweep.forked import Forked
         children = []
         for i, child in sorted(planned.items()):
@@ -75,7 +75,7 @@ def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path)
     assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3 2\n"
 
 
-@pytest.mark.parametrize("take", ["none", "other GPUs", "at exit"])
+@pytest.mark.parametrize("take", ["none", "other GPUs", "at exit", "one died"])
 def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
     """A refused sweep file, a CPU backend (nothing taken), other GPUs than planned, or a command that ends
     first: each child is killed and reaped, and says nothing."""
@@ -89,7 +89,12 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
         if {take!r} == "none":
             prefork.drop_planned()
         elif {take!r} == "other GPUs":
-            print("taken", prefork.take_planned(["1", "0"]))
+            print("taken", *prefork.take_planned(["1", "0"]))
+        elif {take!r} == "one died":  # before the sweep began: named, and the other stopped
+            import signal
+            os.kill(pids[1], signal.SIGKILL)
+            time.sleep(0.5)
+            print("taken", *prefork.take_planned(["0", "1"]))
         if {take!r} != "at exit":
             print("left", len(prefork.PLANNED))
     """, tmp_path)
@@ -101,7 +106,9 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     if take == "other GPUs":
-        assert lines[1] == "taken None"
+        assert lines[1] == "taken None []"
+    if take == "one died":
+        assert lines[1] == "taken None ['1']"
 
 
 def test_only_a_multi_gpu_sweep_forks_and_only_gpu_commands_start_the_driver(tmp_path):

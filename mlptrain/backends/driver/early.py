@@ -44,6 +44,11 @@ def start_driver() -> None:
     threading.Thread(target=driver_gpu_count, name="cuda-driver-start", daemon=True).start()
 
 
+def driver_started() -> bool:
+    """Whether start_driver has run in this process: a child forked from it from then on could not use CUDA."""
+    return start_driver.cache_info().currsize > 0
+
+
 def make_context_early(device: int | None) -> None:
     """Start making `device`'s primary CUDA context (None: the first visible GPU) in a thread, through the
     driver library, and return at once. Making a context takes 0.1-0.2 s of driver work, during which
