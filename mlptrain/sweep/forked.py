@@ -41,6 +41,7 @@ from mlptrain.util.regular_file import open_regular
 
 POLL_S = 0.01  # how often `Forked.wait` looks
 
+
 class Forked:
     """A forked child as subprocess.Popen presents one (`poll`, `wait`, `send_signal`, `kill`, `returncode`),
     so that the code that watches and stops a sweep's children treats either kind alike. A forked child

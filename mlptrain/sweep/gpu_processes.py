@@ -70,7 +70,6 @@ def threads_now() -> int:
         return 0
 
 
-
 def can_fork() -> bool:
     """Whether a child forked now would start clean: Linux (the only system where the sweep counts GPUs
     without the driver), no thread but this one, and the CUDA driver not started here (a child forked after
@@ -85,4 +84,3 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: a parent killed with SIGKILL leaves its workers running
         pass
-
