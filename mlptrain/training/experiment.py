@@ -81,6 +81,10 @@ class Resources:
             if (start_compilers if logs is None else logs) and config.backend != "cpu":
                 make_context_early(self._gpu[0])  # the GPU's context made from now on, in a thread of its own
                 summary_writer_class()  # tensorboardX, which the run's writer imports anyway, meanwhile (0.1 s)
+                # the kernel cache's key of this package, which the first session's kernel lookup needs: a GPU run's
+                from mlptrain.backends.kernel_cache.cubins import fingerprint_early
+
+                fingerprint_early()
             self._backends[config.backend] = get_backend(config.backend, *self._gpu)
             if start_compilers:
                 self._backends[config.backend].start_compilers()

@@ -50,6 +50,13 @@ def versions() -> tuple:
     return tuple(sorted(found))
 
 
+def fingerprint_early() -> None:
+    """Digest the package's sources and find the compiler's versions now (20-40 ms, once a process), on a
+    thread that waits for the GPU's context, rather than in the first session's kernel lookup."""
+    package_digest()
+    versions()
+
+
 def environment(capability: tuple) -> tuple:
     settings = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("NUMBA_")))
     return (package_digest(), versions(), sys.version_info[:3], tuple(capability), settings)
