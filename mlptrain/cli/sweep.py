@@ -13,6 +13,7 @@ from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 
 from mlptrain.cli.configs import unknown_builtin
@@ -168,9 +169,10 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
 
     planned, ended = take_planned(slots[1:len(shares)])
     if planned is None and not can_fork():  # the driver has started here: the workers are threads instead
-        if ended:
-            console.print(f"[yellow]warning:[/] the process forked for GPU {', '.join(ended)} ended before the sweep "
-                          "began: every GPU's workers run as threads of this process instead", highlight=False)
+        for slot, words in ended:
+            said = f" (its last words: {escape(words)})" if words else ""
+            console.print(f"[yellow]warning:[/] the process forked for GPU {slot} ended before the sweep began{said}: "
+                          "every GPU's workers run as threads of this process instead", highlight=False)
         return None
     _make_folder(sweep_dir)
     if planned is not None:
@@ -193,6 +195,7 @@ def serve_planned(waiting) -> NoReturn:
     share of the workers, and exits with its code (mlptrain.sweep.forked). Without a call it exits at once."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.sweep.forked import open_log, run_child
+    from mlptrain.sweep.prefork import early_output
 
     try:
         import_module("mlptrain.training.experiment")
@@ -208,7 +211,14 @@ def serve_planned(waiting) -> NoReturn:
         sweep(call["sweep_file"], call["overrides"], Path(call["runs_dir"]), call["name"], call["url"],
               call["share"], True)
 
-    run_child(lambda: open_log(Path(call["log"])), run, waiting.done)
+    def start():  # its log, which starts with what it wrote before its call (warnings of its imports)
+        log = open_log(Path(call["log"]))
+        log.write(early_output(waiting.out))
+        log.flush()
+        os.close(waiting.out)
+        return log
+
+    run_child(start, run, waiting.done)
 
 
 def _start_here(base_config, workers: int, worker: bool, forked):

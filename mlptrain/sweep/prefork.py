@@ -10,7 +10,8 @@ child at once pins its GPU, starts its driver and its context, imports what its 
 The command reads the sweep file meanwhile, then either sends each child its call (the same sweep as a
 `--worker`, with its share: `Planned.send`) or, where it does not fork after all (a refused sweep file, a
 CPU backend, other GPUs than planned), stops them (`drop_planned`, also run at its exit). Until its call
-comes a child writes nothing anywhere: its output goes to /dev/null.
+comes a child writes nothing where anyone sees it: its output goes to a file in memory (`memfd_create`), which
+starts its worker log once the call comes, and which the command quotes if the child dies before.
 
 Standard library only, besides the driver's early start: nothing here starts a thread before the fork.
 """
@@ -27,14 +28,20 @@ from mlptrain.sweep.gpu_processes import can_fork, die_with_parent, gpu_shares, 
 
 GPU_COMMANDS = ("run", "sweep")  # the commands that start the CUDA driver first thing (a thread; harmless on a CPU)
 WORK_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # read by the CUDA driver as it makes a context
+MAX_WORDS = 300  # of a child's last line, quoted when it died before its call
 
 
 class Planned:
     """In the command: a child forked at its start for GPU `slot`, waiting for its call."""
 
-    def __init__(self, pid: int, slot: str, go: int, done: int):
-        self.pid, self.slot, self.go, self.done = pid, slot, go, done
+    def __init__(self, pid: int, slot: str, go: int, done: int, out: int):
+        self.pid, self.slot, self.go, self.done, self.out = pid, slot, go, done, out
         self.ended = False  # reaped: its pid may be another process's now
+
+    def last_words(self) -> str:
+        """The last line the child wrote before its call (its output until then), or ""."""
+        said = early_output(self.out).strip().splitlines()
+        return said[-1][:MAX_WORDS] if said else ""
 
     def alive(self) -> bool:
         if not self.ended:
@@ -53,10 +60,12 @@ class Planned:
             return False
         finally:
             os.close(self.go)
+            os.close(self.out)  # the child copies it into its log
 
     def stop(self) -> None:
         os.close(self.go)
         os.close(self.done)
+        os.close(self.out)
         if not self.ended:
             os.kill(self.pid, signal.SIGKILL)  # it has done nothing anyone sees: nothing to let it finish
             os.waitpid(self.pid, 0)
@@ -66,8 +75,8 @@ class Planned:
 class Waiting:
     """In a child forked at the command's start: worker process `index`, until the command's call comes."""
 
-    def __init__(self, index: int, go: int, done: int):
-        self.index, self.go, self.done = index, go, done
+    def __init__(self, index: int, go: int, done: int, out: int):
+        self.index, self.go, self.done, self.out = index, go, done, out
 
     def call(self) -> dict | None:
         """The command's call for this child (blocks until it comes); None when the command will not fork
@@ -131,14 +140,14 @@ def workers_asked(args: list[str]) -> int | None:
     return int(found) if found.strip().isdigit() and int(found) > 0 else None
 
 
-def take_planned(slots: list[str]) -> tuple[dict[int, Planned] | None, list[str]]:
+def take_planned(slots: list[str]) -> tuple[dict[int, Planned] | None, list[tuple[str, str]]]:
     """The children forked at the command's start, by worker-process index, when they are for exactly `slots`
     (the GPUs after the first of the sweep's process per GPU) and all alive: the caller sends each its call.
-    Otherwise None, and any there are stopped; with the GPUs whose child had ended already (it died before
-    the sweep began: what it said went nowhere)."""
+    Otherwise None, and any there are stopped; with (GPU, last words) for each child that had ended already
+    (it died before the sweep began)."""
     planned = dict(PLANNED)
     PLANNED.clear()
-    ended = [child.slot for child in planned.values() if not child.alive()]
+    ended = [(child.slot, child.last_words()) for child in planned.values() if not child.alive()]
     if planned and not ended and [planned[i].slot for i in sorted(planned)] == list(slots) and sorted(
             planned) == list(range(1, len(slots) + 1)):
         return planned, []
@@ -154,31 +163,42 @@ def drop_planned() -> None:
         PLANNED.popitem()[1].stop()
 
 
+def early_output(out: int) -> str:
+    """What a child forked at the command's start wrote before its call (the file in memory `out`)."""
+    try:
+        return os.pread(out, 1 << 16, 0).decode(errors="replace")
+    except OSError:  # /dev/null where memfd_create is missing: nothing kept
+        return ""
+
+
 def _fork(index: int, slot: str, share: int) -> Waiting | None:
     go_read, go_write = os.pipe()
     done_read, done_write = os.pipe()
+    try:
+        out = os.memfd_create(f"mlptrain-worker-{index}")
+    except (AttributeError, OSError):  # not Linux, or an old kernel: what it says before its call is lost
+        out = os.open(os.devnull, os.O_WRONLY)
     pid = os.fork()
     if pid:
         os.close(go_read)
         os.close(done_write)
         os.set_blocking(done_read, False)
-        PLANNED[index] = Planned(pid, slot, go_write, done_read)
+        PLANNED[index] = Planned(pid, slot, go_write, done_read, out)
         return None
     os.close(go_write)
     os.close(done_read)
-    for sibling in PLANNED.values():  # the earlier children's pipes: theirs and the command's alone
+    for sibling in PLANNED.values():  # the earlier children's pipes and files: theirs and the command's alone
         os.close(sibling.go)
         os.close(sibling.done)
+        os.close(sibling.out)
     PLANNED.clear()
     atexit.unregister(drop_planned)
     os.setsid()  # a session of its own, as a started worker has: Ctrl-C reaches it once, from the command
     die_with_parent()
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 1)
-    os.dup2(quiet, 2)
-    os.close(quiet)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
     os.environ["CUDA_VISIBLE_DEVICES"] = slot
     work_queues(share)
     start_driver()
     make_context_early(0)  # its only GPU
-    return Waiting(index, go_read, done_write)
+    return Waiting(index, go_read, done_write, out)

@@ -92,6 +92,8 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
             print("taken", *prefork.take_planned(["1", "0"]))
         elif {take!r} == "one died":  # before the sweep began: named, and the other stopped
             import signal
+            while "a child ran" not in prefork.early_output(prefork.PLANNED[2].out):
+                time.sleep(0.01)
             os.kill(pids[1], signal.SIGKILL)
             time.sleep(0.5)
             print("taken", *prefork.take_planned(["0", "1"]))
@@ -101,14 +103,14 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.split("\n")
     pids = [int(pid) for pid in lines[0].split()]
-    assert len(pids) == 2 and "a child ran" not in done.stdout
+    assert len(pids) == 2 and "a child ran" not in lines[0] and "\na child ran" not in done.stdout
     for pid in pids:  # reaped (not a zombie of the ended command): no such process any more
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     if take == "other GPUs":
         assert lines[1] == "taken None []"
-    if take == "one died":
-        assert lines[1] == "taken None ['1']"
+    if take == "one died":  # what it said before it died, quoted by the command's warning
+        assert lines[1] == "taken None [('1', 'a child ran')]"
 
 
 def test_only_a_multi_gpu_sweep_forks_and_only_gpu_commands_start_the_driver(tmp_path):
@@ -171,3 +173,25 @@ def test_a_sweeps_gpu_contexts_get_two_work_queues_a_worker(tmp_path):
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2", "4", "None", "None", "8"]
+
+
+def test_what_a_child_says_before_its_call_starts_its_log(tmp_path):
+    """The child's output before its call (its imports' warnings) is kept in memory and starts its worker log;
+    its call then runs as the sweep's `--worker` (here one the sweep refuses: one line, code 2)."""
+    done = _fresh(f"""
+        waiting = prefork.start_early(["mlptrain", "sweep", "s.yaml", "--workers", "2"])
+        if waiting is not None:
+            print("said before the call", flush=True)
+            from mlptrain.cli.sweep import serve_planned
+            serve_planned(waiting)
+        planned, ended = prefork.take_planned(["0"])
+        from mlptrain.sweep.forked import Forked
+        child = planned[1]
+        child.send(dict(sweep_file="missing.yaml", overrides=[], runs_dir="runs", name="s", url="s.journal", share=1,
+                        log="worker-1.log"))
+        print("code", Forked(child.pid, child.done).wait(60))
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["code", "2"]
+    log = (tmp_path / "worker-1.log").read_text().splitlines()
+    assert log[0] == "said before the call" and log[1].startswith("error: missing.yaml: no such sweep file")
