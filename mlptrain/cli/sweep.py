@@ -183,10 +183,14 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
             children[i] = Forked(child.pid, child.done)
         return slots, shares
     for i in range(1, len(shares)):
-        def run(c=call(i)):
-            sweep(c["sweep_file"], c["overrides"], Path(c["runs_dir"]), c["name"], c["url"], c["share"], True)
-        children[i] = fork_child(run, sweep_dir / f"worker-{i}.log", slots[i])
+        children[i] = fork_child(lambda c=call(i): _as_worker(c), sweep_dir / f"worker-{i}.log", slots[i])
     return slots, shares
+
+
+def _as_worker(call: dict) -> None:
+    """A forked child's part of the sweep: the command's `call` (see _fork_gpu_processes) as a `--worker`."""
+    sweep(call["sweep_file"], call["overrides"], Path(call["runs_dir"]), call["name"], call["url"], call["share"],
+          True)
 
 
 def serve_planned(waiting) -> NoReturn:
@@ -207,10 +211,6 @@ def serve_planned(waiting) -> NoReturn:
     if call is None:
         os._exit(0)
 
-    def run():
-        sweep(call["sweep_file"], call["overrides"], Path(call["runs_dir"]), call["name"], call["url"],
-              call["share"], True)
-
     def start():  # its log, which starts with what it wrote before its call (warnings of its imports)
         log = open_log(Path(call["log"]))
         log.write(early_output(waiting.out))
@@ -218,7 +218,7 @@ def serve_planned(waiting) -> NoReturn:
         os.close(waiting.out)
         return log
 
-    run_child(start, run, waiting.done)
+    run_child(start, lambda: _as_worker(call), waiting.done)
 
 
 def _start_here(base_config, workers: int, worker: bool, forked):

@@ -35,7 +35,7 @@ from typing import NoReturn
 from rich.markup import escape
 
 from mlptrain.errors import UserError
-from mlptrain.sweep.gpu_processes import die_with_parent
+from mlptrain.sweep.gpu_processes import detach
 from mlptrain.util.console import console, reopen_console
 from mlptrain.util.regular_file import open_regular
 
@@ -113,10 +113,7 @@ def fork_child(run, log_path: Path, slot: str | None) -> Forked:
 
     def start():
         os.close(done)
-        os.setsid()
-        die_with_parent()
-        if slot is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = slot
+        detach(slot)
         return log
 
     run_child(start, run, say_done)

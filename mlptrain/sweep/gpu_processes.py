@@ -78,6 +78,16 @@ def can_fork() -> bool:
             and not driver_started())
 
 
+def detach(slot: str | None) -> None:
+    """In a child just forked as a worker: a session of its own, as a started worker has (Ctrl-C reaches it
+    once, from the command), SIGTERM when the command dies, and its GPU pinned (`slot`, a CUDA_VISIBLE_DEVICES
+    value; None: unpinned)."""
+    os.setsid()
+    die_with_parent()
+    if slot is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = slot
+
+
 def die_with_parent() -> None:
     """In each worker (Linux): SIGTERM when the parent dies, even by SIGKILL, so that none is orphaned."""
     try:

@@ -24,7 +24,7 @@ import os
 import signal
 
 from mlptrain.backends.driver.early import make_context_early, start_driver
-from mlptrain.sweep.gpu_processes import can_fork, die_with_parent, gpu_shares, process_per_gpu, visible_slots
+from mlptrain.sweep.gpu_processes import can_fork, detach, gpu_shares, process_per_gpu, visible_slots
 
 GPU_COMMANDS = ("run", "sweep")  # the commands that start the CUDA driver first thing (a thread; harmless on a CPU)
 WORK_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # read by the CUDA driver as it makes a context
@@ -193,11 +193,9 @@ def _fork(index: int, slot: str, share: int) -> Waiting | None:
         os.close(sibling.out)
     PLANNED.clear()
     atexit.unregister(drop_planned)
-    os.setsid()  # a session of its own, as a started worker has: Ctrl-C reaches it once, from the command
-    die_with_parent()
+    detach(slot)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    os.environ["CUDA_VISIBLE_DEVICES"] = slot
     work_queues(share)
     start_driver()
     make_context_early(0)  # its only GPU
