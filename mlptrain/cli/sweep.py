@@ -85,11 +85,6 @@ def sweep(
                                          gpu_shares(workers, len(slots)))
         drop_planned()  # children forked at the command's start that it does not use (a CPU sweep, say)
         pool, resources, shares = _start_here(base_config, workers, worker, forked)
-        if forked and pool is None:  # the driver listed GPUs that CUDA does not offer: workers as on the CPU
-            console.print("[yellow]warning:[/] CUDA offers none of the GPUs the NVIDIA driver lists: the "
-                          "workers run as processes on the CPU", highlight=False)
-            _stop_children(children)
-            children, forked, shares = {}, None, None
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
         from mlptrain.sweep import engine, study as studies
         from mlptrain.sweep.report import results_table, trial_rows, write_results
@@ -105,7 +100,7 @@ def sweep(
 
             connect(base_config.logging, sweep_dir)
         if forked:
-            announce(processes, slots, sweep_dir, first=1, threads=shares)
+            announce(processes, slots, sweep_dir, threads=shares)
         elif processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
             children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares,
                                      env=None if gpus else blas_share(processes))
@@ -124,7 +119,10 @@ def sweep(
     problems = []
     try:
         with sigterm_as_interrupt():
-            if pool is not None and children:  # a process per GPU: this one's threads, and the children
+            if forked:  # a process per GPU, forked: this one watches them
+                problems = _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, command,
+                                       children, slots, shares)
+            elif pool is not None and children:  # a process per GPU, started: this one's threads, and the children
                 problems = _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save,
                                               base_config, command, children, slots, shares)
             elif pool is not None:
@@ -153,11 +151,12 @@ def sweep(
 
 
 def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots, shares):
-    """Fork a process for each GPU after the first (mlptrain.sweep.forked), each a `--worker` of this sweep
-    that runs its share of the workers as threads, into `children`; returns (slots, shares), or None where
-    this process cannot fork cleanly (a thread already runs here: an embedding program's), and its children
-    are then started from nothing once it has counted the GPUs. The command forked them at its start
-    already where its arguments said it would (mlptrain.sweep.prefork): those are sent their calls."""
+    """Fork a process for each GPU (mlptrain.sweep.forked), each a `--worker` of this sweep that runs its share
+    of the workers as threads, into `children`: this process then trains on none of them (_coordinate).
+    Returns (slots, shares), or None where this process cannot fork cleanly (a thread already runs here: an
+    embedding program's), and its children are then started from nothing once it has counted the GPUs. The
+    command forked them at its start already where its arguments said it would (mlptrain.sweep.prefork):
+    those are sent their calls."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.sweep.forked import Forked, fork_child, open_log
     from mlptrain.sweep.gpu_processes import can_fork
@@ -167,7 +166,7 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
         return dict(sweep_file=sweep_file, overrides=overrides or [], runs_dir=str(runs_dir), name=name, url=url,
                     share=shares[i], log=str(sweep_dir / f"worker-{i}.log"))
 
-    planned, ended = take_planned(slots[1:len(shares)])
+    planned, ended = take_planned(slots[:len(shares)])
     if planned is None and not can_fork():  # the driver has started here: the workers are threads instead
         for slot, words in ended:
             said = f" (its last words: {escape(words)})" if words else ""
@@ -182,7 +181,7 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
             child.send(call(i))  # one that died since take_planned is seen as a dead worker
             children[i] = Forked(child.pid, child.done)
         return slots, shares
-    for i in range(1, len(shares)):
+    for i in range(len(shares)):
         children[i] = fork_child(lambda c=call(i): _as_worker(c), sweep_dir / f"worker-{i}.log", slots[i])
     return slots, shares
 
@@ -223,11 +222,19 @@ def serve_planned(waiting) -> NoReturn:
 
 def _start_here(base_config, workers: int, worker: bool, forked):
     """This process's start once any children are forked: the CUDA driver and contexts, the data's checks,
-    and on GPUs the worker threads (their contexts made while Optuna is imported and the study opened).
-    Returns (the threads or None, the resources, each process's share of the workers or None)."""
+    and on GPUs the worker threads (their contexts made while Optuna is imported and the study opened); with
+    `forked` children on every GPU, the data's checks alone. Returns (the threads or None, the resources, each
+    process's share of the workers or None)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.backends.driver.early import start_driver
 
+    if forked:  # refusals before the sweep's folder exists; no CUDA here (see mlptrain.sweep.prefork)
+        # imported when used: numpy and the data loaders
+        from mlptrain.training.experiment import Resources, check_inputs
+
+        resources = Resources()
+        check_inputs(base_config, resources)
+        return None, resources, forked[1]
     start_driver()  # first, in a thread, once (a sweep with nothing to fork started it already)
     # then the rest, NumPy's import among them, while the driver starts
     from mlptrain.sweep.gpu_processes import gpu_shares, process_per_gpu
@@ -247,11 +254,10 @@ def _start_here(base_config, workers: int, worker: bool, forked):
         resources.prepare(base_config)  # refusals before the sweep's folder exists
     else:  # the same refusals, without a GPU context: each worker makes its own
         check_inputs(base_config, resources)
-    # a process per GPU (mlptrain.sweep.threads), each with its share of the workers as threads; this
-    # process takes the first GPU's share; its children forked already, or started from nothing when asked
-    # for where it could not fork
-    started = not worker and process_per_gpu(workers, gpus, forking=False)  # children started from nothing
-    shares = forked[1] if forked else gpu_shares(workers, gpus) if started else None
+    # a process per GPU started from nothing, asked for where this one could not fork (mlptrain.sweep.threads),
+    # each with its share of the workers as threads: this process takes the first GPU's share
+    started = not worker and process_per_gpu(workers, gpus, forking=False)
+    shares = gpu_shares(workers, gpus) if started else None
     pool = TrialThreads(shares[0] if shares else workers, 1 if shares else gpus, resources,
                         lambda view: view.prepare(base_config, logs=True)) if gpus else None
     return pool, resources, shares
@@ -297,6 +303,21 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
         engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
 
 
+def _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, command, children, slots,
+                shares) -> list[str]:
+    """Watch the forked `children`, a process per GPU, run every trial (a dead one's trial queued again and
+    a started worker in its place; the results saved as they report trials), then run here the trials of
+    other machines' workers that died meanwhile (a GPU context made only then); returns a line per failed
+    child."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.workers import run_workers
+
+    problems = run_workers(command, len(shares), slots, sweep_dir, study, spec, study_storage, procs=children,
+                           threads=shares, on_report=save)
+    engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
+    return problems
+
+
 def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save, base_config, command,
                        children, slots, shares) -> list[str]:
     """This process's threads on its GPU (the first) while `children` run the other GPUs' shares, then the
@@ -332,7 +353,8 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from threadpoolctl import threadpool_limits
 
-    from mlptrain.sweep.workers import BLAS_THREADS, blas_share, cores, run_workers
+    from mlptrain.sweep.gpu_processes import BLAS_THREADS
+    from mlptrain.sweep.workers import blas_share, cores, run_workers
 
     def here():
         engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,

@@ -16,6 +16,7 @@ from mlptrain.backends.driver.early import driver_started
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # a folder per GPU the NVIDIA driver gives this machine (container)
 PR_SET_PDEATHSIG = 1  # prctl(2)
 PROCESS_PER_GPU_ENV = "MLPTRAIN_SWEEP_PROCESS_PER_GPU"  # "1": a process per GPU; "0": threads (see process_per_gpu)
+BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # read by NumPy's BLAS at start
 
 
 def process_per_gpu(workers: int, gpus: int, forking: bool = True) -> bool:

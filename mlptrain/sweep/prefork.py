@@ -5,13 +5,18 @@ A process's driver start (cuInit and a context) takes 0.3 s alone and 0.45 s whe
 theirs together (the driver does much of that work one process at a time), and it was the path to a two-GPU
 sweep's first trial: forked after the command had read the sweep file (0.25 s in), the processes only
 started their drivers then (benchmarks/NOTES.md, issue 29). So `mlptrain sweep --workers K` on several
-GPUs forks its children from what its arguments say (`start_early`, called by mlptrain.__main__), and each
+GPUs forks a child per GPU from what its arguments say (`start_early`, called by mlptrain.__main__), and each
 child at once pins its GPU, starts its driver and its context, imports what its trials need, and waits.
 The command reads the sweep file meanwhile, then either sends each child its call (the same sweep as a
 `--worker`, with its share: `Planned.send`) or, where it does not fork after all (a refused sweep file, a
-CPU backend, other GPUs than planned), stops them (`drop_planned`, also run at its exit). Until its call
-comes a child writes nothing where anyone sees it: its output goes to a file in memory (`memfd_create`), which
-starts its worker log once the call comes, and which the command quotes if the child dies before.
+CPU backend, other GPUs than planned), stops them (`drop_planned`, also run at its exit) and starts its
+driver then. Until its call comes a child writes nothing where anyone sees it: its output goes to a file in
+memory (`memfd_create`), which starts its worker log once the call comes, and which the command quotes if the
+child dies before.
+
+The command itself trains on none of the GPUs: it opens the study, watches its children and reports. Without
+a CUDA context it ends at once after the last trial, where a process with one takes 0.1-0.15 s to end (its
+context's teardown), and no thread of its own competes with a trial for its interpreter.
 
 Standard library only, besides the driver's early start: nothing here starts a thread before the fork.
 """
@@ -24,7 +29,7 @@ import os
 import signal
 
 from mlptrain.backends.driver.early import make_context_early, start_driver
-from mlptrain.sweep.gpu_processes import can_fork, detach, gpu_shares, process_per_gpu, visible_slots
+from mlptrain.sweep.gpu_processes import BLAS_THREADS, can_fork, detach, gpu_shares, process_per_gpu, visible_slots
 
 GPU_COMMANDS = ("run", "sweep")  # the commands that start the CUDA driver first thing (a thread; harmless on a CPU)
 WORK_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # read by the CUDA driver as it makes a context
@@ -93,10 +98,10 @@ PLANNED: dict[int, Planned] = {}  # in the command: its children forked at its s
 
 def start_early(argv: list[str]) -> Waiting | None:
     """The command's first step: for `mlptrain sweep ... --workers K` on several GPUs, fork a child per GPU
-    after the first (where the sweep would fork them later: mlptrain.sweep.gpu_processes), each with its
-    share of the workers; a sweep's processes size their GPU contexts for their workers (`work_queues`);
-    then the commands that use a GPU start the CUDA driver in a thread. Returns None in the command, and in
-    a child its Waiting."""
+    (where the sweep would fork them later: mlptrain.sweep.gpu_processes), each with its share of the workers,
+    and import NumPy here with one BLAS thread (`import_numpy_alone`); otherwise a sweep's process sizes its GPU
+    contexts for its workers (`work_queues`), and the commands that use a GPU start the CUDA driver in a
+    thread. Returns None in the command, and in a child its Waiting."""
     args = argv[1:]
     if not args or args[0] not in GPU_COMMANDS:
         return None
@@ -106,14 +111,32 @@ def start_early(argv: list[str]) -> Waiting | None:
         shares = gpu_shares(workers, len(slots) if slots else 1)
         if slots and process_per_gpu(workers, len(slots)) and can_fork():
             atexit.register(drop_planned)
-            for i in range(1, len(shares)):
-                waiting = _fork(i, slots[i], shares[i])
+            for i, share in enumerate(shares):
+                waiting = _fork(i, slots[i], share)
                 if waiting is not None:
                     return waiting
-            shares = shares[:1]  # this process's own: the first GPU's
+            import_numpy_alone()
+            return None  # no driver here: the command trains on none of its GPUs
         work_queues(max(shares))
     start_driver()
     return None
+
+
+def import_numpy_alone() -> None:
+    """In a command whose children train on every GPU: NumPy imported with one BLAS thread unless the user set
+    its threads. The command computes no products, and NumPy's BLAS would otherwise start a thread per core as
+    it loads, each spinning ~0.1 s, right when the children import NumPy and start their drivers: 32 such
+    threads a process on a 32-core host doubled NumPy's import beside a child (benchmarks/NOTES.md, issue 29,
+    step 10). The variables are removed again once read: a worker this command starts later gets the
+    machine's default, as its children did."""
+    names = [] if any(name in os.environ for name in BLAS_THREADS) else list(BLAS_THREADS)
+    os.environ.update(dict.fromkeys(names, "1"))
+    try:
+        # here, not at the top: only such a command imports it this early (a child after its fork)
+        import numpy  # noqa: F401
+    finally:
+        for name in names:
+            del os.environ[name]
 
 
 def work_queues(workers: int) -> None:
@@ -142,14 +165,14 @@ def workers_asked(args: list[str]) -> int | None:
 
 def take_planned(slots: list[str]) -> tuple[dict[int, Planned] | None, list[tuple[str, str]]]:
     """The children forked at the command's start, by worker-process index, when they are for exactly `slots`
-    (the GPUs after the first of the sweep's process per GPU) and all alive: the caller sends each its call.
+    (the GPUs of the sweep's process per GPU, in order) and all alive: the caller sends each its call.
     Otherwise None, and any there are stopped; with (GPU, last words) for each child that had ended already
     (it died before the sweep began)."""
     planned = dict(PLANNED)
     PLANNED.clear()
     ended = [(child.slot, child.last_words()) for child in planned.values() if not child.alive()]
     if planned and not ended and [planned[i].slot for i in sorted(planned)] == list(slots) and sorted(
-            planned) == list(range(1, len(slots) + 1)):
+            planned) == list(range(len(slots))):
         return planned, []
     for child in planned.values():
         child.stop()

@@ -4,7 +4,7 @@ Worker i trains on GPU i mod G (of the G visible) on a CUDA stream of its own, s
 trials on one GPU at once: a small model leaves most of a GPU idle, and their kernels overlap. The
 workers of one GPU are threads of one process: the data is read once, and kernels are loaded once for
 them all. With several GPUs each GPU's share (gpu_shares) is a process of its own, forked from the command
-before it starts CUDA (mlptrain.sweep.forked), this one the first GPU's: threads of one process take turns
+before it starts CUDA (mlptrain.sweep.forked), which then trains on none: threads of one process take turns
 on its interpreter, and trials with short steps would wait for each other there. Where the command cannot
 fork, the workers of all GPUs are threads of this process (or, with $MLPTRAIN_SWEEP_PROCESS_PER_GPU=1,
 children started from nothing, mlptrain.sweep.workers, which reach their first trial later). The workers

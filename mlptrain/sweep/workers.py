@@ -10,11 +10,12 @@ times in all, so a trial that kills every worker cannot loop). The sweep ends wh
 does. Ctrl-C reaches the children from here, once.
 
 On several GPUs the workers are a process per GPU, each running its share of the K workers as threads
-(mlptrain.sweep.threads): the command takes the first GPU and a child each other one. Threads of one
-process share its interpreter, so trials whose steps are short (an MNIST MLP's) would queue for it; a
-process per GPU keeps that contention within a GPU. Those children are forked (mlptrain.sweep.forked),
-and watched here like started ones; a child that dies is replaced by a started one (the command has
-started CUDA by then, and a child forked after that could not use the GPU).
+(mlptrain.sweep.threads). Threads of one process share its interpreter, so trials whose steps are short (an
+MNIST MLP's) would queue for it; a process per GPU keeps that contention within a GPU. Those children are
+forked (mlptrain.sweep.forked), one for every GPU, and the command trains on none: it watches them as it
+watches started ones, and a child that dies is replaced by a started one (a child forked once this process
+runs threads could deadlock). Where the command cannot fork and a process per GPU is asked for, it starts
+them instead and takes the first GPU's share itself.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from mlptrain.backends.cuda import gpu_count
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims
 from mlptrain.sweep.engine import requeue_stale
-from mlptrain.sweep.gpu_processes import die_with_parent
+from mlptrain.sweep.gpu_processes import BLAS_THREADS, die_with_parent
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.util.console import console
 from mlptrain.util.regular_file import open_regular
 
-POLL_S = 2  # how often the parent reports the trials its children finished
+POLL_S = 0.5  # how often the parent reports the trials its children finished (a read of the study's new lines)
 WAIT_S = 0.01  # how often it looks at its children: the sweep ends within this of its last worker
 STOP_WAIT_S = 60  # how long stopped workers get to queue their trials again before they are killed
-BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # read by NumPy's BLAS at start
 
 
 def gpu_slots(backend: str) -> list[str | None]:
@@ -82,14 +82,16 @@ def start_workers(command: list[str], workers: int, slots: list, sweep_dir: Path
 
 
 def announce(workers: int, slots: list, sweep_dir: Path, first: int = 0, threads: list[int] | None = None) -> None:
-    """The line that says which workers run where (start_workers; a process per GPU forked, mlptrain.sweep.forked)."""
+    """The line that says which workers run where (start_workers; a process per GPU forked, mlptrain.sweep.forked,
+    where `first` is 0: this process trains on none)."""
     def on(i):
         return f"{threads[i]} on GPU {slots[i % len(slots)]}" if threads else slots[i % len(slots)]
 
     gpus = f", GPUs {', '.join(on(i) for i in range(workers))}" if slots[0] is not None else ""
     if threads:
+        mine = f"; this process takes GPU {slots[0]}); the others'" if first else "); their"
         who = f"{sum(threads)} workers in {workers} processes, one per GPU ({', '.join(on(i) for i in range(workers))}" \
-              f"; this process takes GPU {slots[0]}); the others'"
+              f"{mine}"
     elif first:
         who = f"{workers} workers (this process and {workers - 1} more){gpus}; the others'"
     else:
@@ -117,18 +119,19 @@ def _start(command: list[str], slots: list, sweep_dir: Path, i: int, threads: li
 
 
 def run_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, study, sweep, storage=None,
-                here=None, procs: dict | None = None, threads: list[int] | None = None, env: dict | None = None
-                ) -> list[str]:
+                here=None, procs: dict | None = None, threads: list[int] | None = None, env: dict | None = None,
+                on_report=None) -> list[str]:
     """Runs `command` in child processes, on `slots` (gpu_slots) in turn, until all exit and returns a line
     for each that failed. With `here` (this process's own share: prepare, then take trials until none is
-    queued), this process is worker 0 and `workers - 1` children run (`procs`, when start_workers started
-    them already); without it, `workers` children. `storage` lets this process queue a dead child's trial
-    again. `threads`, `env`: as for start_workers."""
+    queued), this process is worker 0 and `workers - 1` children run (`procs`, when start_workers or a fork
+    started them already); without it, `workers` children. `storage` lets this process queue a dead child's
+    trial again. `threads`, `env`: as for start_workers. `on_report()` runs after each report of trials the
+    children finished (the results saved)."""
     first = 0 if here is None else 1
     if procs is None:
         procs = start_workers(command, workers, slots, sweep_dir, first, threads, env)
     watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i, threads, env), study, sweep, storage,
-                       sweep_dir, restarts=workers - first)
+                       sweep_dir, restarts=workers - first, on_report=on_report)
     try:
         if here is None:
             watcher.watch()
@@ -152,9 +155,9 @@ class _Watcher:
     """Waits for the children (checked every WAIT_S), reports the trials they finish (every POLL_S), and
     replaces a child that died holding a trial; `failed` collects a line per child that failed."""
 
-    def __init__(self, procs: dict, start, study, sweep, storage, sweep_dir: Path, restarts: int):
+    def __init__(self, procs: dict, start, study, sweep, storage, sweep_dir: Path, restarts: int, on_report=None):
         self.procs, self.start, self.study, self.sweep, self.storage = procs, start, study, sweep, storage
-        self.sweep_dir, self.restarts = sweep_dir, restarts
+        self.sweep_dir, self.restarts, self.on_report = sweep_dir, restarts, on_report
         self.failed: list[str] = []
         self.stopped = threading.Event()
         self.error: BaseException | None = None
@@ -178,7 +181,8 @@ class _Watcher:
                 if self._replaced(i):
                     ended.discard(i)
             if newly or time.monotonic() >= next_report:
-                _report(self.study, self.sweep, reported)
+                if _report(self.study, self.sweep, reported) and self.on_report is not None:
+                    self.on_report()
                 next_report = time.monotonic() + POLL_S
             if len(ended) == len(self.procs):
                 return
@@ -226,11 +230,12 @@ def _ending(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-def _report(study, sweep, reported: set, show: bool = True) -> None:
+def _report(study, sweep, reported: set, show: bool = True) -> bool:
     """One line for each trial another process finished since the last report (added to `reported`);
-    this process prints its own trials as it runs them."""
+    this process prints its own trials as it runs them. Whether any trial finished since."""
     if study is None:
-        return
+        return False
+    before = len(reported)
     mine = {t.number for t in study.get_trials(deepcopy=False)
             if (t.system_attrs.get(claims.WORKER) or {}).get("pid") == os.getpid()}
     for row in trial_rows(study, sweep):
@@ -241,3 +246,4 @@ def _report(study, sweep, reported: set, show: bool = True) -> None:
             outcome = row["error"] if row["value"] is None else f"{sweep.metric} {format_metric(row['value'])}"
             console.print(f"trial {row['number']} {row['state']}: {outcome} ({format_params(row['params'])})",
                           highlight=False)
+    return len(reported) > before

@@ -36,7 +36,7 @@ def _fresh(script: str, tmp_path) -> subprocess.CompletedProcess:
     for i in range(3):
         (gpus / f"0000:{i:02x}:00.0").mkdir(parents=True)
     prelude = f"""
-        import os, sys, time
+        import os, sys, threading, time
         from pathlib import Path
         import mlptrain.sweep.gpu_processes as gpu_processes
         gpu_processes.NVIDIA_GPUS = Path({str(gpus)!r})  # a machine with three GPUs
@@ -59,18 +59,23 @@ def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path)
             run_child(lambda: open_log(Path(call["log"])), lambda: print(
                 "worker", waiting.index, os.environ["CUDA_VISIBLE_DEVICES"], os.getsid(0) == os.getpid(),
                 call["share"], os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]) or call["share"], waiting.done)
-        planned, ended = prefork.take_planned(["0", "1"])
+        planned, ended = prefork.take_planned(["2", "0", "1"])
         from mlptrain.sweep.forked import Forked
         children = []
         for i, child in sorted(planned.items()):
             print("sent", child.send({{"log": f"worker-{{i}}.log", "share": i + 1}}))
             children.append(Forked(child.pid, child.done))
         print("codes", *[child.wait(60) for child in children], "here", os.environ["CUDA_VISIBLE_DEVICES"],
-              os.environ["CUDA_DEVICE_MAX_CONNECTIONS"])
+              os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), "numpy" in sys.modules, threading.active_count(),
+              *[os.environ.get(name) for name in gpu_processes.BLAS_THREADS])
     """, tmp_path)
     assert done.returncode == 0, done.stderr
-    # five workers on three GPUs: two, two and one, each process's context with two work queues a worker
-    assert done.stdout.split("\n")[:3] == ["sent True", "sent True", "codes 2 3 here 2,0,1 4"]
+    # five workers on three GPUs: two, two and one, each process's context with two work queues a worker;
+    # the command trains on none: no driver started, no work queues set, NumPy imported without BLAS threads
+    # (and the BLAS variables it read removed again)
+    assert done.stdout.split("\n")[:4] == ["sent True", "sent True", "sent True",
+                                           "codes 1 2 3 here 2,0,1 None True 1 None None None"]
+    assert (tmp_path / "worker-0.log").read_text() == "worker 0 2 True 1 4\n"
     assert (tmp_path / "worker-1.log").read_text() == "worker 1 0 True 2 4\n"
     assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3 2\n"
 
@@ -89,28 +94,28 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
         if {take!r} == "none":
             prefork.drop_planned()
         elif {take!r} == "other GPUs":
-            print("taken", *prefork.take_planned(["1", "0"]))
+            print("taken", *prefork.take_planned(["2", "1", "0"]))
         elif {take!r} == "one died":  # before the sweep began: named, and the other stopped
             import signal
             while "a child ran" not in prefork.early_output(prefork.PLANNED[2].out):
                 time.sleep(0.01)
             os.kill(pids[1], signal.SIGKILL)
             time.sleep(0.5)
-            print("taken", *prefork.take_planned(["0", "1"]))
+            print("taken", *prefork.take_planned(["2", "0", "1"]))
         if {take!r} != "at exit":
             print("left", len(prefork.PLANNED))
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.split("\n")
     pids = [int(pid) for pid in lines[0].split()]
-    assert len(pids) == 2 and "a child ran" not in lines[0] and "\na child ran" not in done.stdout
+    assert len(pids) == 3 and "a child ran" not in lines[0] and "\na child ran" not in done.stdout
     for pid in pids:  # reaped (not a zombie of the ended command): no such process any more
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     if take == "other GPUs":
         assert lines[1] == "taken None []"
     if take == "one died":  # what it said before it died, quoted by the command's warning
-        assert lines[1] == "taken None [('1', 'a child ran')]"
+        assert lines[1] == "taken None [('0', 'a child ran')]"
 
 
 def test_only_a_multi_gpu_sweep_forks_and_only_gpu_commands_start_the_driver(tmp_path):
@@ -149,7 +154,7 @@ def test_a_refused_sweep_says_so_once_and_leaves_no_child(tmp_path):
     """, tmp_path)
     assert done.returncode == 2, done.stderr
     pids = [int(pid) for pid in done.stdout.split()]
-    assert len(pids) == 2
+    assert len(pids) == 3
     assert done.stderr.count("error:") == 1 and "missing.yaml" in done.stderr
     for pid in pids:
         with pytest.raises(ProcessLookupError):
@@ -184,8 +189,9 @@ def test_what_a_child_says_before_its_call_starts_its_log(tmp_path):
             print("said before the call", flush=True)
             from mlptrain.cli.sweep import serve_planned
             serve_planned(waiting)
-        planned, ended = prefork.take_planned(["0"])
+        planned, ended = prefork.take_planned(["2", "0"])
         from mlptrain.sweep.forked import Forked
+        planned[0].stop()
         child = planned[1]
         child.send(dict(sweep_file="missing.yaml", overrides=[], runs_dir="runs", name="s", url="s.journal", share=1,
                         log="worker-1.log"))

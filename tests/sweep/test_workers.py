@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -138,6 +139,30 @@ def test_on_several_gpus_a_process_per_gpu_runs_its_share_as_threads(gpus, tmp_p
     assert _seen_from(tmp_path, [1, 2]) == ["gpu=6 workers=2", "gpu=7 workers=2"]
     said = " ".join(capsys.readouterr().err.split())
     assert "7 workers in 3 processes, one per GPU (3 on GPU 4, 2 on GPU 6, 2 on GPU 7; this process takes GPU 4)" in said
+
+
+def test_a_command_that_trains_on_no_gpu_watches_a_process_per_gpu(gpus, tmp_path, monkeypatch, capsys):
+    """Children on every GPU (forked ones, on a real machine): each GPU's share is a process of its own, and
+    the command reports each trial they finish, and saves the results, as it sees them."""
+    gpus(3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    monkeypatch.setattr(workers, "POLL_S", 0.05)
+    looks = []
+
+    def rows(study, sweep):  # nothing finished at the first look, one trial at every later one
+        looks.append(1)
+        return [] if len(looks) == 1 else [{"number": 0, "state": "complete", "value": 0.5, "params": {"seed": 1},
+                                            "error": None}]
+    monkeypatch.setattr(workers, "trial_rows", rows)
+    saved = []
+    assert workers.run_workers(PRINT_GPU_AND_WORKERS, 3, workers.gpu_slots("cuda"), tmp_path,
+                               SimpleNamespace(get_trials=lambda deepcopy: []), SimpleNamespace(metric="val_acc"),
+                               threads=gpu_shares(7, 3), on_report=lambda: saved.append(len(looks))) == []
+    assert _seen(tmp_path, 3) == ["gpu=4 workers=3", "gpu=6 workers=2", "gpu=7 workers=2"]
+    assert len(saved) == 1  # once: the trial was new only once
+    said = " ".join(capsys.readouterr().err.split())
+    assert "7 workers in 3 processes, one per GPU (3 on GPU 4, 2 on GPU 6, 2 on GPU 7); their output goes to" in said
+    assert said.count("trial 0 complete: val_acc 0.5") == 1
 
 
 def test_a_refusal_here_stops_the_children(gpus, tmp_path, monkeypatch):
