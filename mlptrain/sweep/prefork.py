@@ -99,7 +99,7 @@ PLANNED: dict[int, Planned] = {}  # in the command: its children forked at its s
 def start_early(argv: list[str]) -> Waiting | None:
     """The command's first step: for `mlptrain sweep ... --workers K` on several GPUs, fork a child per GPU
     (where the sweep would fork them later: mlptrain.sweep.gpu_processes), each with its share of the workers,
-    and import NumPy here with one BLAS thread (`import_numpy_alone`); otherwise a sweep's process sizes its GPU
+    and import NumPy in each process with one BLAS thread (`import_numpy_alone`); otherwise a sweep's process sizes its GPU
     contexts for its workers (`work_queues`), and the commands that use a GPU start the CUDA driver in a
     thread. Returns None in the command, and in a child its Waiting."""
     args = argv[1:]
@@ -123,12 +123,12 @@ def start_early(argv: list[str]) -> Waiting | None:
 
 
 def import_numpy_alone() -> None:
-    """In a command whose children train on every GPU: NumPy imported with one BLAS thread unless the user set
-    its threads. The command computes no products, and NumPy's BLAS would otherwise start a thread per core as
-    it loads, each spinning ~0.1 s, right when the children import NumPy and start their drivers: 32 such
-    threads a process on a 32-core host doubled NumPy's import beside a child (benchmarks/NOTES.md, issue 29,
-    step 10). The variables are removed again once read: a worker this command starts later gets the
-    machine's default, as its children did."""
+    """In the processes of a sweep forked per GPU (the command, which trains on none, and each GPU's child):
+    NumPy imported with one BLAS thread unless the user set its threads. None of them computes products on
+    the host, and NumPy's BLAS would otherwise start a thread per core as it loads, each spinning for a while,
+    in every process at once: a child's import of NumPy took 0.15-0.36 s, against 0.06-0.08 s for the command
+    with one BLAS thread beside it (benchmarks/NOTES.md, issue 29, step 11). The variables are removed again
+    once read: a worker started later gets the machine's default."""
     names = [] if any(name in os.environ for name in BLAS_THREADS) else list(BLAS_THREADS)
     os.environ.update(dict.fromkeys(names, "1"))
     try:
@@ -222,4 +222,5 @@ def _fork(index: int, slot: str, share: int) -> Waiting | None:
     work_queues(share)
     start_driver()
     make_context_early(0)  # its only GPU
+    import_numpy_alone()  # while the driver starts
     return Waiting(index, go_read, done_write, out)

@@ -58,7 +58,8 @@ def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path)
             from mlptrain.sweep.forked import open_log, run_child
             run_child(lambda: open_log(Path(call["log"])), lambda: print(
                 "worker", waiting.index, os.environ["CUDA_VISIBLE_DEVICES"], os.getsid(0) == os.getpid(),
-                call["share"], os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]) or call["share"], waiting.done)
+                call["share"], os.environ["CUDA_DEVICE_MAX_CONNECTIONS"], "numpy" in sys.modules,
+                *[os.environ.get(name) for name in gpu_processes.BLAS_THREADS]) or call["share"], waiting.done)
         planned, ended = prefork.take_planned(["2", "0", "1"])
         from mlptrain.sweep.forked import Forked
         children = []
@@ -71,13 +72,13 @@ def test_a_child_forked_first_waits_silently_for_its_call_then_runs_it(tmp_path)
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     # five workers on three GPUs: two, two and one, each process's context with two work queues a worker;
-    # the command trains on none: no driver started, no work queues set, NumPy imported without BLAS threads
-    # (and the BLAS variables it read removed again)
+    # the command trains on none: no driver started, no work queues set; every process imports NumPy without
+    # BLAS threads (and the BLAS variables it read are removed again)
     assert done.stdout.split("\n")[:4] == ["sent True", "sent True", "sent True",
                                            "codes 1 2 3 here 2,0,1 None True 1 None None None"]
-    assert (tmp_path / "worker-0.log").read_text() == "worker 0 2 True 1 4\n"
-    assert (tmp_path / "worker-1.log").read_text() == "worker 1 0 True 2 4\n"
-    assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3 2\n"
+    assert (tmp_path / "worker-0.log").read_text() == "worker 0 2 True 1 4 True None None None\n"
+    assert (tmp_path / "worker-1.log").read_text() == "worker 1 0 True 2 4 True None None None\n"
+    assert (tmp_path / "worker-2.log").read_text() == "worker 2 1 True 3 2 True None None None\n"
 
 
 @pytest.mark.parametrize("take", ["none", "other GPUs", "at exit", "one died"])
