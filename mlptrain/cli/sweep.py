@@ -99,12 +99,17 @@ def sweep(
             from mlptrain.run_dirs.mlflow_log import connect
 
             connect(base_config.logging, sweep_dir)
-        if forked:
-            announce(processes, slots, sweep_dir, threads=shares)
-        elif processes > 1:  # first: their start (imports, data) overlaps ours; they wait for the study
+        if processes > 1 and not forked:  # first: their start (imports, data) overlaps ours; they wait for the study
             children = start_workers(command, processes, slots, sweep_dir, first=1, threads=shares,
                                      env=None if gpus else blas_share(processes))
         study, study_storage = studies.open_study(spec, sweep_dir, name, url, worker=worker)
+        if forked:  # the data's refusals, once the children may start (a refusal removes a new study again);
+            # the children ask the driver for their own GPUs: no CUDA driver started here
+            # imported when used: numpy and the data loaders
+            from mlptrain.training.experiment import check_inputs
+
+            check_inputs(base_config, resources, ask_driver=False)
+            announce(processes, slots, sweep_dir, threads=shares)
     except BaseException:
         _stop_children(children)
         if pool is not None:
@@ -223,18 +228,17 @@ def serve_planned(waiting) -> NoReturn:
 def _start_here(base_config, workers: int, worker: bool, forked):
     """This process's start once any children are forked: the CUDA driver and contexts, the data's checks,
     and on GPUs the worker threads (their contexts made while Optuna is imported and the study opened); with
-    `forked` children on every GPU, the data's checks alone. Returns (the threads or None, the resources, each
-    process's share of the workers or None)."""
+    `forked` children on every GPU, none of these: the command checks the data once it has opened the study,
+    which the children wait for. Returns (the threads or None, the resources, each process's share of the
+    workers or None)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.backends.driver.early import start_driver
 
-    if forked:  # refusals before the sweep's folder exists; no CUDA here (see mlptrain.sweep.prefork)
+    if forked:  # no CUDA here (see mlptrain.sweep.prefork)
         # imported when used: numpy and the data loaders
-        from mlptrain.training.experiment import Resources, check_inputs
+        from mlptrain.training.experiment import Resources
 
-        resources = Resources()
-        check_inputs(base_config, resources)
-        return None, resources, forked[1]
+        return None, Resources(), forked[1]
     start_driver()  # first, in a thread, once (a sweep with nothing to fork started it already)
     # then the rest, NumPy's import among them, while the driver starts
     from mlptrain.sweep.gpu_processes import gpu_shares, process_per_gpu

@@ -91,11 +91,11 @@ class Resources:
         return self._backends[config.backend], self.dataset(config)
 
 
-def check_inputs(config: Config, resources: Resources | None = None) -> None:
+def check_inputs(config: Config, resources: Resources | None = None, ask_driver: bool = True) -> None:
     """What `Resources.prepare` refuses, found before a sweep starts its workers and without a GPU context:
-    the dataset (loaded into `resources`, which keep it) and, for backend cuda, a driver with no GPU (the
-    driver library answers in milliseconds; numba's own checks come when the backend is made)."""
-    if config.backend == "cuda" and driver_unusable_reason() is not None:
+    the dataset (loaded into `resources`, which keep it) and, for backend cuda (`ask_driver`), a driver with
+    no GPU (the driver library answers in milliseconds; numba's own checks come when the backend is made)."""
+    if ask_driver and config.backend == "cuda" and driver_unusable_reason() is not None:
         get_backend("cuda")  # raises its one-line reason
     check_trainable((resources or Resources()).dataset(config))
 

@@ -4,6 +4,7 @@ not use are stopped. Without a GPU: the NVIDIA driver's folder of GPUs is a fold
 
 The forks happen in a fresh interpreter (a subprocess): pytest's own process has NumPy's threads."""
 
+import json
 import os
 import subprocess
 import sys
@@ -202,3 +203,46 @@ def test_what_a_child_says_before_its_call_starts_its_log(tmp_path):
     assert done.stdout.split() == ["code", "2"]
     log = (tmp_path / "worker-1.log").read_text().splitlines()
     assert log[0] == "said before the call" and log[1].startswith("error: missing.yaml: no such sweep file")
+
+
+SMALL = ["train.epochs=1", "model.hidden=[8]", "train.batch_size=1024", "data.val_size=1000"]
+
+
+def _sweep_on_three_gpus(tmp_path, data_dir, *overrides) -> subprocess.CompletedProcess:
+    """`mlptrain sweep` through its entry on a machine whose NVIDIA driver lists three GPUs and whose CUDA
+    offers none (no libcuda here): each child falls back to the CPU backend, as a run would."""
+    (tmp_path / "s.yaml").write_text("base: adam_mnist\nmethod: grid\nmetric: val_acc\nparameters:\n  seed: [0, 1, 2]\n")
+    return _fresh(f"""
+        sys.argv = ["mlptrain", "sweep", "s.yaml", *{list(overrides)!r}, "--runs-dir", "runs", "--name", "s",
+                    "--workers", "2"]
+        os.environ["MLPTRAIN_DATA_DIR"] = {str(data_dir)!r}
+        from mlptrain import __main__ as entry
+        entry.main()
+    """, tmp_path)
+
+
+def test_a_sweep_forked_per_gpu_trains_in_its_children_only(tmp_path, data_dir):
+    """The command trains on none of the GPUs: a child per GPU takes the trials, each once, and the command
+    reports each and writes the results."""
+    done = _sweep_on_three_gpus(tmp_path, data_dir, *SMALL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "2 workers in 2 processes, one per GPU (1 on GPU 2, 1 on GPU 0); their output goes to" in out
+    assert all(f"trial {i} complete: val_acc" in out for i in range(3))
+    results = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
+    assert sorted(t["params"]["seed"] for t in results["trials"]) == [0, 1, 2]
+    assert {t["state"] for t in results["trials"]} == {"complete"}
+    logs = [(tmp_path / "runs" / "s" / f"worker-{i}.log").read_text() for i in range(2)]
+    assert all("running on the CPU" in log for log in logs)  # each child's fallback, in its own log
+    # every trial trained in exactly one child; the command's own output holds no trial's training
+    assert sorted(sum(([i for i in range(3) if f"trial-000{i}: " in log] for log in logs), [])) == [0, 1, 2]
+    assert "parameters on" not in done.stdout + done.stderr
+
+
+def test_a_sweep_forked_per_gpu_refuses_its_data_in_one_line_and_leaves_nothing(tmp_path, data_dir):
+    """The command checks the data once its study is open (the children wait for it): a refusal then stops
+    the children and removes the new sweep's folder."""
+    done = _sweep_on_three_gpus(tmp_path, data_dir, "data.val_size=100000000", *SMALL[:3])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("error:") == 1 and "data.val_size" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "runs" / "s").exists()
