@@ -99,9 +99,9 @@ PLANNED: dict[int, Planned] = {}  # in the command: its children forked at its s
 def start_early(argv: list[str]) -> Waiting | None:
     """The command's first step: for `mlptrain sweep ... --workers K` on several GPUs, fork a child per GPU
     (where the sweep would fork them later: mlptrain.sweep.gpu_processes), each with its share of the workers,
-    and import NumPy in each process with one BLAS thread (`import_numpy_alone`); otherwise a sweep's process sizes its GPU
-    contexts for its workers (`work_queues`), and the commands that use a GPU start the CUDA driver in a
-    thread. Returns None in the command, and in a child its Waiting."""
+    and import NumPy in each process with one BLAS thread (`import_numpy_alone`); otherwise a sweep's process
+    sizes its GPU contexts for its workers (`work_queues`), and the commands that use a GPU start the CUDA
+    driver in a thread. Returns None in the command, and in a child its Waiting."""
     args = argv[1:]
     if not args or args[0] not in GPU_COMMANDS:
         return None

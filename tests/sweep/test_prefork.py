@@ -211,7 +211,8 @@ SMALL = ["train.epochs=1", "model.hidden=[8]", "train.batch_size=1024", "data.va
 def _sweep_on_three_gpus(tmp_path, data_dir, *overrides) -> subprocess.CompletedProcess:
     """`mlptrain sweep` through its entry on a machine whose NVIDIA driver lists three GPUs and whose CUDA
     offers none (no libcuda here): each child falls back to the CPU backend, as a run would."""
-    (tmp_path / "s.yaml").write_text("base: adam_mnist\nmethod: grid\nmetric: val_acc\nparameters:\n  seed: [0, 1, 2]\n")
+    (tmp_path / "s.yaml").write_text("base: adam_mnist\nmethod: grid\nmetric: val_acc\n"
+                                     "parameters:\n  seed: [0, 1, 2]\n")
     return _fresh(f"""
         sys.argv = ["mlptrain", "sweep", "s.yaml", *{list(overrides)!r}, "--runs-dir", "runs", "--name", "s",
                     "--workers", "2"]
