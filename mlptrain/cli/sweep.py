@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import threading
+from datetime import datetime
 from importlib import import_module
 from pathlib import Path
 from typing import List, NoReturn, Optional
@@ -62,6 +63,7 @@ def sweep(
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
 
+    began = datetime.now()  # trials its workers finish from now on are reported (Optuna's clock)
     if workers == 1 or worker:  # nothing to fork: the driver's start while the sweep file is read
         start_driver()
     path = resolve_sweep(sweep_file)
@@ -126,16 +128,16 @@ def sweep(
         with sigterm_as_interrupt():
             if forked:  # a process per GPU, forked: this one watches them
                 problems = _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, command,
-                                       children, slots, shares)
+                                       children, slots, shares, began)
             elif pool is not None and children:  # a process per GPU, started: this one's threads, and the children
                 problems = _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save,
-                                              base_config, command, children, slots, shares)
+                                              base_config, command, children, slots, shares, began)
             elif pool is not None:
                 _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers,
                                  base_config, worker)
             else:
                 problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command,
-                                 worker, children, slots)
+                                 worker, children, slots, began)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: every running trial is queued again
         write_results(sweep_dir, spec, trial_rows(study, spec))
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
@@ -308,7 +310,7 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
 
 
 def _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, command, children, slots,
-                shares) -> list[str]:
+                shares, began) -> list[str]:
     """Watch the forked `children`, a process per GPU, run every trial (a dead one's trial queued again and
     a started worker in its place; the results saved as they report trials), then run here the trials of
     other machines' workers that died meanwhile (a GPU context made only then); returns a line per failed
@@ -317,13 +319,13 @@ def _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, 
     from mlptrain.sweep.workers import run_workers
 
     problems = run_workers(command, len(shares), slots, sweep_dir, study, spec, study_storage, procs=children,
-                           threads=shares, on_report=save)
+                           threads=shares, on_report=save, since=began)
     engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
     return problems
 
 
 def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save, base_config, command,
-                       children, slots, shares) -> list[str]:
+                       children, slots, shares, began) -> list[str]:
     """This process's threads on its GPU (the first) while `children` run the other GPUs' shares, then the
     trials of other machines' workers that died meanwhile; returns a line per failed child."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
@@ -331,7 +333,8 @@ def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, reso
 
     in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=False)
     problems = run_workers(command, len(shares), slots, sweep_dir, study, spec, study_storage, procs=children,
-                           threads=shares, here=lambda: _end_threads(pool, base_config, lambda: pool.run(in_thread)))
+                           threads=shares, here=lambda: _end_threads(pool, base_config, lambda: pool.run(in_thread)),
+                           since=began)
     engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
     return problems
 
@@ -350,7 +353,7 @@ def _end_threads(pool, base_config, finish) -> None:
 
 
 def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, worker, children,
-          slots) -> list[str]:
+          slots, began) -> list[str]:
     """Run trials here, and with `workers` > 1 in the `children` started beside this process; returns a line
     per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
     another."""
@@ -380,7 +383,7 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
             here()
 
     return run_workers(command, workers, slots, sweep_dir, study, spec, study_storage, here=here_with_its_share,
-                       procs=children, env=share)
+                       procs=children, env=share, since=began)
 
 
 def _show(table) -> None:

@@ -20,12 +20,16 @@ them instead and takes the first GPU's share itself.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
+
+from rich.markup import escape
 
 from mlptrain.backends.cuda import gpu_count
 from mlptrain.errors import UserError
@@ -120,18 +124,19 @@ def _start(command: list[str], slots: list, sweep_dir: Path, i: int, threads: li
 
 def run_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, study, sweep, storage=None,
                 here=None, procs: dict | None = None, threads: list[int] | None = None, env: dict | None = None,
-                on_report=None) -> list[str]:
+                on_report=None, since: datetime | None = None) -> list[str]:
     """Runs `command` in child processes, on `slots` (gpu_slots) in turn, until all exit and returns a line
     for each that failed. With `here` (this process's own share: prepare, then take trials until none is
     queued), this process is worker 0 and `workers - 1` children run (`procs`, when start_workers or a fork
     started them already); without it, `workers` children. `storage` lets this process queue a dead child's
     trial again. `threads`, `env`: as for start_workers. `on_report()` runs after each report of trials the
-    children finished (the results saved)."""
+    children finished (the results saved). Trials that finished before `since` (the command's start; by
+    default now) are not reported: a re-run does not repeat them."""
     first = 0 if here is None else 1
     if procs is None:
         procs = start_workers(command, workers, slots, sweep_dir, first, threads, env)
     watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i, threads, env), study, sweep, storage,
-                       sweep_dir, restarts=workers - first, on_report=on_report)
+                       sweep_dir, restarts=workers - first, on_report=on_report, since=since or datetime.now())
     try:
         if here is None:
             watcher.watch()
@@ -155,9 +160,11 @@ class _Watcher:
     """Waits for the children (checked every WAIT_S), reports the trials they finish (every POLL_S), and
     replaces a child that died holding a trial; `failed` collects a line per child that failed."""
 
-    def __init__(self, procs: dict, start, study, sweep, storage, sweep_dir: Path, restarts: int, on_report=None):
+    def __init__(self, procs: dict, start, study, sweep, storage, sweep_dir: Path, restarts: int, on_report=None,
+                 since: datetime | None = None):
         self.procs, self.start, self.study, self.sweep, self.storage = procs, start, study, sweep, storage
         self.sweep_dir, self.restarts, self.on_report = sweep_dir, restarts, on_report
+        self.since = since or datetime.now()
         self.failed: list[str] = []
         self.stopped = threading.Event()
         self.error: BaseException | None = None
@@ -171,8 +178,9 @@ class _Watcher:
             self.error = err
 
     def watch(self) -> None:
-        reported = set()
-        _report(self.study, self.sweep, reported, show=False)  # what ended before this command: not again
+        # what ended before this command is not reported again; what its workers finished before this
+        # thread's first look is
+        reported, warned = _finished_before(self.study, self.since), set()
         ended, next_report = set(), time.monotonic() + POLL_S
         while not self.stopped.is_set():
             newly = [i for i, p in self.procs.items() if i not in ended and p.poll() is not None]
@@ -181,7 +189,7 @@ class _Watcher:
                 if self._replaced(i):
                     ended.discard(i)
             if newly or time.monotonic() >= next_report:
-                if _report(self.study, self.sweep, reported) and self.on_report is not None:
+                if _report(self.study, self.sweep, reported, warned=warned) and self.on_report is not None:
                     self.on_report()
                 next_report = time.monotonic() + POLL_S
             if len(ended) == len(self.procs):
@@ -230,9 +238,19 @@ def _ending(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-def _report(study, sweep, reported: set, show: bool = True) -> bool:
-    """One line for each trial another process finished since the last report (added to `reported`);
-    this process prints its own trials as it runs them. Whether any trial finished since."""
+def _finished_before(study, since: datetime) -> set[int]:
+    """The numbers of the trials that finished before `since` (Optuna's clock: local time, naive)."""
+    if study is None:
+        return set()
+    return {t.number for t in study.get_trials(deepcopy=False)
+            if t.datetime_complete is not None and t.datetime_complete < since}
+
+
+def _report(study, sweep, reported: set, show: bool = True, warned: set | None = None) -> bool:
+    """One line for each trial another process finished since the last report (added to `reported`), and
+    a warning for each fallback its run recorded (summary.json) that none reported before (added to `warned`:
+    a GPU that CUDA does not offer, say, is said here once, not only in the worker's log); this process
+    prints its own trials and warnings as it runs them. Whether any trial finished since."""
     if study is None:
         return False
     before = len(reported)
@@ -246,4 +264,17 @@ def _report(study, sweep, reported: set, show: bool = True) -> bool:
             outcome = row["error"] if row["value"] is None else f"{sweep.metric} {format_metric(row['value'])}"
             console.print(f"trial {row['number']} {row['state']}: {outcome} ({format_params(row['params'])})",
                           highlight=False)
+            for line in _fallbacks(row.get("run_dir")):
+                if warned is not None and line not in warned:
+                    warned.add(line)
+                    console.print(f"[yellow]warning:[/] trial {row['number']}: {escape(line)}", highlight=False)
     return len(reported) > before
+
+
+def _fallbacks(run_dir: str | None) -> list[str]:
+    """The fallbacks a trial's run recorded (its summary.json), or none where it wrote none or another
+    machine's worker ran it (a folder this one cannot read)."""
+    try:
+        return list(json.loads((Path(run_dir) / "summary.json").read_text()).get("fallbacks", []))
+    except (OSError, TypeError, ValueError, AttributeError):
+        return []

@@ -99,7 +99,7 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
             print("taken", *prefork.take_planned(["2", "1", "0"]))
         elif {take!r} == "one died":  # before the sweep began: named, and the other stopped
             import signal
-            while "a child ran" not in prefork.early_output(prefork.PLANNED[2].out):
+            while "a child ran" not in prefork.early_output(prefork.PLANNED[1].out):
                 time.sleep(0.01)
             os.kill(pids[1], signal.SIGKILL)
             time.sleep(0.5)
@@ -234,9 +234,12 @@ def test_a_sweep_forked_per_gpu_trains_in_its_children_only(tmp_path, data_dir):
     assert sorted(t["params"]["seed"] for t in results["trials"]) == [0, 1, 2]
     assert {t["state"] for t in results["trials"]} == {"complete"}
     logs = [(tmp_path / "runs" / "s" / f"worker-{i}.log").read_text() for i in range(2)]
-    assert all("running on the CPU" in log for log in logs)  # each child's fallback, in its own log
-    # every trial trained in exactly one child; the command's own output holds no trial's training
-    assert sorted(sum(([i for i in range(3) if f"trial-000{i}: " in log] for log in logs), [])) == [0, 1, 2]
+    # every trial trained in exactly one child (one child may have taken them all, on a busy machine), the
+    # fallback in the log of each that trained; the command's own output holds no trial's training
+    trained = [[i for i in range(3) if f"trial-000{i}: " in log] for log in logs]
+    assert sorted(sum(trained, [])) == [0, 1, 2]
+    assert all("running on the CPU" in log for log, mine in zip(logs, trained) if mine)
+    assert out.count("warning: trial") == 1 and "no usable GPU" in out  # and once where the command says it
     assert "parameters on" not in done.stdout + done.stderr
 
 

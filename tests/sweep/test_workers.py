@@ -270,7 +270,7 @@ def test_a_failing_watch_stops_the_children_and_is_raised(tmp_path, monkeypatch)
     monkeypatch.setattr(workers, "trial_rows", lambda study, sweep: [])
     calls = []
 
-    def broken(study, sweep, reported, show=True):
+    def broken(study, sweep, reported, show=True, warned=None):
         calls.append(show)
         if len(calls) > 1:
             raise RuntimeError("the storage went away")
