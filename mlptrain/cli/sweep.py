@@ -126,10 +126,7 @@ def sweep(
     problems = []
     try:
         with sigterm_as_interrupt():
-            if forked:  # a process per GPU, forked: this one watches them
-                problems = _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, command,
-                                       children, slots, shares, began)
-            elif pool is not None and children:  # a process per GPU, started: this one's threads, and the children
+            if forked or (pool is not None and children):  # a process per GPU
                 problems = _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save,
                                               base_config, command, children, slots, shares, began)
             elif pool is not None:
@@ -159,7 +156,7 @@ def sweep(
 
 def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots, shares):
     """Fork a process for each GPU (mlptrain.sweep.forked), each a `--worker` of this sweep that runs its share
-    of the workers as threads, into `children`: this process then trains on none of them (_coordinate).
+    of the workers as threads, into `children`: this process then trains on none of them (_work_in_processes).
     Returns (slots, shares), or None where this process cannot fork cleanly (a thread already runs here: an
     embedding program's), and its children are then started from nothing once it has counted the GPUs. The
     command forked them at its start already where its arguments said it would (mlptrain.sweep.prefork):
@@ -309,32 +306,24 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
         engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
 
 
-def _coordinate(engine, study, study_storage, spec, sweep_dir, resources, save, command, children, slots,
-                shares, began) -> list[str]:
-    """Watch the forked `children`, a process per GPU, run every trial (a dead one's trial queued again and
-    a started worker in its place; the results saved as they report trials), then run here the trials of
-    other machines' workers that died meanwhile (a GPU context made only then); returns a line per failed
-    child."""
-    # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.sweep.workers import run_workers
-
-    problems = run_workers(command, len(shares), slots, sweep_dir, study, spec, study_storage, procs=children,
-                           threads=shares, on_report=save, since=began)
-    engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
-    return problems
-
-
 def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save, base_config, command,
                        children, slots, shares, began) -> list[str]:
-    """This process's threads on its GPU (the first) while `children` run the other GPUs' shares, then the
-    trials of other machines' workers that died meanwhile; returns a line per failed child."""
+    """`children`, a process per GPU, run the trials: forked ones every GPU's share while this process only
+    watches them (`pool` None: it reports and saves their trials as they finish), started ones the other
+    GPUs' shares while this process's threads (`pool`) run the first GPU's. Then the trials of other
+    machines' workers that died meanwhile run here (on the first GPU; a context made only then where this
+    process had none). Returns a line per failed child."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.sweep.workers import run_workers
 
-    in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=False)
+    here = None
+    if pool is not None:
+        in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=False)
+
+        def here():
+            _end_threads(pool, base_config, lambda: pool.run(in_thread))
     problems = run_workers(command, len(shares), slots, sweep_dir, study, spec, study_storage, procs=children,
-                           threads=shares, here=lambda: _end_threads(pool, base_config, lambda: pool.run(in_thread)),
-                           since=began)
+                           threads=shares, here=here, on_report=save if pool is None else None, since=began)
     engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
     return problems
 

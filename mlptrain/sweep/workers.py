@@ -136,7 +136,7 @@ def run_workers(command: list[str], workers: int, slots: list, sweep_dir: Path, 
     if procs is None:
         procs = start_workers(command, workers, slots, sweep_dir, first, threads, env)
     watcher = _Watcher(procs, lambda i: _start(command, slots, sweep_dir, i, threads, env), study, sweep, storage,
-                       sweep_dir, restarts=workers - first, on_report=on_report, since=since or datetime.now())
+                       sweep_dir, restarts=workers - first, on_report=on_report, since=since)
     try:
         if here is None:
             watcher.watch()
@@ -164,7 +164,7 @@ class _Watcher:
                  since: datetime | None = None):
         self.procs, self.start, self.study, self.sweep, self.storage = procs, start, study, sweep, storage
         self.sweep_dir, self.restarts, self.on_report = sweep_dir, restarts, on_report
-        self.since = since or datetime.now()
+        self.since = since or datetime.now()  # trials finished before it are not reported
         self.failed: list[str] = []
         self.stopped = threading.Event()
         self.error: BaseException | None = None
