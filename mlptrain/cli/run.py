@@ -28,6 +28,8 @@ def run(
     seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N|S,S,...",
                                         help="one run per seed (N: seeds 0 to N-1), in NAME/seed-S/, then "
                                              "NAME/seeds.json and each metric's mean and 95% CI"),
+    pack: int = typer.Option(1, "--pack", help="with --seeds: train this many seeds side by side from one thread "
+                             "(their kernels overlap on the GPU; each run's results stay those it gives alone)"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     # first, so that the CUDA driver starts (0.2 s, in a thread) while the command's modules below are imported
@@ -50,6 +52,9 @@ def run(
 
     overrides = overrides or []
     start = None
+    if pack != 1 and (seeds is None or resume is not None):
+        raise UserError("--pack trains several seeds side by side: give it with --seeds (a sweep takes "
+                        "`mlptrain sweep --pack`)")
     if resume is not None:
         if print_config:
             raise UserError("--print-config shows a config before a run; a run's own is RUN_DIR/config.yaml")
@@ -74,7 +79,7 @@ def run(
             print_resolved(path, overrides)
             return
         if seeds is not None:
-            return run_seeds(path, overrides, seeds, runs_dir, name)
+            return run_seeds(path, overrides, seeds, runs_dir, name, pack)
         cfg = load_config(path, overrides)
         if name is not None:
             check_run_name(name)

@@ -13,14 +13,17 @@ from mlptrain.training.experiment import Resources
 from mlptrain.util.console import console
 
 
-def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path, name: str | None) -> None:
+def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path, name: str | None,
+              pack: int = 1) -> None:
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.seeds.report import seeds_table
     from mlptrain.seeds.results import load_result
     from mlptrain.seeds.runner import parse_seeds
+    from mlptrain.training.packing import check_pack
     from mlptrain.seeds.runner import run_seeds as train_seeds
 
     seeds = parse_seeds(seeds_text)
+    check_pack(pack)
     if any(parse_override(text)[0] == "seed" for text in overrides):
         raise UserError("--seeds sets each run's seed; drop the seed= override")
     config = load_config(path, overrides)
@@ -28,7 +31,7 @@ def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path,
         check_run_name(name)
         _not_an_unfinished_group(runs_dir / name)
     with StopOnSignal() as stop:
-        group, _ = train_seeds(config, seeds, runs_dir, name, path.stem, Resources(), stop)
+        group, _ = train_seeds(config, seeds, runs_dir, name, path.stem, Resources(), stop, pack)
     console.print(seeds_table(seeds, load_result(group).metrics))
     console.print(f"{len(seeds)} runs and seeds.json written to {group} (compare with: mlptrain compare {group} "
                   "OTHER)", highlight=False, soft_wrap=True)

@@ -52,6 +52,8 @@ def sweep(
     worker: bool = typer.Option(False, "--worker", hidden=True,
                                 help="started by a sweep command of this machine, which opened the study: take "
                                      "trials until none is queued, then exit"),
+    pack: int = typer.Option(1, "--pack", help="trials each worker trains side by side from one thread: their "
+                             "kernels overlap on its GPU (each trial's results stay those it gives alone)"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them;
@@ -62,6 +64,7 @@ def sweep(
     from mlptrain.sweep.prefork import drop_planned
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
+    from mlptrain.training.packing import check_pack
 
     began = datetime.now()  # trials its workers finish from now on are reported (Optuna's clock)
     if workers == 1 or worker:  # nothing to fork: the driver's start while the sweep file is read
@@ -71,20 +74,21 @@ def sweep(
     name = check_run_name(name if name is not None else path.stem)
     if not 1 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")
+    check_pack(pack)
     if storage is not None:  # before the data is loaded: a mistyped --storage is refused at once
         check_storage(storage)
     sweep_dir = runs_dir / name
     base_config, created = config_from_dict(spec.raw), not sweep_dir.exists()
     url = absolute(storage) if storage is not None else default_storage(sweep_dir)
     command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
-               str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--worker"]
+               str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--pack", str(pack), "--worker"]
     children, forked, pool = {}, None, None  # forked: (the GPUs' CUDA_VISIBLE_DEVICES, each one's share)
     try:
         slots = visible_slots() if not worker and base_config.backend != "cpu" and workers > 1 else None
         if slots and process_per_gpu(workers, len(slots)):
             # first, before this process starts CUDA or a thread: the children start where it stands
             forked = _fork_gpu_processes(children, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots,
-                                         gpu_shares(workers, len(slots)))
+                                         gpu_shares(workers, len(slots)), pack)
         drop_planned()  # children forked at the command's start that it does not use (a CPU sweep, say)
         pool, resources, shares = _start_here(base_config, workers, worker, forked)
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
@@ -128,13 +132,13 @@ def sweep(
         with sigterm_as_interrupt():
             if forked or (pool is not None and children):  # a process per GPU
                 problems = _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save,
-                                              base_config, command, children, slots, shares, began)
+                                              base_config, command, children, slots, shares, began, pack)
             elif pool is not None:
                 _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers,
-                                 base_config, worker)
+                                 base_config, worker, pack)
             else:
                 problems = _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command,
-                                 worker, children, slots, began)
+                                 worker, children, slots, began, pack)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: every running trial is queued again
         write_results(sweep_dir, spec, trial_rows(study, spec))
         console.print(f"interrupted: re-run the same command to continue {sweep_dir} (finished trials are kept)")
@@ -154,7 +158,8 @@ def sweep(
         raise UserError("; ".join(problems))
 
 
-def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots, shares):
+def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots, shares,
+                        pack: int):
     """Fork a process for each GPU (mlptrain.sweep.forked), each a `--worker` of this sweep that runs its share
     of the workers as threads, into `children`: this process then trains on none of them (_work_in_processes).
     Returns (slots, shares), or None where this process cannot fork cleanly (a thread already runs here: an
@@ -168,7 +173,7 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
 
     def call(i):  # the same command as a `--worker` with its share: see `command` in sweep()
         return dict(sweep_file=sweep_file, overrides=overrides or [], runs_dir=str(runs_dir), name=name, url=url,
-                    share=shares[i], log=str(sweep_dir / f"worker-{i}.log"))
+                    share=shares[i], pack=pack, log=str(sweep_dir / f"worker-{i}.log"))
 
     planned, ended = take_planned(slots[:len(shares)])
     if planned is None and not can_fork():  # the driver has started here: the workers are threads instead
@@ -193,7 +198,7 @@ def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, u
 def _as_worker(call: dict) -> None:
     """A forked child's part of the sweep: the command's `call` (see _fork_gpu_processes) as a `--worker`."""
     sweep(call["sweep_file"], call["overrides"], Path(call["runs_dir"]), call["name"], call["url"], call["share"],
-          True)
+          True, call["pack"])
 
 
 def serve_planned(waiting) -> NoReturn:
@@ -276,8 +281,9 @@ def _stop_children(children: dict) -> None:
         stop_workers(list(children.values()), signal.SIGTERM)
 
 
-def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress: bool):
-    """What each worker thread runs: take trials until none is queued, saving the results after each."""
+def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress: bool, pack: int):
+    """What each worker thread runs: take trials until none is queued (`pack` at once, side by side), saving the
+    results after each."""
     saving = threading.Lock()
 
     def save_in_order():  # threads finish trials at once: each write holds the study's latest rows
@@ -285,29 +291,35 @@ def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progr
             save()
 
     def in_thread(view, stop):
-        engine.work(study, study_storage, spec, sweep_dir, view, on_trial_end=save_in_order, wait_for_others=False,
-                    stop=stop, progress=progress)
+        if pack > 1:
+            engine.work_packed(study, study_storage, spec, sweep_dir, view, pack, on_trial_end=save_in_order,
+                               stop=stop)
+        else:
+            engine.work(study, study_storage, spec, sweep_dir, view, on_trial_end=save_in_order,
+                        wait_for_others=False, stop=stop, progress=progress)
 
     return in_thread
 
 
 def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers, base_config,
-                     worker) -> None:
+                     worker, pack: int) -> None:
     """The trials in `pool`'s threads (mlptrain.sweep.threads), then, unless this is a `--worker` child, the
     trials of other machines' workers that died meanwhile."""
     # several trials at once: a terminal holds one bar
-    in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=workers == 1)
+    in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, workers == 1, pack)
     if workers > 1:
         gpus = len(pool.devices)
         console.print(f"{workers} workers in this process on {gpus} GPU{'s' if gpus > 1 else ''} "
-                      f"({-(-workers // gpus)} at most on each)")
+                      f"({-(-workers // gpus)} at most on each){packed(pack)}")
+    elif pack > 1:
+        console.print(f"one worker{packed(pack)}")
     _end_threads(pool, base_config, lambda: pool.run(in_thread))
     if not worker:  # trials other machines run: when one's worker dies, its trial is queued again and run here
         engine.work(study, study_storage, spec, sweep_dir, resources.on_gpu(0), on_trial_end=save)
 
 
 def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save, base_config, command,
-                       children, slots, shares, began) -> list[str]:
+                       children, slots, shares, began, pack: int) -> list[str]:
     """`children`, a process per GPU, run the trials: forked ones every GPU's share while this process only
     watches them (`pool` None: it reports and saves their trials as they finish), started ones the other
     GPUs' shares while this process's threads (`pool`) run the first GPU's. Then the trials of other
@@ -318,7 +330,7 @@ def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, reso
 
     here = None
     if pool is not None:
-        in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress=False)
+        in_thread = _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, False, pack)
 
         def here():
             _end_threads(pool, base_config, lambda: pool.run(in_thread))
@@ -342,7 +354,7 @@ def _end_threads(pool, base_config, finish) -> None:
 
 
 def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, worker, children,
-          slots, began) -> list[str]:
+          slots, began, pack: int) -> list[str]:
     """Run trials here, and with `workers` > 1 in the `children` started beside this process; returns a line
     per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
     another."""
@@ -353,6 +365,9 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     from mlptrain.sweep.workers import blas_share, cores, run_workers
 
     def here():
+        if pack > 1:
+            _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save, pack)
+            return
         engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,
                     wait_for_others=not worker and workers == 1)
 
@@ -373,6 +388,27 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
 
     return run_workers(command, workers, slots, sweep_dir, study, spec, study_storage, here=here_with_its_share,
                        procs=children, env=share, since=began)
+
+
+def _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save, pack: int) -> None:
+    """`pack` trials side by side in this thread (engine.work_packed). Ctrl-C or SIGTERM sets a stop instead of
+    raising where the signal lands, so that every trial is queued again after its step, as a worker thread's
+    are; then it is raised as the interrupt it was."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.cli.signals import StopOnSignal, Terminated
+
+    console.print(f"one worker{packed(pack)}")
+    with StopOnSignal() as stop:
+        engine.work_packed(study, study_storage, spec, sweep_dir, resources, pack, on_trial_end=save, stop=stop)
+    if stop.signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stop.signum:
+        raise Terminated(stop.signum)
+
+
+def packed(pack: int) -> str:
+    """What a worker line adds for `--pack`."""
+    return f", each training {pack} trials side by side" if pack > 1 else ""
 
 
 def _show(table) -> None:

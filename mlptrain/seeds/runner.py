@@ -1,4 +1,5 @@
-"""`mlptrain run CONFIG --seeds N`: one run per seed, one after another in this process, then seeds.json.
+"""`mlptrain run CONFIG --seeds N`: one run per seed, one after another in this process (or `--pack K` of them
+side by side), then seeds.json.
 
 The runs share the process's backend and dataset (mlptrain.training.experiment.Resources) and, on a GPU, the
 kernels compiled for the first. `NAME/seed-S/` is an ordinary run directory (resume it, extract its
@@ -22,7 +23,8 @@ from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run, whole_or_removed
-from mlptrain.training.loop import train
+from mlptrain.training.loop import training
+from mlptrain.training.packing import finish, side_by_side
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
@@ -55,25 +57,41 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None, stem: str,
-              resources: Resources, stop=None) -> tuple[Path, dict]:
+              resources: Resources, stop=None, pack: int = 1) -> tuple[Path, dict]:
     """Train `config` once per seed in `runs_dir/NAME/seed-S/` and write `NAME/seeds.json`; returns
     (NAME's path, the seeds record). Every session is built before its directory is created; a seed that
-    fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json."""
-    group, summaries = None, []
-    for i, seed in enumerate(seeds):
-        seeded = dataclasses.replace(config, seed=seed)
-        session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
-        if group is None:
-            group = create_run_dir(runs_dir, name, stem)
-            write_json(group / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})
-        console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
-        run_dir = create_run(seeded, group, f"seed-{seed}", stem)
-        with seed_named(seed), whole_or_removed(run_dir, new=True):
-            summaries.append(train(session, run_dir, stop=stop))
-        session = None  # its buffers go before the next seed's are allocated
-    record = seeds_record(seeds, summaries)
-    write_json(group / "seeds.json", record)
-    return group, record
+    fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json. `pack`: that many
+    seeds train side by side from this thread (mlptrain.training.packing), each on a stream of its own; a
+    seed's failure then stops the others after their step (each keeps a checkpoint to resume from)."""
+    group, summaries, queue = [], {}, iter(enumerate(seeds))
+
+    def seed_runs(view):  # this slot's seeds, one after another, taken from the shared queue
+        for i, seed in queue:
+            summaries[seed] = yield from _seed_run(config, seed, i, seeds, runs_dir, name, stem, view, group,
+                                                   stop, progress=pack == 1)
+
+    if pack == 1:
+        finish(seed_runs(resources))
+    else:
+        side_by_side([seed_runs(resources.with_own_stream()) for _ in range(min(pack, len(seeds)))], stop)
+    record = seeds_record(seeds, [summaries[seed] for seed in seeds])
+    write_json(group[0] / "seeds.json", record)
+    return group[0], record
+
+
+def _seed_run(config: Config, seed: int, i: int, seeds: list[int], runs_dir: Path, name: str | None, stem: str,
+              resources: Resources, group: list, stop, progress: bool):
+    """One seed's run as training steps (mlptrain.training.loop.training); the first to start makes the group's
+    folder and plan (`group`, a list that then holds the folder)."""
+    seeded = dataclasses.replace(config, seed=seed)
+    session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
+    if not group:
+        group.append(create_run_dir(runs_dir, name, stem))
+        write_json(group[0] / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})
+    console.print(f"[bold]seed {seed}[/] ({i + 1} of {len(seeds)})")
+    run_dir = create_run(seeded, group[0], f"seed-{seed}", stem)
+    with seed_named(seed), whole_or_removed(run_dir, new=True):
+        return (yield from training(session, run_dir, stop=stop, progress=progress))
 
 
 @contextmanager

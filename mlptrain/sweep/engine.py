@@ -33,7 +33,8 @@ from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
-from mlptrain.training.loop import train
+from mlptrain.training.loop import training
+from mlptrain.training.packing import finish, side_by_side
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
@@ -102,8 +103,17 @@ def requeue_stale(study, storage, study_id: int) -> int:
 
 def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None,
          wait_for_others: bool = True, stop=None, progress: bool = True) -> None:
+    """`work_steps` run to its end."""
+    finish(work_steps(study, storage, sweep, sweep_dir, resources, on_trial_end, wait_for_others, stop, progress))
+
+
+def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None,
+               wait_for_others: bool = True, stop=None, progress: bool = True):
     """Run queued trials until none is left, then (`wait_for_others`) wait for the ones other workers are
-    running: when one of those workers dies, its trial is queued again and taken here. A worker started by
+    running: when one of those workers dies, its trial is queued again and taken here. A generator: it yields
+    after queueing each optimizer step, so that several of them advanced in turn from one thread train their
+    trials side by side (mlptrain.training.packing; such a slot does not wait for others, whose polling would
+    hold up the rest). A worker started by
     this machine's sweep command does not wait: that parent sees its children end and queues a dead one's
     trial again itself (mlptrain.sweep.workers). `stop` (with a `signum`, read after every optimizer step):
     once set, the running trial is queued again and no other is taken (a sweep's trial threads stop this
@@ -114,7 +124,7 @@ def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on
         requeue_stale(study, storage, study_id)
         claimed = claim_next(study, storage, study_id)
         if claimed is not None:
-            _run_trial(study, storage, *claimed, sweep, sweep_dir, resources, stop, progress)
+            yield from _run_trial(study, storage, *claimed, sweep, sweep_dir, resources, stop, progress)
             if on_trial_end is not None:
                 on_trial_end()
             continue
@@ -127,6 +137,17 @@ def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on
             console.print(f"waiting for trial(s) {', '.join(map(str, running))}, running in other workers")
             waiting_for = running
         time.sleep(POLL_S)
+
+
+def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int, on_trial_end=None,
+                stop=None) -> None:
+    """`pack` workers side by side in this thread, each taking queued trials until none is left: `pack` trials
+    train at once, their steps queued in turn (mlptrain.training.packing), each on a stream of its own. The
+    first uses `resources`, the others views of their own on its GPU. `stop` as `work`'s; when one of them
+    fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised."""
+    views = [resources, *(resources.with_own_stream() for _ in range(pack - 1))]
+    side_by_side([work_steps(study, storage, sweep, sweep_dir, view, on_trial_end, wait_for_others=False, stop=stop,
+                             progress=False) for view in views], stop)
 
 
 @dataclass
@@ -142,7 +163,7 @@ def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Pa
     attempt = _Attempt(sweep.suggest(trial))
     console.print(f"[bold]trial {trial.number}[/]: {format_params(attempt.params)}")
     try:
-        _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources, stop, progress)
+        yield from _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources, stop, progress)
     finally:
         if attempt.run_dir is not None:
             release_run(attempt.run_dir)
@@ -152,7 +173,7 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
              progress: bool) -> None:
     with _Heartbeat(storage, trial_id):
         try:
-            summary = _train(trial, attempt, sweep, sweep_dir, resources, stop, progress)
+            summary = yield from _train(trial, attempt, sweep, sweep_dir, resources, stop, progress)
         except optuna.TrialPruned as pruned:
             console.print(f"trial {trial.number}: {pruned}")
             _tell(study, trial, TrialState.PRUNED, attempt, attempt.last)
@@ -198,7 +219,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
                 value = format_metric(record[sweep.metric])
                 raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} {rule}")
 
-    summary = train(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
+    summary = yield from training(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
     value = summary.get(sweep.metric)
     if sweep.metric not in summary:
         raise UserError(f"the run reports no {sweep.metric} (its metrics: "

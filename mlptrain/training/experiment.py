@@ -49,6 +49,11 @@ class Resources:
         backends of its own."""
         return Resources(device, own_stream, self._shared)
 
+    def with_own_stream(self) -> "Resources":
+        """Another view on this one's GPU, with backends of its own on a stream of their own: a run trained
+        beside others from the same thread (mlptrain.training.packing)."""
+        return Resources(self._gpu[0], True, self._shared)
+
     @contextmanager
     def allocating(self):
         """Held while a session is built: trials of one GPU allocate (and numba frees what ended trials

@@ -32,6 +32,7 @@ from mlptrain.training.experiment import data_root, run_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
+from mlptrain.training.packing import finish
 from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
@@ -41,7 +42,16 @@ from mlptrain.util.console import console
 
 def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
           records: dict | None = None, progress: bool = True) -> dict:
-    """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json.
+    """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json: `training`'s
+    steps run to their end."""
+    return finish(training(s, run_dir, on_evaluation, resume, stop, records, progress))
+
+
+def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
+             records: dict | None = None, progress: bool = True):
+    """A generator: it yields after queueing each optimizer step, and returns the summary written to
+    summary.json. Several runs advanced in turn from one thread train side by side (mlptrain.training.packing);
+    `train` runs one to its end.
 
     `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
     written to metrics.jsonl (epoch, step, val_* metrics, test_* ones as train.eval_test says); an
@@ -60,9 +70,10 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
     records = {**compile_kernels(s), **(records or {})}
     mlflow = start_mlflow(s, run_dir)
     if mlflow is None:
-        return _train(s, run_dir, on_evaluation, resume, start, records, progress)
+        return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress))
     with mlflow.ending(run_dir):  # the MLflow run's status: FINISHED, KILLED (stopped) or FAILED
-        return _train(s, run_dir, mlflow.watching(on_evaluation), resume, start, records, progress, mlflow)
+        return (yield from _train(s, run_dir, mlflow.watching(on_evaluation), resume, start, records, progress,
+                                  mlflow))
 
 
 def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, start: Position, records: dict,
@@ -78,7 +89,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
             last = _last_record(s, run_dir, start, logger) if finished else {}
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
-                done = train_epoch(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
+                done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
@@ -127,7 +138,13 @@ def start_mlflow(s: Session, run_dir: Path):
 
 
 def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
-    """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on. Each
+    """`epoch_steps` run to the epoch's end."""
+    return finish(epoch_steps(s, epoch, on_read, first_window))
+
+
+def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
+    """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
+    that yields after queueing each. Each
     `train.log_every` steps, and at the epoch's end, the host reads the per-sample losses since the
     last read and the step state (the loop's only synchronisation) and hands `on_read` a dict of
     epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
@@ -140,6 +157,7 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
         start = i * window
         rows = min(window, s.train.size - start)
         s.window.run(start, rows)
+        yield
         if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
             t_window, read_from = _read(s, epoch, i, read_from, start + rows, t_window, on_read)
         if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation

@@ -3,6 +3,7 @@ the files and tables they leave, and one-line refusals that write nothing."""
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -60,10 +61,27 @@ def test_compare_a_result_with_itself_finds_no_difference(seeds_run):
     (["--seeds", "2", "seed=4"], "--seeds sets each run's seed; drop the seed= override"),
     (["--seeds", "2", "model.init.weights=lecun"], "model.init.weights=lecun: 'lecun' is not one of"),
     (["--seeds", "2", "--name", "../up"], "--name '../up': use letters"),
+    (["--seeds", "2", "--pack", "0"], "--pack 0: must be in [1, 64]"),
+    (["--seeds", "2", "--pack", "65"], "--pack 65: must be in [1, 64]"),
+    (["--pack", "2"], "--pack trains several seeds side by side: give it with --seeds"),
 ])
 def test_run_seeds_refusals_write_nothing(tmp_path, args, fragment):
     assert_clean_failure(mlptrain("run", "adam_mnist", *TINY, *args, cwd=tmp_path), fragment)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_seeds_packed_side_by_side_give_the_runs_they_give_one_after_another(seeds_run):
+    cwd, group, _ = seeds_run
+    result = mlptrain("run", "adam_mnist", *TINY, "--seeds", "0,5", "--pack", "2", "--name", "packed", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    packed = cwd / "runs" / "packed"
+    alone, together = (json.loads((g / "seeds.json").read_text())["metrics"] for g in (group, packed))
+    assert alone == together
+    for seed in (0, 5):
+        a, b = (np.load(g / f"seed-{seed}" / "checkpoints" / "last.npz") for g in (group, packed))
+        for name in a.files:
+            if not name.startswith("meta/"):  # wall_s and the like differ; every learned array must not
+                np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
 def test_resume_with_seeds_is_refused(tmp_path):

@@ -25,12 +25,12 @@ def tiny_mnist(monkeypatch):
 
 @pytest.fixture
 def trains(monkeypatch):
-    """The list of configs `train` was called with, in order."""
-    calls, real = [], engine.train
+    """The list of configs a trial's training began with, in order."""
+    calls, real = [], engine.training
 
     def counting(session, *args, **kwargs):
         calls.append(session.config)
-        return real(session, *args, **kwargs)
+        return (yield from real(session, *args, **kwargs))
 
-    monkeypatch.setattr(engine, "train", counting)
+    monkeypatch.setattr(engine, "training", counting)
     return calls

@@ -196,7 +196,7 @@ def test_what_a_child_says_before_its_call_starts_its_log(tmp_path):
         planned[0].stop()
         child = planned[1]
         child.send(dict(sweep_file="missing.yaml", overrides=[], runs_dir="runs", name="s", url="s.journal", share=1,
-                        log="worker-1.log"))
+                        pack=1, log="worker-1.log"))
         print("code", Forked(child.pid, child.done).wait(60))
     """, tmp_path)
     assert done.returncode == 0, done.stderr

@@ -39,8 +39,8 @@ def write_sweep(tmp_path, parameters, **fields):
     return path
 
 
-def run_sweep(path, runs_dir, overrides=(), name="s", fast=FAST):
-    sweep(str(path), [*fast, *overrides], runs_dir, name, None, 1, False)
+def run_sweep(path, runs_dir, overrides=(), name="s", fast=FAST, pack=1):
+    sweep(str(path), [*fast, *overrides], runs_dir, name, None, 1, False, pack)
     return json.loads((runs_dir / name / "results.json").read_text())
 
 
@@ -96,21 +96,21 @@ def test_an_invalid_combination_fails_only_its_trial(tmp_path, tiny_mnist):
 
 
 def test_resume_after_ctrl_c_runs_only_what_is_missing(tmp_path, tiny_mnist, trains, monkeypatch):
-    real = engine.train
+    real = engine.training
 
     def interrupted_third(session, *args, **kwargs):
         if len(trains) == 2:
             raise KeyboardInterrupt
-        return real(session, *args, **kwargs)
+        return (yield from real(session, *args, **kwargs))
 
-    monkeypatch.setattr(engine, "train", interrupted_third)
+    monkeypatch.setattr(engine, "training", interrupted_third)
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]})
     with pytest.raises(typer.Exit):
         run_sweep(path, tmp_path / "runs")
     half = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
     assert [t["state"] for t in half["trials"]] == ["complete", "complete", "waiting", "waiting"]
 
-    monkeypatch.setattr(engine, "train", real)
+    monkeypatch.setattr(engine, "training", real)
     results = run_sweep(path, tmp_path / "runs")
     assert sorted(c.optim.lr for c in trains[2:]) == [3e-3, 4e-3]
     assert sorted(t["params"]["optim.lr"] for t in results["trials"]) == [1e-3, 2e-3, 3e-3, 4e-3]

@@ -131,7 +131,7 @@ def test_a_threaded_sweep_runs_every_trial_exactly_once(tmp_path, tiny_mnist, tr
     from mlptrain.cli.sweep import sweep
 
     path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004, 0.005], "seed": [0, 1]})
-    sweep(str(path), FAST, tmp_path / "runs", "s", None, 3, False)
+    sweep(str(path), FAST, tmp_path / "runs", "s", None, 3, False, 1)
     results = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
     assert [t["state"] for t in results["trials"]] == ["complete"] * 10
     assert len(trains) == 10
@@ -147,13 +147,13 @@ def test_a_stopped_trial_is_queued_again_and_no_other_is_taken(tmp_path, tiny_mn
     sweep_dir = tmp_path / "s"
     sweep_dir.mkdir()
     study, storage = studies.open_study(spec, sweep_dir, "s", f"sqlite:///{sweep_dir / 'study.db'}")
-    stop, real = threads.Stop(), engine.train
+    stop, real = threads.Stop(), engine.training
 
     def stopped_by_another_thread(session, *args, **kwargs):
         stop.signum = signal.SIGINT  # as Ctrl-C in the sweep's main thread does
-        return real(session, *args, **kwargs)
+        return (yield from real(session, *args, **kwargs))
 
-    monkeypatch.setattr(engine, "train", stopped_by_another_thread)
+    monkeypatch.setattr(engine, "training", stopped_by_another_thread)
     engine.work(study, storage, spec, sweep_dir, Resources(), wait_for_others=False, stop=stop, progress=False)
     states = [(t.state, t.user_attrs.get("retry_of")) for t in study.get_trials()]
     assert states == [(optuna.trial.TrialState.FAIL, None), (optuna.trial.TrialState.WAITING, None),

@@ -1,0 +1,190 @@
+"""`mlptrain sweep --pack K`: K trials trained side by side from one thread (mlptrain.training.packing).
+
+A packed trial's metrics, parameters and per-step gradient norms are bit for bit those of the same trial
+trained alone (here on the CPU backend; on the GPU each trial keeps its own stream and kernels, checked by
+the real-GPU test at the end); the trials really are interleaved; Ctrl-C queues every packed trial again; an
+error outside a trial stops the others. The driver itself (`side_by_side`) is tested on plain generators.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import typer
+
+from mlptrain.errors import UserError
+from mlptrain.sweep import engine, threads
+from mlptrain.training.packing import finish, side_by_side
+from tests.cli.test_cli import REPO
+from tests.sweep.test_sweep import FAST, run_sweep, study_trials, write_sweep
+from tests.sweep.test_threads import LEARNED
+
+GRID = {"optim.lr": [0.001, 0.003], "seed": [0, 1]}  # 4 trials differing in lr and seed
+
+
+def counter(name, steps, log, fail_at=None, stop=None):
+    for i in range(steps):
+        log.append((name, i))
+        if i == fail_at:
+            raise RuntimeError(f"{name} failed")
+        if stop is not None and stop.signum:
+            return f"{name} stopped"
+        yield
+    return name
+
+
+class Stop:
+    signum = 0
+
+
+def test_side_by_side_advances_each_run_in_turn_and_returns_what_each_returned():
+    log = []
+    assert side_by_side([counter("a", 2, log), counter("b", 3, log)]) == ["a", "b"]
+    assert log == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2)]
+    assert finish(counter("c", 3, [])) == "c"
+
+
+def test_an_error_in_one_run_stops_the_others_after_their_step_then_is_raised():
+    log, stop = [], Stop()
+    runs = [counter("a", 5, log, fail_at=1), counter("b", 5, log, stop=stop)]
+    with pytest.raises(RuntimeError, match="a failed"):
+        side_by_side(runs, stop)
+    assert stop.signum == signal.SIGTERM
+    assert log == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]  # b saw the stop at its next step and ended
+
+
+def test_without_a_stop_an_error_closes_the_others_where_they_stand():
+    log, closed = [], []
+
+    def watched():
+        try:
+            yield from counter("b", 5, log)
+        finally:
+            closed.append(True)
+
+    with pytest.raises(RuntimeError, match="a failed"):
+        side_by_side([counter("a", 5, log, fail_at=1), watched()])
+    assert closed == [True] and log == [("a", 0), ("b", 0), ("a", 1)]
+
+
+def trial_results(runs_dir, name):
+    results = json.loads((runs_dir / name / "results.json").read_text())
+    by_params = {}
+    for t in results["trials"]:
+        run_dir = runs_dir / name / os.path.basename(t["run_dir"])
+        arrays = dict(np.load(run_dir / "checkpoints" / "last.npz"))
+        by_params[(t["params"]["optim.lr"], t["params"]["seed"])] = (
+            t["state"], {k: v for k, v in t["metrics"].items() if k in LEARNED}, arrays,
+            np.load(run_dir / "grad_norms.npy"))
+    return by_params
+
+
+def test_packed_trials_match_the_same_trials_trained_alone_bitwise(tmp_path, tiny_mnist, trains, monkeypatch):
+    path = write_sweep(tmp_path, GRID)
+    run_sweep(path, tmp_path / "runs", name="alone", overrides=["train.epochs=2"])
+    order = []
+    real = engine.training
+
+    def traced(session, *args, **kwargs):  # each trial's first and last step, in the order they ran
+        steps = real(session, *args, **kwargs)
+        order.append(("begin", session.config.seed, session.config.optim.lr))
+        summary = yield from steps
+        order.append(("end", session.config.seed, session.config.optim.lr))
+        return summary
+
+    monkeypatch.setattr(engine, "training", traced)
+    run_sweep(path, tmp_path / "runs", name="packed", overrides=["train.epochs=2"], pack=4)
+    assert [kind for kind, *_ in order] == ["begin"] * 4 + ["end"] * 4  # all four trained at once
+    alone, packed = trial_results(tmp_path / "runs", "alone"), trial_results(tmp_path / "runs", "packed")
+    assert sorted(alone) == sorted(packed) and len(alone) == 4
+    for key, (state, metrics, arrays, norms) in alone.items():
+        p_state, p_metrics, p_arrays, p_norms = packed[key]
+        assert state == p_state == "complete" and metrics == p_metrics and len(metrics) == len(LEARNED)
+        assert sorted(arrays) == sorted(p_arrays)
+        for name, array in arrays.items():
+            if not name.startswith("meta/"):  # wall_s and the like differ; every learned array must not
+                np.testing.assert_array_equal(array, p_arrays[name], err_msg=name)
+        assert norms.tobytes() == p_norms.tobytes()
+
+
+def test_more_trials_than_the_pack_run_each_once(tmp_path, tiny_mnist, trains):
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004, 0.005]})
+    results = run_sweep(path, tmp_path / "runs", pack=2)
+    assert [t["state"] for t in results["trials"]] == ["complete"] * 5
+    assert sorted(c.optim.lr for c in trains) == [0.001, 0.002, 0.003, 0.004, 0.005]
+
+
+def test_ctrl_c_queues_every_packed_trial_again_and_a_rerun_finishes_them(tmp_path, tiny_mnist, trains, monkeypatch):
+    real, steps = engine.training, []
+
+    def interrupted_midway(session, *args, **kwargs):  # Ctrl-C once three trials have each queued a step
+        run = real(session, *args, **kwargs)
+        while True:
+            try:
+                next(run)
+            except StopIteration as end:
+                return end.value
+            steps.append(session.config.optim.lr)
+            if len(steps) == 4:
+                os.kill(os.getpid(), signal.SIGINT)  # the handler sets the stop: no trial sees an exception
+            yield
+
+    monkeypatch.setattr(engine, "training", interrupted_midway)
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004]})
+    with pytest.raises(typer.Exit) as stopped:
+        run_sweep(path, tmp_path / "runs", pack=3)
+    assert stopped.value.exit_code == 130
+    assert sorted(set(steps)) == [0.001, 0.002, 0.003]  # the fourth never began
+    half = study_trials(tmp_path / "runs" / "s")
+    retried = sorted(t.user_attrs["retry_of"] for t in half if "retry_of" in t.user_attrs)
+    assert sorted(t.state.name for t in half) == ["FAIL"] * 3 + ["WAITING"] * 4 and retried == [0, 1, 2]
+    monkeypatch.setattr(engine, "training", real)
+    results = run_sweep(path, tmp_path / "runs", pack=3)
+    done = [t["params"]["optim.lr"] for t in results["trials"] if t["state"] == "complete"]
+    assert sorted(done) == [0.001, 0.002, 0.003, 0.004]
+
+
+def test_worker_threads_each_pack_their_trials_and_run_each_once(tmp_path, tiny_mnist, trains, monkeypatch):
+    monkeypatch.setattr(threads, "thread_gpus", lambda backend: 2)  # as on a machine with two GPUs
+    from mlptrain.cli.sweep import sweep
+
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004, 0.005], "seed": [0, 1]})
+    sweep(str(path), FAST, tmp_path / "runs", "s", None, 2, False, 3)
+    results = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
+    assert [t["state"] for t in results["trials"]] == ["complete"] * 10
+    assert sorted((c.optim.lr, c.seed) for c in trains) == sorted(
+        (lr, seed) for lr in (0.001, 0.002, 0.003, 0.004, 0.005) for seed in (0, 1))
+
+
+def test_pack_is_checked(tmp_path, tiny_mnist):
+    path = write_sweep(tmp_path, GRID)
+    for pack in (0, 65):
+        with pytest.raises(UserError, match=f"--pack {pack}: must be in"):
+            run_sweep(path, tmp_path / "runs", pack=pack)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.real_gpu
+def test_packed_trials_on_the_gpu_match_trials_trained_one_at_a_time(tmp_path, data_dir):
+    """Each packed trial on its own stream, their steps queued in turn: every trial's metrics are bit for bit
+    those of the same trial in a one-worker sweep."""
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.003], "seed": [0, 1]})
+    overrides = ["backend=cuda", "train.epochs=2", "model.hidden=[64]", "data.val_size=1000", "train.batch_size=256"]
+    metrics = {}
+    for pack in (1, 4, 3):
+        name = f"p{pack}"
+        done = subprocess.run([sys.executable, "-m", "mlptrain", "sweep", str(path), *overrides, "--runs-dir",
+                               str(tmp_path / "runs"), "--name", name, "--pack", str(pack)], cwd=REPO,
+                              env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)},
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        results = json.loads((tmp_path / "runs" / name / "results.json").read_text())
+        assert [t["state"] for t in results["trials"]] == ["complete"] * 4
+        metrics[name] = {(t["params"]["optim.lr"], t["params"]["seed"]):
+                         {k: v for k, v in t["metrics"].items() if k in LEARNED} for t in results["trials"]}
+    assert metrics["p4"] == metrics["p1"] == metrics["p3"]
+    assert all(len(m) == len(LEARNED) for m in metrics["p1"].values())
