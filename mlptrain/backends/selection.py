@@ -30,4 +30,3 @@ def get_backend(name: str, device: int | None = None, own_stream: bool = False):
             raise UserError("backend=cuda: no usable NVIDIA GPU or CUDA driver was found; use backend=cpu or backend=auto")
         return CudaBackend(device, own_stream)
     raise UserError(f"backend: '{name}' is not one of auto, cuda, cpu")
-
