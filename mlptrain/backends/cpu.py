@@ -45,6 +45,10 @@ class CpuBackend:
     def synchronize(self):
         pass
 
+    def mark(self):
+        """None: every launch has run when it returns."""
+        return None
+
     def free_bytes(self) -> int | None:
         """Bytes the device (here the host) can still give; None where the system will not say."""
         return host_available()

@@ -91,6 +91,11 @@ class CudaBackend:
         else:
             self._device.synchronize()
 
+    def mark(self):
+        """An event recorded after the launches this backend queued so far (see Backend.mark); None on the
+        simulator and numba's path, whose launches a caller waits for by reading their results."""
+        return self._device.mark(self.stream)
+
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
         itself will tell)."""
@@ -142,6 +147,7 @@ class _DriverDevice:
             api.use_device(device)
             self.stream = api.Stream() if own_stream else 0
             self.name = api.device_name(device)
+            self._event = None
         except api.DriverError as err:  # a GPU the driver lists but will not give (busy in exclusive mode, failing)
             raise UserError(f"GPU {device} cannot be used: {err}; free it (nvidia-smi shows who holds it) "
                             "or use backend=cpu") from None
@@ -162,6 +168,12 @@ class _DriverDevice:
     def synchronize(self):
         """Every queued launch of the context (a stream's own wait is the backend's)."""
         self._api.synchronize()
+
+    def mark(self, stream):
+        """The device's one event, recorded on `stream`: a caller asks about one mark at a time."""
+        if self._event is None:
+            self._event = self._api.Event()
+        return self._event.record(stream)
 
     def free_bytes(self) -> int:
         return self._api.memory_info()[0]
@@ -196,6 +208,9 @@ class _NumbaDevice:
     def synchronize(self):
         """Every queued launch of the context (a stream's own wait is the backend's)."""
         self._cuda.synchronize()
+
+    def mark(self, stream):
+        return None
 
     def free_bytes(self) -> int:
         free, _ = self._cuda.current_context().get_memory_info()

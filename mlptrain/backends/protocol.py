@@ -47,6 +47,10 @@ class Backend(Protocol):
     def synchronize(self) -> None:
         """Wait until every queued launch has finished."""
 
+    def mark(self) -> Any:
+        """A mark after the launches queued so far (`.done()` asks whether they have run, `.wait()` waits), for
+        a caller with other work to do meanwhile; None where nothing runs behind the host's back (the CPU)."""
+
     def free_bytes(self) -> int | None:
         """Bytes the device can still give now; None where it will not say."""
 

@@ -32,7 +32,7 @@ from mlptrain.training.experiment import data_root, run_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
-from mlptrain.training.packing import finish
+from mlptrain.training.packing import Period, finish
 from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
@@ -88,6 +88,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             finished = resume is not None and resume.finished  # killed after its last checkpoint: only the summary
             best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
             last = _last_record(s, run_dir, start, logger) if finished else {}
+            yield Period(s.steps_per_epoch)  # packed runs spread their epochs' ends (mlptrain.training.packing)
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
                 done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
                 if done < s.steps_per_epoch:
@@ -144,7 +145,8 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
 
 def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
     """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
-    that yields after queueing each. Each
+    that yields after queueing each, and before each read the backend's mark (Backend.mark) of the steps the
+    read waits for. Each
     `train.log_every` steps, and at the epoch's end, the host reads the per-sample losses since the
     last read and the step state (the loop's only synchronisation) and hands `on_read` a dict of
     epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
@@ -159,6 +161,8 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
         s.window.run(start, rows)
         yield
         if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
+            # packed runs (mlptrain.training.packing): this run's read waits for its own steps, others queue theirs
+            yield s.backend.mark()
             t_window, read_from = _read(s, epoch, i, read_from, start + rows, t_window, on_read)
         if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
             return i + 1

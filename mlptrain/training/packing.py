@@ -30,8 +30,21 @@ def check_pack(pack: int) -> None:
         raise UserError(f"--pack {pack}: must be in [1, {MAX_PACK}]")
 
 
+class Period:
+    """What a run yields before its first step: the steps from one of its epochs' ends to the next, when its
+    host does an epoch's evaluation, checkpoints and logs (milliseconds, in which the GPU runs only what the
+    other runs queued before). side_by_side holds run i of K back for i/K of that at its start, so that runs
+    started together do not all end their epochs at once."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+
 def finish(steps: Generator):
-    """Run a generator of steps to its end; returns what it returns."""
+    """Run a generator of steps to its end; returns what it returns. A mark it yields is passed over: its next
+    step waits for the device itself (a read)."""
     while True:
         try:
             next(steps)
@@ -39,21 +52,48 @@ def finish(steps: Generator):
             return end.value
 
 
+class _Run:
+    """One run of side_by_side: its steps, its launch stream, the mark it waits for (None: none), and the turns
+    it still sits out (its start spread: Period)."""
+
+    __slots__ = ("steps", "stream", "mark", "hold", "spread")
+
+    def __init__(self, steps: Generator):
+        self.steps, self.stream, self.mark, self.hold, self.spread = steps, launch_stream(), None, 0, False
+
+    def ready(self) -> bool:
+        return self.hold == 0 and (self.mark is None or self.mark.done())
+
+    def yielded(self, value, index: int, runs: int) -> None:
+        """Take what the run's step yielded: a mark to wait for, or its Period (the first one spreads it)."""
+        self.mark = None
+        if isinstance(value, Period):
+            if not self.spread:
+                self.hold, self.spread = index * value.steps // runs, True
+        elif value is not None:
+            self.mark = value
+
+
 def side_by_side(runs: Iterable[Generator], stop=None) -> list:
     """Advance every generator of `runs` one step in turn until all have ended; returns what each returned,
-    in order. When one raises, `stop.signum` is set (each run then ends after its current step, as on Ctrl-C:
-    a run reads it after every optimizer step) and the others are advanced to their ends; then the first
-    error is raised. Without `stop` the others are closed where they stand."""
-    active = {i: [run, launch_stream()] for i, run in enumerate(runs)}
+    in order. A run that yields a mark (Backend.mark: it is about to read what its steps computed) is passed
+    over until the mark is done, so that the host queues the others' steps instead of waiting; when every run
+    waits, the host waits for the first. When one raises, `stop.signum` is set (each run then ends after its
+    current step, as on Ctrl-C: a run reads it after every optimizer step) and the others are advanced to
+    their ends; then the first error is raised. Without `stop` the others are closed where they stand."""
+    active = {i: _Run(steps) for i, steps in enumerate(runs)}
     results, errors = [None] * len(active), []
+    count = len(active)
     while active:
-        for i, entry in list(active.items()):
-            if i not in active:  # closed this round, after another's error
+        held = [run for run in active.values() if run.hold]
+        if len(held) < len(active) and not any(run.ready() for run in active.values()):
+            next(run for run in active.values() if not run.hold).mark.wait()
+        for i, run in list(active.items()):
+            if i not in active or not run.ready():  # closed this round, after another's error; or waiting
                 continue
-            run, stream = entry
-            use_launch_stream(stream)
+            use_launch_stream(run.stream)
             try:
-                next(run)
+                run.yielded(next(run.steps), i, count)
             except StopIteration as end:
                 results[i] = end.value
                 del active[i]
@@ -63,11 +103,13 @@ def side_by_side(runs: Iterable[Generator], stop=None) -> list:
                 if stop is not None:
                     stop.signum = stop.signum or signal.SIGTERM
                 else:
-                    for other, _ in active.values():
-                        other.close()
+                    for other in active.values():
+                        other.steps.close()
                     active.clear()
             else:
-                entry[1] = launch_stream()  # the stream its backend made (or switched to) this step
+                run.stream = launch_stream()  # the stream its backend made (or switched to) this step
+        for run in held:  # a held run sits out whole rounds of the others
+            run.hold -= 1
     if errors:
         raise errors[0]
     return results

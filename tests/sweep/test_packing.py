@@ -18,7 +18,7 @@ import typer
 
 from mlptrain.errors import UserError
 from mlptrain.sweep import engine, threads
-from mlptrain.training.packing import finish, side_by_side
+from mlptrain.training.packing import Period, finish, side_by_side
 from tests.cli.test_cli import REPO
 from tests.sweep.test_sweep import FAST, run_sweep, study_trials, write_sweep
 from tests.sweep.test_threads import LEARNED
@@ -46,6 +46,55 @@ def test_side_by_side_advances_each_run_in_turn_and_returns_what_each_returned()
     assert side_by_side([counter("a", 2, log), counter("b", 3, log)]) == ["a", "b"]
     assert log == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2)]
     assert finish(counter("c", 3, [])) == "c"
+
+
+class Mark:
+    """A device mark: done once `ready()` says so, or once waited for."""
+
+    def __init__(self, ready=lambda: False):
+        self.ready, self.waited = ready, False
+
+    def done(self):
+        return self.ready() or self.waited
+
+    def wait(self):
+        self.waited = True
+
+
+def test_a_run_waiting_for_its_mark_is_passed_over_while_the_others_step():
+    log = []
+    mark = Mark(lambda: ("b", 2) in log)  # its steps have run once b has queued three
+
+    def reader():
+        log.append(("a", "queued"))
+        yield mark  # about to read: its steps must have run first
+        log.append(("a", "read"))
+
+    assert side_by_side([reader(), counter("b", 5, log)]) == [None, "b"]
+    assert log == [("a", "queued"), ("b", 0), ("b", 1), ("b", 2), ("a", "read"), ("b", 3), ("b", 4)]
+    assert not mark.waited
+
+
+def test_when_every_run_waits_the_host_waits_for_one():
+    marks, log = [Mark(), Mark()], []
+
+    def reader(name, mark):
+        yield mark
+        log.append(name)
+
+    side_by_side([reader("a", marks[0]), reader("b", marks[1])])
+    assert marks[0].waited and sorted(log) == ["a", "b"]
+
+
+def test_runs_started_together_spread_their_epochs_ends_by_their_period():
+    log = []
+
+    def periodic(name):
+        yield Period(6)  # an epoch of 6 steps: run i of 3 starts 2 * i rounds after the first
+        yield from counter(name, 4, log)
+
+    side_by_side([periodic("a"), periodic("b"), periodic("c")])
+    assert [f"{name}{i}" for name, i in log] == "a0 a1 a2 b0 a3 b1 b2 c0 b3 c1 c2 c3".split()
 
 
 def test_an_error_in_one_run_stops_the_others_after_their_step_then_is_raised():

@@ -116,6 +116,30 @@ class Stream:
         check(cu.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
 
+class Event:
+    """A point in a stream's work (`record`), which the host can ask about without waiting (`done`)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self):
+        self.handle = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def record(self, stream) -> "Event":
+        check(cu.cuEventRecord(self.handle, handle(stream)), "cuEventRecord")
+        return self
+
+    def done(self) -> bool:
+        """Whether the stream has run everything queued before the record."""
+        err, = cu.cuEventQuery(self.handle)
+        if err == cu.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        check((err,), "cuEventQuery")
+        return True
+
+    def wait(self) -> None:
+        check(cu.cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+
 def handle(stream):
     """The driver's handle of a stream argument (0: the legacy default stream)."""
     return stream.handle if isinstance(stream, Stream) else cu.CUstream(int(stream))
