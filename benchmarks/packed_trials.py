@@ -269,7 +269,7 @@ def sweep_wall(args, flags: list[str], folder: Path) -> dict:
                                     "metric": "val_acc" if args.job == "mnist" else "val_mse",
                                     "direction": "maximize" if args.job == "mnist" else "minimize",
                                     "parameters": {"optim.lr": lrs[:per_seed], "seed": list(range(seeds))}}))
-    name = "-".join([args.job, *(f.strip("-") for f in flags)]) or args.job
+    name = f"{args.job}-{len(list(folder.glob('*.log')))}"  # one per sweep of the call
     command = [sys.executable, "-m", "mlptrain", "sweep", str(path), f"train.epochs={args.epochs}", "--runs-dir",
                str(folder / "runs"), "--name", name, *flags]
     began = time.perf_counter()

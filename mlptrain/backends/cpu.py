@@ -49,6 +49,12 @@ class CpuBackend:
         """None: every launch has run when it returns."""
         return None
 
+    def copy(self, dst, src):
+        dst[...] = src
+
+    def to_host_after(self, array, mark):
+        return self.to_host(array)
+
     def free_bytes(self) -> int | None:
         """Bytes the device (here the host) can still give; None where the system will not say."""
         return host_available()

@@ -96,6 +96,17 @@ class CudaBackend:
         simulator and numba's path, whose launches a caller waits for by reading their results."""
         return self._device.mark(self.stream)
 
+    def copy(self, dst, src):
+        """dst = src on the device, queued after the launches so far."""
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(f"copy: {src.shape} {src.dtype} into {dst.shape} {dst.dtype}")
+        self._device.copy(dst, src, self.stream)
+
+    def to_host_after(self, array, mark):
+        """A host copy of `array` as it is once `mark` (this backend's) is done, without waiting for what was
+        queued after the mark; `mark` None: to_host."""
+        return self.to_host(array) if mark is None else self._device.to_host_after(array, mark)
+
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
         itself will tell)."""
@@ -147,7 +158,7 @@ class _DriverDevice:
             api.use_device(device)
             self.stream = api.Stream() if own_stream else 0
             self.name = api.device_name(device)
-            self._event = None
+            self._side = None  # to_host_after's stream, made on first use
         except api.DriverError as err:  # a GPU the driver lists but will not give (busy in exclusive mode, failing)
             raise UserError(f"GPU {device} cannot be used: {err}; free it (nvidia-smi shows who holds it) "
                             "or use backend=cpu") from None
@@ -170,10 +181,20 @@ class _DriverDevice:
         self._api.synchronize()
 
     def mark(self, stream):
-        """The device's one event, recorded on `stream`: a caller asks about one mark at a time."""
-        if self._event is None:
-            self._event = self._api.Event()
-        return self._event.record(stream)
+        return self._api.Event().record(stream)
+
+    def copy(self, dst, src, stream):
+        self._api.copy(dst.pointer, src.pointer, dst.nbytes, stream)
+
+    def to_host_after(self, array, mark):
+        """Copied on a stream of its own that waits for `mark` alone (a copy into pageable host memory returns
+        once it is done)."""
+        if self._side is None:
+            self._side = self._api.side_stream()
+        self._api.wait_for(self._side, mark)
+        host = array.copy_to_host(stream=self._side)
+        self._side.synchronize()
+        return host
 
     def free_bytes(self) -> int:
         return self._api.memory_info()[0]
@@ -211,6 +232,9 @@ class _NumbaDevice:
 
     def mark(self, stream):
         return None
+
+    def copy(self, dst, src, stream):
+        dst.copy_to_device(src, stream=stream)
 
     def free_bytes(self) -> int:
         free, _ = self._cuda.current_context().get_memory_info()

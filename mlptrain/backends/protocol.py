@@ -51,6 +51,13 @@ class Backend(Protocol):
         """A mark after the launches queued so far (`.done()` asks whether they have run, `.wait()` waits), for
         a caller with other work to do meanwhile; None where nothing runs behind the host's back (the CPU)."""
 
+    def copy(self, dst, src) -> None:
+        """`src` copied into the existing device array `dst` (same shape and dtype), after the launches so far."""
+
+    def to_host_after(self, array, mark) -> Any:
+        """A NumPy copy of `array` as it is once `mark` is done, not waiting for launches queued after it (None:
+        `to_host`). The caller keeps those launches from writing `array`."""
+
     def free_bytes(self) -> int | None:
         """Bytes the device can still give now; None where it will not say."""
 

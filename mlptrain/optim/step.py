@@ -44,6 +44,7 @@ class OptimizerStep:
         self.partials = backend.zeros((backend.kernels.reduce.PARTIALS,))
         self.lr_table = backend.to_device(np.asarray(lr_table, np.float64))
         self.grad_norms = backend.zeros((max(total_windows, 1),), np.float64)
+        self.state_kept = backend.zeros((slots.SIZE,), np.float64)  # the state as `keep` found it
 
     def __call__(self, params, grads, compute) -> None:
         """Update `params` (and their `compute` copy) from the window's summed gradient `grads`."""
@@ -56,12 +57,18 @@ class OptimizerStep:
                             scaling.backoff_factor, scaling.growth_interval)
         self.optimizer.update(params, grads, compute, self.state)
 
+    def keep(self) -> None:
+        """Queue a copy of the step state as the steps queued so far leave it, for `read_kept`."""
+        self.backend.copy(self.state_kept, self.state)
+
     def read(self) -> dict:
         """The step state on the host (a synchronisation): steps, windows, skipped, loss_scale, lr, grad_norm."""
-        state = self.backend.to_host(self.state)
-        return {"steps": int(state[slots.STEP]), "windows": int(state[slots.WINDOWS]),
-                "skipped": int(state[slots.SKIPPED]), "loss_scale": float(state[slots.LOSS_SCALE]),
-                "lr": float(state[slots.LR]), "grad_norm": float(state[slots.GRAD_NORM])}
+        return _decode(self.backend.to_host(self.state))
+
+    def read_kept(self, mark) -> dict:
+        """`read` of the copy `keep` queued, once `mark` (the backend's, recorded after it; None where it gives
+        none) is done, not waiting for the steps queued since."""
+        return _decode(self.backend.to_host_after(self.state_kept, mark))
 
     def grad_norm_history(self, start: int, stop: int) -> np.ndarray:
         """Pre-clip norms of windows [start, stop), skipped ones (non-finite under loss scaling) left out."""
@@ -89,6 +96,13 @@ class OptimizerStep:
         self.backend.copy_from_host(self.state, state.astype(np.float64))
         self.backend.copy_from_host(self.grad_norms[:len(norms)], norms.astype(np.float64))
         self.optimizer.load_state_dict(arrays)
+
+
+def _decode(state: np.ndarray) -> dict:
+    """The step state's slots by name."""
+    return {"steps": int(state[slots.STEP]), "windows": int(state[slots.WINDOWS]),
+            "skipped": int(state[slots.SKIPPED]), "loss_scale": float(state[slots.LOSS_SCALE]),
+            "lr": float(state[slots.LR]), "grad_norm": float(state[slots.GRAD_NORM])}
 
 
 def _state_problem(state: np.ndarray) -> str | None:

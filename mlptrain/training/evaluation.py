@@ -54,12 +54,14 @@ class Evaluator:
         loss, acc, _ = self.read_rows(row_loss, row_correct, lo, hi)
         return loss, acc
 
-    def read_rows(self, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float, np.ndarray | None]:
-        """`mean_loss_and_accuracy`, with the rows' outcomes on the host (None for the autoencoder)."""
-        loss = float(self.backend.to_host(row_loss[lo:hi]).astype(np.float64).mean())
+    def read_rows(self, row_loss, row_correct, lo: int, hi: int, after=None) -> tuple[float, float, np.ndarray | None]:
+        """`mean_loss_and_accuracy`, with the rows' outcomes on the host (None for the autoencoder). `after`: a
+        backend mark recorded after the steps that wrote the rows: read once it is done, not waiting for the
+        steps queued since (which write other rows)."""
+        loss = float(self.backend.to_host_after(row_loss[lo:hi], after).astype(np.float64).mean())
         if not self.classifies:
             return loss, float("nan"), None
-        outcomes = self.backend.to_host(row_correct[lo:hi])
+        outcomes = self.backend.to_host_after(row_correct[lo:hi], after)
         return loss, float((outcomes == 1).mean()), outcomes
 
     def record(self, val, test, epoch: int, step: int) -> dict:

@@ -145,39 +145,65 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
 
 def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
     """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
-    that yields after queueing each, and before each read the backend's mark (Backend.mark) of the steps the
-    read waits for. Each
-    `train.log_every` steps, and at the epoch's end, the host reads the per-sample losses since the
-    last read and the step state (the loop's only synchronisation) and hands `on_read` a dict of
-    epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
-    acc, samples and seconds. Returns the windows done: fewer than `s.steps_per_epoch` when a stop
-    was requested."""
+    that yields after queueing each. Each `train.log_every` steps, and at the epoch's end, a read of the
+    per-sample losses since the last read and of the step state is queued (a copy of the state and a mark
+    of the backend, Backend.mark); `on_read` gets it at the next read's turn or at the epoch's end (each
+    yields the read's mark first: packed runs, mlptrain.training.packing, queue steps while it is not ready),
+    a dict of epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
+    acc, samples and seconds. So the host waits for the device only at an epoch's end: while it reads one
+    period's results, the next period's steps are queued. Returns the windows done: fewer than
+    `s.steps_per_epoch` when a stop was requested."""
     config, window = s.config, s.config.train.effective_batch_size
     s.window.start_epoch(epoch_order(s.train, config.seed, epoch))
-    t_window, read_from = time.perf_counter(), first_window * window
+    reported, read_from, queued = time.perf_counter(), first_window * window, None
+    done = s.steps_per_epoch
     for i in range(first_window, s.steps_per_epoch):
         start = i * window
         rows = min(window, s.train.size - start)
         s.window.run(start, rows)
         yield
         if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
-            # packed runs (mlptrain.training.packing): this run's read waits for its own steps, others queue theirs
-            yield s.backend.mark()
-            t_window, read_from = _read(s, epoch, i, read_from, start + rows, t_window, on_read)
+            if queued is not None:  # a period old: packed runs queue their steps while it is not ready yet
+                yield queued.mark
+                reported = _report(s, queued, reported, on_read)
+            queued = _queue_read(s, epoch, i, read_from, start + rows)
+            read_from = start + rows
         if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
-            return i + 1
-    return s.steps_per_epoch
+            done = i + 1
+            break
+    if queued is not None:
+        yield queued.mark
+        _report(s, queued, reported, on_read)
+    return done
 
 
-def _read(s: Session, epoch: int, i: int, read_from: int, read_to: int, t_window: float, on_read):
-    """Hand `on_read` the metrics of samples [read_from, read_to) of the epoch; returns the next
-    window's (start time, read_from)."""
-    loss, acc = s.evaluator.mean_loss_and_accuracy(s.window.row_loss, s.window.row_correct, read_from, read_to)
-    state = s.step.read()
-    on_read({"epoch": epoch, "step_in_epoch": i + 1, "step": state["steps"], "lr": state["lr"],
+@dataclasses.dataclass(frozen=True)
+class _QueuedRead:
+    """A read queued after the steps of samples [lo, hi) of the epoch: their rows stay as they are until the
+    epoch ends, the step state is copied (OptimizerStep.keep), and `mark` says when both are ready."""
+
+    epoch: int
+    step_in_epoch: int
+    lo: int
+    hi: int
+    mark: object
+
+
+def _queue_read(s: Session, epoch: int, i: int, lo: int, hi: int) -> _QueuedRead:
+    s.step.keep()
+    return _QueuedRead(epoch, i + 1, lo, hi, s.backend.mark())
+
+
+def _report(s: Session, read: _QueuedRead, reported: float, on_read) -> float:
+    """Hand `on_read` the metrics of a queued read (waiting for its mark where it is not done yet); returns the
+    time of this report, from which the next one's seconds count."""
+    loss, acc, _ = s.evaluator.read_rows(s.window.row_loss, s.window.row_correct, read.lo, read.hi, read.mark)
+    state = s.step.read_kept(read.mark)
+    now = time.perf_counter()
+    on_read({"epoch": read.epoch, "step_in_epoch": read.step_in_epoch, "step": state["steps"], "lr": state["lr"],
              "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
-             "loss": loss, "acc": acc, "samples": read_to - read_from, "seconds": time.perf_counter() - t_window})
-    return time.perf_counter(), read_to
+             "loss": loss, "acc": acc, "samples": read.hi - read.lo, "seconds": now - reported})
+    return now
 
 
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 
 from cuda.bindings import driver as cu
 
@@ -117,12 +118,15 @@ class Stream:
 
 
 class Event:
-    """A point in a stream's work (`record`), which the host can ask about without waiting (`done`)."""
+    """A point in a stream's work (`record`), which the host can ask about without waiting (`done`); destroyed
+    with its context current when the last reference goes."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "__weakref__")
 
     def __init__(self):
         self.handle = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        # no destroy at exit: the driver frees a process's events with its context, as its memory
+        weakref.finalize(self, _destroy_event, self.handle, current_context()).atexit = False
 
     def record(self, stream) -> "Event":
         check(cu.cuEventRecord(self.handle, handle(stream)), "cuEventRecord")
@@ -138,6 +142,26 @@ class Event:
 
     def wait(self) -> None:
         check(cu.cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+
+def _destroy_event(event, context) -> None:
+    """As `free`: from any thread, the event's context made current for the call."""
+    if cu.cuCtxPushCurrent(context)[0] != cu.CUresult.CUDA_SUCCESS:
+        return
+    try:
+        cu.cuEventDestroy(event)
+    finally:
+        cu.cuCtxPopCurrent()
+
+
+def side_stream() -> "Stream":
+    """A stream that waits for no other (non-blocking: not even the legacy default stream) unless told to."""
+    return Stream(check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"))
+
+
+def wait_for(stream, event: Event) -> None:
+    """Work queued on `stream` from now on starts once `event` is done."""
+    check(cu.cuStreamWaitEvent(handle(stream), event.handle, 0), "cuStreamWaitEvent")
 
 
 def handle(stream):
@@ -168,6 +192,11 @@ def free(pointer: int, context) -> None:
 def to_device(pointer: int, host_address: int, nbytes: int, stream) -> None:
     if nbytes:
         check(cu.cuMemcpyHtoDAsync(pointer, host_address, nbytes, handle(stream)), "cuMemcpyHtoDAsync")
+
+
+def copy(dst: int, src: int, nbytes: int, stream) -> None:
+    if nbytes:
+        check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, handle(stream)), "cuMemcpyDtoDAsync")
 
 
 def to_host(host_address: int, pointer: int, nbytes: int, stream) -> None:

@@ -1,0 +1,71 @@
+"""The loop's periodic reads are queued (a copy of the step state and a backend mark) and reported a period
+later: each report holds the step state and the losses as they were at its own step, not at the step the
+host had reached when it reported (on the GPU the device has run further steps by then)."""
+
+import numpy as np
+import pytest
+
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend
+from mlptrain.config.load import config_from_dict
+from mlptrain.training.loop import epoch_steps, train_epoch
+from mlptrain.training.packing import finish
+from mlptrain.training.session import build_session
+from tests.training.test_train_backends import tiny_dataset
+
+CONFIG = {"backend": "cpu", "seed": 0, "model": {"hidden": [8]}, "data": {"val_size": 10},
+          "optim": {"name": "adam", "lr": 0.01}, "schedule": {"name": "cosine"},
+          "train": {"batch_size": 2, "epochs": 1, "log_every": 3}}
+
+
+def reads_of_one_epoch(backend, rng):
+    session = build_session(config_from_dict(CONFIG), backend, tiny_dataset(rng, train=40))
+    reads = []
+    train_epoch(session, 1, reads.append)
+    lrs = session.step.backend.to_host(session.step.lr_table)
+    return session, reads, lrs
+
+
+def check_reads(session, reads, lrs):
+    assert [r["step_in_epoch"] for r in reads] == [3, 6, 9, 12, 15]  # 15 steps: the last one read too
+    for r in reads:  # the state as it was at the read's own step
+        assert r["step"] == r["step_in_epoch"]
+        assert r["lr"] == pytest.approx(lrs[r["step"] - 1] if r["step"] else lrs[0])
+    rows = session.backend.to_host(session.window.row_loss)
+    edges = [0, *[r["step_in_epoch"] * 2 for r in reads]]
+    for r, lo, hi in zip(reads, edges, edges[1:]):
+        assert r["samples"] == hi - lo and r["loss"] == pytest.approx(rows[lo:hi].astype(np.float64).mean())
+
+
+def test_each_read_reports_its_own_step_on_the_cpu():
+    check_reads(*reads_of_one_epoch(CpuBackend(), np.random.default_rng(0)))
+
+
+@pytest.mark.real_gpu  # the simulator takes minutes for these 15 steps; its path is the CPU's (no marks)
+def test_each_read_reports_its_own_step_on_the_gpu():
+    check_reads(*reads_of_one_epoch(CudaBackend(), np.random.default_rng(0)))
+
+
+def test_the_steps_yield_a_mark_before_each_report():
+    session = build_session(config_from_dict(CONFIG), CpuBackend(), tiny_dataset(np.random.default_rng(0)))
+    reads, steps = [], epoch_steps(session, 1, lambda read: reads.append(read["step_in_epoch"]))
+    yielded = []
+    while True:
+        try:
+            yielded.append(next(steps))
+        except StopIteration as end:
+            assert end.value == 15
+            break
+    assert len(yielded) == 15 + 5 and reads == [3, 6, 9, 12, 15]  # a step each, and a mark before each report
+    assert finish(epoch_steps(session, 2, lambda read: None)) == 15
+
+
+def test_the_backends_copy_and_read_after_a_mark():
+    for backend in (CpuBackend(), CudaBackend()):
+        source, kept = backend.to_device(np.arange(5.0)), backend.zeros((5,), np.float64)
+        backend.copy(kept, source)
+        mark = backend.mark()
+        backend.copy_from_host(source, np.zeros(5))  # queued after the mark: the kept copy is not its
+        np.testing.assert_array_equal(backend.to_host_after(kept, mark), np.arange(5.0))
+        if mark is not None:
+            assert mark.done() is True
