@@ -96,6 +96,31 @@ class CudaBackend:
         simulator and numba's path, whose launches a caller waits for by reading their results."""
         return self._device.mark(self.stream)
 
+    @contextlib.contextmanager
+    def urgent(self):
+        """The block's launches and copies go to a stream of this backend that the GPU serves before every
+        other (the highest priority), after what it queued so far; what it queues after the block waits for
+        them. For a packed run's evaluation (mlptrain.training.packing), which the host waits for while the
+        other runs' steps fill the GPU. Without a stream of its own (the legacy default stream) or on numba's
+        path, the block runs as it is."""
+        urgent = self._device.urgent_stream() if self.stream else None
+        if urgent is None:
+            yield
+            return
+        # imported on first use: the CPU path never needs the kernel modules (loaded by __init__ here)
+        from mlptrain.backends.numba_kernels import streams
+
+        home = self.stream
+        self._device.follow(urgent, home)
+        self.stream = urgent
+        streams.use(urgent)
+        try:
+            yield
+        finally:
+            self._device.follow(home, urgent)
+            self.stream = home
+            streams.use(home)
+
     def copy(self, dst, src):
         """dst = src on the device, queued after the launches so far."""
         if dst.shape != src.shape or dst.dtype != src.dtype:
@@ -158,7 +183,7 @@ class _DriverDevice:
             api.use_device(device)
             self.stream = api.Stream() if own_stream else 0
             self.name = api.device_name(device)
-            self._side = None  # to_host_after's stream, made on first use
+            self._side = self._urgent = None  # to_host_after's stream and urgent's, made on first use
         except api.DriverError as err:  # a GPU the driver lists but will not give (busy in exclusive mode, failing)
             raise UserError(f"GPU {device} cannot be used: {err}; free it (nvidia-smi shows who holds it) "
                             "or use backend=cpu") from None
@@ -182,6 +207,16 @@ class _DriverDevice:
 
     def mark(self, stream):
         return self._api.Event().record(stream)
+
+    def urgent_stream(self):
+        """A stream of the highest priority, made on first use."""
+        if self._urgent is None:
+            self._urgent = self._api.Stream(priority=self._api.highest_priority())
+        return self._urgent
+
+    def follow(self, stream, leader) -> None:
+        """Work queued on `stream` from now on waits for what `leader` has queued so far."""
+        self._api.wait_for(stream, self.mark(leader))
 
     def copy(self, dst, src, stream):
         self._api.copy(dst.pointer, src.pointer, dst.nbytes, stream)
@@ -231,6 +266,9 @@ class _NumbaDevice:
         self._cuda.synchronize()
 
     def mark(self, stream):
+        return None
+
+    def urgent_stream(self):
         return None
 
     def copy(self, dst, src, stream):

@@ -51,6 +51,10 @@ class Backend(Protocol):
         """A mark after the launches queued so far (`.done()` asks whether they have run, `.wait()` waits), for
         a caller with other work to do meanwhile; None where nothing runs behind the host's back (the CPU)."""
 
+    def urgent(self) -> Any:
+        """A context manager: the block's launches and copies go before other work on the device, in order after
+        what was queued before it (a packed run's evaluation, waited for while other runs fill the device)."""
+
     def copy(self, dst, src) -> None:
         """`src` copied into the existing device array `dst` (same shape and dtype), after the launches so far."""
 

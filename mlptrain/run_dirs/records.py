@@ -108,17 +108,25 @@ class RunLogger:
         """`image(tag, draw(), step)` on a thread of the logger's own, in order: drawing and compressing an image
         takes milliseconds that the training loop, which mostly waits on the device or on NumPy, need not
         spend; `close` waits for them."""
+        self._later(lambda: self.image(tag, draw(), step))
+
+    def _later(self, job) -> None:
+        """`job()` on the logger's own thread, after the jobs given before it; `close` waits for them all and
+        raises the first one's error."""
         if self._drawing is None:
-            self._drawing = ThreadPoolExecutor(1, thread_name_prefix="tensorboard-images")
-        self._drawn.append(self._drawing.submit(lambda: self.image(tag, draw(), step)))
+            self._drawing = ThreadPoolExecutor(1, thread_name_prefix="run-logger")
+        self._drawn.append(self._drawing.submit(job))
 
     def evaluation(self, record: dict) -> None:
         """One JSON object per evaluation, flushed so a crash keeps every line written; then metrics.csv, the
         same records as a table for a spreadsheet, written afresh from metrics.jsonl (which a resumed run
-        appends to), so that both always hold the same rows."""
+        appends to) on the logger's thread, so that both hold the same rows once it has written it (`close`
+        waits for it)."""
         self._metrics.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
         self._metrics.flush()
-        write_metrics_csv(self.run_dir)
+        # on the logger's thread: 3-4 ms of file system work an evaluation (most of an epoch's end in a packed
+        # sweep) that the training loop need not wait for; it reads the lines flushed above
+        self._later(lambda: write_metrics_csv(self.run_dir))
         if self.mlflow is not None:
             self.mlflow.flush()
 

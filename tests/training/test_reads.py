@@ -69,3 +69,15 @@ def test_the_backends_copy_and_read_after_a_mark():
         np.testing.assert_array_equal(backend.to_host_after(kept, mark), np.arange(5.0))
         if mark is not None:
             assert mark.done() is True
+
+
+def test_urgent_work_runs_in_order_with_the_backends_own():
+    for backend in (CpuBackend(), CudaBackend(own_stream=True)):
+        a = backend.to_device(np.arange(6.0))
+        kept = backend.zeros((6,), np.float64)
+        with backend.urgent():  # after what was queued before, and before what is queued after
+            backend.copy(kept, a)
+            during = backend.to_host(kept)
+        backend.copy_from_host(a, np.ones(6))
+        np.testing.assert_array_equal(during, np.arange(6.0))
+        np.testing.assert_array_equal(backend.to_host(a), np.ones(6))

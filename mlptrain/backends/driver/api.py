@@ -107,8 +107,11 @@ class Stream:
 
     __slots__ = ("handle",)
 
-    def __init__(self, handle=None):
-        self.handle = handle if handle is not None else check(cu.cuStreamCreate(0), "cuStreamCreate")
+    def __init__(self, handle=None, priority: int | None = None):
+        if handle is None:
+            handle = check(cu.cuStreamCreate(0), "cuStreamCreate") if priority is None else \
+                check(cu.cuStreamCreateWithPriority(0, priority), "cuStreamCreateWithPriority")
+        self.handle = handle
 
     def __int__(self):
         return int(self.handle)
@@ -152,6 +155,12 @@ def _destroy_event(event, context) -> None:
         cu.cuEventDestroy(event)
     finally:
         cu.cuCtxPopCurrent()
+
+
+def highest_priority() -> int:
+    """The current context's highest stream priority (the numerically lowest)."""
+    _least, greatest = check(cu.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+    return int(greatest)
 
 
 def side_stream() -> "Stream":
