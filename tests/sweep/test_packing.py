@@ -11,15 +11,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
+import optuna
 import pytest
 import typer
 
 from mlptrain.errors import UserError
-from mlptrain.sweep import engine, threads
+from mlptrain.sweep import claims, engine, threads
 from mlptrain.training.packing import Period, finish, side_by_side
 from tests.cli.test_cli import REPO
+from tests.sweep.test_claims import journal, sweep_file
 from tests.sweep.test_sweep import FAST, run_sweep, study_trials, write_sweep
 from tests.sweep.test_threads import LEARNED
 
@@ -237,3 +240,33 @@ def test_packed_trials_on_the_gpu_match_trials_trained_one_at_a_time(tmp_path, d
                          {k: v for k, v in t["metrics"].items() if k in LEARNED} for t in results["trials"]}
     assert metrics["p4"] == metrics["p1"] == metrics["p3"]
     assert all(len(m) == len(LEARNED) for m in metrics["p1"].values())
+
+
+def test_sigterm_stops_packed_worker_processes_and_queues_every_trial_again(tmp_path, data_dir):
+    """`--workers 2 --pack 2` on the CPU: two processes, each training two trials side by side; SIGTERM queues
+    all four running trials again (a re-run takes them: test_ctrl_c_queues_every_packed_trial_again...)."""
+    path, _ = sweep_file(tmp_path, 5)
+    command = [sys.executable, "-m", "mlptrain", "sweep", str(path), "backend=cpu", "train.epochs=200",
+               "model.hidden=[8]", "train.batch_size=5000", "data.val_size=1000", "train.eval_batch_size=10000",
+               "--runs-dir", str(tmp_path / "runs"), "--name", "t", "--workers", "2", "--pack", "2"]
+    env = {**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    study_file = tmp_path / "runs" / "t" / "study.journal"
+    deadline, running = time.monotonic() + 120, []
+    while len(running) < 4 and time.monotonic() < deadline and parent.poll() is None:
+        time.sleep(0.5)
+        if study_file.exists():
+            try:
+                storage = journal(study_file)
+                trials = storage.get_all_trials(storage.get_study_id_from_name("t"), deepcopy=False)
+            except KeyError:  # not created yet
+                continue
+            running = [t for t in trials if t.state.name == "RUNNING"]
+    assert len(running) == 4, parent.communicate(timeout=60)[0] if parent.poll() is not None else "not 4 running"
+    assert len({t.system_attrs[claims.WORKER]["pid"] for t in running}) == 2  # two trials in each process
+    parent.send_signal(signal.SIGTERM)
+    out = parent.communicate(timeout=90)[0]
+    assert parent.returncode == 143 and "Traceback" not in out, out
+    trials = optuna.load_study(study_name="t", storage=journal(study_file)).get_trials()
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    assert not [t for t in trials if t.state.name == "RUNNING"] and {t.number for t in running} <= retried
