@@ -9,6 +9,7 @@ import contextlib
 import math
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, device: int | None = None, own_stream: bool = False):
+    def __init__(self, device: int | None = None, own_stream: bool = False, resident: "ResidentCopies | None" = None):
         # here, not at the top: the CPU path never loads the kernel modules
         from mlptrain.backends import numba_kernels
         from mlptrain.backends.kernel_cache.numba_names import DEFERRED
@@ -42,7 +43,7 @@ class CudaBackend:
 
         self.kernels = numba_kernels
         self.fallbacks = []
-        self._resident = {}  # id(host array) -> (host array, device copy), in the order last asked for
+        self._resident = resident if resident is not None else ResidentCopies()
         self._device = _DriverDevice(device, own_stream) if DEFERRED else _NumbaDevice(device, own_stream)
         self.stream = self._device.stream
         streams.use(self.stream)
@@ -63,18 +64,20 @@ class CudaBackend:
 
     def resident(self, array):
         """A device copy of `array` made once and kept while the same host array comes back (a sweep's trials
-        on this backend's thread upload their dataset once: 55 MB for MNIST, ~8 ms a trial); at most
-        RESIDENT_ARRAYS are kept, the least recently asked for given up first."""
-        entry = self._resident.pop(id(array)) if self.holds(array) else (array, self.to_device(array))
-        self._resident[id(array)] = entry  # last: the most recently asked for
-        while len(self._resident) > RESIDENT_ARRAYS:
-            del self._resident[next(iter(self._resident))]
-        return entry[1]
+        on this backend's thread upload their dataset once: 55 MB for MNIST, ~8 ms a trial), by every backend
+        given the same `resident` copies (the backends of one GPU in a process: packed trials, a sweep's
+        threads); at most RESIDENT_ARRAYS are kept, the least recently asked for given up first."""
+        return self._resident.get(array, self._upload)
 
     def holds(self, array) -> bool:
         """Whether `resident(array)` would reuse a copy already on the device."""
-        entry = self._resident.get(id(array))
-        return entry is not None and entry[0] is array
+        return self._resident.holds(array)
+
+    def _upload(self, array):
+        """A device copy whole before this returns: other backends' streams use it without waiting on this one."""
+        copy = self.to_device(array)
+        self.synchronize()
+        return copy
 
     def to_host(self, array):
         host = array.copy_to_host(stream=self.stream)
@@ -167,6 +170,32 @@ class CudaBackend:
         if SIMULATOR:
             return "the CUDA simulator cannot capture graphs"
         return "numba-cuda's driver bindings (the cuda.bindings package) are not installed"
+
+
+class ResidentCopies:
+    """Device copies of host arrays, by the host array's identity, in the order last asked for: what
+    CudaBackend.resident keeps, for one backend or for all the backends of one GPU in a process (threads may
+    share them: a lock guards them, and an upload holds it, so that an array is uploaded once)."""
+
+    def __init__(self):
+        self._copies = {}  # id(host array) -> (host array, device copy)
+        self._lock = threading.Lock()
+
+    def get(self, array, upload):
+        """The copy of `array`, made by `upload(array)` where none is kept."""
+        with self._lock:
+            entry = self._copies.pop(id(array), None)
+            if entry is None or entry[0] is not array:
+                entry = (array, upload(array))
+            self._copies[id(array)] = entry  # last: the most recently asked for
+            while len(self._copies) > RESIDENT_ARRAYS:
+                del self._copies[next(iter(self._copies))]
+            return entry[1]
+
+    def holds(self, array) -> bool:
+        with self._lock:
+            entry = self._copies.get(id(array))
+            return entry is not None and entry[0] is array
 
 
 class _DriverDevice:

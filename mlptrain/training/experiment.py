@@ -13,7 +13,7 @@ import threading
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from mlptrain.backends.cuda import driver_unusable_reason
+from mlptrain.backends.cuda import ResidentCopies, driver_unusable_reason
 from mlptrain.backends.driver.early import make_context_early
 from mlptrain.backends.selection import get_backend
 from mlptrain.config.load import RESOLVED, read_yaml, resolved_dict
@@ -39,15 +39,25 @@ class Resources:
     def __init__(self, device: int | None = None, own_stream: bool = False, shared: dict | None = None):
         self._backends = {}
         self._gpu = (device, own_stream)
-        # the datasets, a lock for loading them, and one lock per GPU for building sessions
+        # the datasets, a lock for loading them, one lock per GPU for building sessions, and per GPU the
+        # datasets' copies there
         self._shared = shared if shared is not None else {"datasets": {}, "loading": threading.Lock(),
-                                                          "gpus": {}, "gpus_lock": threading.Lock()}
+                                                          "gpus": {}, "gpus_lock": threading.Lock(), "resident": {}}
         self._datasets = self._shared["datasets"]
 
     def on_gpu(self, device: int, own_stream: bool = True) -> "Resources":
         """A view for a thread training on `device` (numba's index among the visible GPUs): the same datasets,
         backends of its own."""
         return Resources(device, own_stream, self._shared)
+
+    def _resident_copies(self):
+        """The device copies of the datasets that every view on this one's GPU shares (cuda.ResidentCopies):
+        each dataset is put on a GPU once, not once per packed trial or worker thread."""
+        with self._shared["gpus_lock"]:
+            copies = self._shared["resident"]
+            if self._gpu[0] not in copies:
+                copies[self._gpu[0]] = ResidentCopies()
+            return copies[self._gpu[0]]
 
     def with_own_stream(self) -> "Resources":
         """Another view on this one's GPU, with backends of its own on a stream of their own: a run trained
@@ -90,7 +100,7 @@ class Resources:
                 from mlptrain.backends.kernel_cache.cubins import fingerprint_early
 
                 fingerprint_early()
-            self._backends[config.backend] = get_backend(config.backend, *self._gpu)
+            self._backends[config.backend] = get_backend(config.backend, *self._gpu, resident=self._resident_copies())
             if start_compilers:
                 self._backends[config.backend].start_compilers()
         return self._backends[config.backend], self.dataset(config)

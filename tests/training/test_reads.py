@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlptrain.backends.cpu import CpuBackend
-from mlptrain.backends.cuda import CudaBackend
+from mlptrain.backends.cuda import CudaBackend, ResidentCopies
 from mlptrain.config.load import config_from_dict
 from mlptrain.training.loop import epoch_steps, train_epoch
 from mlptrain.training.packing import finish
@@ -81,3 +81,17 @@ def test_urgent_work_runs_in_order_with_the_backends_own():
         backend.copy_from_host(a, np.ones(6))
         np.testing.assert_array_equal(during, np.arange(6.0))
         np.testing.assert_array_equal(backend.to_host(a), np.ones(6))
+
+
+def test_the_backends_of_one_gpu_share_their_resident_data():
+    """Packed trials' backends (each with a stream of its own) given one ResidentCopies put a dataset on the GPU
+    once for all of them; a backend of its own keeps its own."""
+    copies = ResidentCopies()
+    first, second = (CudaBackend(own_stream=True, resident=copies) for _ in range(2))
+    images = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    assert not second.holds(images)
+    shared = first.resident(images)
+    assert second.holds(images) and second.resident(images) is shared
+    np.testing.assert_array_equal(second.to_host(shared), images)
+    alone = CudaBackend(own_stream=True)
+    assert not alone.holds(images) and alone.resident(images) is not shared
