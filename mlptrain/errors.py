@@ -12,6 +12,11 @@ class DataNotFound(UserError):
     multiline = True
 
 
+class OutOfMemory(UserError):
+    """A run needs more GPU or host memory than is free now (refused before it allocates, or its allocation
+    failed): a packed worker then trains fewer trials at once (mlptrain.sweep.engine.work_packed)."""
+
+
 class TrainingDiverged(UserError):
     """The loss or the parameters became NaN or infinite; the last good checkpoint is kept."""
 

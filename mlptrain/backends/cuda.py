@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from mlptrain.backends.driver.early import driver_gpu_count
-from mlptrain.errors import UserError
+from mlptrain.errors import OutOfMemory, UserError
 from mlptrain.util.interrupts import raise_interruption
 
 RESIDENT_ARRAYS = 8  # a session's data is 4-5 arrays (images, labels, test images and labels)
@@ -341,7 +341,7 @@ def gpu_memory_errors(nbytes: int):
     except Exception as err:
         if getattr(err, "code", None) != OUT_OF_MEMORY and "OUT_OF_MEMORY" not in str(err):
             raise
-        raise UserError(f"the GPU ran out of memory allocating {nbytes / 2**20:,.1f} MiB; use a smaller "
+        raise OutOfMemory(f"the GPU ran out of memory allocating {nbytes / 2**20:,.1f} MiB; use a smaller "
                         "train.batch_size (with train.grad_accum_steps for the same effective batch), a smaller "
                         "model or train.eval_batch_size, or free the GPU (nvidia-smi shows who holds it)") from None
 

@@ -12,12 +12,13 @@ deviation and 95% confidence interval (Student t), and is written only once ever
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
 from mlptrain.config.load import config_to_dict
 from mlptrain.config.schema import INT64_MAX, Config
-from mlptrain.errors import UserError
+from mlptrain.errors import OutOfMemory, UserError
 from mlptrain.run_dirs.folders import create_run_dir
 from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
@@ -63,28 +64,46 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json. `pack`: that many
     seeds train side by side from this thread (mlptrain.training.packing), each on a stream of its own; a
     seed's failure then stops the others after their step (each keeps a checkpoint to resume from)."""
-    group, summaries, queue = [], {}, iter(enumerate(seeds))
+    group, summaries, queue = [], {}, deque(enumerate(seeds))
 
-    def seed_runs(view):  # this slot's seeds, one after another, taken from the shared queue
-        for i, seed in queue:
-            summaries[seed] = yield from _seed_run(config, seed, i, seeds, runs_dir, name, stem, view, group,
-                                                   stop, progress=pack == 1)
+    def seed_runs(view, give_way=False):  # this slot's seeds, one after another, taken from the shared queue
+        while queue:
+            i, seed = queue.popleft()
+            try:
+                summaries[seed] = yield from _seed_run(config, seed, i, seeds, runs_dir, name, stem, view, group,
+                                                       stop, pack == 1, give_way)
+            except _NoRoom as err:  # another slot takes it once one of the seeds beside it has finished
+                queue.appendleft((i, seed))
+                console.print(f"[yellow]warning:[/] seed {seed} does not fit beside the seeds training already "
+                              f"({err}); it waits for one of them, and one seed fewer trains at once",
+                              highlight=False)
+                return
 
     if pack == 1:
         finish(seed_runs(resources))
     else:
-        side_by_side([seed_runs(resources.with_own_stream()) for _ in range(min(pack, len(seeds)))], stop)
+        side_by_side([seed_runs(resources.with_own_stream(), i > 0) for i in range(min(pack, len(seeds)))], stop)
     record = seeds_record(seeds, [summaries[seed] for seed in seeds])
     write_json(group[0] / "seeds.json", record)
     return group[0], record
 
 
+class _NoRoom(Exception):
+    """A seed that does not fit beside the seeds training already, in a slot that gives way."""
+
+
 def _seed_run(config: Config, seed: int, i: int, seeds: list[int], runs_dir: Path, name: str | None, stem: str,
-              resources: Resources, group: list, stop, progress: bool):
+              resources: Resources, group: list, stop, progress: bool, give_way: bool):
     """One seed's run as training steps (mlptrain.training.loop.training); the first to start makes the group's
-    folder and plan (`group`, a list that then holds the folder)."""
+    folder and plan (`group`, a list that then holds the folder). `give_way`: a seed refused for memory
+    (OutOfMemory, before anything is allocated or written) raises _NoRoom instead."""
     seeded = dataclasses.replace(config, seed=seed)
-    session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
+    try:
+        session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
+    except OutOfMemory as err:
+        if give_way:
+            raise _NoRoom(str(err)) from None
+        raise
     if not group:
         group.append(create_run_dir(runs_dir, name, stem))
         write_json(group[0] / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})

@@ -26,7 +26,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from mlptrain.errors import TrainingInterrupted, UserError
+from mlptrain.errors import OutOfMemory, TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
 from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
@@ -108,7 +108,7 @@ def work(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on
 
 
 def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, on_trial_end=None,
-               wait_for_others: bool = True, stop=None, progress: bool = True):
+               wait_for_others: bool = True, stop=None, progress: bool = True, give_way: bool = False):
     """Run queued trials until none is left, then (`wait_for_others`) wait for the ones other workers are
     running: when one of those workers dies, its trial is queued again and taken here. A generator: it yields
     after queueing each optimizer step, so that several of them advanced in turn from one thread train their
@@ -117,14 +117,19 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
     this machine's sweep command does not wait: that parent sees its children end and queues a dead one's
     trial again itself (mlptrain.sweep.workers). `stop` (with a `signum`, read after every optimizer step):
     once set, the running trial is queued again and no other is taken (a sweep's trial threads stop this
-    way, mlptrain.sweep.threads). `progress`: a progress bar while a trial trains."""
+    way, mlptrain.sweep.threads). `progress`: a progress bar while a trial trains. `give_way`: a trial that
+    does not fit in the memory left (OutOfMemory, before it allocates) is queued again and this worker ends,
+    leaving it to workers that train fewer trials beside it (a packed worker's second and later slots)."""
     study_id = storage.get_study_id_from_name(study.study_name)
     waiting_for = None
     while stop is None or not stop.signum:
         requeue_stale(study, storage, study_id)
         claimed = claim_next(study, storage, study_id)
         if claimed is not None:
-            yield from _run_trial(study, storage, *claimed, sweep, sweep_dir, resources, stop, progress)
+            try:
+                yield from _run_trial(study, storage, *claimed, sweep, sweep_dir, resources, stop, progress, give_way)
+            except _NoRoom:
+                return
             if on_trial_end is not None:
                 on_trial_end()
             continue
@@ -147,7 +152,7 @@ def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resour
     fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised."""
     views = [resources, *(resources.with_own_stream() for _ in range(pack - 1))]
     side_by_side([work_steps(study, storage, sweep, sweep_dir, view, on_trial_end, wait_for_others=False, stop=stop,
-                             progress=False) for view in views], stop)
+                             progress=False, give_way=i > 0) for i, view in enumerate(views)], stop)
 
 
 @dataclass
@@ -158,19 +163,24 @@ class _Attempt:
     last: dict = field(default_factory=dict)  # the latest evaluation record
 
 
+class _NoRoom(Exception):
+    """A packed slot's trial did not fit beside the others (work_steps' `give_way`): it is queued again."""
+
+
 def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources,
-               stop=None, progress: bool = True) -> None:
+               stop=None, progress: bool = True, give_way: bool = False) -> None:
     attempt = _Attempt(sweep.suggest(trial))
     console.print(f"[bold]trial {trial.number}[/]: {format_params(attempt.params)}")
     try:
-        yield from _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources, stop, progress)
+        yield from _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources, stop, progress,
+                            give_way)
     finally:
         if attempt.run_dir is not None:
             release_run(attempt.run_dir)
 
 
 def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_dir: Path, resources, stop,
-             progress: bool) -> None:
+             progress: bool, give_way: bool = False) -> None:
     with _Heartbeat(storage, trial_id):
         try:
             summary = yield from _train(trial, attempt, sweep, sweep_dir, resources, stop, progress)
@@ -186,16 +196,31 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
             _requeue(study, storage.get_trial(trial_id))
             _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
             console.print(f"trial {trial.number}: stopped; queued again")
+        except OutOfMemory as err:
+            if not give_way or attempt.run_dir is not None:
+                _failed(study, trial, attempt, err)
+                return
+            _requeue(study, storage.get_trial(trial_id))
+            _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
+            console.print(f"[yellow]warning:[/] trial {trial.number} does not fit beside the trials this worker "
+                          f"trains already ({err}); queued again, and this worker trains one trial fewer at once",
+                          highlight=False)
+            raise _NoRoom from None
         except Exception as err:  # the trial failed, the sweep goes on
-            error = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-            if not isinstance(err, UserError):
-                console.print_exception(max_frames=8)
-            console.print(f"[bold red]trial {trial.number} failed:[/] {error}", highlight=False)
-            _tell(study, trial, TrialState.FAIL, attempt, attempt.last, error=error)
+            _failed(study, trial, attempt, err)
         else:
             value = summary[sweep.metric]
             console.print(f"trial {trial.number}: {sweep.metric} {format_metric(value)}")
             _tell(study, trial, TrialState.COMPLETE, attempt, summary, value=value)
+
+
+def _failed(study, trial, attempt: _Attempt, err: Exception) -> None:
+    """The trial failed (a UserError as its line, anything else with its traceback); the sweep goes on."""
+    error = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+    if not isinstance(err, UserError):
+        console.print_exception(max_frames=8)
+    console.print(f"[bold red]trial {trial.number} failed:[/] {error}", highlight=False)
+    _tell(study, trial, TrialState.FAIL, attempt, attempt.last, error=error)
 
 
 def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources, stop,

@@ -19,7 +19,7 @@ from mlptrain.backends.counting import CountingBackend
 from mlptrain.config.schema import steps_per_epoch
 from mlptrain.data.dataset import held_out_rows
 from mlptrain.data.loader import resident_splits, whole_split
-from mlptrain.errors import UserError
+from mlptrain.errors import OutOfMemory, UserError
 from mlptrain.nn import make_model
 from mlptrain.optim import make_optimizer
 from mlptrain.training.evaluation import Evaluator
@@ -91,10 +91,10 @@ def check_fits(config, backend, dataset) -> None:
     where = "GPU" if backend.name == "cuda" else "host"
     device_need = need.device + (need.host if backend.name != "cuda" else 0)
     if device_free is not None and device_need > HEADROOM * device_free:
-        raise UserError(f"{_too_much(device_need, device_free, where)}; "
+        raise OutOfMemory(f"{_too_much(device_need, device_free, where)}; "
                         f"{_what_fits(config, need, rows, device_need - HEADROOM * device_free, steps, device_need)}")
     if backend.name == "cuda" and host_free is not None and need.host > HEADROOM * host_free:
-        raise UserError(f"{_too_much(need.host, host_free, 'host')}; "
+        raise OutOfMemory(f"{_too_much(need.host, host_free, 'host')}; "
                         f"{_what_fits(config, need, rows, need.host - HEADROOM * host_free, steps, need.host)}")
 
 

@@ -270,3 +270,62 @@ def test_sigterm_stops_packed_worker_processes_and_queues_every_trial_again(tmp_
     trials = optuna.load_study(study_name="t", storage=journal(study_file)).get_trials()
     retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
     assert not [t for t in trials if t.state.name == "RUNNING"] and {t.number for t in running} <= retried
+
+
+def test_a_trial_without_room_beside_the_others_is_queued_again_and_the_pack_shrinks(tmp_path, tiny_mnist, trains,
+                                                                                   monkeypatch, capsys):
+    from mlptrain.errors import OutOfMemory
+    from mlptrain.training import session as sessions
+
+    real, built = sessions.check_fits, []
+
+    def third_does_not_fit(config, backend, dataset):
+        built.append(config.optim.lr)
+        if len(built) == 3:  # the third slot's first trial, beside two training ones
+            raise OutOfMemory("the run needs 9 GiB of GPU memory, 1 GiB is free")
+        real(config, backend, dataset)
+
+    monkeypatch.setattr(sessions, "check_fits", third_does_not_fit)
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004, 0.005]})
+    results = run_sweep(path, tmp_path / "runs", pack=3)
+    assert sorted(t["params"]["optim.lr"] for t in results["trials"] if t["state"] == "complete") == \
+        [0.001, 0.002, 0.003, 0.004, 0.005]
+    assert all(t["state"] == "complete" for t in results["trials"])  # the refused attempt is its retry's
+    assert "does not fit beside the trials this worker trains already" in capsys.readouterr().err
+
+
+def test_a_trial_that_does_not_fit_alone_fails_as_before(tmp_path, tiny_mnist, monkeypatch):
+    from mlptrain.errors import OutOfMemory
+    from mlptrain.training import session as sessions
+
+    def never_fits(config, backend, dataset):
+        raise OutOfMemory("the run needs 9 GiB of GPU memory, 1 GiB is free")
+
+    monkeypatch.setattr(sessions, "check_fits", never_fits)
+    results = run_sweep(write_sweep(tmp_path, {"optim.lr": [0.001, 0.002]}), tmp_path / "runs", pack=2)
+    assert [t["state"] for t in results["trials"]] == ["failed", "failed"]
+    assert all("1 GiB is free" in t["error"] for t in results["trials"])
+
+
+def test_a_seed_without_room_waits_for_a_slot_and_every_seed_runs(tmp_path, tiny_mnist, monkeypatch, capsys):
+    from mlptrain.config.load import config_from_dict
+    from mlptrain.errors import OutOfMemory
+    from mlptrain.seeds.runner import run_seeds
+    from mlptrain.training import session as sessions
+    from mlptrain.training.experiment import Resources
+
+    real, built = sessions.check_fits, []
+
+    def third_does_not_fit(config, backend, dataset):
+        built.append(config.seed)
+        if len(built) == 3:
+            raise OutOfMemory("the run needs 9 GiB of GPU memory, 1 GiB is free")
+        real(config, backend, dataset)
+
+    monkeypatch.setattr(sessions, "check_fits", third_does_not_fit)
+    config = config_from_dict({"backend": "cpu", "model": {"hidden": [16]}, "data": {"val_size": 100},
+                               "train": {"epochs": 1, "batch_size": 100, "eval_batch_size": 500}})
+    group, record = run_seeds(config, [0, 1, 2, 3], tmp_path, "g", "tiny", Resources(), pack=3)
+    assert record["seeds"] == [0, 1, 2, 3] and built == [0, 1, 2, 2, 3]  # seed 2 again, in a slot that stayed
+    assert sorted(p.name for p in group.glob("seed-*")) == ["seed-0", "seed-1", "seed-2", "seed-3"]
+    assert "seed 2 does not fit beside the seeds training already" in capsys.readouterr().err
