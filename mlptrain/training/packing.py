@@ -6,8 +6,8 @@ model's kernels leave most of a GPU idle, and those of several runs overlap ther
 Each run keeps the CUDA stream its backend made (a stream of its own: mlptrain.training.experiment.Resources
 `with_own_stream`). The thread's launch stream (mlptrain.backends.thread_stream) is switched to a run's before
 each of its steps, so each run's launches, copies and reads stay ordered on its stream and wait for nothing
-of the others'. No run's
-arithmetic depends on another's, so a run trained beside others gives the bits it gives alone.
+of the others'. No run's arithmetic depends on another's, so a run trained beside others gives the bits it
+gives alone.
 
 One thread, not a thread per run: runs in threads take turns on the interpreter at every launch, and a run
 here never waits for another's host work except in its turn.
