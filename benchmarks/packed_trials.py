@@ -26,7 +26,9 @@ first (which compiles and captures), and the host's share: the seconds spent que
 `--sweeps ';--pack 16;--workers 16'` measures whole `mlptrain sweep` commands instead: the job's K trials
 (its learning rates x as many seeds as needed) for --epochs each, one sweep per set of flags, each timed from
 its start to its exit; every trial must complete once, and each trial's metrics must be the same bits in
-every sweep.
+every sweep. `--peer-workers 1,4` adds the same number of trials in PyTorch + Optuna with that many processes
+on the GPU (benchmarks/sweep_peer.py: the MLP's step in one CUDA graph, the autoencoder channels_last), timed
+the same way; its trials differ in seed only, each as costly as ours.
 """
 
 from __future__ import annotations
@@ -289,13 +291,31 @@ def sweep_wall(args, flags: list[str], folder: Path) -> dict:
             "trials_wall_s": trained, "metrics": metrics}
 
 
+def peer_wall(args, workers: int, folder: Path) -> dict:
+    """The same number of trials as a PyTorch user sweeps them (benchmarks/sweep_peer.py: Optuna, `workers`
+    processes on the GPU, the MLP's whole step in one CUDA graph, the autoencoder channels_last with cuDNN
+    autotuning), timed as a whole process; it exits 1 unless every trial ran once and learned."""
+    command = [sys.executable, str(Path(__file__).resolve().parent / "sweep_peer.py"), "--job", SWEEP_BASE[args.job],
+               "--trials", str(args.trials), "--epochs", str(args.epochs), "--workers", str(workers), "--data",
+               os.environ["MLPTRAIN_DATA_DIR"], "--study", str(folder / f"peer-{workers}.journal")]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    if done.returncode:
+        raise SystemExit(f"WRONG RESULT: the PyTorch peer with {workers} workers: {done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"flags": f"PyTorch + Optuna, {workers} process{'es' if workers > 1 else ''}", "wall_s": wall,
+            "trials": args.trials, "trials_wall_s": result["train_s"], "metrics": None}
+
+
 def sweeps(args) -> None:
-    """The sweeps of --sweeps, one after another, then their table; a trial's metrics must be the same bits in
-    each (a packed trial trains as it does alone)."""
+    """The sweeps of --sweeps, one after another, then the peer's (--peer-workers), then their table; a trial's
+    metrics must be the same bits in each of ours (a packed trial trains as it does alone)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         rows = [sweep_wall(args, flags.split(), Path(folder)) for flags in args.sweeps]
+        peers = [peer_wall(args, workers, Path(folder)) for workers in args.peer_workers]
     first = rows[0]["metrics"]
     wrong = [row["flags"] for row in rows if row["metrics"] != first]
     if wrong:
@@ -303,6 +323,7 @@ def sweeps(args) -> None:
     print(f"\n{args.job}: {rows[0]['trials']} trials x {args.epochs} epochs, whole `mlptrain sweep` processes")
     print("| sweep | wall s | trials per hour | x the first | trials' own wall_s, summed |")
     print("| --- | --- | --- | --- | --- |")
+    rows += peers
     for row in rows:
         print(f"| {row['flags']} | {row['wall_s']:.1f} | {3600 * row['trials'] / row['wall_s']:,.0f} | "
               f"{rows[0]['wall_s'] / row['wall_s']:.2f} | {row['trials_wall_s']:.1f} |")
@@ -337,6 +358,9 @@ def main() -> None:
     parser.add_argument("--connections", type=lambda s: [int(c) for c in s.split(",")], default=[8, 32])
     parser.add_argument("--sweeps", type=lambda s: s.split(";"), help="instead of the modes: whole `mlptrain sweep` "
                         "processes, one per ';'-separated set of flags ('' for one worker), e.g. ';--pack 16'")
+    parser.add_argument("--peer-workers", type=lambda s: [int(w) for w in s.split(",") if w], default=[],
+                        help="with --sweeps: the same trials in PyTorch + Optuna (benchmarks/sweep_peer.py) with "
+                        "these numbers of processes, e.g. 1,4")
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

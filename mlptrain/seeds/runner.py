@@ -18,14 +18,14 @@ from pathlib import Path
 
 from mlptrain.config.load import config_to_dict
 from mlptrain.config.schema import INT64_MAX, Config
-from mlptrain.errors import OutOfMemory, UserError
+from mlptrain.errors import UserError
 from mlptrain.run_dirs.folders import create_run_dir
 from mlptrain.run_dirs.records import write_json
 from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run, whole_or_removed
 from mlptrain.training.loop import training
-from mlptrain.training.packing import finish, side_by_side
+from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
@@ -72,7 +72,7 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
             try:
                 summaries[seed] = yield from _seed_run(config, seed, i, seeds, runs_dir, name, stem, view, group,
                                                        stop, pack == 1, give_way)
-            except _NoRoom as err:  # another slot takes it once one of the seeds beside it has finished
+            except NoRoom as err:  # another slot takes it once one of the seeds beside it has finished
                 queue.appendleft((i, seed))
                 console.print(f"[yellow]warning:[/] seed {seed} does not fit beside the seeds training already "
                               f"({err}); it waits for one of them, and one seed fewer trains at once",
@@ -88,22 +88,13 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     return group[0], record
 
 
-class _NoRoom(Exception):
-    """A seed that does not fit beside the seeds training already, in a slot that gives way."""
-
-
 def _seed_run(config: Config, seed: int, i: int, seeds: list[int], runs_dir: Path, name: str | None, stem: str,
               resources: Resources, group: list, stop, progress: bool, give_way: bool):
     """One seed's run as training steps (mlptrain.training.loop.training); the first to start makes the group's
-    folder and plan (`group`, a list that then holds the folder). `give_way`: a seed refused for memory
-    (OutOfMemory, before anything is allocated or written) raises _NoRoom instead."""
+    folder and plan (`group`, a list that then holds the folder). `give_way`: as packing.room_for's."""
     seeded = dataclasses.replace(config, seed=seed)
-    try:
+    with room_for(give_way):
         session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
-    except OutOfMemory as err:
-        if give_way:
-            raise _NoRoom(str(err)) from None
-        raise
     if not group:
         group.append(create_run_dir(runs_dir, name, stem))
         write_json(group[0] / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})

@@ -26,7 +26,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from mlptrain.errors import OutOfMemory, TrainingInterrupted, UserError
+from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
 from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
@@ -34,7 +34,7 @@ from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import training
-from mlptrain.training.packing import finish, side_by_side
+from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
@@ -113,9 +113,8 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
     running: when one of those workers dies, its trial is queued again and taken here. A generator: it yields
     after queueing each optimizer step, so that several of them advanced in turn from one thread train their
     trials side by side (mlptrain.training.packing; such a slot does not wait for others, whose polling would
-    hold up the rest). A worker started by
-    this machine's sweep command does not wait: that parent sees its children end and queues a dead one's
-    trial again itself (mlptrain.sweep.workers). `stop` (with a `signum`, read after every optimizer step):
+    hold up the rest). A worker started by this machine's sweep command does not wait: that parent sees its
+    children end and queues a dead one's trial again itself (mlptrain.sweep.workers). `stop` (with a `signum`, read after every optimizer step):
     once set, the running trial is queued again and no other is taken (a sweep's trial threads stop this
     way, mlptrain.sweep.threads). `progress`: a progress bar while a trial trains. `give_way`: a trial that
     does not fit in the memory left (OutOfMemory, before it allocates) is queued again and this worker ends,
@@ -128,7 +127,7 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
         if claimed is not None:
             try:
                 yield from _run_trial(study, storage, *claimed, sweep, sweep_dir, resources, stop, progress, give_way)
-            except _NoRoom:
+            except NoRoom:
                 return
             if on_trial_end is not None:
                 on_trial_end()
@@ -163,10 +162,6 @@ class _Attempt:
     last: dict = field(default_factory=dict)  # the latest evaluation record
 
 
-class _NoRoom(Exception):
-    """A packed slot's trial did not fit beside the others (work_steps' `give_way`): it is queued again."""
-
-
 def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources,
                stop=None, progress: bool = True, give_way: bool = False) -> None:
     attempt = _Attempt(sweep.suggest(trial))
@@ -183,7 +178,7 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
              progress: bool, give_way: bool = False) -> None:
     with _Heartbeat(storage, trial_id):
         try:
-            summary = yield from _train(trial, attempt, sweep, sweep_dir, resources, stop, progress)
+            summary = yield from _train(trial, attempt, sweep, sweep_dir, resources, stop, progress, give_way)
         except optuna.TrialPruned as pruned:
             console.print(f"trial {trial.number}: {pruned}")
             _tell(study, trial, TrialState.PRUNED, attempt, attempt.last)
@@ -196,37 +191,29 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
             _requeue(study, storage.get_trial(trial_id))
             _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
             console.print(f"trial {trial.number}: stopped; queued again")
-        except OutOfMemory as err:
-            if not give_way or attempt.run_dir is not None:
-                _failed(study, trial, attempt, err)
-                return
+        except NoRoom as err:
             _requeue(study, storage.get_trial(trial_id))
             _tell(study, trial, TrialState.FAIL, attempt, attempt.last)
             console.print(f"[yellow]warning:[/] trial {trial.number} does not fit beside the trials this worker "
                           f"trains already ({err}); queued again, and this worker trains one trial fewer at once",
                           highlight=False)
-            raise _NoRoom from None
+            raise
         except Exception as err:  # the trial failed, the sweep goes on
-            _failed(study, trial, attempt, err)
+            error = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+            if not isinstance(err, UserError):
+                console.print_exception(max_frames=8)
+            console.print(f"[bold red]trial {trial.number} failed:[/] {error}", highlight=False)
+            _tell(study, trial, TrialState.FAIL, attempt, attempt.last, error=error)
         else:
             value = summary[sweep.metric]
             console.print(f"trial {trial.number}: {sweep.metric} {format_metric(value)}")
             _tell(study, trial, TrialState.COMPLETE, attempt, summary, value=value)
 
 
-def _failed(study, trial, attempt: _Attempt, err: Exception) -> None:
-    """The trial failed (a UserError as its line, anything else with its traceback); the sweep goes on."""
-    error = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-    if not isinstance(err, UserError):
-        console.print_exception(max_frames=8)
-    console.print(f"[bold red]trial {trial.number} failed:[/] {error}", highlight=False)
-    _tell(study, trial, TrialState.FAIL, attempt, attempt.last, error=error)
-
-
 def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources, stop,
-           progress: bool) -> dict:
+           progress: bool, give_way: bool = False) -> dict:
     attempt.config = sweep.trial_config(attempt.params, "its config")
-    with resources.allocating():  # refusals before the folder
+    with resources.allocating(), room_for(give_way):  # refusals before the folder
         session = build_session(attempt.config, *resources.prepare(attempt.config))
     attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial",
                                  suffix_on_clash=True, dataset=session.dataset, backend=session.backend.name)

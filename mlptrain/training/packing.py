@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Generator, Iterable
+from contextlib import contextmanager
 
 from mlptrain.backends.thread_stream import launch_stream, use_launch_stream
-from mlptrain.errors import UserError
+from mlptrain.errors import OutOfMemory, UserError
 
 MAX_PACK = 64  # runs side by side in one thread: past the GPU's gain, each adds only its memory
 
@@ -28,6 +29,24 @@ def check_pack(pack: int) -> None:
     """`--pack K`: raises UserError unless 1 <= K <= MAX_PACK."""
     if not 1 <= pack <= MAX_PACK:
         raise UserError(f"--pack {pack}: must be in [1, {MAX_PACK}]")
+
+
+class NoRoom(Exception):
+    """A run that does not fit in the memory left beside the runs training already, where its slot gives way
+    (`room_for`): its trial or seed goes back to the queue, for a slot that stays, and this slot ends."""
+
+
+@contextmanager
+def room_for(give_way: bool):
+    """Around building a run's session: its OutOfMemory refusal (made before anything is allocated or written)
+    becomes NoRoom where `give_way` (a packed worker's second and later slots); alone, it stays the run's
+    failure."""
+    try:
+        yield
+    except OutOfMemory as err:
+        if give_way:
+            raise NoRoom(str(err)) from None
+        raise
 
 
 class Period:
@@ -61,9 +80,6 @@ class _Run:
     def __init__(self, steps: Generator):
         self.steps, self.stream, self.mark, self.hold, self.spread = steps, launch_stream(), None, 0, False
 
-    def ready(self) -> bool:
-        return self.hold == 0 and (self.mark is None or self.mark.done())
-
     def yielded(self, value, index: int, runs: int) -> None:
         """Take what the run's step yielded: a mark to wait for, or its Period (the first one spreads it)."""
         self.mark = None
@@ -85,12 +101,17 @@ def side_by_side(runs: Iterable[Generator], stop=None) -> list:
     results, errors = [None] * len(active), []
     count = len(active)
     while active:
-        held = [run for run in active.values() if run.hold]
-        if len(held) < len(active) and not any(run.ready() for run in active.values()):
-            next(run for run in active.values() if not run.hold).mark.wait()
+        stepped, waiting = False, None
         for i, run in list(active.items()):
-            if i not in active or not run.ready():  # closed this round, after another's error; or waiting
+            if i not in active:  # closed this round, after another's error
                 continue
+            if run.hold:  # its start spread (Period): it sits out whole rounds of the others
+                run.hold -= 1
+                continue
+            if run.mark is not None and not run.mark.done():
+                waiting = waiting or run
+                continue
+            stepped = True
             use_launch_stream(run.stream)
             try:
                 run.yielded(next(run.steps), i, count)
@@ -108,8 +129,8 @@ def side_by_side(runs: Iterable[Generator], stop=None) -> list:
                     active.clear()
             else:
                 run.stream = launch_stream()  # the stream its backend made (or switched to) this step
-        for run in held:  # a held run sits out whole rounds of the others
-            run.hold -= 1
+        if not stepped and waiting is not None:  # every run waits for the device: so does the host
+            waiting.mark.wait()
     if errors:
         raise errors[0]
     return results

@@ -19,11 +19,11 @@ import pytest
 import typer
 
 from mlptrain.errors import UserError
-from mlptrain.sweep import claims, engine, threads
+from mlptrain.sweep import claims, engine
 from mlptrain.training.packing import Period, finish, side_by_side
 from tests.cli.test_cli import REPO
 from tests.sweep.test_claims import journal, sweep_file
-from tests.sweep.test_sweep import FAST, run_sweep, study_trials, write_sweep
+from tests.sweep.test_sweep import run_sweep, study_trials, write_sweep
 from tests.sweep.test_threads import LEARNED
 
 GRID = {"optim.lr": [0.001, 0.003], "seed": [0, 1]}  # 4 trials differing in lr and seed
@@ -198,18 +198,6 @@ def test_ctrl_c_queues_every_packed_trial_again_and_a_rerun_finishes_them(tmp_pa
     results = run_sweep(path, tmp_path / "runs", pack=3)
     done = [t["params"]["optim.lr"] for t in results["trials"] if t["state"] == "complete"]
     assert sorted(done) == [0.001, 0.002, 0.003, 0.004]
-
-
-def test_worker_threads_each_pack_their_trials_and_run_each_once(tmp_path, tiny_mnist, trains, monkeypatch):
-    monkeypatch.setattr(threads, "thread_gpus", lambda backend: 2)  # as on a machine with two GPUs
-    from mlptrain.cli.sweep import sweep
-
-    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004, 0.005], "seed": [0, 1]})
-    sweep(str(path), FAST, tmp_path / "runs", "s", None, 2, False, 3)
-    results = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
-    assert [t["state"] for t in results["trials"]] == ["complete"] * 10
-    assert sorted((c.optim.lr, c.seed) for c in trains) == sorted(
-        (lr, seed) for lr in (0.001, 0.002, 0.003, 0.004, 0.005) for seed in (0, 1))
 
 
 def test_pack_is_checked(tmp_path, tiny_mnist):

@@ -126,12 +126,13 @@ def test_threads_only_on_a_real_gpu(monkeypatch):
     assert threads.thread_gpus("auto") == 0
 
 
-def test_a_threaded_sweep_runs_every_trial_exactly_once(tmp_path, tiny_mnist, trains, monkeypatch):
+@pytest.mark.parametrize("workers, pack", [(3, 1), (2, 3)])  # (2, 3): each thread trains 3 at once (--pack)
+def test_a_threaded_sweep_runs_every_trial_exactly_once(tmp_path, tiny_mnist, trains, monkeypatch, workers, pack):
     monkeypatch.setattr(threads, "thread_gpus", lambda backend: 2)  # as on a machine with two GPUs
     from mlptrain.cli.sweep import sweep
 
     path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004, 0.005], "seed": [0, 1]})
-    sweep(str(path), FAST, tmp_path / "runs", "s", None, 3, False, 1)
+    sweep(str(path), FAST, tmp_path / "runs", "s", None, workers, False, pack)
     results = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
     assert [t["state"] for t in results["trials"]] == ["complete"] * 10
     assert len(trains) == 10

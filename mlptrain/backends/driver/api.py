@@ -148,13 +148,8 @@ class Event:
 
 
 def _destroy_event(event, context) -> None:
-    """As `free`: from any thread, the event's context made current for the call."""
-    if cu.cuCtxPushCurrent(context)[0] != cu.CUresult.CUDA_SUCCESS:
-        return
-    try:
-        cu.cuEventDestroy(event)
-    finally:
-        cu.cuCtxPopCurrent()
+    """As `free`: from any thread, with the event's context."""
+    _in_context(context, cu.cuEventDestroy, event)
 
 
 def highest_priority() -> int:
@@ -190,10 +185,16 @@ def free(pointer: int, context) -> None:
     """Free `pointer` in `context`: a garbage collection may run this in any thread, current on another GPU.
     A free the driver refuses (its context gone bad after an earlier error) leaves the block to the driver,
     which frees it with the process, rather than print a traceback from the collector."""
+    _in_context(context, cu.cuMemFree, pointer)
+
+
+def _in_context(context, call, *args) -> None:
+    """`call(*args)` with `context` current for it in this thread (whichever was current before comes back);
+    nothing where the context cannot be made current (gone bad after an earlier error)."""
     if cu.cuCtxPushCurrent(context)[0] != cu.CUresult.CUDA_SUCCESS:
         return
     try:
-        cu.cuMemFree(pointer)
+        call(*args)
     finally:
         cu.cuCtxPopCurrent()
 
