@@ -116,6 +116,33 @@ def row_slices_of_a_larger_buffer(be, rng, activation):
     assert np.isnan(y[6:]).all()  # rows past the slice untouched
 
 
+def layer_trials(be, rng, trials, shape, activation, beta, dtype=np.float32):
+    """One launch per pass of a layer's three GEMMs over a leading trial axis: each trial's outputs against
+    the float64 references of its own operands; returns (inputs, outputs) as host arrays, per trial."""
+    m, k, n = shape
+    (x, xv), (w, wv), (b, bv), (dy, dyv) = (stored(random(rng, trials, *s), dtype)
+                                            for s in ((m, k), (k, n), (n,), (m, n)))
+    h, hv = stored(hidden_output(rng, (trials, m, k), activation), dtype)
+    old = random(rng, trials, k, n)
+    y, dx = be.poisoned((trials, m, n), dtype=dtype), be.poisoned((trials, m, k), dtype=dtype)
+    dw = be.poisoned((trials, k, n)) if beta == 0.0 else be.to_device(old)
+    gemm = be.kernels.gemm
+    gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation)
+    gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
+    gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta)
+    outputs = [to_float32(be.to_host(a)) for a in (y, dx)] + [be.to_host(dw)]
+    for t in range(trials):
+        rounding = 2 * ref.rounding_tolerance(dtype, np.abs(xv[t].astype(np.float64)) @ np.abs(wv[t]) + np.abs(bv[t]))
+        ref.assert_within(outputs[0][t], ref.linear_forward(xv[t], wv[t], bv[t], activation),
+                          ref.product_tolerance(xv[t], wv[t], bv[t]) + rounding)
+        rounding = 2 * ref.rounding_tolerance(dtype, np.abs(dyv[t].astype(np.float64)) @ np.abs(wv[t].T))
+        ref.assert_within(outputs[1][t], ref.linear_backward_input(dyv[t], wv[t], hv[t], activation),
+                          ref.product_tolerance(dyv[t], wv[t].T) + rounding)
+        ref.assert_within(outputs[2][t], ref.linear_backward_weight(xv[t], dyv[t], old[t], beta),
+                          ref.product_tolerance(xv[t].T, dyv[t], extra=old[t]))
+    return (x, w, b, dy, h, old), outputs
+
+
 def check_layer(inputs, outputs, forward_activation, backward_activation, beta):
     """The three GEMMs of one layer, (y, dx, dw) from x, w, b, dy, h and the old dw."""
     x, w, b, dy, h, old = inputs

@@ -15,13 +15,17 @@ Each is one tile product of tiles.py: the forward and the input gradient are one
 that differs in how w is read and in the epilogue; the weight gradient writes its sums itself, or
 with a workspace splits a long batch across blocks into partials that chunks.py adds in chunk order.
 No atomics: a fixed summation order, bitwise-reproducible results.
+
+Packed trials (several models of one architecture trained at once) pass every operand with a leading
+trial axis: one launch, block z computing trial z's tile of its own operands; the tile is chosen for all
+the trials' blocks together, so a small layer gets the large tiles a big one would.
 """
 
 import functools
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
-from mlptrain.backends.numba_kernels import streams
+from mlptrain.backends.numba_kernels import gemm_tf32, streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -33,28 +37,59 @@ from mlptrain.backends.numba_kernels.tiles import (
     make_epilogues,
     make_tile_product,
     pick_tile,
-    tile_coords,
     tile_layout,
 )
+
+# The engines a launch can sum its products with: "fma", float32 FMAs on CUDA cores (every storage format;
+# tiles.py), or "tf32x3", float32 operands on tensor cores at float32 accuracy (gemm_tf32.py), one tile.
+ENGINES = ("fma", "tf32x3")
+TF32_TILE = (64, 64, 2, 2, 16)
+
+
+def engine_parts(engine, tile, load):
+    """(make the tile product of two operands, the Layout of its threads) of an engine's tile."""
+    if engine == "tf32x3":
+        return functools.partial(gemm_tf32.make_tile_product, tile), gemm_tf32.layout(tile)
+    return functools.partial(make_tile_product, tile), tile_layout(tile)
+
+
+def engine_launch(engine, M, N, trials, lead):
+    """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`)."""
+    if engine == "tf32x3":
+        BM, BN = TF32_TILE[:2]
+        grid = (-(-N // BN), -(-M // BM))
+        return TF32_TILE, ((*grid, trials) if lead else grid), gemm_tf32.tile_shape(TF32_TILE)[6]
+    tile = TILES[pick_tile(M, N, trials)][0]
+    return (tile, *launch_grid(M, N, tile, trials if lead else None))
+
+
+def check_engine(engine, dtype):
+    if engine not in ENGINES:
+        raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
+    if engine == "tf32x3" and str(dtype) != "float32":
+        raise ValueError(f"the tf32x3 engine takes float32 operands, got {dtype}")
 
 # --- forward y = act(x @ w + b) and backward input dx = (dy @ w.T) * act'(h) --------
 
 @functools.cache
-def make_linear_rows(tile, dtype, backward, **jit_options):
+def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", **jit_options):
     """The kernel (a, w, other, out, activation) of a pass whose output rows are the batch's:
     forward (backward False): out = act(a @ w + other), a = x (M, K), other = b;
-    backward input: out = (a @ w.T) * act'(other), a = dy (M, N), other = h, w read N-major."""
-    BM, BN, TM, TN, _, _ = tile_coords(tile)
+    backward input: out = (a @ w.T) * act'(other), a = dy (M, N), other = h, w read N-major.
+    With `trials`, every argument has a leading trial axis and block z computes trial z's."""
+    BM, BN = tile[:2]
     load, store = codec(dtype)
-    tile_product = make_tile_product(tile, dense_operand(load, True), dense_operand(load, backward))
-    bias_activation, activation_grad = make_epilogues(tile_layout(tile), load, store)
+    make_product, layout = engine_parts(engine, tile, load)
+    TM, TN = layout.TM, layout.TN
+    tile_product = make_product(dense_operand(load, True), dense_operand(load, backward))
+    bias_activation, activation_grad = make_epilogues(layout, load, store)
     epilogue = activation_grad if backward else bias_activation
 
     # Block (by, bx) owns out[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of a's columns, group 0 adds them in order and each of its
     # threads writes its own TM x TN outputs through the epilogue. No atomics.
-    @kernel_cache.jit(**jit_options)
-    def linear_rows_kernel(a, w, other, out, activation):
+    @kernel_cache.device
+    def rows_tile(a, w, other, out, activation):
         M, summed = a.shape
         N = out.shape[1]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
@@ -62,60 +97,87 @@ def make_linear_rows(tile, dtype, backward, **jit_options):
         if tile_product(a, w, acc, m0, n0, M, N, 0, summed):
             epilogue(acc, other, out, m0, n0, M, N, activation)
 
+    if trials:
+        @kernel_cache.jit(**jit_options)
+        def trial_rows_kernel(a, w, other, out, activation):
+            z = cuda.blockIdx.z
+            rows_tile(a[z], w[z], other[z], out[z], activation)
+
+        return trial_rows_kernel
+
+    @kernel_cache.jit(**jit_options)
+    def linear_rows_kernel(a, w, other, out, activation):
+        rows_tile(a, w, other, out, activation)
+
     return linear_rows_kernel
 
 
-def linear_forward(x, w, b, y, activation):
-    """y = act(x @ w + b), all four in one storage format."""
-    require_one_of("x", x, STORAGE_DTYPES, (None, None))
-    M, K = x.shape
-    require("w", w, x.dtype, (K, None))
-    N = w.shape[1]
-    require("b", b, x.dtype, (N,))
-    require("y", y, x.dtype, (M, N))
+def trial_axis(array):
+    """(T,) for an array with a leading trial axis (3-D where a layer's operand is 2-D), else ().
+    Shapes are read as tuples: the simulator's own shape object takes no negative index."""
+    return tuple(array.shape[:1]) if len(array.shape) == 3 else ()
+
+
+def linear_forward(x, w, b, y, activation, engine="fma"):
+    """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a leading
+    trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
+    each from its own operands in the order a launch of its own would use with the same tile."""
+    lead = trial_axis(x)
+    require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
+    M, K = tuple(x.shape)[-2:]
+    require("w", w, x.dtype, (*lead, K, None))
+    N = tuple(w.shape)[-1]
+    require("b", b, x.dtype, (*lead, N))
+    require("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
-    if M == 0 or N == 0:
-        return
-    tile = TILES[pick_tile(M, N)][0]
-    grid, threads = launch_grid(M, N, tile)
-    make_linear_rows(tile, x.dtype, False)[grid, threads, streams.current()](x, w, b, y, activation)
+    check_engine(engine, x.dtype)
+    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine)
 
 
-def linear_backward_input(dy, w, h, dx, activation):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input.
 
     All four share one storage format. With activation NONE, h is not read
-    (pass dx or any (M, K) array of that format).
+    (pass dx or any (M, K) array of that format). A leading trial axis on all
+    four as in linear_forward.
     """
-    require_one_of("dy", dy, STORAGE_DTYPES, (None, None))
-    M, N = dy.shape
-    require("w", w, dy.dtype, (None, N))
-    K = w.shape[0]
-    require("h", h, dy.dtype, (M, K))
-    require("dx", dx, dy.dtype, (M, K))
+    lead = trial_axis(dy)
+    require_one_of("dy", dy, STORAGE_DTYPES, (*lead, None, None))
+    M, N = tuple(dy.shape)[-2:]
+    require("w", w, dy.dtype, (*lead, None, N))
+    K = tuple(w.shape)[-2]
+    require("h", h, dy.dtype, (*lead, M, K))
+    require("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
-    if M == 0 or K == 0:
+    check_engine(engine, dy.dtype)
+    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine)
+
+
+def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine):
+    trials = lead[0] if lead else 1
+    if M == 0 or N == 0 or trials == 0:
         return
-    tile = TILES[pick_tile(M, K)][0]
-    grid, threads = launch_grid(M, K, tile)
-    make_linear_rows(tile, dy.dtype, True)[grid, threads, streams.current()](dy, w, h, dx, activation)
+    tile, grid, threads = engine_launch(engine, M, N, trials, lead)
+    make_linear_rows(tile, a.dtype, backward, bool(lead), engine)[grid, threads, streams.current()](
+        a, w, other, out, activation)
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
 
 @functools.cache
-def make_linear_backward_weight(tile, dtype, **jit_options):
-    BM, BN, TM, TN, _, _ = tile_coords(tile)
+def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", **jit_options):
+    BM, BN = tile[:2]
     load, _ = codec(dtype)
-    tile_product = make_tile_product(tile, dense_operand(load, False), dense_operand(load, False))
-    _, _, row_of, col_of = tile_layout(tile)
+    make_product, layout = engine_parts(engine, tile, load)
+    TM, TN, row_of, col_of = layout
+    tile_product = make_product(dense_operand(load, False), dense_operand(load, False))
 
     # Block (by, bx) owns dw[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
     # their shares of the batch, group 0 adds them in order and each of its
     # threads writes its own TM x TN weights. No atomics; beta == 0 never
     # reads dw (it may hold garbage).
-    @kernel_cache.jit(**jit_options)
-    def linear_backward_weight_kernel(x, dy, dw, beta):
+    @kernel_cache.device
+    def weight_tile(x, dy, dw, beta):
         B, K = x.shape
         N = dy.shape[1]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
@@ -132,6 +194,18 @@ def make_linear_backward_weight(tile, dtype, **jit_options):
                     else:
                         dw[k, n] = beta * dw[k, n] + acc[i, j]
 
+    if trials:
+        @kernel_cache.jit(**jit_options)
+        def trial_weight_kernel(x, dy, dw, beta):
+            z = cuda.blockIdx.z
+            weight_tile(x[z], dy[z], dw[z], beta)
+
+        return trial_weight_kernel
+
+    @kernel_cache.jit(**jit_options)
+    def linear_backward_weight_kernel(x, dy, dw, beta):
+        weight_tile(x, dy, dw, beta)
+
     return linear_backward_weight_kernel
 
 
@@ -142,40 +216,56 @@ def _make_linear_weight_partials(tile, dtype):
     return make_weight_partials(product, tile_layout(tile), tile[:2])
 
 
-def linear_backward_weight_workspace(batch, inputs, outputs):
+def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
     """float32 elements of workspace linear_backward_weight can use for x (batch, inputs) and dy
-    (batch, outputs): 0 where one block per output tile already fills the GPU. Never smaller for a
-    smaller batch, so one workspace sized for the largest batch serves all."""
+    (batch, outputs): 0 where one block per output tile already fills the GPU, and for a trial-axis
+    launch (`trials` given), whose trials' blocks fill it instead. Never smaller for a smaller batch,
+    so one workspace sized for the largest batch serves all."""
+    if trials is not None:
+        return 0
     tile = TILES[pick_tile(inputs, outputs)][0]
     grid, _ = launch_grid(inputs, outputs, tile)
     _, _, most = chunk_plan(batch, inputs, outputs, tile)
     return most * inputs * outputs if most > 1 and grid[0] * grid[1] < SPLIT_BELOW else 0
 
 
-def linear_variants(rows, inputs, outputs, workspace=True):
+def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     """The kernel each pass of an (inputs -> outputs) dense layer over `rows` samples runs, for the run's
     record: the tile of the forward, input gradient and weight gradient (`+chunks` where the weight
-    gradient sums the batch in chunks, given a workspace)."""
-    tile = TILES[pick_tile(inputs, outputs)][0]
+    gradient sums the batch in chunks, given a workspace; `+trials` for a trial-axis launch)."""
+    count = 1 if trials is None else trials
+    tile = TILES[pick_tile(inputs, outputs, count)][0]
     grid, _ = launch_grid(inputs, outputs, tile)
-    chunked = workspace and grid[0] * grid[1] < SPLIT_BELOW and chunk_plan(rows, inputs, outputs, tile)[1] > 1
-    return {"forward": f"tiled/{pick_tile(rows, outputs)}", "backward_input": f"tiled/{pick_tile(rows, inputs)}",
-            "backward_weight": f"tiled/{pick_tile(inputs, outputs)}{'+chunks' if chunked else ''}"}
+    chunked = (trials is None and workspace and grid[0] * grid[1] < SPLIT_BELOW
+               and chunk_plan(rows, inputs, outputs, tile)[1] > 1)
+    suffix = "" if trials is None else "+trials"
+    return {"forward": f"tiled/{pick_tile(rows, outputs, count)}{suffix}",
+            "backward_input": f"tiled/{pick_tile(rows, inputs, count)}{suffix}",
+            "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
 
 
-def linear_backward_weight(x, dy, dw, beta, workspace=None):
+def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); x and dy in one storage
     format, dw float32 (gradients are accumulated in float32 whatever the precision). With a float32
     workspace of `linear_backward_weight_workspace(...)` elements, a long batch is summed in chunks
-    by more blocks (see CHUNK_BLOCKS)."""
-    require_one_of("x", x, STORAGE_DTYPES, (None, None))
-    B, K = x.shape
-    require("dy", dy, x.dtype, (B, None))
-    N = dy.shape[1]
-    require("dw", dw, "float32", (K, N))
+    by more blocks (see CHUNK_BLOCKS). With a leading trial axis (x (T, B, K), dy (T, B, N), dw
+    (T, K, N)) one launch computes the T trials' gradients, each summed inside its blocks (no workspace),
+    as the tf32x3 engine sums every gradient."""
+    lead = trial_axis(x)
+    require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
+    B, K = tuple(x.shape)[-2:]
+    require("dy", dy, x.dtype, (*lead, B, None))
+    N = tuple(dy.shape)[-1]
+    require("dw", dw, "float32", (*lead, K, N))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    if K == 0 or N == 0:
+    check_engine(engine, x.dtype)
+    if K == 0 or N == 0 or (lead and lead[0] == 0):
+        return
+    if lead or engine != "fma":
+        tile, grid, threads = engine_launch(engine, K, N, lead[0] if lead else 1, lead)
+        make_linear_backward_weight(tile, x.dtype, bool(lead), engine)[grid, threads, streams.current()](
+            x, dy, dw, float32(beta))
         return
     tile = TILES[pick_tile(K, N)][0]
     grid, threads = launch_grid(K, N, tile)

@@ -241,17 +241,20 @@ def make_tile_product(tile, a_operand, b_operand):
     return tile_product
 
 
-def launch_grid(M, N, tile):
+def launch_grid(M, N, tile, trials=None):
+    """(grid, threads) of an M x N output in tiles; with `trials`, a third grid axis of that many outputs (a
+    trial-axis launch: block z computes trial z's)."""
     BM, BN, _, TM, TN, KSPLIT = tile
-    return (math.ceil(N / BN), math.ceil(M / BM)), (BM // TM) * (BN // TN) * KSPLIT
+    grid = (math.ceil(N / BN), math.ceil(M / BM))
+    return (grid if trials is None else (*grid, trials)), (BM // TM) * (BN // TN) * KSPLIT
 
 
-def pick_tile(M, N):
-    """The name of the first tile in TILES whose grid for an M x N output
+def pick_tile(M, N, trials=1):
+    """The name of the first tile in TILES whose grid for `trials` M x N outputs
     has at least that tile's minimum number of blocks."""
     for name, (tile, min_blocks) in TILES.items():
         grid, _ = launch_grid(M, N, tile)
-        if grid[0] * grid[1] >= min_blocks:
+        if grid[0] * grid[1] * trials >= min_blocks:
             return name
     return name
 

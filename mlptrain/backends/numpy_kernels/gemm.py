@@ -3,7 +3,8 @@
 Layout: x (M, K) row-major activations, w (K, N) weights, b (N,), y (M, N).
 Activations and weights share one storage format (float32, float16, or bf16 in
 uint16); products are computed in float32 and rounded to the format once, as
-the CUDA kernels do. Weight gradients are float32.
+the CUDA kernels do. Weight gradients are float32. Every operand may carry a leading trial axis
+(x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)), as the CUDA launchers take it: np.matmul batches it.
 """
 
 import numpy as np
@@ -29,6 +30,16 @@ def _apply_activation(y, activation):
         raise ValueError(f"unknown activation code {activation}")
 
 
+def _transposed(matrix):
+    """The last two axes swapped: a layer's matrix, or each trial's."""
+    return np.swapaxes(matrix, -1, -2)
+
+
+def _bias(b):
+    """b broadcast over each trial's rows."""
+    return b[..., None, :]
+
+
 def _activation_grad(h, activation):
     """d act / d z expressed through the activation's output h."""
     if activation == RELU:
@@ -44,12 +55,12 @@ def linear_forward(x, w, b, y, activation):
     """y = act(x @ w + b)."""
     if y.dtype not in LOW_PRECISION:
         np.matmul(x, w, out=y)
-        y += b
+        y += _bias(b)
         _apply_activation(y, activation)
         return
     with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
         z = to_float32(x) @ to_float32(w)
-        z += to_float32(b)
+        z += _bias(to_float32(b))
     if activation in (TANH, SIGMOID):  # the CUDA kernel rounds z before the squash: so do we
         z = round_to_storage(z, y.dtype)
     _apply_activation(z, activation)
@@ -59,23 +70,23 @@ def linear_forward(x, w, b, y, activation):
 def linear_backward_input(dy, w, h, dx, activation):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
     if dx.dtype not in LOW_PRECISION:
-        np.matmul(dy, w.T, out=dx)
+        np.matmul(dy, _transposed(w), out=dx)
         if activation != NONE:
             dx *= _activation_grad(h, activation)
         return
     with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
-        grad = to_float32(dy) @ to_float32(w).T
+        grad = to_float32(dy) @ _transposed(to_float32(w))
     if activation != NONE:  # the CUDA kernel rounds the product before the activation's derivative
         grad = round_to_storage(grad, dx.dtype) * _activation_grad(to_float32(h), activation)
     dx[...] = from_float32(grad, dx.dtype)
 
 
-def linear_backward_weight_workspace(batch, inputs, outputs):
+def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
     """The NumPy twin sums through BLAS and needs no workspace: 0 elements."""
     return 0
 
 
-def linear_variants(rows, inputs, outputs, workspace=True):
+def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     """Every pass runs through NumPy's BLAS here."""
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
 
@@ -85,7 +96,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None):
     x, dy = to_float32(x), to_float32(dy)
     with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
         if beta == 0.0:
-            np.matmul(x.T, dy, out=dw)
+            np.matmul(_transposed(x), dy, out=dw)
         else:
             dw *= beta
-            dw += x.T @ dy
+            dw += _transposed(x) @ dy

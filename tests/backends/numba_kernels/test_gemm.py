@@ -9,10 +9,13 @@ The cases both backends run live in `tests.kernel_cases`.
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.backends.numba_kernels import chunks, current, gemm, tiles
+from mlptrain.backends.kernel_cache import numba_names
+from mlptrain.backends.numba_kernels import chunks, current, gemm, tensor_core, tiles
 from tests import kernel_cases as cases
+from tests import reference as ref
 from tests.kernel_cases import hidden_output, random
 
 pytestmark = pytest.mark.gpu
@@ -49,7 +52,7 @@ def test_row_slices_of_a_larger_buffer(rng):
 def test_every_tile(rng, monkeypatch, tile):
     """Each tile, forced, on one shape: K = 70 spans several K steps of every
     K-split group, and the outputs span several blocks of SMALL."""
-    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns: tile)
+    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns, trials=1: tile)
     m, k, n = 37, 70, 45
     x, w, b, dy, old = random(rng, m, k), random(rng, k, n), random(rng, n), random(rng, m, n), random(rng, k, n)
     h = hidden_output(rng, (m, k), SIGMOID)
@@ -145,3 +148,112 @@ def test_backward_weight_summed_in_chunks(rng, monkeypatch, shape, beta):
     chunk, count, _ = chunks.chunk_plan(m, k, n, tiles.TILES[gemm.pick_tile(k, n)][0])
     assert count > 1 and gemm.linear_backward_weight_workspace(m, k, n) >= count * k * n
     cases.linear_backward_weight(BACKEND, rng, shape, beta, workspace=True)
+
+
+@pytest.mark.parametrize("trials, shape, activation, beta, dtype", [
+    (1, (1, 1, 1), RELU, 0.0, np.float32), (3, (7, 12, 9), TANH, 1.0, np.float32),
+    (2, (5, 9, 14), SIGMOID, 0.0, np.uint16), (2, (3, 17, 6), RELU, 1.0, np.float16)])
+def test_trial_axis(rng, trials, shape, activation, beta, dtype):
+    cases.layer_trials(BACKEND, rng, trials, shape, activation, beta, dtype)
+
+
+@pytest.mark.parametrize("tile", list(tiles.TILES))
+def test_trial_axis_gives_each_trial_its_own_launchs_bits(rng, monkeypatch, tile):
+    """With one tile for both, trial t of a trial-axis launch is bitwise what a launch of its own
+    operands alone computes: packing trials changes no trial's arithmetic."""
+    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns, trials=1: tile)
+    (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 2, (5, 12, 7), RELU, 1.0)
+    for t in range(2):
+        y, dx, dw = poisoned(packed[0][t].shape), poisoned(packed[1][t].shape), current.to_device(old[t])
+        gemm.linear_forward(current.to_device(x[t]), current.to_device(w[t]), current.to_device(b[t]), y, RELU)
+        gemm.linear_backward_input(current.to_device(dy[t]), current.to_device(w[t]), current.to_device(h[t]), dx, RELU)
+        gemm.linear_backward_weight(current.to_device(x[t]), current.to_device(dy[t]), dw, 1.0)
+        for alone, together in zip((y, dx, dw), packed):
+            np.testing.assert_array_equal(alone.copy_to_host().view(np.uint32), together[t].view(np.uint32))
+
+
+def test_trial_axis_refuses_mismatched_trials(rng):
+    x, w = current.to_device(random(rng, 2, 3, 4)), current.to_device(random(rng, 3, 4, 5))
+    with pytest.raises(ValueError, match="w has shape"):
+        gemm.linear_forward(x, w, current.to_device(random(rng, 2, 5)), poisoned((2, 3, 5)), RELU)
+
+
+# --- the tf32x3 engine: float32 products on tensor cores at float32 accuracy --------------------------
+
+MINI_TF32_TILE = (32, 32, 2, 2, 16)  # four warps of one 16 x 16 fragment pair: the simulator trades each mma's
+# fragments through shared memory, so the production tile runs in the real_gpu case only
+
+
+def test_tf32_mma_matches_the_fragment_layout(rng):
+    """One warp's m16n8k8 product on tf32 values, its fragments laid out as tensor_core's docstring says."""
+    def tf32(values):
+        return (values.astype(np.float32).view(np.uint32) & np.uint32(tensor_core.TF32_MASK)).view(np.float32)
+
+    a, b = tf32(random(rng, 16, 8)), tf32(random(rng, 8, 8))
+    c = random(rng, 16, 8)
+    bits_a, bits_b = a.view(np.uint32), b.view(np.uint32)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    regs = np.stack([bits_a[g, t], bits_a[g + 8, t], bits_a[g, t + 4], bits_a[g + 8, t + 4],
+                     bits_b[t, g], bits_b[t + 4, g]], axis=1).astype(np.uint32)
+    accs = np.stack([c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]], axis=1)
+    product = numba_names.resolve(tensor_core.mma("tf32"))  # numba's own intrinsic, for numba's own kernel
+
+    @cuda.jit
+    def kernel(regs, accs):
+        i = cuda.threadIdx.x
+        accs[i, 0], accs[i, 1], accs[i, 2], accs[i, 3] = product(
+            regs[i, 0], regs[i, 1], regs[i, 2], regs[i, 3], regs[i, 4], regs[i, 5],
+            accs[i, 0], accs[i, 1], accs[i, 2], accs[i, 3])
+
+    out = cuda.to_device(accs)
+    kernel[1, 32](cuda.to_device(regs), out)
+    got = np.zeros((16, 8))
+    got[g, 2 * t], got[g, 2 * t + 1], got[g + 8, 2 * t], got[g + 8, 2 * t + 1] = out.copy_to_host().T
+    expected = a.astype(np.float64) @ b + c
+    ref.assert_within(got, expected, 1e-5 * (np.abs(a) @ np.abs(b) + np.abs(c)) + 1e-6)
+
+
+@pytest.fixture
+def mini_tf32_tile(monkeypatch):
+    monkeypatch.setattr(gemm, "TF32_TILE", MINI_TF32_TILE)
+
+
+def tf32x3_layer(rng, trials, shape, activation, beta):
+    """A layer's three passes on the tf32x3 engine (with or without a trial axis) against float64."""
+    m, k, n = shape
+    lead = () if trials is None else (trials,)
+    x, w, b, dy, old = (random(rng, *lead, *s) for s in ((m, k), (k, n), (n,), (m, n), (k, n)))
+    h = hidden_output(rng, (*lead, m, k), activation)
+    y, dx = poisoned((*lead, m, n)), poisoned((*lead, m, k))
+    dw = poisoned((*lead, k, n)) if beta == 0.0 else current.to_device(old)
+    d = {name: current.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
+    gemm.linear_forward(d["x"], d["w"], d["b"], y, activation, engine="tf32x3")
+    gemm.linear_backward_input(d["dy"], d["w"], d["h"], dx, activation, engine="tf32x3")
+    gemm.linear_backward_weight(d["x"], d["dy"], dw, beta, engine="tf32x3")
+    outputs = [a.copy_to_host() for a in (y, dx, dw)]
+    for t in range(1 if trials is None else trials):
+        pick = (lambda a: a) if trials is None else (lambda a: a[t])
+        cases.check_layer(tuple(pick(a) for a in (x, w, b, dy, h, old)), [pick(o) for o in outputs],
+                          activation, activation, beta)
+
+
+@pytest.mark.parametrize("trials, shape, activation, beta", [
+    (None, (33, 20, 9), RELU, 0.0),  # two blocks down the batch; K past one 16-deep slice; ragged edges
+    (2, (5, 9, 7), TANH, 1.0),
+])
+def test_tf32x3_engine(rng, mini_tf32_tile, trials, shape, activation, beta):
+    tf32x3_layer(rng, trials, shape, activation, beta)
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("trials, shape", [(None, (130, 784, 70)), (3, (128, 512, 10)), (2, (257, 33, 129))])
+def test_tf32x3_engine_production_tile(rng, trials, shape):
+    tf32x3_layer(rng, trials, shape, RELU, 1.0)
+
+
+def test_tf32x3_engine_refuses_16_bit_operands(rng):
+    x = current.to_device(random(rng, 3, 4).astype(np.float16))
+    w, b = current.to_device(random(rng, 4, 5).astype(np.float16)), current.to_device(random(rng, 5).astype(np.float16))
+    with pytest.raises(ValueError, match="tf32x3 engine takes float32"):
+        gemm.linear_forward(x, w, b, BACKEND.poisoned((3, 5), dtype=np.float16), RELU, engine="tf32x3")

@@ -69,3 +69,10 @@ def test_low_precision_products(rng, dtype, shape, activation):
 def test_backward_weight_takes_a_workspace_it_does_not_need(rng):
     assert BACKEND.kernels.gemm.linear_backward_weight_workspace(4096, 128, 128) == 0
     cases.linear_backward_weight(BACKEND, rng, (50, 7, 5), 1.0, workspace=True)
+
+
+@pytest.mark.parametrize("trials, shape", [(1, (1, 1, 1)), (3, (7, 33, 65)), (2, (130, 70, 7))])
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_trial_axis(rng, trials, shape, dtype, beta):
+    cases.layer_trials(BACKEND, rng, trials, shape, SIGMOID, beta, dtype)

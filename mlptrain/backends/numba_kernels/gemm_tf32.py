@@ -1,0 +1,179 @@
+"""Tile products of float32 operands on tensor cores at float32 accuracy: 3xTF32 (CUDA backend).
+
+A tensor core multiplies tf32 (float32 with 10 mantissa bits). Each float32 element x is split, as it
+is read for a product, into big = x rounded to tf32 (to nearest, ties away from zero) and small = x - big
+(exact in float32; the tensor core reads its top 10 mantissa bits too), and every k step sums three
+products into the float32 accumulators: small_a @ big_b, big_a @ small_b, then big_a @ big_b (the small
+terms first, so they are not lost against the big one). The dropped small_a @ small_b and small's own
+truncation leave each product within ~2^-21 of its value, where float32's own rounding is 2^-24: float32
+accuracy, but not the bits of the CUDA-core kernels. (CUTLASS's route to fp32-accurate tensor-core GEMMs.)
+An inf or NaN operand gives NaN (big - big), not inf: a non-finite gradient is still non-finite.
+
+The same interface as tiles.make_tile_product: the same `Operand`s (tiles.dense_operand: float32 elements,
+zero outside the matrix), the call (a, b, acc, m0, n0, M, N, k_begin, k_end), and a thread `layout` for
+the epilogues.
+
+A tile is (BM, BN, WM, WN, BK): WM x WN warps, each a (BM / WM) x (BN / WN) part of the output in 16 x 8
+fragments; K advances in slices of BK (a multiple of 8: BK / 8 k8 steps between two barriers). Both operands are staged in shared memory as
+[k, row] float32 with a row pitch of ROWS + 8 words: a fragment load (rows g = lane // 4 of 8, k t =
+lane % 4 of 4) then touches banks 8t + g, all 32 distinct. A k-contiguous operand is read from memory
+as 8 rows x 4 consecutive k a warp (stores to banks 8k + row: distinct); a row-contiguous one as 32
+consecutive rows at one k (coalesced, stores to consecutive banks).
+
+Every output is summed by one warp in a fixed order (the mma sequence over k), with no atomics: the
+results are bitwise reproducible on one GPU model.
+"""
+
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, int64, uint32, uint64
+from mlptrain.backends.numba_kernels import gemm_mma
+from mlptrain.backends.numba_kernels.codecs import bits_float, float_bits
+from mlptrain.backends.numba_kernels.tensor_core import mma
+
+ROUND = 0x1000  # half of the 13 bits tf32 drops: added to the magnitude bits, it rounds them to nearest
+TF32 = 0xFFFFE000  # the bits tf32 keeps
+
+
+def tile_shape(tile):
+    """(BM, BN, WM, WN, FM, FN, threads): FM x FN fragments a warp."""
+    BM, BN, WM, WN, BK = tile
+    if BM % (16 * WM) or BN % (8 * WN) or BM % 32 or BN % 32 or BK % 8:
+        raise ValueError(f"tile {tile}: warps must cover 16 x 8 fragments, each side 32 rows, a slice whole k8 steps")
+    return BM, BN, WM, WN, BM // WM // 16, BN // WN // 8, 32 * WM * WN
+
+
+def layout(tile):
+    """The tiles.Layout of a tile's threads: m16n8k8's accumulators sit where gemm_mma's m16n8k16's do."""
+    return gemm_mma.layout(tile[:4])
+
+
+@kernel_cache.device
+def split(x):
+    """(big, small) bits of float32 x: big = x rounded to tf32, small = x - big."""
+    big = uint32((float_bits(x) + uint32(ROUND)) & uint32(TF32))
+    return big, float_bits(x - bits_float(big))
+
+
+def _make_stage(operand, ROWS, BK, THREADS):
+    """(rows, load, store, loads): a block's share of one BK x ROWS slice of an operand. Element e of the
+    slice is (row, k) `unit(e)`; thread t takes elements t, t + THREADS, ...: the codes of their rows once
+    per tile, their values into registers once per slice, then to shared memory at k * PITCH + row."""
+    _, row, column, fetch, along_k = operand
+    UNITS = ROWS * BK
+    LOADS = UNITS // THREADS
+    PITCH = ROWS + 8
+    if UNITS % THREADS:
+        raise ValueError(f"{UNITS} elements of a slice do not split over {THREADS} threads")
+
+    @kernel_cache.device
+    def unit(e):
+        if along_k:  # 32 elements: 8 rows x 4 consecutive k; then the slice's next 4 k, then the next 8 rows
+            lane, group = e % 32, e // 32
+            return (group // (BK // 4)) * 8 + lane // 4, (group % (BK // 4)) * 4 + lane % 4
+        return e % ROWS, e // ROWS
+
+    @kernel_cache.device
+    def rows(array, geometry, codes, i0, I, t):
+        for l in range(LOADS):
+            r, _ = unit(t + l * THREADS)
+            codes[l] = row(array, geometry, i0 + r, I)
+
+    @kernel_cache.device
+    def load(array, geometry, codes, regs, k0, K, t):
+        for l in range(LOADS):
+            _, k = unit(t + l * THREADS)
+            regs[l] = fetch(array, geometry, codes[l], column(array, geometry, k0 + k, K))
+
+    @kernel_cache.device
+    def store(shared, regs, t):
+        for l in range(LOADS):
+            r, k = unit(t + l * THREADS)
+            shared[k * PITCH + r] = regs[l]
+
+    return rows, load, store, LOADS, PITCH
+
+
+def make_tile_product(tile, a_operand, b_operand):
+    """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this thread's
+    outputs (`layout`), by 3xTF32 products; always True (every thread holds complete sums).
+    Elements outside (M, N) and [k_begin, k_end) read as zero. The next slice is fetched into registers
+    while the current one is multiplied."""
+    BM, BN, WM, WN, FM, FN, THREADS = tile_shape(tile)
+    BK = tile[4]
+    rows_a, load_a, store_a, A_LOADS, A_PITCH = _make_stage(a_operand, BM, BK, THREADS)
+    rows_b, load_b, store_b, B_LOADS, B_PITCH = _make_stage(b_operand, BN, BK, THREADS)
+    prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
+    product = mma("tf32")
+    A_WORDS, B_WORDS = BK * A_PITCH, BK * B_PITCH
+
+    if config.ENABLE_CUDASIM:  # the simulator takes no alignment, and tells shared arrays apart by line
+        @kernel_cache.device
+        def slices():
+            As = cuda.shared.array(A_WORDS, float32)
+            Bs = cuda.shared.array(B_WORDS, float32)
+            return As, Bs
+    else:
+        @kernel_cache.device
+        def slices():
+            As = cuda.shared.array(A_WORDS, float32, alignment=16)
+            Bs = cuda.shared.array(B_WORDS, float32, alignment=16)
+            return As, Bs
+
+    @kernel_cache.device
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        a_big, a_small = cuda.local.array((FM, 4), uint32), cuda.local.array((FM, 4), uint32)
+        b_big, b_small = cuda.local.array((FN, 2), uint32), cuda.local.array((FN, 2), uint32)
+        for s in range(0, BK, 8):  # the slice's two k8 steps
+            for i in range(FM):
+                p = a_first + uint64(s * A_PITCH + 16 * i)
+                for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
+                    a_big[i, r], a_small[i, r] = split(As[p + uint64((r >> 1) * 4 * A_PITCH + (r & 1) * 8)])
+            for j in range(FN):
+                p = b_first + uint64(s * B_PITCH + 8 * j)
+                for r in range(2):  # B[t, g], B[t + 4, g]
+                    b_big[j, r], b_small[j, r] = split(Bs[p + uint64(r * 4 * B_PITCH)])
+            for i in range(FM):
+                for j in range(FN):
+                    c0, c1 = acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1]
+                    c2, c3 = acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]
+                    c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
+                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                             b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
+                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                    acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
+                    acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
+
+    @kernel_cache.device
+    def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
+        As, Bs = slices()
+        a_regs = cuda.local.array(A_LOADS, float32)
+        b_regs = cuda.local.array(B_LOADS, float32)
+        a_codes = cuda.local.array(A_LOADS, int64)
+        b_codes = cuda.local.array(B_LOADS, int64)
+        ga, gb = prepare_a(a), prepare_b(b)
+        t = cuda.threadIdx.x
+        warp, lane = t // 32, t % 32
+        # this lane's first reads: row g of the warp's first fragment at k t
+        a_first = uint64((lane % 4) * A_PITCH + (warp // WN) * (BM // WM) + lane // 4)
+        b_first = uint64((lane % 4) * B_PITCH + (warp % WN) * (BN // WN) + lane // 4)
+        for i in range(2 * FM):
+            for j in range(2 * FN):
+                acc[i, j] = float32(0)
+        rows_a(a, ga, a_codes, m0, M, t)
+        rows_b(b, gb, b_codes, n0, N, t)
+        load_a(a, ga, a_codes, a_regs, k_begin, k_end, t)
+        load_b(b, gb, b_codes, b_regs, k_begin, k_end, t)
+        for k0 in range(k_begin, k_end, BK):
+            store_a(As, a_regs, t)
+            store_b(Bs, b_regs, t)
+            cuda.syncthreads()
+            if k0 + BK < k_end:
+                load_a(a, ga, a_codes, a_regs, k0 + BK, k_end, t)
+                load_b(b, gb, b_codes, b_regs, k0 + BK, k_end, t)
+            multiply_slice(As, Bs, a_first, b_first, acc)
+            cuda.syncthreads()
+        return True
+
+    return tile_product
