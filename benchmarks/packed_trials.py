@@ -287,7 +287,11 @@ def sweep_wall(args, flags: list[str], folder: Path) -> dict:
                for t in trials}
     trained = sum(json.loads((folder / "runs" / name / Path(t["run_dir"]).name / "summary.json").read_text())
                   ["wall_s"] for t in trials)
-    return {"flags": " ".join(flags) or "(one worker)", "wall_s": wall, "trials": len(trials),
+    chose = [line.split(": ", 1)[1].split(" side by side")[0] for line in done.stderr.splitlines()
+             if line.startswith("--pack auto: ") and " side by side on " in line]
+    label = " ".join(flags) + (f" (chose {chose[0]}; {'cached' if 'cached' in done.stderr else 'measured'})"
+                               if chose else "")
+    return {"flags": label or "(one worker)", "wall_s": wall, "trials": len(trials),
             "trials_wall_s": trained, "metrics": metrics}
 
 

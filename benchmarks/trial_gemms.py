@@ -177,7 +177,8 @@ def mlptrain_rows(args, widths, rng):
                                 args.repeats)}
     for tile in args.tf32_tiles:
         gemm.TF32_TILE = tile
-        for name, arrays in ((f"trial axis, tf32x3 {tile}", bufs.dev), (f"trial 0 alone, tf32x3 {tile}", bufs.trial(0))):
+        for name, arrays in ((f"trial axis, tf32x3 {tile}", bufs.dev),
+                             (f"trial 0 alone, tf32x3 {tile}", bufs.trial(0))):
             if "alone" in name and (K == 1 or tile != args.tf32_tiles[0]):
                 continue  # one trial alone on the first tile only: each tile compiles six kernels
             step(gemm, arrays, layers, "tf32x3")

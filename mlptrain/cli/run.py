@@ -28,8 +28,10 @@ def run(
     seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N|S,S,...",
                                         help="one run per seed (N: seeds 0 to N-1), in NAME/seed-S/, then "
                                              "NAME/seeds.json and each metric's mean and 95% CI"),
-    pack: int = typer.Option(1, "--pack", help="with --seeds: train this many seeds side by side from one thread "
-                             "(their kernels overlap on the GPU; each run's results stay those it gives alone)"),
+    pack: str = typer.Option("1", "--pack", metavar="K|auto",
+                             help="with --seeds: train this many seeds side by side from one thread (their kernels "
+                             "overlap on the GPU; each run's results stay those it gives alone); auto: as many as "
+                             "add throughput, measured on this GPU once"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     # first, so that the CUDA driver starts (0.2 s, in a thread) while the command's modules below are imported
@@ -46,12 +48,14 @@ def run(
     from mlptrain.seeds.finish import is_group
     from mlptrain.training.experiment import Resources, check_same_dataset, create_run, whole_or_removed
     from mlptrain.training.loop import train
+    from mlptrain.training.packing import check_pack
     from mlptrain.training.resume import prepare_resume
     from mlptrain.training.session import build_session
     from mlptrain.util.console import console
 
     overrides = overrides or []
     start = None
+    pack = check_pack(pack)
     if pack != 1 and (seeds is None or resume is not None):
         raise UserError("--pack trains several seeds side by side: give it with --seeds (a sweep takes "
                         "`mlptrain sweep --pack`)")

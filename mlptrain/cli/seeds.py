@@ -14,7 +14,7 @@ from mlptrain.util.console import console
 
 
 def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path, name: str | None,
-              pack: int = 1) -> None:
+              pack: int | str = 1) -> None:
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.seeds.report import seeds_table
     from mlptrain.seeds.results import load_result
@@ -23,7 +23,7 @@ def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path,
     from mlptrain.seeds.runner import run_seeds as train_seeds
 
     seeds = parse_seeds(seeds_text)
-    check_pack(pack)
+    pack = check_pack(pack)
     if any(parse_override(text)[0] == "seed" for text in overrides):
         raise UserError("--seeds sets each run's seed; drop the seed= override")
     config = load_config(path, overrides)

@@ -52,8 +52,10 @@ def sweep(
     worker: bool = typer.Option(False, "--worker", hidden=True,
                                 help="started by a sweep command of this machine, which opened the study: take "
                                      "trials until none is queued, then exit"),
-    pack: int = typer.Option(1, "--pack", help="trials each worker trains side by side from one thread: their "
-                             "kernels overlap on its GPU (each trial's results stay those it gives alone)"),
+    pack: str = typer.Option("1", "--pack", metavar="K|auto",
+                             help="trials each worker trains side by side from one thread: their kernels overlap on "
+                             "its GPU (each trial's results stay those it gives alone); auto: as many as add "
+                             "throughput, measured on its GPU once"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them;
@@ -74,7 +76,7 @@ def sweep(
     name = check_run_name(name if name is not None else path.stem)
     if not 1 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers {workers}: must be in [1, {MAX_WORKERS}]")
-    check_pack(pack)
+    pack = check_pack(pack)
     if storage is not None:  # before the data is loaded: a mistyped --storage is refused at once
         check_storage(storage)
     sweep_dir = runs_dir / name
@@ -159,7 +161,7 @@ def sweep(
 
 
 def _fork_gpu_processes(children: dict, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots, shares,
-                        pack: int):
+                        pack: int | str):
     """Fork a process for each GPU (mlptrain.sweep.forked), each a `--worker` of this sweep that runs its share
     of the workers as threads, into `children`: this process then trains on none of them (_work_in_processes).
     Returns (slots, shares), or None where this process cannot fork cleanly (a thread already runs here: an
@@ -281,7 +283,8 @@ def _stop_children(children: dict) -> None:
         stop_workers(list(children.values()), signal.SIGTERM)
 
 
-def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress: bool, pack: int):
+def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progress: bool,
+                      pack: int | str):
     """What each worker thread runs: take trials until none is queued (`pack` at once, side by side), saving the
     results after each."""
     saving = threading.Lock()
@@ -291,7 +294,7 @@ def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progr
             save()
 
     def in_thread(view, stop):
-        if pack > 1:
+        if pack != 1:
             engine.work_packed(study, study_storage, spec, sweep_dir, view, pack, on_trial_end=save_in_order,
                                stop=stop)
         else:
@@ -302,7 +305,7 @@ def _trials_in_thread(engine, study, study_storage, spec, sweep_dir, save, progr
 
 
 def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resources, save, workers, base_config,
-                     worker, pack: int) -> None:
+                     worker, pack: int | str) -> None:
     """The trials in `pool`'s threads (mlptrain.sweep.threads), then, unless this is a `--worker` child, the
     trials of other machines' workers that died meanwhile."""
     # several trials at once: a terminal holds one bar
@@ -311,7 +314,7 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
         gpus = len(pool.devices)
         console.print(f"{workers} workers in this process on {gpus} GPU{'s' if gpus > 1 else ''} "
                       f"({-(-workers // gpus)} at most on each){packed(pack)}")
-    elif pack > 1:
+    elif pack != 1:
         console.print(f"one worker{packed(pack)}")
     _end_threads(pool, base_config, lambda: pool.run(in_thread))
     if not worker:  # trials other machines run: when one's worker dies, its trial is queued again and run here
@@ -319,7 +322,7 @@ def _work_in_threads(engine, pool, study, study_storage, spec, sweep_dir, resour
 
 
 def _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save, base_config, command,
-                       children, slots, shares, began, pack: int) -> list[str]:
+                       children, slots, shares, began, pack: int | str) -> list[str]:
     """`children`, a process per GPU, run the trials: forked ones every GPU's share while this process only
     watches them (`pool` None: it reports and saves their trials as they finish), started ones the other
     GPUs' shares while this process's threads (`pool`) run the first GPU's. Then the trials of other
@@ -354,7 +357,7 @@ def _end_threads(pool, base_config, finish) -> None:
 
 
 def _work(engine, study, study_storage, spec, sweep_dir, resources, save, workers, command, worker, children,
-          slots, began, pack: int) -> list[str]:
+          slots, began, pack: int | str) -> list[str]:
     """Run trials here, and with `workers` > 1 in the `children` started beside this process; returns a line
     per failed child. Each compiles what the kernel cache lacks itself, all at once rather than one after
     another."""
@@ -365,7 +368,7 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
     from mlptrain.sweep.workers import blas_share, cores, run_workers
 
     def here():
-        if pack > 1:
+        if pack != 1:
             _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save, pack)
             return
         engine.work(study, study_storage, spec, sweep_dir, resources, on_trial_end=save,
@@ -390,7 +393,8 @@ def _work(engine, study, study_storage, spec, sweep_dir, resources, save, worker
                        procs=children, env=share, since=began)
 
 
-def _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save, pack: int) -> None:
+def _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save,
+                 pack: int | str) -> None:
     """`pack` trials side by side in this thread (engine.work_packed). Ctrl-C or SIGTERM sets a stop instead of
     raising where the signal lands, so that every trial is queued again after its step, as a worker thread's
     are; then it is raised as the interrupt it was."""
@@ -406,8 +410,10 @@ def _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save,
         raise Terminated(stop.signum)
 
 
-def packed(pack: int) -> str:
+def packed(pack) -> str:
     """What a worker line adds for `--pack`."""
+    if pack == "auto":
+        return ", each training as many trials side by side as add throughput (--pack auto)"
     return f", each training {pack} trials side by side" if pack > 1 else ""
 
 

@@ -25,6 +25,7 @@ from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run, whole_or_removed
 from mlptrain.training.loop import training
+from mlptrain.training.pack_auto import resolve
 from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
@@ -58,13 +59,15 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None, stem: str,
-              resources: Resources, stop=None, pack: int = 1) -> tuple[Path, dict]:
+              resources: Resources, stop=None, pack: int | str = 1) -> tuple[Path, dict]:
     """Train `config` once per seed in `runs_dir/NAME/seed-S/` and write `NAME/seeds.json`; returns
     (NAME's path, the seeds record). Every session is built before its directory is created; a seed that
     fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json. `pack`: that many
-    seeds train side by side from this thread (mlptrain.training.packing), each on a stream of its own; a
-    seed's failure then stops the others after their step (each keeps a checkpoint to resume from)."""
+    seeds train side by side from this thread (mlptrain.training.packing), each on a stream of its own ("auto":
+    as many as mlptrain.training.pack_auto measures); a seed's failure then stops the others after their step
+    (each keeps a checkpoint to resume from)."""
     group, summaries, queue = [], {}, deque(enumerate(seeds))
+    pack = resolve(pack, config, resources, len(seeds))
 
     def seed_runs(view, give_way=False):  # this slot's seeds, one after another, taken from the shared queue
         while queue:

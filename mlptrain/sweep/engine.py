@@ -26,6 +26,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from mlptrain.config.load import config_from_dict
 from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
@@ -34,6 +35,7 @@ from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import training
+from mlptrain.training.pack_auto import resolve
 from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
@@ -143,12 +145,14 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
         time.sleep(POLL_S)
 
 
-def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int, on_trial_end=None,
-                stop=None) -> None:
+def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int | str,
+                on_trial_end=None, stop=None) -> None:
     """`pack` workers side by side in this thread, each taking queued trials until none is left: `pack` trials
     train at once, their steps queued in turn (mlptrain.training.packing), each on a stream of its own. The
     first uses `resources`, the others views of their own on its GPU. `stop` as `work`'s; when one of them
-    fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised."""
+    fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised. `pack`
+    "auto": as many as mlptrain.training.pack_auto measures for the sweep's base config (at most its trials)."""
+    pack = resolve(pack, config_from_dict(sweep.raw), resources, sweep.trials)
     views = [resources, *(resources.with_own_stream() for _ in range(pack - 1))]
     side_by_side([work_steps(study, storage, sweep, sweep_dir, view, on_trial_end, wait_for_others=False, stop=stop,
                              progress=False, give_way=i > 0) for i, view in enumerate(views)], stop)

@@ -25,10 +25,19 @@ from mlptrain.errors import OutOfMemory, UserError
 MAX_PACK = 64  # runs side by side in one thread: past the GPU's gain, each adds only its memory
 
 
-def check_pack(pack: int) -> None:
-    """`--pack K`: raises UserError unless 1 <= K <= MAX_PACK."""
-    if not 1 <= pack <= MAX_PACK:
-        raise UserError(f"--pack {pack}: must be in [1, {MAX_PACK}]")
+def check_pack(pack) -> int | str:
+    """`--pack K` as given (text or a number): K, or "auto" (mlptrain.training.pack_auto measures it where the
+    runs train); raises UserError unless 1 <= K <= MAX_PACK."""
+    text = str(pack).strip()
+    if text == "auto":
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        raise UserError(f"--pack {pack}: must be a number of runs in [1, {MAX_PACK}], or auto") from None
+    if not 1 <= count <= MAX_PACK:
+        raise UserError(f"--pack {pack}: must be in [1, {MAX_PACK}], or auto")
+    return count
 
 
 class NoRoom(Exception):

@@ -64,6 +64,8 @@ def test_compare_a_result_with_itself_finds_no_difference(seeds_run):
     (["--seeds", "2", "--pack", "0"], "--pack 0: must be in [1, 64]"),
     (["--seeds", "2", "--pack", "65"], "--pack 65: must be in [1, 64]"),
     (["--pack", "2"], "--pack trains several seeds side by side: give it with --seeds"),
+    (["--pack", "auto"], "--pack trains several seeds side by side: give it with --seeds"),
+    (["--seeds", "2", "--pack", "many"], "--pack many: must be a number of runs in [1, 64], or auto"),
 ])
 def test_run_seeds_refusals_write_nothing(tmp_path, args, fragment):
     assert_clean_failure(mlptrain("run", "adam_mnist", *TINY, *args, cwd=tmp_path), fragment)

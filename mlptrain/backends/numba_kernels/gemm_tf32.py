@@ -14,11 +14,11 @@ zero outside the matrix), the call (a, b, acc, m0, n0, M, N, k_begin, k_end), an
 the epilogues.
 
 A tile is (BM, BN, WM, WN, BK): WM x WN warps, each a (BM / WM) x (BN / WN) part of the output in 16 x 8
-fragments; K advances in slices of BK (a multiple of 8: BK / 8 k8 steps between two barriers). Both operands are staged in shared memory as
-[k, row] float32 with a row pitch of ROWS + 8 words: a fragment load (rows g = lane // 4 of 8, k t =
-lane % 4 of 4) then touches banks 8t + g, all 32 distinct. A k-contiguous operand is read from memory
-as 8 rows x 4 consecutive k a warp (stores to banks 8k + row: distinct); a row-contiguous one as 32
-consecutive rows at one k (coalesced, stores to consecutive banks).
+fragments; K advances in slices of BK (a multiple of 8: BK / 8 k8 steps between two barriers). Both
+operands are staged in shared memory as [k, row] float32 with a row pitch of ROWS + 8 words: a fragment
+load (rows g = lane // 4 of 8, k t = lane % 4 of 4) then touches banks 8t + g, all 32 distinct. A
+k-contiguous operand is read from memory as 8 rows x 4 consecutive k a warp (stores to banks 8k + row:
+distinct); a row-contiguous one as 32 consecutive rows at one k (coalesced, stores to consecutive banks).
 
 Every output is summed by one warp in a fixed order (the mma sequence over k), with no atomics: the
 results are bitwise reproducible on one GPU model.
