@@ -287,10 +287,11 @@ def sweep_wall(args, flags: list[str], folder: Path) -> dict:
                for t in trials}
     trained = sum(json.loads((folder / "runs" / name / Path(t["run_dir"]).name / "summary.json").read_text())
                   ["wall_s"] for t in trials)
-    chose = [line.split(": ", 1)[1].split(" side by side")[0] for line in done.stderr.splitlines()
-             if line.startswith("--pack auto: ") and " side by side on " in line]
-    label = " ".join(flags) + (f" (chose {chose[0]}; {'cached' if 'cached' in done.stderr else 'measured'})"
-                               if chose else "")
+    chose = [line.split(": ", 1)[1].split(" side by side")[0] + "; steps/s "
+             + line.split("together: ")[-1].split(";")[0]
+             for line in done.stderr.splitlines() if line.startswith("--pack auto: ") and " side by side on " in line]
+    measured = "measuring how many" in done.stderr
+    label = " ".join(flags) + (f" (chose {chose[0]}; {'measured' if measured else 'cached'})" if chose else "")
     return {"flags": label or "(one worker)", "wall_s": wall, "trials": len(trials),
             "trials_wall_s": trained, "metrics": metrics}
 
@@ -321,9 +322,13 @@ def sweeps(args) -> None:
         rows = [sweep_wall(args, flags.split(), Path(folder)) for flags in args.sweeps]
         peers = [peer_wall(args, workers, Path(folder)) for workers in args.peer_workers]
     first = rows[0]["metrics"]
-    wrong = [row["flags"] for row in rows if row["metrics"] != first]
+    wrong = [row for row in rows if row["metrics"] != first]
     if wrong:
-        raise SystemExit(f"WRONG RESULT: the trials' metrics of {wrong} differ from {rows[0]['flags']}'s")
+        diffs = [(row["flags"], trial, metric, first[trial].get(metric), value) for row in wrong
+                 for trial, values in row["metrics"].items() for metric, value in values.items()
+                 if first.get(trial, {}).get(metric) != value]
+        raise SystemExit(f"WRONG RESULT: the trials' metrics of {[row['flags'] for row in wrong]} differ from "
+                         f"{rows[0]['flags']}'s: {len(diffs)} values, the first: {diffs[:6]}")
     print(f"\n{args.job}: {rows[0]['trials']} trials x {args.epochs} epochs, whole `mlptrain sweep` processes")
     print("| sweep | wall s | trials per hour | x the first | trials' own wall_s, summed |")
     print("| --- | --- | --- | --- | --- |")

@@ -175,6 +175,17 @@ def mlptrain_rows(args, widths, rng):
             "streams": timed(on_streams, sync_all, args.steps, args.repeats),
             "trial axis": timed(lambda n: [packed.replay() for _ in range(n)], main.synchronize, args.steps,
                                 args.repeats)}
+    chosen = gemm.pick_tile
+    for name in args.fma_tiles:  # the trial axis with one CUDA-core tile forced on every pass
+        gemm.pick_tile = lambda rows, columns, trials=1, name=name: name
+        step(gemm, bufs.dev, layers)
+        graph = main.capture(lambda: step(gemm, bufs.dev, layers))
+        main.synchronize()
+        for t in (0, K - 1):
+            check(f"trial axis, {name} tiles", outputs(t), bufs.host, t, layers)
+        rows[f"trial axis, {name} tiles forced"] = timed(lambda n, graph=graph: [graph.replay() for _ in range(n)],
+                                                         main.synchronize, args.steps, args.repeats)
+    gemm.pick_tile = chosen
     for tile in args.tf32_tiles:
         gemm.TF32_TILE = tile
         for name, arrays in ((f"trial axis, tf32x3 {tile}", bufs.dev),
@@ -249,7 +260,10 @@ def main() -> None:
     parser.add_argument("--no-cublas", action="store_true")
     parser.add_argument("--tf32-tiles", default="64x64x2x2x16",
                         help="tiles (BMxBNxWMxWNxBK, comma-separated; '' for none) of the tf32x3 engine to time")
+    parser.add_argument("--fma-tiles", default="", help="CUDA-core tiles (large, medium, small; comma-separated) "
+                        "to force on every pass of the trial axis, one row each")
     args = parser.parse_args()
+    args.fma_tiles = [name for name in args.fma_tiles.split(",") if name]
     widths = [int(w) for w in args.widths.split(",")]
     args.tf32_tiles = [tuple(int(v) for v in tile.split("x")) for tile in args.tf32_tiles.split(",") if tile]
     rows = mlptrain_rows(args, widths, np.random.default_rng(args.seed))

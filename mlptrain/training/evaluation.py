@@ -9,6 +9,7 @@ import numpy as np
 from mlptrain.dtypes import to_float32
 from mlptrain.run_dirs.records import metric_tag
 from mlptrain.training.confusion import confusion_image, confusion_matrix
+from mlptrain.training.packing import finish
 from mlptrain.util.console import console
 
 
@@ -34,11 +35,20 @@ class Evaluator:
     def evaluate_rows(self, split) -> tuple[float, float, np.ndarray | None]:
         """`evaluate`, with each row's outcome as the loss kernel wrote it (a classifier's: 1 for a hit, else
         -1 - the predicted class; None for the autoencoder)."""
+        return finish(self.evaluate_rows_steps(split))
+
+    def evaluate_rows_steps(self, split):
+        """`evaluate_rows` as a generator: it queues the split's batches, yields a backend mark recorded after
+        them (None on the CPU), then reads the rows once the mark is done and returns what evaluate_rows
+        does. Packed runs (mlptrain.training.packing) queue their steps while this run's evaluation runs,
+        instead of the host waiting for it."""
         for start in range(0, split.size, self.batch_size):
             self.launch_batch(split, start, min(self.batch_size, split.size - start))
         if split.size == 0:
             return float("nan"), float("nan"), None
-        return self.read_rows(self.row_loss, self.row_correct, 0, split.size)
+        mark = self.backend.mark()
+        yield mark
+        return self.read_rows(self.row_loss, self.row_correct, 0, split.size, mark)
 
     def launch_batch(self, split, start: int, rows: int) -> None:
         """Gather, forward and per-sample loss of split rows [start, start + rows)."""
@@ -67,13 +77,24 @@ class Evaluator:
     def record(self, val, test, epoch: int, step: int) -> dict:
         """Evaluate on val and, unless `test` is None, on test: epoch, step and val_loss/val_acc/test_loss/
         test_acc (val_mse/test_mse for the autoencoder)."""
-        record = {"epoch": epoch, "step": step, **self.metrics("val", val)}
-        return record if test is None else {**record, **self.metrics("test", test)}
+        return finish(self.record_steps(val, test, epoch, lambda: step))
+
+    def record_steps(self, val, test, epoch: int, step_of):
+        """`record` as a generator (each split's evaluation yields its mark: evaluate_rows_steps); the step is
+        `step_of()`, asked once both are read."""
+        found = yield from self.metrics_steps("val", val)
+        if test is not None:
+            found = {**found, **(yield from self.metrics_steps("test", test))}
+        return {"epoch": epoch, "step": step_of(), **found}
 
     def metrics(self, name: str, split) -> dict:
         """`name`_loss and `name`_acc of a split (the autoencoder's `name`_mse); a classifier's confusion
         matrix is kept for `log` to draw."""
-        loss, acc, outcomes = self.evaluate_rows(split)
+        return finish(self.metrics_steps(name, split))
+
+    def metrics_steps(self, name: str, split):
+        """`metrics` as a generator (evaluate_rows_steps)."""
+        loss, acc, outcomes = yield from self.evaluate_rows_steps(split)
         if outcomes is None:
             return {f"{name}_loss": loss, f"{name}_acc": acc} if self.classifies else {f"{name}_mse": loss}
         if id(split) not in self.labels:  # the split's labels in its row order, read once
@@ -95,7 +116,11 @@ class Evaluator:
         """Evaluate on val and (unless `test` is None: train.eval_test end, before the run's end) on test;
         log the metrics (TensorBoard, metrics.jsonl, one console line, and the autoencoder's test
         reconstructions) and return the record, with `train` (train_means) first."""
-        r = self.record(val, test, epoch, step)
+        return finish(self.epoch_record_steps(val, test, epoch, lambda: step, logger, train))
+
+    def epoch_record_steps(self, val, test, epoch: int, step_of, logger, train: dict | None = None):
+        """`epoch_record` as a generator (record_steps: the step is `step_of()`, asked after the evaluations)."""
+        r = yield from self.record_steps(val, test, epoch, step_of)
         r = {"epoch": r["epoch"], "step": r["step"], **(train or {}), **r}
         said = ""
         if train and all(value is not None for value in train.values()):

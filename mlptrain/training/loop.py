@@ -94,11 +94,13 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
-                with s.backend.urgent():  # the host waits for it: ahead of other packed runs' queued steps
+                # ahead of other packed runs' queued steps; each split's evaluation yields its mark, so that
+                # they queue steps while it runs (mlptrain.training.packing), then it is read
+                with s.backend.urgent():
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known)
-                    last = s.evaluator.epoch_record(s.val, _test_split(s, epoch), epoch, s.step.read()["steps"],
-                                                    logger, means)
+                    last = yield from s.evaluator.epoch_record_steps(s.val, _test_split(s, epoch), epoch,
+                                                                     lambda: s.step.read()["steps"], logger, means)
                 s.window.rows_known = True  # the next epoch runs whole in this process
                 best, stopped = _after_evaluation(s, run_dir, last, best)
                 if on_evaluation is not None:

@@ -85,8 +85,16 @@ def measure(config, resources) -> tuple[int, dict]:
     # imported here: packing's callers import this module, and the session pulls in the model and optimizers
     from mlptrain.training.packing import MAX_PACK
 
+    home = launch_stream()  # each backend made here switches the thread to its stream: the caller's comes back
+    try:
+        return _search(config, resources, MAX_PACK)
+    finally:
+        use_launch_stream(home)
+
+
+def _search(config, resources, largest: int) -> tuple[int, dict]:
     rates, k = {}, 1
-    while k <= MAX_PACK:
+    while k <= largest:
         try:
             rate = _rate(config, resources, k)
         except OutOfMemory:

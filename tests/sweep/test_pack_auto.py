@@ -56,6 +56,25 @@ def test_k_doubles_while_it_gains(monkeypatch, table, out_of_memory_at, k, asked
                      and (out_of_memory_at is None or runs < out_of_memory_at)}
 
 
+def test_the_measurement_gives_the_thread_its_launch_stream_back(monkeypatch):
+    """Each backend the probe makes switches the thread's launch stream to its own; a run packed after the probe
+    must queue on its own backend's stream, not a probe session's (the first packed trial's results changed)."""
+    from mlptrain.backends.numba_kernels import streams
+
+    def switching(config, resources, k):
+        streams.use(f"probe stream {k}")
+        return 100.0 * k
+
+    monkeypatch.setattr(pack_auto, "_rate", switching)
+    before = streams.current()
+    streams.use("the worker's stream")
+    try:
+        pack_auto.measure(None, None)
+        assert streams.current() == "the worker's stream"
+    finally:
+        streams.use(before)
+
+
 def test_k_stops_at_the_largest_pack(monkeypatch):
     rate, calls = rates_from({k: 100.0 * k for k in (1, 2, 4, 8, 16, 32, 64, 128)})
     monkeypatch.setattr(pack_auto, "_rate", rate)
@@ -124,17 +143,21 @@ def test_the_measurement_steps_real_sessions_side_by_side(tiny_mnist):
 
 @pytest.mark.real_gpu
 def test_seeds_packed_auto_on_the_gpu(tmp_path, data_dir):
-    """`run --seeds 3 --pack auto` measures K on the GPU once (then reads it from the cache) and trains every
-    seed."""
+    """`run --seeds 3 --pack auto` measures K on the GPU once (then reads it from the cache), trains every seed,
+    and each seed's metrics are the bits it gives with --pack 1."""
     env = {**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir), pack_auto.CACHE_ENV: str(tmp_path / "cache")}
     command = [sys.executable, "-m", "mlptrain", "run", "adam_mnist", "backend=cuda", "train.epochs=1",
-               "model.hidden=[64]", "--seeds", "3", "--pack", "auto", "--runs-dir", str(tmp_path / "runs")]
-    for name, said in (("first", "measured"), ("second", "cached")):
-        done = subprocess.run([*command, "--name", name], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=600)
+               "model.hidden=[64]", "--seeds", "3", "--runs-dir", str(tmp_path / "runs")]
+    metrics = {}
+    for name, said, pack in (("first", "measuring", "auto"), ("second", "cached", "auto"), ("alone", None, "1")):
+        done = subprocess.run([*command, "--pack", pack, "--name", name], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "--pack auto:" in done.stderr and said in done.stderr, done.stderr
-        assert json.loads((tmp_path / "runs" / name / "seeds.json").read_text())["seeds"] == [0, 1, 2]
+        assert said is None or ("--pack auto:" in done.stderr and said in done.stderr), done.stderr
+        record = json.loads((tmp_path / "runs" / name / "seeds.json").read_text())
+        assert record["seeds"] == [0, 1, 2]
+        metrics[name] = record["metrics"]
+    assert metrics["first"] == metrics["alone"] == metrics["second"]  # after the probe too: each seed's own bits
 
 
 def test_a_cpu_sweep_packed_auto_trains_every_trial(tmp_path, tiny_mnist, capsys):

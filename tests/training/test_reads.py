@@ -95,3 +95,24 @@ def test_the_backends_of_one_gpu_share_their_resident_data():
     np.testing.assert_array_equal(second.to_host(shared), images)
     alone = CudaBackend(own_stream=True)
     assert not alone.holds(images) and alone.resident(images) is not shared
+
+
+def test_an_epochs_evaluation_yields_a_mark_per_split_before_reading_it():
+    """The epoch-end evaluation as steps: each split's batches are queued, then its mark is yielded (packed runs
+    queue their steps meanwhile), then it is read; the step is asked after both; the record is the one the
+    synchronous evaluation gives."""
+    session = build_session(config_from_dict(CONFIG), CpuBackend(), tiny_dataset(np.random.default_rng(0)))
+    train_epoch(session, 1, lambda read: None)
+    ev, asked = session.evaluator, []
+    steps = ev.record_steps(session.val, session.test, 1, lambda: asked.append(1) or 15)
+    yielded = []
+    while True:
+        try:
+            yielded.append(next(steps))
+            assert asked == []  # not before the splits are read
+        except StopIteration as end:
+            record = end.value
+            break
+    assert yielded == [None, None] and asked == [1]  # the CPU backend's marks: None, one per split
+    assert record == ev.record(session.val, session.test, 1, 15)
+    assert list(record) == ["epoch", "step", "val_loss", "val_acc", "test_loss", "test_acc"]

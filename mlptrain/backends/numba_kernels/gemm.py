@@ -46,14 +46,14 @@ ENGINES = ("fma", "tf32x3")
 TF32_TILE = (64, 64, 2, 2, 16)
 
 
-def engine_parts(engine, tile, load):
+def _engine_parts(engine, tile, load):
     """(make the tile product of two operands, the Layout of its threads) of an engine's tile."""
     if engine == "tf32x3":
         return functools.partial(gemm_tf32.make_tile_product, tile), gemm_tf32.layout(tile)
     return functools.partial(make_tile_product, tile), tile_layout(tile)
 
 
-def engine_launch(engine, M, N, trials, lead):
+def _engine_launch(engine, M, N, trials, lead):
     """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`)."""
     if engine == "tf32x3":
         BM, BN = TF32_TILE[:2]
@@ -63,7 +63,7 @@ def engine_launch(engine, M, N, trials, lead):
     return (tile, *launch_grid(M, N, tile, trials if lead else None))
 
 
-def check_engine(engine, dtype):
+def _check_engine(engine, dtype):
     if engine not in ENGINES:
         raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
     if engine == "tf32x3" and str(dtype) != "float32":
@@ -79,7 +79,7 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", **jit_op
     With `trials`, every argument has a leading trial axis and block z computes trial z's."""
     BM, BN = tile[:2]
     load, store = codec(dtype)
-    make_product, layout = engine_parts(engine, tile, load)
+    make_product, layout = _engine_parts(engine, tile, load)
     TM, TN = layout.TM, layout.TN
     tile_product = make_product(dense_operand(load, True), dense_operand(load, backward))
     bias_activation, activation_grad = make_epilogues(layout, load, store)
@@ -112,7 +112,7 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", **jit_op
     return linear_rows_kernel
 
 
-def trial_axis(array):
+def _trial_axis(array):
     """(T,) for an array with a leading trial axis (3-D where a layer's operand is 2-D), else ().
     Shapes are read as tuples: the simulator's own shape object takes no negative index."""
     return tuple(array.shape[:1]) if len(array.shape) == 3 else ()
@@ -122,7 +122,7 @@ def linear_forward(x, w, b, y, activation, engine="fma"):
     """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a leading
     trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
     each from its own operands in the order a launch of its own would use with the same tile."""
-    lead = trial_axis(x)
+    lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     M, K = tuple(x.shape)[-2:]
     require("w", w, x.dtype, (*lead, K, None))
@@ -130,7 +130,7 @@ def linear_forward(x, w, b, y, activation, engine="fma"):
     require("b", b, x.dtype, (*lead, N))
     require("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
-    check_engine(engine, x.dtype)
+    _check_engine(engine, x.dtype)
     _rows_pass(x, w, b, y, activation, M, N, lead, False, engine)
 
 
@@ -141,7 +141,7 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
     (pass dx or any (M, K) array of that format). A leading trial axis on all
     four as in linear_forward.
     """
-    lead = trial_axis(dy)
+    lead = _trial_axis(dy)
     require_one_of("dy", dy, STORAGE_DTYPES, (*lead, None, None))
     M, N = tuple(dy.shape)[-2:]
     require("w", w, dy.dtype, (*lead, None, N))
@@ -149,7 +149,7 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
     require("h", h, dy.dtype, (*lead, M, K))
     require("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
-    check_engine(engine, dy.dtype)
+    _check_engine(engine, dy.dtype)
     _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine)
 
 
@@ -157,7 +157,7 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine):
     trials = lead[0] if lead else 1
     if M == 0 or N == 0 or trials == 0:
         return
-    tile, grid, threads = engine_launch(engine, M, N, trials, lead)
+    tile, grid, threads = _engine_launch(engine, M, N, trials, lead)
     make_linear_rows(tile, a.dtype, backward, bool(lead), engine)[grid, threads, streams.current()](
         a, w, other, out, activation)
 
@@ -168,7 +168,7 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine):
 def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", **jit_options):
     BM, BN = tile[:2]
     load, _ = codec(dtype)
-    make_product, layout = engine_parts(engine, tile, load)
+    make_product, layout = _engine_parts(engine, tile, load)
     TM, TN, row_of, col_of = layout
     tile_product = make_product(dense_operand(load, False), dense_operand(load, False))
 
@@ -251,7 +251,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
     by more blocks (see CHUNK_BLOCKS). With a leading trial axis (x (T, B, K), dy (T, B, N), dw
     (T, K, N)) one launch computes the T trials' gradients, each summed inside its blocks (no workspace),
     as the tf32x3 engine sums every gradient."""
-    lead = trial_axis(x)
+    lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     B, K = tuple(x.shape)[-2:]
     require("dy", dy, x.dtype, (*lead, B, None))
@@ -259,11 +259,11 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
     require("dw", dw, "float32", (*lead, K, N))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    check_engine(engine, x.dtype)
+    _check_engine(engine, x.dtype)
     if K == 0 or N == 0 or (lead and lead[0] == 0):
         return
     if lead or engine != "fma":
-        tile, grid, threads = engine_launch(engine, K, N, lead[0] if lead else 1, lead)
+        tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead)
         make_linear_backward_weight(tile, x.dtype, bool(lead), engine)[grid, threads, streams.current()](
             x, dy, dw, float32(beta))
         return

@@ -51,8 +51,20 @@ def _activation_grad(h, activation):
     raise ValueError(f"unknown activation code {activation}")
 
 
-def linear_forward(x, w, b, y, activation):
-    """y = act(x @ w + b)."""
+ENGINES = ("fma", "tf32x3")  # the CUDA launchers' ways of summing; here BLAS sums every one in float32
+
+
+def _check_engine(engine, dtype):
+    """The CUDA launchers' refusals, so that a call refused there is refused here too."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
+    if engine == "tf32x3" and np.dtype(dtype) != np.float32:
+        raise ValueError(f"the tf32x3 engine takes float32 operands, got {np.dtype(dtype)}")
+
+
+def linear_forward(x, w, b, y, activation, engine="fma"):
+    """y = act(x @ w + b); `engine` as the CUDA launcher's (BLAS sums either way)."""
+    _check_engine(engine, x.dtype)
     if y.dtype not in LOW_PRECISION:
         np.matmul(x, w, out=y)
         y += _bias(b)
@@ -67,8 +79,9 @@ def linear_forward(x, w, b, y, activation):
     y[...] = from_float32(z, y.dtype)
 
 
-def linear_backward_input(dy, w, h, dx, activation):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
+    _check_engine(engine, dy.dtype)
     if dx.dtype not in LOW_PRECISION:
         np.matmul(dy, _transposed(w), out=dx)
         if activation != NONE:
@@ -91,8 +104,9 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
 
 
-def linear_backward_weight(x, dy, dw, beta, workspace=None):
+def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32; workspace is not used."""
+    _check_engine(engine, x.dtype)
     x, dy = to_float32(x), to_float32(dy)
     with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
         if beta == 0.0:
