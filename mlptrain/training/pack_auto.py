@@ -68,7 +68,7 @@ def resolve(pack, config, resources, most: int) -> int:
         source = "cached" if found else "measured"
         if not found:
             console.print(f"--pack auto: measuring how many runs of this config add throughput on "
-                          f"{backend.device_name} (once: the answer is cached)", highlight=False)
+                          f"{backend.device_name} (once: the answer is cached)", highlight=False, soft_wrap=True)
             found = measure(config, resources)
             _write(key, found)
         _known[key] = found
@@ -76,7 +76,7 @@ def resolve(pack, config, resources, most: int) -> int:
     shown = ", ".join(f"{runs}: {rate:,.0f}" for runs, rate in rates.items()) or "none could be timed"
     chosen = max(1, min(k, most))
     console.print(f"--pack auto: {chosen} side by side on {backend.device_name} (optimizer steps a second, all "
-                  f"runs together: {shown}; {source})", highlight=False)
+                  f"runs together: {shown}; {source})", highlight=False, soft_wrap=True)
     return chosen
 
 
