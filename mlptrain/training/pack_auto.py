@@ -6,9 +6,10 @@ builds the config's session, trains two full windows (the first compiles and the
 CUDA graph), then full windows in turn for at least MEASURE_S. K doubles while doubling gains at least GAIN
 and the runs fit in the GPU's memory (a session refused for memory ends the search), up to `most` (the
 trials or seeds there are) and packing.MAX_PACK; the answer is the last K that gained. The measured rates
-are kept per GPU model and per what sets a step's cost (the model and its widths, the batch and its
-accumulation, precision, optimizer, the dataset's images), in a JSON file of the user cache folder
-($MLPTRAIN_PACK_CACHE, `off` to measure every time); the lr, the schedule and the seed do not enter it.
+are kept per GPU model, per what sets a step's cost (the model and its widths, the batch and its
+accumulation, precision, optimizer, the dataset's images) and per version of the package's code, in a JSON
+file of the user cache folder ($MLPTRAIN_PACK_CACHE, `off` to measure every time); the lr, the schedule and
+the seed do not enter it.
 On the CPU there is no GPU to share: 1.
 """
 
@@ -38,9 +39,14 @@ _known: dict = {}  # key -> (K, rates): what this process measured or read
 
 
 def cost_key(config, device_name: str) -> str:
-    """What decides a packed step's cost, as one string: the GPU model and the config's shapes and kinds."""
+    """What decides a packed step's cost, as one string: the GPU model, the config's shapes and kinds, and the
+    package's code (faster kernels, a measurement of their own)."""
+    # imported here: the kernel cache's modules are the GPU path's (a CPU run never asks for a key)
+    from mlptrain.backends.kernel_cache.cubins import package_digest
+
     train, data = config.train, config.data
-    parts = {"gpu": device_name, "model": _plain(config.model), "optim": config.optim.name,
+    parts = {"gpu": device_name, "code": package_digest()[:16], "model": _plain(config.model),
+             "optim": config.optim.name,
              "batch": train.batch_size, "accumulate": train.grad_accum_steps, "precision": train.precision,
              "graphs": train.cuda_graphs, "data": [data.dataset, data.path, data.image_size]}
     return json.dumps(parts, sort_keys=True, default=str)
