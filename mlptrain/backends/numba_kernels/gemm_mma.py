@@ -27,7 +27,7 @@ k), with no atomics, so results are bitwise reproducible on one GPU model.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, int64, uint32, uint64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int64, uint32, uint64
 from mlptrain.backends.numba_kernels import tiles
 from mlptrain.backends.numba_kernels.tensor_core import mma
 
@@ -134,18 +134,7 @@ def make_tile_product(tile, a_operand, b_operand, kind):
     ROW_STEP = 8 * PITCH  # a fragment's rows g and g + 8
     A_WORDS, B_WORDS = BM * PITCH, BN * PITCH
 
-    if config.ENABLE_CUDASIM:  # the simulator takes no alignment, and tells shared arrays apart by line
-        @kernel_cache.device
-        def slices():
-            As = cuda.shared.array(A_WORDS, uint32)
-            Bs = cuda.shared.array(B_WORDS, uint32)
-            return As, Bs
-    else:
-        @kernel_cache.device
-        def slices():
-            As = cuda.shared.array(A_WORDS, uint32, alignment=16)
-            Bs = cuda.shared.array(B_WORDS, uint32, alignment=16)
-            return As, Bs
+    slices = tiles.shared_slices(A_WORDS, B_WORDS, uint32, 16)
 
     @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
@@ -167,19 +156,41 @@ def make_tile_product(tile, a_operand, b_operand, kind):
                         acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
 
     @kernel_cache.device
+    def first_reads(t):
+        warp, lane = t // 32, t % 32
+        return (uint64(((warp // WN) * (BM // WM) + lane // 4) * PITCH + lane % 4),
+                uint64(((warp % WN) * (BN // WN) + lane // 4) * PITCH + lane % 4))
+
+    return pipelined_product((rows_a, load_a, store_a, A_LOADS), (rows_b, load_b, store_b, B_LOADS),
+                             (prepare_a, prepare_b), slices, multiply_slice, first_reads, BK, uint32,
+                             (2 * FM, 2 * FN))
+
+
+def pipelined_product(stage_a, stage_b, prepares, slices, multiply_slice, first_reads, BK, register,
+                      accumulators):
+    """The tile product of both tensor-core engines (this module's and gemm_tf32's), around their own pieces:
+    each operand's stage (rows, load, store, loads: its codes once per tile, a slice's elements into
+    `register`-typed registers, then to shared memory), its `prepare`, the `slices()` in shared memory,
+    `multiply_slice(As, Bs, a_first, b_first, acc)` and `first_reads(thread)` (a thread's first shared reads
+    of each slice). acc (`accumulators` rows x columns) starts at zero; the next slice is fetched into
+    registers while the current one is multiplied; always True (every thread holds complete sums)."""
+    rows_a, load_a, store_a, A_LOADS = stage_a
+    rows_b, load_b, store_b, B_LOADS = stage_b
+    prepare_a, prepare_b = prepares
+    ROWS, COLUMNS = accumulators
+
+    @kernel_cache.device
     def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
         As, Bs = slices()
-        a_regs = cuda.local.array(A_LOADS, uint32)
-        b_regs = cuda.local.array(B_LOADS, uint32)
+        a_regs = cuda.local.array(A_LOADS, register)
+        b_regs = cuda.local.array(B_LOADS, register)
         a_codes = cuda.local.array(A_LOADS, int64)
         b_codes = cuda.local.array(B_LOADS, int64)
         ga, gb = prepare_a(a), prepare_b(b)
         t = cuda.threadIdx.x
-        warp, lane = t // 32, t % 32
-        a_first = uint64(((warp // WN) * (BM // WM) + lane // 4) * PITCH + lane % 4)
-        b_first = uint64(((warp % WN) * (BN // WN) + lane // 4) * PITCH + lane % 4)
-        for i in range(2 * FM):
-            for j in range(2 * FN):
+        a_first, b_first = first_reads(t)
+        for i in range(ROWS):
+            for j in range(COLUMNS):
                 acc[i, j] = float32(0)
         rows_a(a, ga, a_codes, m0, M, t)
         rows_b(b, gb, b_codes, n0, N, t)

@@ -25,8 +25,8 @@ results are bitwise reproducible on one GPU model.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, int64, uint32, uint64
-from mlptrain.backends.numba_kernels import gemm_mma
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint32, uint64
+from mlptrain.backends.numba_kernels import gemm_mma, tiles
 from mlptrain.backends.numba_kernels.codecs import bits_float, float_bits
 from mlptrain.backends.numba_kernels.tensor_core import mma
 
@@ -95,9 +95,8 @@ def _make_stage(operand, ROWS, BK, THREADS):
 
 def make_tile_product(tile, a_operand, b_operand):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this thread's
-    outputs (`layout`), by 3xTF32 products; always True (every thread holds complete sums).
-    Elements outside (M, N) and [k_begin, k_end) read as zero. The next slice is fetched into registers
-    while the current one is multiplied."""
+    outputs (`layout`), by 3xTF32 products (gemm_mma.pipelined_product around this engine's staging and
+    slice product). Elements outside (M, N) and [k_begin, k_end) read as zero."""
     BM, BN, WM, WN, FM, FN, THREADS = tile_shape(tile)
     BK = tile[4]
     rows_a, load_a, store_a, A_LOADS, A_PITCH = _make_stage(a_operand, BM, BK, THREADS)
@@ -106,18 +105,7 @@ def make_tile_product(tile, a_operand, b_operand):
     product = mma("tf32")
     A_WORDS, B_WORDS = BK * A_PITCH, BK * B_PITCH
 
-    if config.ENABLE_CUDASIM:  # the simulator takes no alignment, and tells shared arrays apart by line
-        @kernel_cache.device
-        def slices():
-            As = cuda.shared.array(A_WORDS, float32)
-            Bs = cuda.shared.array(B_WORDS, float32)
-            return As, Bs
-    else:
-        @kernel_cache.device
-        def slices():
-            As = cuda.shared.array(A_WORDS, float32, alignment=16)
-            Bs = cuda.shared.array(B_WORDS, float32, alignment=16)
-            return As, Bs
+    slices = tiles.shared_slices(A_WORDS, B_WORDS, float32, 16)
 
     @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
@@ -146,34 +134,11 @@ def make_tile_product(tile, a_operand, b_operand):
                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
 
     @kernel_cache.device
-    def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
-        As, Bs = slices()
-        a_regs = cuda.local.array(A_LOADS, float32)
-        b_regs = cuda.local.array(B_LOADS, float32)
-        a_codes = cuda.local.array(A_LOADS, int64)
-        b_codes = cuda.local.array(B_LOADS, int64)
-        ga, gb = prepare_a(a), prepare_b(b)
-        t = cuda.threadIdx.x
+    def first_reads(t):  # row g of the warp's first fragment at k t
         warp, lane = t // 32, t % 32
-        # this lane's first reads: row g of the warp's first fragment at k t
-        a_first = uint64((lane % 4) * A_PITCH + (warp // WN) * (BM // WM) + lane // 4)
-        b_first = uint64((lane % 4) * B_PITCH + (warp % WN) * (BN // WN) + lane // 4)
-        for i in range(2 * FM):
-            for j in range(2 * FN):
-                acc[i, j] = float32(0)
-        rows_a(a, ga, a_codes, m0, M, t)
-        rows_b(b, gb, b_codes, n0, N, t)
-        load_a(a, ga, a_codes, a_regs, k_begin, k_end, t)
-        load_b(b, gb, b_codes, b_regs, k_begin, k_end, t)
-        for k0 in range(k_begin, k_end, BK):
-            store_a(As, a_regs, t)
-            store_b(Bs, b_regs, t)
-            cuda.syncthreads()
-            if k0 + BK < k_end:
-                load_a(a, ga, a_codes, a_regs, k0 + BK, k_end, t)
-                load_b(b, gb, b_codes, b_regs, k0 + BK, k_end, t)
-            multiply_slice(As, Bs, a_first, b_first, acc)
-            cuda.syncthreads()
-        return True
+        return (uint64((lane % 4) * A_PITCH + (warp // WN) * (BM // WM) + lane // 4),
+                uint64((lane % 4) * B_PITCH + (warp % WN) * (BN // WN) + lane // 4))
 
-    return tile_product
+    return gemm_mma.pipelined_product((rows_a, load_a, store_a, A_LOADS), (rows_b, load_b, store_b, B_LOADS),
+                                      (prepare_a, prepare_b), slices, multiply_slice, first_reads, BK, float32,
+                                      (2 * FM, 2 * FN))

@@ -137,6 +137,25 @@ def owned(first, t, T, i):
     return first + 2 * (t + T * (i >> 1)) + (i & 1)
 
 
+def shared_slices(a_size, b_size, dtype, alignment):
+    """Device function () -> (As, Bs): a tile product's two slices in shared memory, `a_size` and `b_size`
+    elements of `dtype`, aligned to `alignment` bytes on the GPU (for wide shared loads). The simulator takes
+    no alignment, and tells shared arrays apart by their source line: one a line."""
+    if config.ENABLE_CUDASIM:
+        @kernel_cache.device
+        def slices():
+            As = cuda.shared.array(a_size, dtype)
+            Bs = cuda.shared.array(b_size, dtype)
+            return As, Bs
+    else:
+        @kernel_cache.device
+        def slices():
+            As = cuda.shared.array(a_size, dtype, alignment=alignment)
+            Bs = cuda.shared.array(b_size, dtype, alignment=alignment)
+            return As, Bs
+    return slices
+
+
 def make_tile_product(tile, a_operand, b_operand):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN]
     for this thread's TM x TN outputs (rows owned(m0, ty, TY, i), columns
@@ -160,20 +179,7 @@ def make_tile_product(tile, a_operand, b_operand):
     if TM % 2 or TN % 2:
         raise ValueError(f"tile {tile}: a thread's outputs must come in row and column pairs")
 
-    # 8-byte alignment lets a complex64 read be one 8-byte load; the simulator takes no alignment (and
-    # tells shared arrays apart by their source line: one a line)
-    if config.ENABLE_CUDASIM:
-        @kernel_cache.device
-        def pair_slices():
-            As = cuda.shared.array(A_SHARED, complex64)
-            Bs = cuda.shared.array(B_SHARED, complex64)
-            return As, Bs
-    else:
-        @kernel_cache.device
-        def pair_slices():
-            As = cuda.shared.array(A_SHARED, complex64, alignment=8)
-            Bs = cuda.shared.array(B_SHARED, complex64, alignment=8)
-            return As, Bs
+    pair_slices = shared_slices(A_SHARED, B_SHARED, complex64, 8)  # a complex64 read: one 8-byte load
 
     @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):

@@ -37,16 +37,11 @@ def _bits(values, dtype):
     return halves[..., 0::2] | (halves[..., 1::2] << 16)
 
 
-@pytest.mark.parametrize("kind, dtype", [("bf16", BF16), ("fp16", FP16)])
-def test_mma_matches_the_fragment_layout(rng, kind, dtype):
-    """One warp's m16n8k16 product, its fragments laid out as tensor_core's docstring says."""
-    a, b = ref.stored(rng, (16, 16), dtype), ref.stored(rng, (16, 8), dtype)
-    c = rng.standard_normal((16, 8)).astype(np.float32)
-    pairs_a, pairs_b = _bits(a[1].astype(np.float32), dtype), _bits(b[1].T.astype(np.float32), dtype)
+def one_warp(kind, regs, c):
+    """D = A @ B + C (16 x 8) of one warp's tensor_core.mma(kind), its lanes holding `regs` (32 lanes x a0-a3,
+    b0, b1) and C laid out as tensor_core's docstring says."""
     lane = np.arange(32)
     g, t = lane // 4, lane % 4
-    regs = np.stack([pairs_a[g, t], pairs_a[g + 8, t], pairs_a[g, t + 4], pairs_a[g + 8, t + 4],
-                     pairs_b[g, t], pairs_b[g, t + 4]], axis=1).astype(np.uint32)
     accs = np.stack([c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]], axis=1)
     product = numba_names.resolve(tensor_core.mma(kind))  # numba's own intrinsic, for numba's own kernel
 
@@ -58,12 +53,41 @@ def test_mma_matches_the_fragment_layout(rng, kind, dtype):
             accs[i, 0], accs[i, 1], accs[i, 2], accs[i, 3])
 
     out = cuda.to_device(accs)
-    kernel[1, 32](cuda.to_device(regs), out)
+    kernel[1, 32](cuda.to_device(np.ascontiguousarray(regs, np.uint32)), out)
     got = np.zeros((16, 8))
     got[g, 2 * t], got[g, 2 * t + 1], got[g + 8, 2 * t], got[g + 8, 2 * t + 1] = out.copy_to_host().T
+    return got
+
+
+@pytest.mark.parametrize("kind, dtype", [("bf16", BF16), ("fp16", FP16)])
+def test_mma_matches_the_fragment_layout(rng, kind, dtype):
+    """One warp's m16n8k16 product, its fragments laid out as tensor_core's docstring says."""
+    a, b = ref.stored(rng, (16, 16), dtype), ref.stored(rng, (16, 8), dtype)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    pairs_a, pairs_b = _bits(a[1].astype(np.float32), dtype), _bits(b[1].T.astype(np.float32), dtype)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    regs = np.stack([pairs_a[g, t], pairs_a[g + 8, t], pairs_a[g, t + 4], pairs_a[g + 8, t + 4],
+                     pairs_b[g, t], pairs_b[g, t + 4]], axis=1)
+    got = one_warp(kind, regs, c)
     expected = a[1] @ b[1] + c
     bound = ref.gamma(17, 2 * ref.U32) * (np.abs(a[1]) @ np.abs(b[1]) + np.abs(c))
     ref.assert_within(got, expected, bound)
+
+
+def test_tf32_mma_matches_the_fragment_layout(rng):
+    """One warp's m16n8k8 product on tf32 values (float32 with its low 13 bits zero), its fragments laid out
+    as tensor_core's docstring says."""
+    a, b = (((rng.standard_normal(shape).astype(np.float32).view(np.uint32) & np.uint32(tensor_core.TF32_MASK))
+             .view(np.float32)) for shape in ((16, 8), (8, 8)))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    bits_a, bits_b = a.view(np.uint32), b.view(np.uint32)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    regs = np.stack([bits_a[g, t], bits_a[g + 8, t], bits_a[g, t + 4], bits_a[g + 8, t + 4],
+                     bits_b[t, g], bits_b[t + 4, g]], axis=1)
+    got = one_warp("tf32", regs, c)
+    ref.assert_within(got, a.astype(np.float64) @ b + c, 1e-5 * (np.abs(a) @ np.abs(b) + np.abs(c)) + 1e-6)
 
 
 def test_mma_rejects_other_formats():

@@ -9,13 +9,10 @@ The cases both backends run live in `tests.kernel_cases`.
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.backends.kernel_cache import numba_names
-from mlptrain.backends.numba_kernels import chunks, current, gemm, tensor_core, tiles
+from mlptrain.backends.numba_kernels import chunks, current, gemm, tiles
 from tests import kernel_cases as cases
-from tests import reference as ref
 from tests.kernel_cases import hidden_output, random
 
 pytestmark = pytest.mark.gpu
@@ -182,36 +179,6 @@ def test_trial_axis_refuses_mismatched_trials(rng):
 
 MINI_TF32_TILE = (32, 32, 2, 2, 16)  # four warps of one 16 x 16 fragment pair: the simulator trades each mma's
 # fragments through shared memory, so the production tile runs in the real_gpu case only
-
-
-def test_tf32_mma_matches_the_fragment_layout(rng):
-    """One warp's m16n8k8 product on tf32 values, its fragments laid out as tensor_core's docstring says."""
-    def tf32(values):
-        return (values.astype(np.float32).view(np.uint32) & np.uint32(tensor_core.TF32_MASK)).view(np.float32)
-
-    a, b = tf32(random(rng, 16, 8)), tf32(random(rng, 8, 8))
-    c = random(rng, 16, 8)
-    bits_a, bits_b = a.view(np.uint32), b.view(np.uint32)
-    lane = np.arange(32)
-    g, t = lane // 4, lane % 4
-    regs = np.stack([bits_a[g, t], bits_a[g + 8, t], bits_a[g, t + 4], bits_a[g + 8, t + 4],
-                     bits_b[t, g], bits_b[t + 4, g]], axis=1).astype(np.uint32)
-    accs = np.stack([c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]], axis=1)
-    product = numba_names.resolve(tensor_core.mma("tf32"))  # numba's own intrinsic, for numba's own kernel
-
-    @cuda.jit
-    def kernel(regs, accs):
-        i = cuda.threadIdx.x
-        accs[i, 0], accs[i, 1], accs[i, 2], accs[i, 3] = product(
-            regs[i, 0], regs[i, 1], regs[i, 2], regs[i, 3], regs[i, 4], regs[i, 5],
-            accs[i, 0], accs[i, 1], accs[i, 2], accs[i, 3])
-
-    out = cuda.to_device(accs)
-    kernel[1, 32](cuda.to_device(regs), out)
-    got = np.zeros((16, 8))
-    got[g, 2 * t], got[g, 2 * t + 1], got[g + 8, 2 * t], got[g + 8, 2 * t + 1] = out.copy_to_host().T
-    expected = a.astype(np.float64) @ b + c
-    ref.assert_within(got, expected, 1e-5 * (np.abs(a) @ np.abs(b) + np.abs(c)) + 1e-6)
 
 
 @pytest.fixture
