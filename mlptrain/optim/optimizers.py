@@ -76,6 +76,20 @@ class Optimizer:
             optim.adam_update(params, grads, self.state["m"], self.state["v"], compute, step_state, h.betas[0],
                               h.betas[1], h.eps, h.weight_decay, h.decoupled)
 
+    def lane_hypers(self) -> np.ndarray:
+        """This optimizer's row of a packed group's hyperparameters (mlptrain.training.lane_step): the float32
+        values the fused update takes, in the order the `*_update_lanes` kernels read them."""
+        h = self.hparams
+        if isinstance(h, SGD):
+            row = [h.weight_decay]
+        elif isinstance(h, Momentum):
+            row = [h.momentum, h.weight_decay, h.nesterov]
+        else:
+            # 1 - beta from the float64 beta, as adam_update takes it
+            row = [h.betas[0], h.betas[1], 1.0 - h.betas[0], 1.0 - h.betas[1], h.eps, h.weight_decay,
+                   bool(h.decoupled) and bool(h.weight_decay)]
+        return np.array(row, np.float64).astype(np.float32)
+
     @property
     def bias_betas(self) -> tuple[float, float]:
         """The betas of Adam's bias corrections (unused, and 0, for SGD and momentum)."""

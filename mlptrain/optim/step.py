@@ -57,6 +57,14 @@ class OptimizerStep:
                             scaling.backoff_factor, scaling.growth_interval)
         self.optimizer.update(params, grads, compute, self.state)
 
+    def lane_hypers(self) -> np.ndarray:
+        """This step's row of a packed group's `finish_step` hyperparameters (step_state.LANE_HYPERS), the values
+        `__call__` passes."""
+        scaling = self.loss_scaling or LossScaling()
+        beta1, beta2 = self.optimizer.bias_betas
+        return np.array([self.clip_grad_norm, beta1, beta2, self.loss_scaling is not None, scaling.growth_factor,
+                         scaling.backoff_factor, scaling.growth_interval], np.float64)
+
     def keep(self) -> None:
         """Queue a copy of the step state as the steps queued so far leave it, for `read_kept`."""
         self.backend.copy(self.state_kept, self.state)

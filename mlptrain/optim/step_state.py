@@ -22,6 +22,10 @@ BIAS_CORRECTION1 = 10  # 1 - beta1^t (Adam)
 BIAS_CORRECTION2 = 11  # sqrt(1 - beta2^t) (Adam)
 SIZE = 12
 
+# The rules finish_step takes, in the order of a packed trial's row of hyperparameters (the kernels'
+# finish_step_lanes: hypers[lane] is one such row of float64)
+LANE_HYPERS = ("max_norm", "beta1", "beta2", "dynamic_scaling", "growth_factor", "backoff_factor", "growth_interval")
+
 
 def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                 dynamic_scaling, growth_factor, backoff_factor, growth_interval):

@@ -26,8 +26,8 @@ from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run, whole_or_removed
 from mlptrain.training.loop import training
 from mlptrain.training.pack_auto import resolve
+from mlptrain.training.lane_group import slots
 from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
-from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
 MAX_SEEDS = 1000
@@ -85,7 +85,8 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     if pack == 1:
         finish(seed_runs(resources))
     else:
-        side_by_side([seed_runs(resources.with_own_stream(), i > 0) for i in range(min(pack, len(seeds)))], stop)
+        lanes, views = slots(config, resources, min(pack, len(seeds)))
+        side_by_side([seed_runs(view, i > 0) for i, view in enumerate(views)], stop, lanes)
     record = seeds_record(seeds, [summaries[seed] for seed in seeds])
     write_json(group[0] / "seeds.json", record)
     return group[0], record
@@ -97,7 +98,7 @@ def _seed_run(config: Config, seed: int, i: int, seeds: list[int], runs_dir: Pat
     folder and plan (`group`, a list that then holds the folder). `give_way`: as packing.room_for's."""
     seeded = dataclasses.replace(config, seed=seed)
     with room_for(give_way):
-        session = build_session(seeded, *resources.prepare(seeded, start_compilers=True))
+        session = resources.session(seeded, start_compilers=True)
     if not group:
         group.append(create_run_dir(runs_dir, name, stem))
         write_json(group[0] / PLAN, {"seeds": list(seeds), "config": config_to_dict(config)})

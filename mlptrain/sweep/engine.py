@@ -36,8 +36,8 @@ from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import training
 from mlptrain.training.pack_auto import resolve
+from mlptrain.training.lane_group import slots
 from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
-from mlptrain.training.session import build_session
 from mlptrain.util.console import console
 
 POLL_S = 0.5  # how often a worker with nothing to take looks again: its command ends this soon after the last trial
@@ -152,10 +152,11 @@ def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resour
     first uses `resources`, the others views of their own on its GPU. `stop` as `work`'s; when one of them
     fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised. `pack`
     "auto": as many as mlptrain.training.pack_auto measures for the sweep's base config (at most its trials)."""
-    pack = resolve(pack, config_from_dict(sweep.raw), resources, sweep.trials)
-    views = [resources, *(resources.with_own_stream() for _ in range(pack - 1))]
+    base = config_from_dict(sweep.raw)
+    pack = resolve(pack, base, resources, sweep.trials)
+    group, views = slots(base, resources, pack)
     side_by_side([work_steps(study, storage, sweep, sweep_dir, view, on_trial_end, wait_for_others=False, stop=stop,
-                             progress=False, give_way=i > 0) for i, view in enumerate(views)], stop)
+                             progress=False, give_way=i > 0) for i, view in enumerate(views)], stop, group)
 
 
 @dataclass
@@ -218,7 +219,7 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
            progress: bool, give_way: bool = False) -> dict:
     attempt.config = sweep.trial_config(attempt.params, "its config")
     with resources.allocating(), room_for(give_way):  # refusals before the folder
-        session = build_session(attempt.config, *resources.prepare(attempt.config))
+        session = resources.session(attempt.config)
     attempt.run_dir = create_run(attempt.config, sweep_dir, f"trial-{trial.number:04d}", "trial",
                                  suffix_on_clash=True, dataset=session.dataset, backend=session.backend.name)
     trial.set_user_attr("run_dir", str(attempt.run_dir))

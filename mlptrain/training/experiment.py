@@ -26,6 +26,7 @@ from mlptrain.nn import check_model_input
 from mlptrain.run_dirs.folders import create_run_dir, write_yaml
 from mlptrain.run_dirs.lock import LOCK_NAME, lock_run, release_run
 from mlptrain.run_dirs.records import summary_writer_class
+from mlptrain.training.session import Session, build_session
 from mlptrain.util.host_memory import is_out_of_memory, out_of_memory
 from mlptrain.util.user_paths import expand_user
 
@@ -104,6 +105,11 @@ class Resources:
             if start_compilers:
                 self._backends[config.backend].start_compilers()
         return self._backends[config.backend], self.dataset(config)
+
+
+    def session(self, config: Config, start_compilers: bool = False) -> Session:
+        """`config`'s session on its backend (`prepare`); raises UserError (mlptrain.training.session)."""
+        return build_session(config, *self.prepare(config, start_compilers))
 
 
 def check_inputs(config: Config, resources: Resources | None = None, ask_driver: bool = True) -> None:

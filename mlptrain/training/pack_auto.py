@@ -1,7 +1,8 @@
 """`--pack auto`: how many runs of one config a worker trains side by side, measured on its GPU once and cached.
 
 The runs' throughput (optimizer steps a second, all of them together) is measured for K = 1, 2, 4, ... runs
-stepped in turn from one thread, each on a stream of its own, as mlptrain.training.packing steps them: each
+stepped as a packed worker steps them (mlptrain.training.packing: in lanes of one group where the config
+allows, mlptrain.training.lane_group, else in turn, each on a stream of its own): each
 builds the config's session, trains two full windows (the first compiles and the second captures its
 CUDA graph), then full windows in turn for at least MEASURE_S. K doubles while doubling gains at least GAIN
 and the runs fit in the GPU's memory (a session refused for memory ends the search), up to `most` (the
@@ -81,7 +82,7 @@ def resolve(pack, config, resources, most: int) -> int:
     k, rates = found
     shown = ", ".join(f"{runs}: {rate:,.0f}" for runs, rate in rates.items()) or "none could be timed"
     chosen = max(1, min(k, most))
-    console.print(f"--pack auto: {chosen} side by side on {backend.device_name} (optimizer steps a second, all "
+    console.print(f"--pack auto: {chosen} packed on {backend.device_name} (optimizer steps a second, all "
                   f"runs together: {shown}; {source})", highlight=False, soft_wrap=True)
     return chosen
 
@@ -116,37 +117,42 @@ def _search(config, resources, largest: int) -> tuple[int, dict]:
 
 
 def _rate(config, resources, k: int) -> float | None:
-    """Optimizer steps a second of k sessions of `config` stepped in turn, each on a stream of its own; None
-    where its data holds no full window."""
+    """Optimizer steps a second of k sessions of `config` stepped as a packed worker steps them (in lanes of one
+    group where the config allows, else in turn, each on a stream of its own); None where its data holds no
+    full window."""
     # imported here: building a session pulls in the model, optimizers and data splits
-    from mlptrain.training.session import build_session
+    from mlptrain.training.lane_group import slots
 
     sessions, streams = [], []
     try:
         with console.capture():  # k sessions' build notes (a validation split's, say) would repeat k times
-            for _ in range(k):
-                view = resources.with_own_stream()
-                backend, dataset = view.prepare(config)
+            group, views = slots(config, resources, k)
+            for view in views:
                 with view.allocating():
-                    sessions.append(build_session(config, backend, dataset))
+                    sessions.append(view.session(config))
                 streams.append(launch_stream())  # the stream its backend made
             rows = sessions[0].window.full_rows
             windows = sessions[0].train.size // rows
             if windows == 0:
                 return None
             order = np.arange(sessions[0].train.size, dtype=np.int32)
-            for session, stream in zip(sessions, streams):
-                use_launch_stream(stream)
+            for session in sessions:
                 session.window.start_epoch(order)
-                for w in range(2):  # launches one by one (compiling), then the graph's capture
+
+            def window(w: int) -> None:  # every session's window w
+                for session, stream in zip(sessions, streams):
+                    use_launch_stream(stream)
                     session.window.run((w % windows) * rows, rows)
+                if group is not None:
+                    group.flush()
+
+            for w in range(2):  # launches one by one (compiling), then the graph's capture
+                window(w)
             for session in sessions:
                 session.backend.synchronize()
             began, rounds = time.perf_counter(), 0
             while rounds < MIN_ROUNDS or time.perf_counter() - began < MEASURE_S:
-                for session, stream in zip(sessions, streams):
-                    use_launch_stream(stream)
-                    session.window.run(((rounds + 2) % windows) * rows, rows)
+                window(rounds + 2)
                 rounds += 1
             for session in sessions:
                 session.backend.synchronize()

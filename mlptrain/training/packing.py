@@ -90,22 +90,27 @@ class _Run:
         self.steps, self.stream, self.mark, self.hold, self.spread = steps, launch_stream(), None, 0, False
 
     def yielded(self, value, index: int, runs: int) -> None:
-        """Take what the run's step yielded: a mark to wait for, or its Period (the first one spreads it)."""
+        """Take what the run's step yielded: a mark to wait for, or its Period (the first one spreads it over
+        `runs`; 0: not spread)."""
         self.mark = None
         if isinstance(value, Period):
-            if not self.spread:
+            if not self.spread and runs:
                 self.hold, self.spread = index * value.steps // runs, True
         elif value is not None:
             self.mark = value
 
 
-def side_by_side(runs: Iterable[Generator], stop=None) -> list:
+def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
     """Advance every generator of `runs` one step in turn until all have ended; returns what each returned,
     in order. A run that yields a mark (Backend.mark: it is about to read what its steps computed) is passed
     over until the mark is done, so that the host queues the others' steps instead of waiting; when every run
     waits, the host waits for the first. When one raises, `stop.signum` is set (each run then ends after its
     current step, as on Ctrl-C: a run reads it after every optimizer step) and the others are advanced to
-    their ends; then the first error is raised. Without `stop` the others are closed where they stand."""
+    their ends; then the first error is raised. Without `stop` the others are closed where they stand.
+
+    `lanes` (an mlptrain.training.lane_group.LaneGroup; run i in its lane i, where its run joined the lanes):
+    a run in a lane hands its window in and is passed over until the group has launched it, which it does
+    once every lane in training has handed one in; the runs' starts are not spread (they step in lockstep)."""
     active = {i: _Run(steps) for i, steps in enumerate(runs)}
     results, errors = [None] * len(active), []
     count = len(active)
@@ -117,19 +122,21 @@ def side_by_side(runs: Iterable[Generator], stop=None) -> list:
             if run.hold:  # its start spread (Period): it sits out whole rounds of the others
                 run.hold -= 1
                 continue
+            if lanes is not None and lanes.waits(i):  # its window is not launched yet
+                continue
             if run.mark is not None and not run.mark.done():
                 waiting = waiting or run
                 continue
             stepped = True
             use_launch_stream(run.stream)
             try:
-                run.yielded(next(run.steps), i, count)
+                run.yielded(next(run.steps), i, count if lanes is None else 0)
             except StopIteration as end:
                 results[i] = end.value
-                del active[i]
+                _ended(active, i, lanes)
             except BaseException as err:  # kept, raised once every other run has ended
                 errors.append(err)
-                del active[i]
+                _ended(active, i, lanes)
                 if stop is not None:
                     stop.signum = stop.signum or signal.SIGTERM
                 else:
@@ -138,8 +145,17 @@ def side_by_side(runs: Iterable[Generator], stop=None) -> list:
                     active.clear()
             else:
                 run.stream = launch_stream()  # the stream its backend made (or switched to) this step
+        if lanes is not None and lanes.ready():
+            lanes.flush()
+            stepped = True
         if not stepped and waiting is not None:  # every run waits for the device: so does the host
             waiting.mark.wait()
     if errors:
         raise errors[0]
     return results
+
+
+def _ended(active: dict, i: int, lanes) -> None:
+    del active[i]
+    if lanes is not None:
+        lanes.leave(i)

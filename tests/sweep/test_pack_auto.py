@@ -113,7 +113,7 @@ def test_the_answer_is_measured_once_and_cached_per_gpu_and_shape(cache, monkeyp
     assert pack_auto.cost_key(other, "Fake GPU") == pack_auto.cost_key(config, "Fake GPU")  # lr, seed: same cost
     assert pack_auto.cost_key(config, "Other GPU") != pack_auto.cost_key(config, "Fake GPU")
     said = capsys.readouterr().err
-    assert "--pack auto: 8 side by side on Fake GPU" in said and "measured" in said and "cached" in said
+    assert "--pack auto: 8 packed on Fake GPU" in said and "measured" in said and "cached" in said
 
 
 def test_an_unreadable_cache_is_measured_again_and_off_measures_every_time(cache, monkeypatch):
@@ -143,8 +143,9 @@ def test_the_measurement_steps_real_sessions_side_by_side(tiny_mnist):
 
 @pytest.mark.real_gpu
 def test_seeds_packed_auto_on_the_gpu(tmp_path, data_dir):
-    """`run --seeds 3 --pack auto` measures K on the GPU once (then reads it from the cache), trains every seed,
-    and each seed's metrics are the bits it gives with --pack 1."""
+    """`run --seeds 3 --pack auto` measures K on the GPU once (then reads it from the cache) and trains every seed:
+    the same bits both times (after the probe too), and each seed's metrics within float32 rounding of its run
+    with --pack 1 (in lanes, a seed's GEMMs sum in another order: tests/training/test_lanes.py)."""
     env = {**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir), pack_auto.CACHE_ENV: str(tmp_path / "cache")}
     command = [sys.executable, "-m", "mlptrain", "run", "adam_mnist", "backend=cuda", "train.epochs=1",
                "model.hidden=[64]", "--seeds", "3", "--runs-dir", str(tmp_path / "runs")]
@@ -157,7 +158,17 @@ def test_seeds_packed_auto_on_the_gpu(tmp_path, data_dir):
         record = json.loads((tmp_path / "runs" / name / "seeds.json").read_text())
         assert record["seeds"] == [0, 1, 2]
         metrics[name] = record["metrics"]
-    assert metrics["first"] == metrics["alone"] == metrics["second"]  # after the probe too: each seed's own bits
+    assert metrics["first"] == metrics["second"]  # after the probe too: each seed's own bits
+    assert_close_metrics(metrics["first"], metrics["alone"])
+
+
+def assert_close_metrics(got: dict, want: dict, bound: float = 0.01) -> None:
+    """seeds.json's metrics: every seed's value within `bound` of `want`'s (absolute for accuracies, else
+    relative)."""
+    assert sorted(got) == sorted(want)
+    for key, record in want.items():
+        for a, b in zip(got[key]["values"], record["values"]):
+            assert abs(a - b) <= bound * (1.0 if "acc" in key else max(abs(b), 1e-12)), (key, a, b)
 
 
 def test_a_cpu_sweep_packed_auto_trains_every_trial(tmp_path, tiny_mnist, capsys):

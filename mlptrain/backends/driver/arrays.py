@@ -1,6 +1,7 @@
-"""Device arrays without numba: C-contiguous, allocated with the driver, with the few operations the
-launchers and the training code use (row slices, reshape, a view as another dtype of the same size,
-copies to and from the host). Any library that reads `__cuda_array_interface__` (numba's kernels among
+"""Device arrays without numba: allocated with the driver, with the few operations the launchers and the
+training code use (row slices, a row, reshape, a view as another dtype of the same size, copies to and from
+the host), all over C-contiguous arrays; and lane views (mlptrain.backends.lanes), whose lanes are apart by
+any stride. Any library that reads `__cuda_array_interface__` (numba's kernels among
 them, when a kernel must still be compiled) sees the same memory."""
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ from mlptrain.backends.driver import api
 
 
 class DeviceArray:
-    """`shape` elements of `dtype` at device address `pointer`, C-contiguous; `base` keeps the allocation alive
-    for views."""
+    """`shape` elements of `dtype` at device address `pointer`, C-contiguous unless given byte `strides` (a lane
+    view's); `base` keeps the allocation alive for views."""
 
-    __slots__ = ("pointer", "shape", "dtype", "base", "typename", "parameters", "__weakref__")
+    __slots__ = ("pointer", "shape", "dtype", "base", "strides", "typename", "parameters", "__weakref__")
 
-    def __init__(self, pointer: int, shape: tuple, dtype, base=None):
+    def __init__(self, pointer: int, shape: tuple, dtype, base=None, strides: tuple | None = None):
         self.pointer = pointer
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
         self.base = base
-        self.typename = f"array({self.dtype}, {len(self.shape)}d, C)"  # numba's name for its type
+        contiguous = _c_strides(self.shape, self.dtype.itemsize)
+        self.strides = contiguous if strides is None else tuple(int(n) for n in strides)
+        # numba's name for its type: a layout of "A" (any strides) where the array is not C-contiguous
+        layout = "C" if self.is_c_contiguous() else "A"
+        self.typename = f"array({self.dtype}, {len(self.shape)}d, {layout})"
         # what a launch passes for it, as numba does (meminfo, parent, size, item size, pointer, shape, strides),
         # made once: an array is launched many times
         self.parameters = (0, 0, self.size, self.dtype.itemsize, pointer, *self.shape, *self.strides)
@@ -52,30 +57,34 @@ class DeviceArray:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    @property
-    def strides(self) -> tuple:
-        strides, step = [], self.dtype.itemsize
-        for n in reversed(self.shape):
-            strides.append(step)
-            step *= n
-        return tuple(reversed(strides))
-
     def __len__(self):
         return self.shape[0]
 
     def is_c_contiguous(self) -> bool:
-        return True
+        return all(n <= 1 or got == want for n, got, want in
+                   zip(self.shape, self.strides, _c_strides(self.shape, self.dtype.itemsize)))
+
+    def strided(self, byte_offset: int, shape: tuple, strides: tuple) -> DeviceArray:
+        """A view of this array's memory from `byte_offset` with its own shape and byte strides (a lane view)."""
+        return DeviceArray(self.pointer + byte_offset, shape, self.dtype, self._owner(), strides)
 
     def __getitem__(self, index):
-        """Row slices only (`a[i:j]`): every view stays C-contiguous."""
+        """Row slices (`a[i:j]`) and one row (`a[i]`) of a C-contiguous array: every view stays C-contiguous."""
+        self._contiguous("sliced")
+        if isinstance(index, (int, np.integer)) and self.shape:
+            row = int(index) + self.shape[0] if index < 0 else int(index)
+            if not 0 <= row < self.shape[0]:
+                raise IndexError(f"row {index} of a device array of {self.shape[0]} rows")
+            return self[row:row + 1].reshape(self.shape[1:])
         if not isinstance(index, slice) or index.step not in (None, 1) or not self.shape:
-            raise TypeError("a device array takes row slices a[i:j] only")
+            raise TypeError("a device array takes row slices a[i:j] or a row a[i] only")
         start, stop, _ = index.indices(self.shape[0])
         stop = max(start, stop)
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
         return DeviceArray(self.pointer + start * row, (stop - start,) + self.shape[1:], self.dtype, self._owner())
 
     def reshape(self, *shape) -> DeviceArray:
+        self._contiguous("reshaped")
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         if -1 in shape:
             known = math.prod(n for n in shape if n != -1)
@@ -87,6 +96,7 @@ class DeviceArray:
     def view(self, dtype) -> DeviceArray:
         """The same bytes as another dtype, as numpy views them: a different item size changes the last axis
         (a 16-bit array seen as uint32 pairs along it, for the tensor cores)."""
+        self._contiguous("viewed as another dtype")
         dtype = np.dtype(dtype)
         shape = self.shape
         if dtype.itemsize != self.dtype.itemsize:
@@ -100,12 +110,18 @@ class DeviceArray:
     def _owner(self):
         return self.base if self.base is not None else self
 
+    def _contiguous(self, what: str) -> None:
+        if not self.is_c_contiguous():
+            raise TypeError(f"a lane view (strides {self.strides}) cannot be {what}; use the lanes' own arrays")
+
     def copy_to_host(self, stream=0) -> np.ndarray:
+        self._contiguous("copied")
         host = np.empty(self.shape, self.dtype)
         api.to_host(host.ctypes.data, self.pointer, self.nbytes, stream)
         return host
 
     def copy_to_device(self, host, stream=0) -> None:
+        self._contiguous("copied")
         host = np.ascontiguousarray(host, dtype=self.dtype)
         if host.size != self.size:
             raise ValueError(f"copying {host.size} elements into a device array of {self.size}")
@@ -114,7 +130,15 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self) -> dict:
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.pointer, False), "version": 3,
-                "strides": None, "stream": None}
+                "strides": None if self.is_c_contiguous() else self.strides, "stream": None}
+
+
+def _c_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 class _Allocation:

@@ -28,6 +28,42 @@ def require(name, array, dtype, shape):
         raise ValueError(f"{name} must be C-contiguous (a row slice buf[:n] is; a column slice is not)")
 
 
+def require_lanes(name, array, dtype, shape):
+    """Like `require` for an operand with a leading lane axis (packed trials, one per lane): shape[0] lanes,
+    each lane's block C-contiguous, the lanes apart by any stride at least a block (a column range of a
+    (lanes, n) buffer, `mlptrain.backends.lanes.lane_view`, is such an operand)."""
+    if isinstance(array, np.ndarray) or not hasattr(array, "is_c_contiguous"):
+        raise ValueError(f"{name} must be a device array (backend.to_device), got {type(array).__name__}")
+    if array.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {array.dtype}")
+    got = tuple(array.shape)
+    if len(got) != len(shape) or any(want is not None and n != want for n, want in zip(got, shape)):
+        want = tuple("*" if n is None else n for n in shape)
+        raise ValueError(f"{name} has shape {got}, expected {want}")
+    if not lanes_apart(got, tuple(array.strides), array.dtype.itemsize):
+        raise ValueError(f"{name} must hold each lane's block C-contiguous, lanes apart by at least a block "
+                         f"(strides {tuple(array.strides)} for shape {got})")
+
+
+def require_lanes_one_of(name, array, dtypes, shape):
+    """`require_lanes`, accepting any of several dtypes (as `require_one_of` does for `require`)."""
+    if array.dtype not in [np.dtype(d) for d in dtypes]:
+        names = " or ".join(str(np.dtype(d)) for d in dtypes)
+        raise ValueError(f"{name} must be {names}, got {array.dtype}")
+    require_lanes(name, array, array.dtype, shape)
+
+
+def lanes_apart(shape: tuple, strides: tuple, itemsize: int) -> bool:
+    """Whether an array of `shape` and byte `strides` holds each block along the first axis C-contiguous and
+    the blocks apart by at least a block (so that lanes never overlap)."""
+    block = itemsize
+    for n, stride in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if n > 1 and stride != block:
+            return False
+        block *= n
+    return len(shape) == 0 or shape[0] <= 1 or strides[0] >= block
+
+
 def require_one_of(name, array, dtypes, shape):
     """Like `require`, accepting any of several dtypes."""
     if array.dtype not in [np.dtype(d) for d in dtypes]:

@@ -6,24 +6,27 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_one_of
+from mlptrain.backends.numba_kernels.checks import (
+    checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 256
 MAX_ROW_BLOCKS = 65535  # the grid's y limit; more rows loop
+LANE_THREADS = 32  # advance_lanes: one thread per lane, and lanes are few
 
 
 @functools.cache
-def _make_gather_batch(dtype):
+def _make_gather(dtype):
+    """(gather_batch_kernel, gather_lanes_kernel) storing x in this format; both run one device function,
+    so a lane's rows are the solo kernel's bits."""
     _, store = codec(dtype)
 
     # Thread d of block row by owns x[i, d] for rows i = by, by + gridDim.y, ...
     # (threads of a block run along d, so the uint8 reads and the writes are
     # coalesced); thread 0 of the first block column owns y[i]. No atomics.
-    @kernel_cache.jit
-    def gather_batch_kernel(images, labels, indices, cursor, start, x, y, scale, shift):
+    @kernel_cache.device
+    def gather_rows(images, labels, indices, first, x, y, scale, shift):
         d = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        first = cursor[0] + start
         for i in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
             r = indices[first + i]
             if d < x.shape[1]:
@@ -31,7 +34,32 @@ def _make_gather_batch(dtype):
             if d == 0:
                 y[i] = int32(labels[r])
 
-    return gather_batch_kernel
+    @kernel_cache.jit
+    def gather_batch_kernel(images, labels, indices, cursor, start, x, y, scale, shift):
+        gather_rows(images, labels, indices, cursor[0] + start, x, y, scale, shift)
+
+    # Blocks of grid layer z serve lane z as the solo kernel's grid would; an inactive lane's blocks return
+    # before reading its cursor or indices.
+    @kernel_cache.jit
+    def gather_lanes_kernel(images, labels, indices, cursor, start, x, y, scale, shift, active):
+        z = cuda.blockIdx.z
+        if active[z] != 0:
+            gather_rows(images, labels, indices[z], cursor[z, 0] + start, x[z], y[z], scale, shift)
+
+    return gather_batch_kernel, gather_lanes_kernel
+
+
+def _check_dataset(images, labels):
+    """(rows, width) of the resident dataset."""
+    require_one_of("images", images, ("uint8", "float32"), (None, None))  # pixels, or an npz's float features
+    rows, width = images.shape
+    require("labels", labels, "uint8", (rows,))
+    return rows, width
+
+
+def _check_window(start, n, available):
+    if start < 0 or start + n > available:
+        raise ValueError(f"indices[{start}:{start + n}] is out of range for {available} indices")
 
 
 def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None):
@@ -42,20 +70,41 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     graph move through the epoch: see `advance_cursor`. indices must hold valid rows of images and
     cursor[0] + start + x.shape[0] must not pass their end (neither is checked on the device).
     """
-    require_one_of("images", images, ("uint8", "float32"), (None, None))  # pixels, or an npz's float features
-    rows, width = images.shape
-    require("labels", labels, "uint8", (rows,))
+    _, width = _check_dataset(images, labels)
     require_one_of("indices", indices, ("int32", "int64"), (None,))
     require_one_of("x", x, STORAGE_DTYPES, (None, width))
     n = x.shape[0]
     require("y", y, "int32", (n,))
-    if start < 0 or start + n > indices.shape[0]:
-        raise ValueError(f"indices[{start}:{start + n}] is out of range for {indices.shape[0]} indices")
+    _check_window(start, n, indices.shape[0])
     if n == 0:
         return
     grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS))
-    _make_gather_batch(x.dtype)[grid, THREADS, streams.current()](images, labels, indices, checked_cursor(cursor),
-                                                                  start, x, y, float32(scale), float32(shift))
+    _make_gather(x.dtype)[0][grid, THREADS, streams.current()](images, labels, indices, checked_cursor(cursor),
+                                                               start, x, y, float32(scale), float32(shift))
+
+
+def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, active):
+    """`gather_batch` for every active lane z (active[z] != 0) in one launch: lane z gathers
+    x[z], y[z] from the shared images and labels through its own indices[z] and cursor[z].
+
+    indices (K, n) int32 or int64, x (K, rows, D) in a storage format, y (K, rows) int32, cursor (K, 1)
+    int64, active (K,) int32; lane operands may be lane views (`mlptrain.backends.lanes.lane_view`). An
+    inactive lane is not touched: not even its cursor or indices are read.
+    """
+    _, width = _check_dataset(images, labels)
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes_one_of("indices", indices, ("int32", "int64"), (lanes, None))
+    require_lanes_one_of("x", x, STORAGE_DTYPES, (lanes, None, width))
+    n = x.shape[1]
+    require_lanes("y", y, "int32", (lanes, n))
+    require_lanes("cursor", cursor, "int64", (lanes, 1))
+    _check_window(start, n, indices.shape[1])
+    if n == 0 or lanes == 0:
+        return
+    grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS), lanes)
+    _make_gather(x.dtype)[1][grid, THREADS, streams.current()](images, labels, indices, cursor, start, x, y,
+                                                               float32(scale), float32(shift), active)
 
 
 @kernel_cache.jit
@@ -67,3 +116,21 @@ def advance_cursor(cursor, by):
     """cursor[0] += by, on the device (so a graph replay can advance it)."""
     require("cursor", cursor, "int64", (1,))
     advance_cursor_kernel[1, 1, streams.current()](cursor, int64(by))
+
+
+# Thread z owns lane z's cursor: no atomics.
+@kernel_cache.jit
+def advance_lanes_kernel(cursor, by, active):
+    z = cuda.grid(1)
+    if z < active.shape[0] and active[z] != 0:
+        cursor[z, 0] += by
+
+
+def advance_lanes(cursor, by, active):
+    """cursor[z, 0] += by for every active lane z (active[z] != 0), on the device; cursor (K, 1) int64."""
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes("cursor", cursor, "int64", (lanes, 1))
+    if lanes == 0:
+        return
+    advance_lanes_kernel[math.ceil(lanes / LANE_THREADS), LANE_THREADS, streams.current()](cursor, int64(by), active)

@@ -26,7 +26,7 @@ import functools
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 from mlptrain.backends.numba_kernels import gemm_tf32, streams
-from mlptrain.backends.numba_kernels.checks import require, require_one_of
+from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.tiles import (
@@ -118,6 +118,12 @@ def _trial_axis(array):
     return tuple(array.shape[:1]) if len(array.shape) == 3 else ()
 
 
+def _checks(lead):
+    """A trial-axis operand may be a lane view (mlptrain.backends.lanes): each trial's block C-contiguous, the
+    trials apart by any stride (a layer's weights among each trial's flat parameters)."""
+    return require_lanes if lead else require
+
+
 def linear_forward(x, w, b, y, activation, engine="fma"):
     """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a leading
     trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
@@ -125,10 +131,10 @@ def linear_forward(x, w, b, y, activation, engine="fma"):
     lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     M, K = tuple(x.shape)[-2:]
-    require("w", w, x.dtype, (*lead, K, None))
+    _checks(lead)("w", w, x.dtype, (*lead, K, None))
     N = tuple(w.shape)[-1]
-    require("b", b, x.dtype, (*lead, N))
-    require("y", y, x.dtype, (*lead, M, N))
+    _checks(lead)("b", b, x.dtype, (*lead, N))
+    _checks(lead)("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
     _check_engine(engine, x.dtype)
     _rows_pass(x, w, b, y, activation, M, N, lead, False, engine)
@@ -144,10 +150,10 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
     lead = _trial_axis(dy)
     require_one_of("dy", dy, STORAGE_DTYPES, (*lead, None, None))
     M, N = tuple(dy.shape)[-2:]
-    require("w", w, dy.dtype, (*lead, None, N))
+    _checks(lead)("w", w, dy.dtype, (*lead, None, N))
     K = tuple(w.shape)[-2]
-    require("h", h, dy.dtype, (*lead, M, K))
-    require("dx", dx, dy.dtype, (*lead, M, K))
+    _checks(lead)("h", h, dy.dtype, (*lead, M, K))
+    _checks(lead)("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
     _check_engine(engine, dy.dtype)
     _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine)
@@ -254,9 +260,9 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
     lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     B, K = tuple(x.shape)[-2:]
-    require("dy", dy, x.dtype, (*lead, B, None))
+    _checks(lead)("dy", dy, x.dtype, (*lead, B, None))
     N = tuple(dy.shape)[-1]
-    require("dw", dw, "float32", (*lead, K, N))
+    _checks(lead)("dw", dw, "float32", (*lead, K, N))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
     _check_engine(engine, x.dtype)

@@ -6,7 +6,8 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_one_of
+from mlptrain.backends.numba_kernels.checks import (
+    checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 128
@@ -14,19 +15,16 @@ THREADS = 128
 
 @functools.cache
 def _make_softmax_cross_entropy(dtype):
+    """(softmax_cross_entropy_kernel, softmax_cross_entropy_lanes_kernel) for logits in this format; both
+    run one device function per row, so a lane's rows are the solo kernel's bits."""
     load, store = codec(dtype)
 
     # One thread per row: it owns row_loss/row_correct[offset + i] and the
     # whole row dlogits[i], so no atomics. Rows are short (classes), three
     # passes over the row (max, sum of exp, gradient) stay in L1.
-    @kernel_cache.jit
-    def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
-                                     loss_scale):
-        i = cuda.grid(1)
-        rows, classes = logits.shape
-        if i >= rows:
-            return
-        offset += cursor[0]
+    @kernel_cache.device
+    def cross_entropy_row(logits, labels, dlogits, row_loss, row_correct, i, offset, grad_scale, loss_scale):
+        classes = logits.shape[1]
         best, best_index = load(logits[i, 0]), 0
         for j in range(1, classes):
             if load(logits[i, j]) > best:  # strict: the first maximum wins, as np.argmax
@@ -48,7 +46,33 @@ def _make_softmax_cross_entropy(dtype):
                 p -= float32(1)
             dlogits[i, j] = store(p * scale)
 
-    return softmax_cross_entropy_kernel
+    @kernel_cache.jit
+    def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
+                                     loss_scale):
+        i = cuda.grid(1)
+        if i < logits.shape[0]:
+            cross_entropy_row(logits, labels, dlogits, row_loss, row_correct, i, offset + cursor[0], grad_scale,
+                              loss_scale)
+
+    # Block row z serves lane z as the solo kernel's grid would; an inactive lane's threads return before
+    # reading its cursor.
+    @kernel_cache.jit
+    def softmax_cross_entropy_lanes_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset,
+                                           grad_scale, loss_scale, active):
+        i, z = cuda.grid(1), cuda.blockIdx.y
+        if i < logits.shape[1] and active[z] != 0:
+            cross_entropy_row(logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z], i,
+                              offset + cursor[z, 0], grad_scale, loss_scale[z])
+
+    return softmax_cross_entropy_kernel, softmax_cross_entropy_lanes_kernel
+
+
+def _check_rows(offset, rows, row_loss_length, row_correct_length):
+    if offset < 0 or offset + rows > min(row_loss_length, row_correct_length):
+        raise ValueError(
+            f"rows {offset}..{offset + rows} do not fit row_loss ({row_loss_length}) "
+            f"and row_correct ({row_correct_length})"
+        )
 
 
 def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
@@ -73,16 +97,43 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     require("loss_scale", loss_scale, "float64", (1,))
     if classes == 0:
         raise ValueError("logits must have at least one class column")
-    if offset < 0 or offset + rows > min(row_loss.shape[0], row_correct.shape[0]):
-        raise ValueError(
-            f"rows {offset}..{offset + rows} do not fit row_loss ({row_loss.shape[0]}) "
-            f"and row_correct ({row_correct.shape[0]})"
-        )
+    _check_rows(offset, rows, row_loss.shape[0], row_correct.shape[0])
     if rows == 0:
         return
     blocks = math.ceil(rows / THREADS)
-    _make_softmax_cross_entropy(logits.dtype)[blocks, THREADS, streams.current()](
+    _make_softmax_cross_entropy(logits.dtype)[0][blocks, THREADS, streams.current()](
         logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset, float32(grad_scale), loss_scale
+    )
+
+
+def softmax_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
+                                cursor, active):
+    """`softmax_cross_entropy` for every active lane z (active[z] != 0) in one launch: lane z's
+    logits[z] (M, C), labels[z], dlogits[z], row_loss[z], row_correct[z], loss_scale[z] and cursor[z].
+
+    logits, dlogits (K, M, C) in one storage format, labels (K, M) int32, row_loss (K, N) float32,
+    row_correct (K, N) int32, loss_scale (K, 1) float64, cursor (K, 1) int64, active (K,) int32; grad_scale
+    and offset are every lane's. Lane operands may be lane views (`mlptrain.backends.lanes.lane_view`:
+    loss_scale is a column of the lanes' step states). An inactive lane is not touched.
+    """
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes_one_of("logits", logits, STORAGE_DTYPES, (lanes, None, None))
+    _, rows, classes = tuple(logits.shape)
+    require_lanes("labels", labels, "int32", (lanes, rows))
+    require_lanes("dlogits", dlogits, logits.dtype, (lanes, rows, classes))
+    require_lanes("row_loss", row_loss, "float32", (lanes, None))
+    require_lanes("row_correct", row_correct, "int32", (lanes, None))
+    require_lanes("loss_scale", loss_scale, "float64", (lanes, 1))
+    require_lanes("cursor", cursor, "int64", (lanes, 1))
+    if classes == 0:
+        raise ValueError("logits must have at least one class column")
+    _check_rows(offset, rows, row_loss.shape[1], row_correct.shape[1])
+    if rows == 0 or lanes == 0:
+        return
+    blocks = (math.ceil(rows / THREADS), lanes)
+    _make_softmax_cross_entropy(logits.dtype)[1][blocks, THREADS, streams.current()](
+        logits, labels, dlogits, row_loss, row_correct, cursor, offset, float32(grad_scale), loss_scale, active
     )
 
 

@@ -14,13 +14,15 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import require, require_one_of
+from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
 THREADS = 256
 MAX_BLOCKS = 2048  # grid-stride beyond this: enough to fill any current GPU
+
+LANE_THREADS = 32  # finish_step_lanes: one thread per lane, and lanes are few
 
 _finish_step_device = cuda.jit(device=True)(step_state.finish_step)
 
@@ -43,9 +45,42 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
     require("grad_norms", grad_norms, "float64", (None,))
     if lr_schedule.shape[0] == 0:
         raise ValueError("lr_schedule must hold at least one step")
-    finish_step_kernel[1, 1, streams.current()](partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
-                             bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
-                             float(growth_interval))
+    finish_step_kernel[1, 1, streams.current()](
+        partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
+        bool(dynamic_scaling), float(growth_factor), float(backoff_factor), float(growth_interval))
+
+
+# Thread z owns lane z's step state and grad-norm record: no atomics. Its rules are the same
+# device function the solo kernel runs, given lane z's rows; hypers[z] is in step_state.LANE_HYPERS order.
+@kernel_cache.jit
+def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, active):
+    z = cuda.grid(1)
+    if z < active.shape[0] and active[z] != 0:
+        rules = hypers[z]
+        _finish_step_device(partials[z], state[z], lr_schedule[z], grad_norms[z], rules[0], rules[1], rules[2],
+                            rules[3] != 0.0, rules[4], rules[5], rules[6])
+
+
+def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active):
+    """`finish_step` for every active lane z (active[z] != 0) in one launch, on lane z's rows: partials
+    (K, PARTIALS) float32, state (K, step_state.SIZE), lr_schedule (K, T), grad_norms (K, W) and hypers
+    (K, 7) float64, active (K,) int32. hypers[z] holds lane z's rules in `step_state.LANE_HYPERS` order:
+    [max_norm, beta1, beta2, dynamic_scaling (0 or 1), growth_factor, backoff_factor, growth_interval].
+    Lane operands may be lane views (`mlptrain.backends.lanes.lane_view`); an inactive lane is not touched.
+    """
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes("partials", partials, "float32", (lanes, None))
+    require_lanes("state", state, "float64", (lanes, step_state.SIZE))
+    require_lanes("lr_schedule", lr_schedule, "float64", (lanes, None))
+    require_lanes("grad_norms", grad_norms, "float64", (lanes, None))
+    require_lanes("hypers", hypers, "float64", (lanes, len(step_state.LANE_HYPERS)))
+    if lr_schedule.shape[1] == 0:
+        raise ValueError("lr_schedule must hold at least one step")
+    if lanes == 0:
+        return
+    finish_step_lanes_kernel[math.ceil(lanes / LANE_THREADS), LANE_THREADS, streams.current()](
+        partials, state, lr_schedule, grad_norms, hypers, active)
 
 
 def _grid(size):
@@ -60,6 +95,68 @@ def _check_buffers(param, state, compute, **like_param):
     require("state", state, "float64", (step_state.SIZE,))
 
 
+# --- the updates' arithmetic, written once for the solo and the lane kernels --------------------------
+
+
+@kernel_cache.device
+def _step_scalars(state):
+    """(lr, gradient multiplier) of this step, in float32."""
+    return float32(state[LR]), float32(state[GRAD_MULTIPLIER])
+
+
+@kernel_cache.device
+def _sgd_element(param, grad, i, lr, multiplier, weight_decay):
+    """Updates param[i]; returns it."""
+    g = grad[i] * multiplier
+    if weight_decay != float32(0):
+        g = g + weight_decay * param[i]
+    p = param[i] - lr * g
+    param[i] = p
+    return p
+
+
+@kernel_cache.device
+def _momentum_element(param, grad, velocity, i, lr, multiplier, momentum, weight_decay, nesterov):
+    """Updates velocity[i] and param[i]; returns param[i]."""
+    g = grad[i] * multiplier
+    if weight_decay != float32(0):
+        g = g + weight_decay * param[i]
+    v = momentum * velocity[i] + g
+    velocity[i] = v
+    step = g + momentum * v if nesterov else v
+    p = param[i] - lr * step
+    param[i] = p
+    return p
+
+
+@kernel_cache.device
+def _adam_scalars(state, weight_decay, decoupled):
+    """(multiplier, step size, bias correction 2, decay, l2): what every element's Adam update reads."""
+    lr, multiplier = _step_scalars(state)
+    step_size = lr / float32(state[BIAS_CORRECTION1])
+    decay = float32(1) - lr * weight_decay if decoupled else float32(1)
+    l2 = float32(0) if decoupled else weight_decay
+    return multiplier, step_size, float32(state[BIAS_CORRECTION2]), decay, l2
+
+
+@kernel_cache.device
+def _adam_element(param, grad, m, v, i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps):
+    """Updates m[i], v[i] and param[i] (scalars from _adam_scalars); returns param[i]."""
+    multiplier, step_size, bias_correction2, decay, l2 = scalars
+    p, g = param[i], grad[i] * multiplier
+    if decay != float32(1):  # AdamW: decoupled decay
+        p = p * decay
+    if l2 != float32(0):  # Adam with weight decay: L2 in the gradient
+        g = g + l2 * p
+    m_i = beta1 * m[i] + one_minus_beta1 * g
+    v_i = beta2 * v[i] + one_minus_beta2 * g * g
+    m[i] = m_i
+    v[i] = v_i
+    p = p - step_size * m_i / (math.sqrt(v_i) / bias_correction2 + eps)
+    param[i] = p
+    return p
+
+
 @functools.cache
 def _make_updates(dtype):
     """The three update kernels writing the compute copy in this storage format
@@ -71,13 +168,9 @@ def _make_updates(dtype):
     def sgd_update_kernel(param, grad, compute, state, weight_decay, write_compute):
         if state[APPLY] == 0:
             return
-        lr, multiplier = float32(state[LR]), float32(state[GRAD_MULTIPLIER])
+        lr, multiplier = _step_scalars(state)
         for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-            g = grad[i] * multiplier
-            if weight_decay != float32(0):
-                g = g + weight_decay * param[i]
-            p = param[i] - lr * g
-            param[i] = p
+            p = _sgd_element(param, grad, i, lr, multiplier, weight_decay)
             if write_compute:
                 compute[i] = store(p)
 
@@ -87,16 +180,9 @@ def _make_updates(dtype):
                                write_compute):
         if state[APPLY] == 0:
             return
-        lr, multiplier = float32(state[LR]), float32(state[GRAD_MULTIPLIER])
+        lr, multiplier = _step_scalars(state)
         for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-            g = grad[i] * multiplier
-            if weight_decay != float32(0):
-                g = g + weight_decay * param[i]
-            v = momentum * velocity[i] + g
-            velocity[i] = v
-            step = g + momentum * v if nesterov else v
-            p = param[i] - lr * step
-            param[i] = p
+            p = _momentum_element(param, grad, velocity, i, lr, multiplier, momentum, weight_decay, nesterov)
             if write_compute:
                 compute[i] = store(p)
 
@@ -106,23 +192,9 @@ def _make_updates(dtype):
                            weight_decay, decoupled, write_compute):
         if state[APPLY] == 0:
             return
-        lr, multiplier = float32(state[LR]), float32(state[GRAD_MULTIPLIER])
-        step_size = lr / float32(state[BIAS_CORRECTION1])
-        bias_correction2 = float32(state[BIAS_CORRECTION2])
-        decay = float32(1) - lr * weight_decay if decoupled else float32(1)
-        l2 = float32(0) if decoupled else weight_decay
+        scalars = _adam_scalars(state, weight_decay, decoupled)
         for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-            p, g = param[i], grad[i] * multiplier
-            if decay != float32(1):  # AdamW: decoupled decay
-                p = p * decay
-            if l2 != float32(0):  # Adam with weight decay: L2 in the gradient
-                g = g + l2 * p
-            m_i = beta1 * m[i] + one_minus_beta1 * g
-            v_i = beta2 * v[i] + one_minus_beta2 * g * g
-            m[i] = m_i
-            v[i] = v_i
-            p = p - step_size * m_i / (math.sqrt(v_i) / bias_correction2 + eps)
-            param[i] = p
+            p = _adam_element(param, grad, m, v, i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps)
             if write_compute:
                 compute[i] = store(p)
 
@@ -133,15 +205,17 @@ def sgd_update(param, grad, compute, state, weight_decay):
     """p -= lr * (g + wd * p), g the summed gradient times the step's multiplier."""
     _check_buffers(param, state, compute, grad=grad)
     kernel = _make_updates(compute.dtype)[0]
-    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, compute, state, float32(weight_decay), compute is not param)
+    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, compute, state, float32(weight_decay),
+                                                              compute is not param)
 
 
 def momentum_update(param, grad, velocity, compute, state, momentum, weight_decay, nesterov):
     """g' = g + wd p; v = mu v + g'; p -= lr * (g' + mu v if nesterov else v)"""
     _check_buffers(param, state, compute, grad=grad, velocity=velocity)
     kernel = _make_updates(compute.dtype)[1]
-    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, velocity, compute, state, float32(momentum),
-                                           float32(weight_decay), bool(nesterov), compute is not param)
+    kernel[_grid(param.shape[0]), THREADS, streams.current()](
+        param, grad, velocity, compute, state, float32(momentum), float32(weight_decay), bool(nesterov),
+        compute is not param)
 
 
 def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled):
@@ -150,6 +224,113 @@ def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_dec
     _check_buffers(param, state, compute, grad=grad, m=m, v=v)
     kernel = _make_updates(compute.dtype)[2]
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
-    kernel[_grid(param.shape[0]), THREADS, streams.current()](param, grad, m, v, compute, state, float32(beta1), float32(beta2),
-                                           float32(1.0 - beta1), float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
-                                           compute is not param)
+    kernel[_grid(param.shape[0]), THREADS, streams.current()](
+        param, grad, m, v, compute, state, float32(beta1), float32(beta2), float32(1.0 - beta1),
+        float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
+        compute is not param)
+
+
+# --- lanes: one launch updates the packed trials' buffers (K, P), lane z in grid row z -------------------
+
+
+@functools.cache
+def _make_lane_updates(dtype):
+    """The lane kernels of `_make_updates`, on the same element functions: lane z's bits are the solo
+    update's. An inactive lane's blocks (active[z] == 0) return before reading anything of it."""
+    _, store = codec(dtype)
+
+    # Thread t of grid row z owns elements t, t + stride, ... of lane z's buffers: no atomics.
+    @kernel_cache.jit
+    def sgd_update_lanes_kernel(param, grad, compute, state, hypers, active, write_compute):
+        z = cuda.blockIdx.y
+        if active[z] == 0 or state[z, APPLY] == 0:
+            return
+        lr, multiplier = _step_scalars(state[z])
+        weight_decay = hypers[z, 0]
+        lane_param, lane_grad, lane_compute = param[z], grad[z], compute[z]
+        for i in range(cuda.grid(1), lane_param.shape[0], cuda.gridsize(1)):
+            p = _sgd_element(lane_param, lane_grad, i, lr, multiplier, weight_decay)
+            if write_compute:
+                lane_compute[i] = store(p)
+
+    # Thread t of grid row z owns elements t, t + stride, ... of lane z's buffers: no atomics.
+    @kernel_cache.jit
+    def momentum_update_lanes_kernel(param, grad, velocity, compute, state, hypers, active, write_compute):
+        z = cuda.blockIdx.y
+        if active[z] == 0 or state[z, APPLY] == 0:
+            return
+        lr, multiplier = _step_scalars(state[z])
+        momentum, weight_decay, nesterov = hypers[z, 0], hypers[z, 1], hypers[z, 2] != float32(0)
+        lane_param, lane_grad, lane_velocity, lane_compute = param[z], grad[z], velocity[z], compute[z]
+        for i in range(cuda.grid(1), lane_param.shape[0], cuda.gridsize(1)):
+            p = _momentum_element(lane_param, lane_grad, lane_velocity, i, lr, multiplier, momentum, weight_decay,
+                                  nesterov)
+            if write_compute:
+                lane_compute[i] = store(p)
+
+    # Thread t of grid row z owns elements t, t + stride, ... of lane z's buffers: no atomics.
+    @kernel_cache.jit
+    def adam_update_lanes_kernel(param, grad, m, v, compute, state, hypers, active, write_compute):
+        z = cuda.blockIdx.y
+        if active[z] == 0 or state[z, APPLY] == 0:
+            return
+        rules = hypers[z]
+        scalars = _adam_scalars(state[z], rules[5], rules[6] != float32(0))
+        lane_param, lane_grad, lane_m, lane_v, lane_compute = param[z], grad[z], m[z], v[z], compute[z]
+        for i in range(cuda.grid(1), lane_param.shape[0], cuda.gridsize(1)):
+            p = _adam_element(lane_param, lane_grad, lane_m, lane_v, i, scalars, rules[0], rules[1], rules[2],
+                              rules[3], rules[4])
+            if write_compute:
+                lane_compute[i] = store(p)
+
+    return sgd_update_lanes_kernel, momentum_update_lanes_kernel, adam_update_lanes_kernel
+
+
+def _check_lane_buffers(param, state, compute, hypers, rules, active, **like_param):
+    """The lane count K, after checking every operand of a lane update: `rules` hyperparameters per lane."""
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes("param", param, "float32", (lanes, None))
+    size = param.shape[1]
+    for name, array in like_param.items():
+        require_lanes(name, array, "float32", (lanes, size))
+    require_lanes_one_of("compute", compute, STORAGE_DTYPES, (lanes, size))
+    require_lanes("state", state, "float64", (lanes, step_state.SIZE))
+    require_lanes("hypers", hypers, "float32", (lanes, rules))
+    return lanes
+
+
+def _lane_grid(param):
+    return _grid(param.shape[1]), param.shape[0]
+
+
+def sgd_update_lanes(param, grad, compute, state, hypers, active):
+    """`sgd_update` for every active lane z (active[z] != 0) in one launch, on lane z's rows of param, grad,
+    compute (K, P) and state (K, step_state.SIZE); hypers (K, 1) float32 holds lane z's [weight_decay].
+    compute is param itself in fp32, as for the solo update. Lane operands may be lane views."""
+    if _check_lane_buffers(param, state, compute, hypers, 1, active, grad=grad) == 0:
+        return
+    kernel = _make_lane_updates(compute.dtype)[0]
+    kernel[_lane_grid(param), THREADS, streams.current()](param, grad, compute, state, hypers, active,
+                                                          compute is not param)
+
+
+def momentum_update_lanes(param, grad, velocity, compute, state, hypers, active):
+    """`momentum_update` for every active lane z, as `sgd_update_lanes`; hypers (K, 3) float32 holds lane
+    z's [momentum, weight_decay, nesterov (0 or 1)]."""
+    if _check_lane_buffers(param, state, compute, hypers, 3, active, grad=grad, velocity=velocity) == 0:
+        return
+    kernel = _make_lane_updates(compute.dtype)[1]
+    kernel[_lane_grid(param), THREADS, streams.current()](param, grad, velocity, compute, state, hypers, active,
+                                                          compute is not param)
+
+
+def adam_update_lanes(param, grad, m, v, compute, state, hypers, active):
+    """`adam_update` for every active lane z, as `sgd_update_lanes`; hypers (K, 7) float32 holds lane z's
+    [beta1, beta2, 1 - beta1, 1 - beta2, eps, weight_decay, decoupled (0 or 1)], each the float32 the solo
+    launcher passes (1 - beta rounded from the float64 beta; decoupled 0 without weight decay)."""
+    if _check_lane_buffers(param, state, compute, hypers, 7, active, grad=grad, m=m, v=v) == 0:
+        return
+    kernel = _make_lane_updates(compute.dtype)[2]
+    kernel[_lane_grid(param), THREADS, streams.current()](param, grad, m, v, compute, state, hypers, active,
+                                                          compute is not param)

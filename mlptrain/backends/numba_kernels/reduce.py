@@ -6,7 +6,7 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import chunks, streams
-from mlptrain.backends.numba_kernels.checks import require, require_one_of
+from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
@@ -26,37 +26,61 @@ SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 256
 
 @functools.cache
 def _make_bias_backward(dtype, width):
+    """(bias_backward_kernel, bias_backward_lanes_kernel) for dy in this format and blocks `width` columns
+    wide; both sum through one device function, so a lane's sums are the solo kernel's bits."""
     load, _ = codec(dtype)
     GROUPS = BIAS_THREADS // width
 
-    # Block (bx, by) owns columns bx*width:+width of rows by*chunk:+chunk. Thread (c, g)
-    # sums rows g, g + GROUPS, ... of its column in that chunk in order, then thread (c, 0) adds
-    # the GROUPS partials in order g = 0, 1, ... and writes out[by, column]: a fixed order, no atomics.
-    # With one chunk, out is db itself and beta applies; with several, out holds the chunks' partials.
-    @kernel_cache.jit
-    def bias_backward_kernel(dy, out, chunk, beta):
+    # Thread (c, g) of a block sums rows begin + g, begin + g + GROUPS, ... < end of its column n in order,
+    # then thread (c, 0) adds the GROUPS partials in order g = 0, 1, ...: a fixed order. Only thread (c, 0)'s
+    # return value is the column's sum.
+    @kernel_cache.device
+    def column_sum(dy, n, begin, end):
         partial = cuda.shared.array((GROUPS, width), float32)
         c, g = cuda.threadIdx.x, cuda.threadIdx.y
-        rows, columns = dy.shape
-        n = cuda.blockIdx.x * width + c
-        begin = cuda.blockIdx.y * chunk
-        end = min(begin + chunk, rows)
         total = float32(0)
-        if n < columns:
+        if n < dy.shape[1]:
             for r in range(begin + g, end, GROUPS):
                 total += load(dy[r, n])
         partial[g, c] = total
         cuda.syncthreads()
-        if g == 0 and n < columns:
-            total = float32(0)
+        total = float32(0)
+        if g == 0:
             for k in range(GROUPS):
                 total += partial[k, c]
-            if beta == float32(0):  # never read out: it may hold garbage
-                out[cuda.blockIdx.y, n] = total
-            else:
-                out[cuda.blockIdx.y, n] = beta * out[cuda.blockIdx.y, n] + total
+        return total
 
-    return bias_backward_kernel
+    # Block (bx, by) owns columns bx*width:+width of rows by*chunk:+chunk, and thread (c, 0) writes
+    # out[by, column]: no atomics. With one chunk, out is db itself and beta applies; with several, out
+    # holds the chunks' partials.
+    @kernel_cache.jit
+    def bias_backward_kernel(dy, out, chunk, beta):
+        n = cuda.blockIdx.x * width + cuda.threadIdx.x
+        begin = cuda.blockIdx.y * chunk
+        total = column_sum(dy, n, begin, min(begin + chunk, dy.shape[0]))
+        if cuda.threadIdx.y == 0 and n < dy.shape[1]:
+            _accumulate(out, cuda.blockIdx.y, n, total, beta)
+
+    # Block (bx, z) owns columns bx*width:+width of lane z, all rows in one chunk (bias_backward without a
+    # workspace), and thread (c, 0) writes db[z, column]: no atomics.
+    @kernel_cache.jit
+    def bias_backward_lanes_kernel(dy, db, beta):
+        n, z = cuda.blockIdx.x * width + cuda.threadIdx.x, cuda.blockIdx.y
+        lane = dy[z]
+        total = column_sum(lane, n, 0, lane.shape[0])
+        if cuda.threadIdx.y == 0 and n < lane.shape[1]:
+            _accumulate(db, z, n, total, beta)
+
+    return bias_backward_kernel, bias_backward_lanes_kernel
+
+
+@kernel_cache.device
+def _accumulate(out, row, n, total, beta):
+    """out[row, n] = beta * out[row, n] + total; beta 0 never reads out (it may hold garbage)."""
+    if beta == float32(0):
+        out[row, n] = total
+    else:
+        out[row, n] = beta * out[row, n] + total
 
 
 def bias_backward_workspace(rows, columns):
@@ -78,7 +102,7 @@ def bias_backward(dy, db, beta, workspace=None):
     if columns == 0:
         return
     width = column_width(columns)
-    kernel = _make_bias_backward(dy.dtype, width)
+    kernel = _make_bias_backward(dy.dtype, width)[0]
     blocks, threads = math.ceil(columns / width), (width, BIAS_THREADS // width)
     count = math.ceil(rows / CHUNK_ROWS)
     if workspace is not None and count > 1:
@@ -93,12 +117,30 @@ def bias_backward(dy, db, beta, workspace=None):
     kernel[(blocks, 1), threads, streams.current()](dy, db.reshape(1, columns), max(rows, 1), float32(beta))
 
 
-# Block b sums the squares of elements t, t + stride, ... (t its global thread
-# index, stride the fixed grid's size) thread by thread, then a shared-memory
-# tree adds them in a fixed pairing and thread 0 writes partials[b]: no atomics,
-# the same order on every run and every GPU.
-@kernel_cache.jit
-def sum_of_squares_kernel(x, partials):
+def bias_backward_lanes(dy, db, beta):
+    """db[z] = beta * db[z] + sum over rows of dy[z] for every lane z, in one launch: each lane's sums
+    in `bias_backward`'s order without a workspace (one chunk), so its bits are that call's.
+
+    dy (K, M, N) in a storage format, db (K, N) float32, usually a lane view of the lanes' gradients
+    (`mlptrain.backends.lanes.lane_view`); beta 0.0 overwrites, 1.0 accumulates.
+    """
+    require_lanes_one_of("dy", dy, STORAGE_DTYPES, (None, None, None))
+    lanes, _, columns = tuple(dy.shape)
+    require_lanes("db", db, "float32", (lanes, columns))
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
+    if columns == 0 or lanes == 0:
+        return
+    width = column_width(columns)
+    grid, threads = (math.ceil(columns / width), lanes), (width, BIAS_THREADS // width)
+    _make_bias_backward(dy.dtype, width)[1][grid, threads, streams.current()](dy, db, float32(beta))
+
+
+# Thread t of block b sums the squares of elements t', t' + stride, ... of x (t' = b * blockDim + t, stride
+# the fixed grid's size along x) in order, then a shared-memory tree adds the block's sums in a fixed pairing;
+# thread 0's return value is block b's partial. The same order on every run and every GPU.
+@kernel_cache.device
+def _block_sum_of_squares(x):
     cache = cuda.shared.array(SQUARES_THREADS, float32)
     t = cuda.threadIdx.x
     total = float32(0)
@@ -112,8 +154,15 @@ def sum_of_squares_kernel(x, partials):
             cache[t] += cache[t + width]
         cuda.syncthreads()
         width //= 2
-    if t == 0:
-        partials[cuda.blockIdx.x] = cache[0]
+    return cache[0]
+
+
+# Thread 0 of block b writes partials[b]: no atomics.
+@kernel_cache.jit
+def sum_of_squares_kernel(x, partials):
+    total = _block_sum_of_squares(x)
+    if cuda.threadIdx.x == 0:
+        partials[cuda.blockIdx.x] = total
 
 
 def sum_of_squares(x, partials):
@@ -124,3 +173,24 @@ def sum_of_squares(x, partials):
     require("x", x, "float32", (None,))
     require("partials", partials, "float32", (PARTIALS,))
     sum_of_squares_kernel[PARTIALS, SQUARES_THREADS, streams.current()](x, partials)
+
+
+# Block (b, z) is block b of lane z's solo grid (cuda.grid(1) and gridsize(1) count along x only), and its
+# thread 0 writes partials[z, b]: no atomics.
+@kernel_cache.jit
+def sum_of_squares_lanes_kernel(x, partials):
+    z = cuda.blockIdx.y
+    total = _block_sum_of_squares(x[z])
+    if cuda.threadIdx.x == 0:
+        partials[z, cuda.blockIdx.x] = total
+
+
+def sum_of_squares_lanes(x, partials):
+    """`sum_of_squares` for every lane z in one launch: partials[z] are the bits `sum_of_squares(x[z],
+    partials[z])` writes. x (K, P) float32, partials (K, PARTIALS) float32; either may be a lane view."""
+    require_lanes("x", x, "float32", (None, None))
+    lanes = x.shape[0]
+    require_lanes("partials", partials, "float32", (lanes, PARTIALS))
+    if lanes == 0:
+        return
+    sum_of_squares_lanes_kernel[(PARTIALS, lanes), SQUARES_THREADS, streams.current()](x, partials)

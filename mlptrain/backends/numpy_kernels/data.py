@@ -21,3 +21,17 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
 def advance_cursor(cursor, by):
     """cursor[0] += by."""
     cursor[0] += by
+
+
+def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, active):
+    """`gather_batch` for every active lane z (active[z] != 0): lane z gathers x[z], y[z] from the shared
+    images and labels through its own indices[z] and cursor[z]. An inactive lane is not touched: not even
+    its cursor or indices are read."""
+    for z in np.flatnonzero(active):
+        gather_batch(images, labels, indices[z], start, x[z], y[z], scale, shift, cursor[z])
+
+
+def advance_lanes(cursor, by, active):
+    """cursor[z, 0] += by for every active lane z (active[z] != 0)."""
+    for z in np.flatnonzero(active):
+        cursor[z, 0] += by

@@ -34,6 +34,15 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     dlogits[...] = from_float32(grad, dlogits.dtype)
 
 
+def softmax_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
+                                cursor, active):
+    """`softmax_cross_entropy` for every active lane z (active[z] != 0), on lane z's logits[z], labels[z],
+    dlogits[z], row_loss[z], row_correct[z], loss_scale[z] and cursor[z]; an inactive lane is not touched."""
+    for z in np.flatnonzero(active):
+        softmax_cross_entropy(logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z], offset, grad_scale,
+                              loss_scale[z], cursor[z])
+
+
 def mse(output, target, doutput, row_loss, offset, grad_scale, loss_scale, cursor=None):
     """Per row i of output (M, D) against target (M, D):
 

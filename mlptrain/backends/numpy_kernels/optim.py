@@ -60,22 +60,71 @@ def momentum_update(param, grad, velocity, compute, state, momentum, weight_deca
 def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled):
     """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
     come from the step state."""
+    # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
+    _adam(param, grad, m, v, compute, state, np.float32(beta1), np.float32(beta2), np.float32(1.0 - beta1),
+          np.float32(1.0 - beta2), np.float32(eps), np.float32(weight_decay), bool(decoupled) and bool(weight_decay))
+
+
+def _adam(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay,
+          decoupled):
+    """adam_update on its float32 scalars, as the CUDA launcher passes them (and a lane's row holds them)."""
     if state[APPLY] == 0:
         return
     lr, multiplier = _scalars(state)
-    # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
-    one_minus_beta1, one_minus_beta2 = np.float32(1.0 - beta1), np.float32(1.0 - beta2)
-    beta1, beta2 = np.float32(beta1), np.float32(beta2)
     g = grad * multiplier
-    if weight_decay and decoupled:
-        param *= np.float32(1) - lr * np.float32(weight_decay)
+    if decoupled:
+        param *= np.float32(1) - lr * weight_decay
     elif weight_decay:
-        g += np.float32(weight_decay) * param
+        g += weight_decay * param
     m *= beta1
     m += one_minus_beta1 * g
     v *= beta2
     v += one_minus_beta2 * g * g
     step_size = lr / np.float32(state[BIAS_CORRECTION1])
-    denom = np.sqrt(v) / np.float32(state[BIAS_CORRECTION2]) + np.float32(eps)
+    denom = np.sqrt(v) / np.float32(state[BIAS_CORRECTION2]) + eps
     param -= step_size * m / denom
     _write_compute(param, compute)
+
+
+# --- lanes: the packed trials' buffers (K, ...), lane z's rows updated as the solo call would --------------
+
+
+def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active):
+    """`finish_step` for every active lane z (active[z] != 0) on lane z's rows; hypers[z] holds lane z's
+    rules in `step_state.LANE_HYPERS` order: [max_norm, beta1, beta2, dynamic_scaling (0 or 1),
+    growth_factor, backoff_factor, growth_interval]."""
+    for z in np.flatnonzero(active):
+        finish_step(partials[z], state[z], lr_schedule[z], grad_norms[z], *hypers[z])
+
+
+def _active_lanes(param, compute, active):
+    """(z, param[z], lane z's compute copy) for every active lane z: the copy is param[z] itself where compute
+    is param (fp32), so that the solo update sees one array and rewrites nothing."""
+    for z in np.flatnonzero(active):
+        lane = param[z]
+        yield z, lane, lane if compute is param else compute[z]
+
+
+def sgd_update_lanes(param, grad, compute, state, hypers, active):
+    """`sgd_update` for every active lane z (active[z] != 0); hypers (K, 1) float32 holds lane z's
+    [weight_decay]."""
+    for z, lane, lane_compute in _active_lanes(param, compute, active):
+        sgd_update(lane, grad[z], lane_compute, state[z], hypers[z, 0])
+
+
+def momentum_update_lanes(param, grad, velocity, compute, state, hypers, active):
+    """`momentum_update` for every active lane z; hypers (K, 3) float32 holds lane z's
+    [momentum, weight_decay, nesterov (0 or 1)]."""
+    for z, lane, lane_compute in _active_lanes(param, compute, active):
+        momentum, weight_decay, nesterov = hypers[z]
+        momentum_update(lane, grad[z], velocity[z], lane_compute, state[z], momentum, weight_decay, nesterov != 0)
+
+
+def adam_update_lanes(param, grad, m, v, compute, state, hypers, active):
+    """`adam_update` for every active lane z; hypers (K, 7) float32 holds lane z's [beta1, beta2, 1 - beta1,
+    1 - beta2, eps, weight_decay, decoupled (0 or 1)], each the float32 the solo update computes (1 - beta
+    rounded from the float64 beta; decoupled 0 without weight decay)."""
+    for z, lane, lane_compute in _active_lanes(param, compute, active):
+        beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, decoupled = hypers[z]
+        _adam(lane, grad[z], m[z], v[z], lane_compute, state[z], beta1, beta2, one_minus_beta1, one_minus_beta2,
+              eps, weight_decay, decoupled != 0)

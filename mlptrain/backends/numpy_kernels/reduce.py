@@ -31,3 +31,15 @@ def sum_of_squares(x, partials):
     partials[...] = 0.0
     with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN gradients must show up, not warn
         partials[0] = np.dot(x.astype(np.float64), x.astype(np.float64))
+
+
+def bias_backward_lanes(dy, db, beta):
+    """db[z] = beta * db[z] + sum over rows of dy[z], for every lane z: `bias_backward` lane by lane."""
+    for z in range(dy.shape[0]):
+        bias_backward(dy[z], db[z], beta)
+
+
+def sum_of_squares_lanes(x, partials):
+    """`sum_of_squares(x[z], partials[z])` for every lane z."""
+    for z in range(x.shape[0]):
+        sum_of_squares(x[z], partials[z])

@@ -6,6 +6,7 @@ import pytest
 
 from mlptrain.backends.numba_kernels import current, data
 from tests import kernel_cases as cases
+from tests import kernel_lane_cases as lane_cases
 
 pytestmark = pytest.mark.gpu
 
@@ -36,8 +37,8 @@ def test_launcher_rejects_bad_arguments(rng):
     with pytest.raises(ValueError, match="indices must be int32 or int64"):
         data.gather_batch(images, labels, current.to_device(np.arange(4.0)), 0, x, y, 1.0, 0.0)
     with pytest.raises(ValueError, match="x has shape"):
-        data.gather_batch(images, labels, current.to_device(np.arange(4)), 0, current.to_device(np.zeros((2, 4), np.float32)),
-                          y, 1.0, 0.0)
+        data.gather_batch(images, labels, current.to_device(np.arange(4)), 0,
+                          current.to_device(np.zeros((2, 4), np.float32)), y, 1.0, 0.0)
 
 
 @pytest.mark.real_gpu
@@ -58,3 +59,27 @@ def test_gather_into_low_precision(rng, dtype):
 
 def test_cursor_moves_every_windowed_launch(rng):
     cases.cursor_moves_every_windowed_launch(BACKEND, rng)
+
+
+# lanes: packed trials, one launch for K lanes
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_gather_lanes_is_gather_batch_lane_by_lane(rng, monkeypatch, dtype):
+    monkeypatch.setattr(data, "THREADS", 32)  # blocks of a warp: the simulator runs every thread in Python
+    lane_cases.gather_lanes(BACKEND, rng, dtype)
+
+
+def test_lane_launchers_reject_bad_arguments():
+    images, labels = current.to_device(np.zeros((4, 3), np.uint8)), current.to_device(np.zeros(4, np.uint8))
+    indices, cursor = current.to_device(np.zeros((2, 4), np.int32)), current.to_device(np.zeros((2, 1), np.int64))
+    x, y = current.to_device(np.zeros((2, 2, 3), np.float32)), current.to_device(np.zeros((2, 2), np.int32))
+    active = current.to_device(np.ones(2, np.int32))
+    with pytest.raises(ValueError, match="out of range"):
+        data.gather_lanes(images, labels, indices, 3, x, y, 1.0, 0.0, cursor, active)
+    with pytest.raises(ValueError, match="cursor has shape"):
+        data.gather_lanes(images, labels, indices, 0, x, y, 1.0, 0.0, cursor[:1], active)
+    with pytest.raises(ValueError, match="cursor must be a device array"):
+        data.advance_lanes(np.zeros((2, 1), np.int64), 1, active)
+    with pytest.raises(ValueError, match="active must be int32"):
+        data.advance_lanes(cursor, 1, current.to_device(np.ones(2, np.int64)))

@@ -169,6 +169,31 @@ def test_trial_axis_gives_each_trial_its_own_launchs_bits(rng, monkeypatch, tile
             np.testing.assert_array_equal(alone.copy_to_host().view(np.uint32), together[t].view(np.uint32))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_trial_axis_takes_lane_views_of_wider_buffers(rng, dtype):
+    """Weights, biases and weight gradients as lane views (each trial's flat parameters one row of a slab, a
+    layer's tensors columns of every row): the bits of the same launch on contiguous operands."""
+    from mlptrain.backends.lanes import lane_view
+
+    (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 3, (5, 12, 7), TANH, 1.0, dtype)
+    k, n = w.shape[1:]
+    params = np.zeros((3, 9 + k * n + n + 4), w.dtype)
+    params[:, 9:9 + k * n], params[:, 9 + k * n:9 + k * n + n] = w.reshape(3, -1), b
+    grads = np.full((3, 2 + k * n + 5), np.nan, np.float32)
+    grads[:, 2:2 + k * n] = old.reshape(3, -1)
+    params, grads = current.to_device(params), current.to_device(grads)
+    wl, bl, dwl = lane_view(params, 9, (k, n)), lane_view(params, 9 + k * n, (n,)), lane_view(grads, 2, (k, n))
+    y, dx = BACKEND.poisoned(packed[0].shape, dtype=dtype), BACKEND.poisoned(packed[1].shape, dtype=dtype)
+    gemm.linear_forward(current.to_device(x), wl, bl, y, TANH)
+    gemm.linear_backward_input(current.to_device(dy), wl, current.to_device(h), dx, TANH)
+    gemm.linear_backward_weight(current.to_device(x), current.to_device(dy), dwl, 1.0)
+    got = grads.copy_to_host()
+    for mine, theirs in ((y.copy_to_host(), packed[0]), (dx.copy_to_host(), packed[1])):
+        np.testing.assert_array_equal(cases.to_float32(mine), theirs)
+    np.testing.assert_array_equal(got[:, 2:2 + k * n].reshape(3, k, n), packed[2])
+    assert np.isnan(got[:, :2]).all() and np.isnan(got[:, 2 + k * n:]).all()  # nothing outside the views
+
+
 def test_trial_axis_refuses_mismatched_trials(rng):
     x, w = current.to_device(random(rng, 2, 3, 4)), current.to_device(random(rng, 3, 4, 5))
     with pytest.raises(ValueError, match="w has shape"):

@@ -6,6 +6,7 @@ import pytest
 
 from mlptrain.backends.numba_kernels import current, loss
 from tests import kernel_cases as cases
+from tests import kernel_lane_cases as lane_cases
 
 pytestmark = pytest.mark.gpu
 
@@ -73,3 +74,29 @@ LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FO
 def test_low_precision_and_a_loss_scale(rng, dtype):
     """logits and dlogits in fp16 / bf16, the loss in float32; fp16's loss scale multiplies the gradient."""
     cases.softmax_cross_entropy(BACKEND, rng, 9, 10, dtype, loss_scale=2.0**16)
+
+
+# lanes: packed trials, one launch for K lanes
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_softmax_cross_entropy_lanes_is_the_solo_loss_lane_by_lane(rng, dtype):
+    lane_cases.softmax_cross_entropy_lanes(BACKEND, rng, dtype)
+
+
+def test_lane_launcher_rejects_bad_arguments():
+    logits = current.to_device(np.zeros((2, 4, 3), np.float32))
+    labels, active = current.to_device(np.zeros((2, 4), np.int32)), current.to_device(np.ones(2, np.int32))
+    rows, correct = current.to_device(np.zeros((2, 4), np.float32)), current.to_device(np.zeros((2, 4), np.int32))
+    scale, cursor = current.to_device(np.ones((2, 1))), current.to_device(np.zeros((2, 1), np.int64))
+    with pytest.raises(ValueError, match="do not fit"):
+        loss.softmax_cross_entropy_lanes(logits, labels, logits, rows, correct, 1, 1.0, scale, cursor, active)
+    with pytest.raises(ValueError, match="loss_scale must be float64"):
+        loss.softmax_cross_entropy_lanes(logits, labels, logits, rows, correct, 0, 1.0,
+                                         current.to_device(np.ones((2, 1), np.float32)), cursor, active)
+    with pytest.raises(ValueError, match="logits must be float32 or float16 or uint16"):
+        loss.softmax_cross_entropy_lanes(current.to_device(np.zeros((2, 4, 3))), labels, logits, rows, correct, 0,
+                                         1.0, scale, cursor, active)
+    with pytest.raises(ValueError, match="labels has shape"):
+        loss.softmax_cross_entropy_lanes(logits, current.to_device(np.zeros((2, 5), np.int32)), logits, rows, correct,
+                                         0, 1.0, scale, cursor, active)

@@ -8,6 +8,7 @@ from mlptrain.backends import numpy_kernels
 from mlptrain.backends.numba_kernels import current, optim, reduce
 from mlptrain.optim.step_state import LOSS_SCALE, LR_FACTOR, SIZE
 from tests import kernel_cases as cases
+from tests import kernel_lane_cases as lane_cases
 from tests import reference as ref
 from tests.kernel_cases import buffers, close
 
@@ -99,8 +100,35 @@ def test_finish_step_kernel_follows_the_shared_rules(rng):
         partials[3] = partial_sum
         rules = (2.0, 0.9, 0.999, True, 2.0, 0.5, 2)  # max_norm, betas, fp16 scaling: growth, backoff, interval
         numpy_kernels.optim.finish_step(partials, host["state"], table, host["norms"], *rules)
-        optim.finish_step(current.to_device(partials), device["state"], current.to_device(table), device["norms"], *rules)
+        optim.finish_step(current.to_device(partials), device["state"], current.to_device(table), device["norms"],
+                          *rules)
         np.testing.assert_array_equal(device["state"].copy_to_host(), host["state"])
     np.testing.assert_array_equal(device["norms"].copy_to_host(), host["norms"])
     np.testing.assert_allclose(host["norms"][:2], [2.0, 30.0])
 
+
+# lanes: packed trials, one launch for K lanes
+
+
+@pytest.mark.parametrize("rule", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_lane_updates_are_the_solo_updates_lane_by_lane(rng, rule, dtype):
+    lane_cases.update_lanes(BACKEND, rng, rule, dtype)
+
+
+def test_finish_step_lanes_is_finish_step_lane_by_lane(rng):
+    lane_cases.finish_step_lanes(BACKEND, rng)
+
+
+def test_lane_launchers_reject_bad_arguments():
+    param, active = current.to_device(np.zeros((2, 5), np.float32)), current.to_device(np.ones(2, np.int32))
+    state = current.to_device(np.zeros((2, SIZE)))
+    with pytest.raises(ValueError, match="hypers has shape"):
+        optim.sgd_update_lanes(param, param, param, state, current.to_device(np.zeros((2, 2), np.float32)), active)
+    with pytest.raises(ValueError, match="hypers must be float32"):
+        optim.momentum_update_lanes(param, param, param, param, state, current.to_device(np.zeros((2, 3))), active)
+    with pytest.raises(ValueError, match="state has shape"):
+        optim.adam_update_lanes(param, param, param, param, param, state[:1],
+                                current.to_device(np.zeros((2, 7), np.float32)), active)
+    with pytest.raises(ValueError, match="hypers has shape"):
+        optim.finish_step_lanes(param, state, state, state, current.to_device(np.zeros((2, 6))), active)

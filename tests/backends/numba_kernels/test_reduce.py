@@ -7,6 +7,7 @@ import pytest
 from mlptrain.backends.numba_kernels import current, reduce
 from mlptrain.backends.numba_kernels.chunks import column_width
 from tests import kernel_cases as cases
+from tests import kernel_lane_cases as lane_cases
 from tests import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -79,7 +80,8 @@ def test_large_batch_on_the_gpu(rng):
     d_dy, results = current.to_device(dy), []
     for _ in range(2):
         db = current.to_device(np.full(512, np.nan, np.float32))
-        reduce.bias_backward(d_dy, db, 0.0, current.to_device(np.empty(reduce.bias_backward_workspace(*dy.shape), np.float32)))
+        workspace = current.to_device(np.empty(reduce.bias_backward_workspace(*dy.shape), np.float32))
+        reduce.bias_backward(d_dy, db, 0.0, workspace)
         results.append(db.copy_to_host())
     ref.assert_within(results[0], ref.bias_backward(dy, None, 0.0), 2e-6 * 64 * np.abs(dy).sum(axis=0))
     np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
@@ -109,3 +111,33 @@ def test_sum_of_squares_is_bitwise_deterministic_and_sees_inf(rng):
     x[17:18].copy_to_device(np.array([np.inf], np.float32))
     reduce.sum_of_squares(x, partials)
     assert np.isinf(partials.copy_to_host().astype(np.float64).sum())
+
+
+# lanes: packed trials, one launch for K lanes
+
+
+@pytest.mark.parametrize("rows, columns, beta", [(5, 7, 0.0), (5, 7, 1.0), (9, 40, 1.0)])
+def test_bias_backward_lanes_is_bias_backward_lane_by_lane(rng, rows, columns, beta):
+    lane_cases.bias_backward_lanes(BACKEND, rng, rows, columns, beta)
+
+
+@LOW_PRECISION
+def test_bias_backward_lanes_of_low_precision_gradients(rng, dtype):
+    lane_cases.bias_backward_lanes(BACKEND, rng, 5, 7, 1.0, dtype)
+
+
+def test_sum_of_squares_lanes_is_sum_of_squares_lane_by_lane(rng, monkeypatch):
+    """300 elements: whole grid strides and a ragged tail. Half the simulator's blocks (it runs every thread
+    in Python): PARTIALS sizes only the launch and the check."""
+    monkeypatch.setattr(reduce, "PARTIALS", reduce.PARTIALS // 2)
+    lane_cases.sum_of_squares_lanes(BACKEND, rng, 300)
+
+
+def test_lane_launchers_reject_bad_arguments():
+    dy = current.to_device(np.zeros((2, 4, 3), np.float32))
+    with pytest.raises(ValueError, match="db has shape"):
+        reduce.bias_backward_lanes(dy, current.to_device(np.zeros((2, 4), np.float32)), 0.0)
+    with pytest.raises(ValueError, match="beta"):
+        reduce.bias_backward_lanes(dy, current.to_device(np.zeros((2, 3), np.float32)), 0.5)
+    with pytest.raises(ValueError, match="partials has shape"):
+        reduce.sum_of_squares_lanes(dy[0], current.to_device(np.zeros((2, reduce.PARTIALS + 1), np.float32)))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tests import kernel_cases as cases
+from tests import kernel_lane_cases as lane_cases
 
 BACKEND = cases.numpy_backend()
 
@@ -25,3 +26,11 @@ def test_gather_into_low_precision(rng, dtype):
 
 def test_cursor_moves_every_windowed_launch(rng):
     cases.cursor_moves_every_windowed_launch(BACKEND, rng)
+
+
+# lanes: packed trials, one launch for K lanes
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_gather_lanes_is_gather_batch_lane_by_lane(rng, dtype):
+    lane_cases.gather_lanes(BACKEND, rng, dtype)

@@ -76,3 +76,27 @@ def test_backward_weight_takes_a_workspace_it_does_not_need(rng):
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_trial_axis(rng, trials, shape, dtype, beta):
     cases.layer_trials(BACKEND, rng, trials, shape, SIGMOID, beta, dtype)
+
+
+def test_lane_views_give_each_lane_the_bits_of_its_layer_alone(rng):
+    """Weights, biases and weight gradients as lane views of wider rows (packed trials' flat parameters): each
+    lane's outputs are bitwise those of the same layer on that lane's own 2-D operands (lanes on the CPU train
+    as their runs alone do)."""
+    from mlptrain.backends.lanes import lane_view
+
+    lanes, m, k, n = 3, 33, 20, 7
+    x, dy, h = random(rng, lanes, m, k), random(rng, lanes, m, n), np.tanh(random(rng, lanes, m, k))
+    params, grads = random(rng, lanes, 5 + k * n + n), random(rng, lanes, k * n + 3)
+    w, b, dw = lane_view(params, 5, (k, n)), lane_view(params, 5 + k * n, (n,)), lane_view(grads, 0, (k, n))
+    old = np.array(dw)
+    y, dx = poisoned((lanes, m, n)), poisoned((lanes, m, k))
+    gemm.linear_forward(x, w, b, y, TANH)
+    gemm.linear_backward_input(dy, w, h, dx, TANH)
+    gemm.linear_backward_weight(x, dy, dw, 1.0)
+    for lane in range(lanes):
+        y1, dx1, dw1 = poisoned((m, n)), poisoned((m, k)), old[lane].copy()
+        gemm.linear_forward(x[lane], np.array(w[lane]), np.array(b[lane]), y1, TANH)
+        gemm.linear_backward_input(dy[lane], np.array(w[lane]), h[lane], dx1, TANH)
+        gemm.linear_backward_weight(x[lane], dy[lane], dw1, 1.0)
+        for alone, together in ((y1, y[lane]), (dx1, dx[lane]), (dw1, dw[lane])):
+            np.testing.assert_array_equal(alone.view(np.uint32), together.view(np.uint32))

@@ -4,6 +4,7 @@ live in `tests.kernel_cases`)."""
 import pytest
 
 from tests import kernel_cases as cases
+from tests import kernel_lane_cases as lane_cases
 
 BACKEND = cases.numpy_backend()
 SIZES = [1, 300]
@@ -41,3 +42,16 @@ def test_updates_refresh_the_compute_copy(rng, dtype):
 @pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
 def test_skipped_update_touches_nothing(rng, dtype):
     cases.skipped_update_touches_nothing(BACKEND, rng, 300, dtype)
+
+
+# lanes: packed trials, one launch for K lanes
+
+
+@pytest.mark.parametrize("rule", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_lane_updates_are_the_solo_updates_lane_by_lane(rng, rule, dtype):
+    lane_cases.update_lanes(BACKEND, rng, rule, dtype)
+
+
+def test_finish_step_lanes_is_finish_step_lane_by_lane(rng):
+    lane_cases.finish_step_lanes(BACKEND, rng)

@@ -1,0 +1,228 @@
+"""Packed trials in lanes: K runs of one shape whose optimizer steps are one set of launches for all of them.
+
+`mlptrain.training.packing.side_by_side` trains K runs from one thread, each run's steps its own launches on its
+own stream. A `LaneGroup` goes further for MLPs: the K sessions are built on rows of shared slabs
+(mlptrain.training.lane_slabs), so their windows can be launched as one step of every lane
+(mlptrain.training.lane_step), replayed as one CUDA graph: K trials cost about the launches of one.
+
+Each run keeps its own loop (mlptrain.training.loop): its epochs, reads, evaluation, checkpoints, logs and
+summary are its own. Only its window is the group's (`LaneWindow`): `run` hands the window to the group, and
+side_by_side, once every lane in training has handed in one, calls `flush`, which launches them. So the runs
+step in lockstep; a run whose window differs from the others' (another size: an epoch's last window out of
+step) is launched on its own, from its own buffers. A run reads nothing of its step before the flush: the
+loop yields right after each `run`, and side_by_side does not advance a run whose window waits.
+
+`LaneResources` gives slot `lane` of a packed worker the group's backend for that lane where the trial's config
+has the group's shapes (lane_slabs.lane_signature), and a backend of its own otherwise (one line says why).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+
+from mlptrain.backends.thread_stream import use_launch_stream
+from mlptrain.training.lane_slabs import LaneBackend, Slabs, lane_signature
+from mlptrain.training.lane_step import LaneStep
+from mlptrain.training.session import build_session
+from mlptrain.training.window import TrainingWindow
+from mlptrain.util.console import console
+
+
+def lanes_possible(config) -> str | None:
+    """Why runs of `config` cannot train in lanes (None: they can)."""
+    if config.model.type != "mlp":
+        return f"the lanes hold MLPs only, not a {config.model.type}"
+    return None
+
+
+class LaneWindow(TrainingWindow):
+    """A lane's TrainingWindow (the same buffers) whose full and partial windows its group launches."""
+
+    def __init__(self, window: TrainingWindow, group: "LaneGroup", lane: int):  # noqa: super().__init__ allocates
+        self.__dict__.update(window.__dict__)
+        self.group, self.lane = group, lane
+
+    def run(self, start: int, rows: int) -> None:
+        self.group.submit(self.lane, start, rows)
+
+    def alone(self, start: int, rows: int) -> None:
+        """This window launched from the lane's own buffers (no graph): a window out of step with the others."""
+        if self.cursor_at != start:
+            self.backend.copy_from_host(self.cursor, np.array([start], np.int64))
+        self._launches(rows)
+        self.cursor_at = start + rows
+
+    def plan(self, rows: int) -> None:
+        self.group.plan(rows)
+        super().plan(rows)
+
+    def graphs_record(self) -> dict:
+        """The group's graph record, and summary.json's `lanes`: how many lanes the run's group had, and its own."""
+        return {**self.group.graphs_record(), "lanes": {"of": self.group.lanes, "lane": self.lane}}
+
+
+class LaneGroup:
+    """K lanes of MLP sessions on one backend (one stream) and the launches of their steps."""
+
+    def __init__(self, backend, lanes: int, cuda_graphs: bool = True):
+        self.backend, self.lanes = backend, lanes
+        self.slabs = Slabs(backend, lanes)
+        self.signature = None
+        self.windows: list[LaneWindow | None] = [None] * lanes  # the window of the run training in each lane
+        self.pending: dict[int, tuple[int, int]] = {}  # lane -> (start, rows) handed in, not launched yet
+        self.step: LaneStep | None = None
+        self.graph, self.graph_rows, self.graph_tried = None, None, not cuda_graphs
+        self.graphs_off = None if cuda_graphs else "train.cuda_graphs is false"
+        self.active = None  # the lanes the device's mask holds
+        self.flushes = 0
+
+    def accepts(self, config) -> bool:
+        """Whether `config` makes the group's slabs (the first config asked sets them)."""
+        signature = lane_signature(config)
+        if self.signature is None:
+            self.signature = signature
+        return signature == self.signature
+
+    def backend_for(self, lane: int) -> LaneBackend:
+        return LaneBackend(self.backend, self.slabs, lane)
+
+    def attach(self, lane: int, session):
+        """Make `session` (built on lane `lane`'s backend) the lane's run: its window becomes the group's."""
+        if self.step is None:
+            self.step = LaneStep(self.backend, self.slabs, session)
+        self.step.set_lane(lane, session)
+        session.window = LaneWindow(session.window, self, lane)
+        self.windows[lane] = session.window
+        self.pending.pop(lane, None)
+        return session
+
+    def leave(self, lane: int) -> None:
+        """Lane `lane` trains nothing more (its slot ended, or trains a run of its own)."""
+        self.windows[lane] = None
+        self.pending.pop(lane, None)
+
+    def submit(self, lane: int, start: int, rows: int) -> None:
+        self.pending[lane] = (start, rows)
+
+    def waits(self, lane: int) -> bool:
+        """Whether lane `lane` handed in a window not launched yet (its run must not go on before the flush)."""
+        return lane in self.pending
+
+    def ready(self) -> bool:
+        """Whether every lane in training has handed in its window."""
+        return bool(self.pending) and all(w is None or lane in self.pending for lane, w in enumerate(self.windows))
+
+    def flush(self) -> None:
+        """Launch the windows handed in: those of the most common size as one step of their lanes, any other
+        on its own."""
+        use_launch_stream(getattr(self.backend, "stream", None))
+        rows = Counter(r for _, r in self.pending.values()).most_common(1)[0][0]
+        together = sorted(lane for lane, (_, r) in self.pending.items() if r == rows)
+        for lane, (start, r) in sorted(self.pending.items()):
+            window = self.windows[lane]
+            if r != rows:
+                window.alone(start, r)
+            elif window.cursor_at != start:
+                self.backend.copy_from_host(window.cursor, np.array([start], np.int64))
+        if tuple(together) != self.active:
+            mask = np.zeros(self.lanes, np.int32)
+            mask[together] = 1
+            self.step.set_active(mask)
+            self.active = tuple(together)
+        self._launch(rows)
+        for lane in together:
+            window = self.windows[lane]
+            window.cursor_at = self.pending[lane][0] + rows
+            if window.first_step_at is None:
+                window.first_step_at = time.time()
+        self.pending.clear()
+        self.flushes += 1
+
+    def _launch(self, rows: int) -> None:
+        """As a lane's own window runs: the first full window launch by launch (compiling), then captured as a
+        graph that every later full window replays; other windows launch by launch."""
+        if self.graph is not None and rows == self.graph_rows:
+            self.graph.replay()
+            return
+        self.step.launches(rows)
+        if not self.graph_tried and rows == self._full_rows():
+            self.graph_tried, self.graph_rows = True, rows
+            self._capture(rows)
+
+    def _full_rows(self) -> int:
+        return next(w.full_rows for w in self.windows if w is not None)
+
+    def _capture(self, rows: int) -> None:
+        try:
+            self.graph = self.backend.capture(lambda: self.step.launches(rows))
+        except RuntimeError as err:  # the driver refused the capture: launch one by one
+            self.graphs_off = f"the driver refused the capture ({err})"
+            console.print(f"[yellow]warning:[/] no CUDA graph for the lanes ({err}); launching kernels one by one",
+                          highlight=False)
+            return
+        if self.graph is None:
+            self.graphs_off = self.backend.graphs_unavailable()
+
+    def plan(self, rows: int) -> None:
+        """The group's launches of a window of `rows`, for kernel_cache.planning to record."""
+        if self.step is not None:
+            self.step.launches(rows)
+
+    def graphs_record(self) -> dict:
+        off = self.graphs_off
+        if self.graph is None and off is None:
+            off = "no full window (train.batch_size x train.grad_accum_steps samples) ran"
+        return {"cuda_graphs": self.graph is not None, "cuda_graphs_off": off}
+
+
+class LaneResources:
+    """Slot `lane` of a packed worker: `resources`' datasets and GPU, its sessions built in the group's lane
+    where their configs allow (else on a backend of its own, on a stream of its own)."""
+
+    def __init__(self, resources, group: LaneGroup, lane: int):
+        self._resources, self.group, self.lane = resources, group, lane
+        self._own = None  # a view with a stream of its own, for a run that cannot join the lanes
+
+    def __getattr__(self, name):
+        return getattr(self._resources, name)
+
+    def prepare(self, config, start_compilers: bool = False, logs: bool | None = None):
+        why = lanes_possible(config) or (None if self.group.accepts(config) else
+                                         "its shapes or kinds differ from the lanes' first run")
+        if why is not None:
+            self.group.leave(self.lane)
+            console.print(f"[yellow]packing:[/] this run trains beside the lanes, not in them: {why}",
+                          highlight=False, soft_wrap=True)
+            if self._own is None:
+                self._own = self._resources.with_own_stream()
+            return self._own.prepare(config, start_compilers, logs)
+        backend, dataset = self._resources.prepare(config, start_compilers, logs)
+        return self.group.backend_for(self.lane) if backend is self.group.backend else backend, dataset
+
+    def session(self, config, start_compilers: bool = False):
+        """`config`'s session: in the lane (its window the group's) where its config allows."""
+        backend, dataset = self.prepare(config, start_compilers)
+        if not isinstance(backend, LaneBackend):
+            return build_session(config, backend, dataset)
+        with backend.building():
+            session = build_session(config, backend, dataset)
+        return self.group.attach(self.lane, session)
+
+
+def slots(config, resources, count: int):
+    """(the LaneGroup or None, the `count` slots' resources) of a packed worker whose runs are like `config`:
+    lanes of one group where `config` can train in lanes (each run then joins if its own config allows), else
+    views of `resources` with a stream of their own each (side by side; one line says why)."""
+    why = lanes_possible(config)
+    if why is not None or count == 1:
+        if why is not None and count > 1:
+            console.print(f"packing: {count} runs side by side, each on a stream of its own ({why})", highlight=False,
+                          soft_wrap=True)
+        return None, [resources, *(resources.with_own_stream() for _ in range(count - 1))]
+    home = resources.with_own_stream()
+    backend, _ = home.prepare(config, start_compilers=True)
+    group = LaneGroup(backend, count, config.train.cuda_graphs)
+    return group, [LaneResources(home, group, lane) for lane in range(count)]

@@ -1,0 +1,130 @@
+"""Packed trials' buffers as lanes: every buffer a trial's session allocates is one row of an array of K rows.
+
+K trials of one shape (mlptrain.training.lane_group) build their sessions each through a `LaneBackend`: its
+allocations while the session is built go to `Slabs`, where the i-th allocation of any lane is row `lane` of
+the i-th slab (K, *shape). Each trial's model, optimizer step and window then work on views exactly as on
+buffers of their own (their checkpoints, reads and evaluation are unchanged), while one launch over a slab
+serves all K trials: the flat parameters of every lane are one (K, P) array, a layer's weights one lane view
+(mlptrain.backends.lanes). Everything else a LaneBackend does is its backend's.
+
+`lane_signature` says which configs make the same slabs: the trials of a sweep or the seeds of a run may differ
+in what the lanes hold per trial (the seed, the optimizer's hyperparameters, the schedule, clipping, loss
+scaling) and in the host's work (logging, checkpoints, early stopping), not in shapes or kinds.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import numpy as np
+
+from mlptrain.config.load import config_to_dict
+
+# what lanes of one group may differ in: section -> keys (None: the whole section)
+PER_LANE = {"": ("seed", "description"), "optim": ("lr", "momentum", "nesterov", "betas", "eps", "weight_decay"),
+            "schedule": None, "logging": None,
+            "train": ("log_every", "checkpoint_every_epochs", "eval_test", "clip_grad_norm", "loss_scale",
+                      "early_stopping")}
+ADAM_FAMILY = ("adam", "adamw")  # one update kernel: AdamW's decoupled decay is a lane's flag
+
+
+def lane_signature(config) -> str:
+    """What must be equal for configs to train in lanes of one group, as one string."""
+    plain = config_to_dict(config)
+    for section, keys in PER_LANE.items():
+        where = plain if not section else plain.get(section, {})
+        if keys is None:
+            plain.pop(section, None)
+            continue
+        for key in keys:
+            where.pop(key, None)
+    optim = plain.get("optim", {})
+    if optim.get("name") in ADAM_FAMILY:
+        optim["name"] = "adam or adamw"
+    return json.dumps(plain, sort_keys=True, default=str)
+
+
+class SlabMismatch(Exception):
+    """A lane's session asked for a buffer unlike the group's (an internal error: lane_signature let it in)."""
+
+
+class Slabs:
+    """The K lanes' buffers: allocation i of a lane's session is row `lane` of slab i (allocated by the first
+    session that asks for it, zeroed)."""
+
+    def __init__(self, backend, lanes: int):
+        self.backend, self.lanes = backend, lanes
+        self.arrays = []
+        self._of = {}  # id(a lane's row) -> (slab index, the row), for `slab_of`
+
+    def row(self, lane: int, index: int, shape, dtype):
+        shape, dtype = tuple(int(n) for n in np.atleast_1d(shape)), np.dtype(dtype)
+        if index == len(self.arrays):
+            self.arrays.append(self.backend.zeros((self.lanes, *shape), dtype))
+        slab = self.arrays[index]
+        if tuple(slab.shape[1:]) != shape or slab.dtype != dtype:
+            raise SlabMismatch(f"buffer {index}: {shape} {dtype} where the group holds {tuple(slab.shape[1:])} "
+                               f"{slab.dtype}")
+        view = slab[lane]
+        self._of[id(view)] = (index, view)
+        return view
+
+    def slab_of(self, view):
+        """The slab whose lane row `view` is (a buffer a lane's session allocated)."""
+        return self.arrays[self._of[id(view)][0]]
+
+    def forget(self, lane_views) -> None:
+        """Drop the records of rows no session uses any more."""
+        for view in lane_views:
+            self._of.pop(id(view), None)
+
+
+class LaneBackend:
+    """A backend whose allocations, while `building`, are rows of a lane of `slabs`; otherwise its backend."""
+
+    def __init__(self, backend, slabs: Slabs, lane: int):
+        self._backend, self.slabs, self.lane = backend, slabs, lane
+        self._next, self._building, self.rows = 0, False, []
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    @property
+    def plain(self):
+        """The backend itself (for what only the whole group launches)."""
+        return self._backend
+
+    @contextmanager
+    def building(self):
+        """Around building a session: its allocations become this lane's rows, in order."""
+        self.slabs.forget(self.rows)
+        self._next, self._building, self.rows = 0, True, []
+        try:
+            yield
+        finally:
+            self._building = False
+
+    def _row(self, shape, dtype):
+        view = self.slabs.row(self.lane, self._next, shape, dtype)
+        self._next += 1
+        self.rows.append(view)
+        return view
+
+    def empty(self, shape, dtype=np.float32):
+        return self._row(shape, dtype) if self._building else self._backend.empty(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        if not self._building:
+            return self._backend.zeros(shape, dtype)
+        view = self._row(shape, dtype)
+        self._backend.copy_from_host(view, np.zeros(tuple(view.shape), view.dtype))  # a lane used before
+        return view
+
+    def to_device(self, array):
+        if not self._building:
+            return self._backend.to_device(array)
+        array = np.ascontiguousarray(array)
+        view = self._row(array.shape, array.dtype)
+        self._backend.copy_from_host(view, array)
+        return view

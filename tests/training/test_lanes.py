@@ -1,0 +1,132 @@
+"""Packed runs in lanes (mlptrain.training.lane_group): K MLP sessions built on rows of shared slabs, their
+windows launched as one step of every lane.
+
+On the CPU backend a lane's run gives exactly the bits of the same run alone (the lane kernels' NumPy twins run
+the solo kernels lane by lane), whether its window goes with the others' or, out of step, on its own; a lane
+that hands in no window is not touched. The sweeps and seeds that use the lanes are tested with the packing
+(tests/sweep/test_packing.py, tests/cli/test_seeds_cli.py).
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from mlptrain.backends.lanes import lane_view
+from mlptrain.config.load import config_from_dict
+from mlptrain.data.loader import epoch_order
+from mlptrain.training.experiment import Resources
+from mlptrain.training.lane_group import LaneWindow, slots
+from mlptrain.training.lane_slabs import lane_signature
+from tests.sweep.conftest import tiny_mnist  # noqa: F401 (a fixture: a small banded MNIST in place of the real one)
+
+TINY = {"backend": "cpu", "model": {"hidden": [16, 8]}, "data": {"val_size": 100},
+        "train": {"epochs": 1, "batch_size": 60, "eval_batch_size": 500}}
+
+
+def tiny(**changes):
+    raw = {key: dict(value) if isinstance(value, dict) else value for key, value in TINY.items()}
+    for dotted, value in changes.items():
+        section, _, key = dotted.rpartition("__")
+        (raw.setdefault(section, {}) if section else raw)[key] = value
+    return config_from_dict(raw)
+
+
+def test_a_lane_view_is_a_range_of_columns_of_every_lane():
+    slab = np.arange(3 * 20, dtype=np.float32).reshape(3, 20)
+    view = lane_view(slab, 5, (2, 3))
+    assert view.shape == (3, 2, 3)
+    for lane in range(3):
+        np.testing.assert_array_equal(view[lane], slab[lane, 5:11].reshape(2, 3))
+    view[1, 1, 2] = -1.0  # a view: writes reach the slab
+    assert slab[1, 10] == -1.0
+    with pytest.raises(ValueError, match="outside a slab of 20"):
+        lane_view(slab, 15, (2, 3))
+
+
+def test_configs_share_lanes_when_they_differ_only_in_what_a_lane_holds():
+    base = lane_signature(tiny())
+    assert lane_signature(tiny(seed=3, optim__lr=0.01, optim__weight_decay=0.1, train__clip_grad_norm=1.0,
+                               schedule__name="cosine")) == base
+    assert lane_signature(tiny(optim__name="adamw")) == base  # one update kernel, decoupled decay a lane's flag
+    for other in (tiny(model__hidden=[16, 9]), tiny(optim__name="sgd"), tiny(train__epochs=2),
+                  tiny(train__batch_size=50), tiny(train__precision="bf16")):
+        assert lane_signature(other) != base
+
+
+def build(config, lanes=2):
+    """`lanes` sessions of `config`'s seeds 0, 1, ... built in lanes of one group."""
+    resources = Resources()
+    group, views = slots(config, resources, lanes)
+    sessions = [view.session(dataclasses.replace(config, seed=lane)) for lane, view in enumerate(views)]
+    return group, sessions
+
+
+def test_sessions_built_in_lanes_are_rows_of_one_slab(tiny_mnist):
+    group, sessions = build(tiny())
+    params = group.slabs.slab_of(sessions[0].model.params.flat)
+    assert params.shape == (2, sessions[0].model.layout.size)
+    assert all(isinstance(s.window, LaneWindow) for s in sessions)
+    for lane, s in enumerate(sessions):
+        assert np.shares_memory(s.model.params.flat, params) and np.shares_memory(params[lane], s.model.params.flat)
+    assert not np.array_equal(params[0], params[1])  # seeds 0 and 1: each lane its own initialisation
+
+
+def solo_windows(config, windows):
+    """The parameters and step state of `config`'s run alone after `windows` [(start, rows), ...] of epoch 1."""
+    s = Resources().session(config)
+    s.window.start_epoch(epoch_order(s.train, config.seed, 1))
+    for start, rows in windows:
+        s.window.run(start, rows)
+    return s.model.params.flat.copy(), s.step.state.copy()
+
+
+def test_lanes_in_step_and_out_of_step_give_each_run_its_bits_alone(tiny_mnist):
+    config = tiny(optim__lr=0.003)
+    group, sessions = build(config)
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    plan = {0: [(0, 60), (60, 60), (120, 60)], 1: [(0, 60), (60, 30), (90, 60)]}  # lane 1's second window is short
+    for turn in range(3):
+        for lane, s in enumerate(sessions):
+            s.window.run(*plan[lane][turn])
+        assert group.ready()
+        group.flush()
+        assert not group.pending
+    for lane, s in enumerate(sessions):
+        params, state = solo_windows(s.config, plan[lane])
+        np.testing.assert_array_equal(s.model.params.flat, params)
+        np.testing.assert_array_equal(s.step.state, state)
+
+
+def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):
+    group, sessions = build(tiny(), lanes=3)
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    group.leave(2)  # its slot ended
+    before = sessions[2].model.params.flat.copy(), sessions[2].step.state.copy()
+    for s in sessions[:2]:
+        s.window.run(0, 60)
+    assert group.ready()
+    group.flush()
+    np.testing.assert_array_equal(sessions[2].model.params.flat, before[0])
+    np.testing.assert_array_equal(sessions[2].step.state, before[1])
+    assert not np.array_equal(sessions[0].model.params.flat, solo_windows(sessions[0].config, [])[0])
+
+
+def test_a_group_waits_for_every_lane_in_training(tiny_mnist):
+    group, _ = slots(tiny(), Resources(), 2)
+    assert group is not None and not group.ready()
+    group.windows[0], group.windows[1] = object(), object()  # two runs in training
+    group.submit(0, 0, 60)
+    assert group.waits(0) and not group.waits(1) and not group.ready()
+    group.leave(1)
+    assert group.ready()
+
+
+def test_an_autoencoder_packs_side_by_side_and_says_why(capsys):
+    config = config_from_dict({"backend": "cpu", "model": {"type": "conv_autoencoder"}, "data": {"dataset": "cifar10"}})
+    group, views = slots(config, Resources(), 2)
+    assert group is None and len(views) == 2
+    out = capsys.readouterr()
+    assert "side by side" in out.out + out.err and "MLPs only" in out.out + out.err
