@@ -364,6 +364,10 @@ def sweeps(args) -> None:
         rows = [sweep_wall(args, flags.split(), Path(folder)) for flags in args.sweeps]
         peers = [peer_wall(args, workers, Path(folder)) for workers in args.peer_workers]
     first = rows[0]["metrics"]
+    for i, row in enumerate(rows):  # the same command twice: the same bits (runs are reproducible)
+        again = next((other for other in rows[i + 1:] if other["flags"] == row["flags"]), None)
+        if again is not None and again["metrics"] != row["metrics"]:
+            raise SystemExit(f"WRONG RESULT: two sweeps {row['flags']} gave different metrics")
     for row in rows[1:]:
         if row["metrics"] == first:
             print(f"{row['flags']}: every trial's metrics the same bits as {rows[0]['flags']}'s")

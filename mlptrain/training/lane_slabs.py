@@ -96,6 +96,15 @@ class LaneBackend:
         return self._backend
 
     @contextmanager
+    def urgent(self):
+        """The block's work stays on the lanes' stream. A lane's evaluation on the backend's urgent stream would
+        switch the stream every lane shares (the backend's) while the lane yields inside it (mlptrain.training.
+        packing), so that the other lanes' copies and the group's launches went to that stream too, out of order
+        with the rest; and in lockstep nothing else is queued while the lanes evaluate, so there is nothing to go
+        ahead of."""
+        yield
+
+    @contextmanager
     def building(self):
         """Around building a session: its allocations become this lane's rows, in order."""
         self.slabs.forget(self.rows)

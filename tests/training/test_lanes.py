@@ -130,3 +130,20 @@ def test_an_autoencoder_packs_side_by_side_and_says_why(capsys):
     assert group is None and len(views) == 2
     out = capsys.readouterr()
     assert "side by side" in out.out + out.err and "MLPs only" in out.out + out.err
+
+
+def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
+    """A lane's `urgent` block (its evaluation, which yields to the other lanes inside it) must not switch the
+    stream the lanes share: the backend's own `urgent` would, for every lane at once."""
+    from mlptrain.training.lane_slabs import LaneBackend, Slabs
+
+    class Switching:
+        stream = "home"
+
+        def urgent(self):
+            raise AssertionError("the shared backend's urgent() was entered")
+
+    shared = Switching()
+    lane = LaneBackend(shared, Slabs(shared, 2), 0)
+    with lane.urgent():
+        assert shared.stream == "home"
