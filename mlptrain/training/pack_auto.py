@@ -70,16 +70,22 @@ def resolve(pack, config, resources, most: int) -> int:
         console.print("--pack auto: 1 (no GPU: the run trains on the CPU)", highlight=False)
         return 1
     key = cost_key(config, backend.device_name)
+    # imported here, as in measure
+    from mlptrain.training.packing import MAX_PACK
+
+    limit = min(MAX_PACK, 1 << max(most - 1, 0).bit_length())  # K past the runs there are would not be used
     with _lock:
         found = _known.get(key) or _read(key)
+        if found and not _covers(found, limit):  # measured for fewer runs, and still gaining there
+            found = None
         source = "cached" if found else "measured"
         if not found:
             console.print(f"--pack auto: measuring how many runs of this config add throughput on "
                           f"{backend.device_name} (once: the answer is cached)", highlight=False, soft_wrap=True)
-            found = measure(config, resources)
+            found = (*measure(config, resources, limit), limit)
             _write(key, found)
         _known[key] = found
-    k, rates = found
+    k, rates, _ = found
     shown = ", ".join(f"{runs}: {rate:,.0f}" for runs, rate in rates.items()) or "none could be timed"
     chosen = max(1, min(k, most))
     console.print(f"--pack auto: {chosen} packed on {backend.device_name} (optimizer steps a second, all "
@@ -87,14 +93,22 @@ def resolve(pack, config, resources, most: int) -> int:
     return chosen
 
 
-def measure(config, resources) -> tuple[int, dict]:
-    """(K, {runs: steps a second}) for `config` on `resources`' GPU (see the module's docstring)."""
+def _covers(found, limit: int) -> bool:
+    """Whether a measurement (K, rates, the largest K it could try) answers for runs up to `limit`: it tried as
+    many, or its gain ran out before the largest it could try."""
+    k, rates, searched = found
+    return searched >= limit or k < max(rates, default=1)
+
+
+def measure(config, resources, largest: int | None = None) -> tuple[int, dict]:
+    """(K, {runs: steps a second}) for `config` on `resources`' GPU (see the module's docstring), trying K up to
+    `largest` (default and at most packing.MAX_PACK)."""
     # imported here: packing's callers import this module, and the session pulls in the model and optimizers
     from mlptrain.training.packing import MAX_PACK
 
     home = launch_stream()  # each backend made here switches the thread to its stream: the caller's comes back
     try:
-        return _search(config, resources, MAX_PACK)
+        return _search(config, resources, min(largest or MAX_PACK, MAX_PACK))
     finally:
         use_launch_stream(home)
 
@@ -179,7 +193,8 @@ def _entries() -> dict:
 def _read(key: str):
     entry = _entries().get(hashlib.sha256(key.encode()).hexdigest()[:24])
     try:
-        return int(entry["k"]), {int(runs): float(rate) for runs, rate in entry["rates"].items()}
+        return (int(entry["k"]), {int(runs): float(rate) for runs, rate in entry["rates"].items()},
+                int(entry.get("searched", 64)))
     except (TypeError, KeyError, ValueError):
         return None
 
@@ -188,9 +203,10 @@ def _write(key: str, found) -> None:
     path = _cache_file()
     if path is None:
         return
-    k, rates = found
+    k, rates, searched = found
     entries = _entries()
-    entries[hashlib.sha256(key.encode()).hexdigest()[:24]] = {"k": k, "rates": rates, "what": json.loads(key)}
+    entries[hashlib.sha256(key.encode()).hexdigest()[:24]] = {"k": k, "rates": rates, "searched": searched,
+                                                              "what": json.loads(key)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path, binary=False, durable=False) as out:

@@ -99,7 +99,7 @@ def cache(tmp_path, monkeypatch):
 
 def test_the_answer_is_measured_once_and_cached_per_gpu_and_shape(cache, monkeypatch, capsys):
     measured = []
-    monkeypatch.setattr(pack_auto, "measure", lambda config, resources: measured.append(1) or (8, {1: 10.0, 8: 40.0}))
+    monkeypatch.setattr(pack_auto, "measure", lambda config, resources, largest=None: measured.append(1) or (8, {1: 10.0, 8: 40.0}))
     config = config_from_dict({**TINY, "backend": "cuda"})
     assert pack_auto.resolve("auto", config, FakeResources(), most=100) == 8
     assert pack_auto.resolve("auto", config, FakeResources(), most=3) == 3  # never more than the runs there are
@@ -116,9 +116,29 @@ def test_the_answer_is_measured_once_and_cached_per_gpu_and_shape(cache, monkeyp
     assert "--pack auto: 8 packed on Fake GPU" in said and "measured" in said and "cached" in said
 
 
+def test_the_search_stops_at_the_runs_there_are_and_a_larger_sweep_measures_further(cache, monkeypatch):
+    asked = []
+
+    def measure(config, resources, largest=None):  # still gaining at every K it may try
+        asked.append(largest)
+        rates = {k: 10.0 * k for k in (1, 2, 4, 8, 16, 32, 64) if k <= largest}
+        return max(rates), rates
+
+    monkeypatch.setattr(pack_auto, "measure", measure)
+    config = config_from_dict({**TINY, "backend": "cuda"})
+    assert pack_auto.resolve("auto", config, FakeResources(), most=5) == 5 and asked == [8]  # 16, 32, 64 not tried
+    assert pack_auto.resolve("auto", config, FakeResources(), most=8) == 8 and asked == [8]  # answered by 8's
+    assert pack_auto.resolve("auto", config, FakeResources(), most=20) == 20 and asked == [8, 32]
+    monkeypatch.setattr(pack_auto, "measure", lambda config, resources, largest=None: (4, {1: 1.0, 4: 3.0, 8: 3.1}))
+    monkeypatch.setattr(pack_auto, "_known", {})
+    other = config_from_dict({**TINY, "backend": "cuda", "model": {"type": "mlp", "hidden": [32]}})
+    assert pack_auto.resolve("auto", other, FakeResources(), most=3) == 3
+    assert pack_auto.resolve("auto", other, FakeResources(), most=60) == 4  # its gain ran out at 8: no more to try
+
+
 def test_an_unreadable_cache_is_measured_again_and_off_measures_every_time(cache, monkeypatch):
     measured = []
-    monkeypatch.setattr(pack_auto, "measure", lambda config, resources: measured.append(1) or (2, {1: 1.0, 2: 2.0}))
+    monkeypatch.setattr(pack_auto, "measure", lambda config, resources, largest=None: measured.append(1) or (2, {1: 1.0, 2: 2.0}))
     config = config_from_dict({**TINY, "backend": "cuda"})
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")
