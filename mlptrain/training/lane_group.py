@@ -60,8 +60,10 @@ class LaneWindow(TrainingWindow):
         super().plan(rows)
 
     def graphs_record(self) -> dict:
-        """The group's graph record, and summary.json's `lanes`: how many lanes the run's group had, and its own."""
-        return {**self.group.graphs_record(), "lanes": {"of": self.group.lanes, "lane": self.lane}}
+        """The group's graph record, and summary.json's `lanes`: how many lanes the run's group had, its own, and
+        how the lanes' GEMMs summed (their engine)."""
+        engine = self.group.step.engine if self.group.step is not None else None
+        return {**self.group.graphs_record(), "lanes": {"of": self.group.lanes, "lane": self.lane, "gemm": engine}}
 
 
 class LaneGroup:
