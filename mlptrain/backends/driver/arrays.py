@@ -18,17 +18,20 @@ class DeviceArray:
     """`shape` elements of `dtype` at device address `pointer`, C-contiguous unless given byte `strides` (a lane
     view's); `base` keeps the allocation alive for views."""
 
-    __slots__ = ("pointer", "shape", "dtype", "base", "strides", "typename", "parameters", "__weakref__")
+    __slots__ = ("pointer", "shape", "dtype", "base", "strides", "contiguous", "typename", "parameters", "__weakref__")
 
     def __init__(self, pointer: int, shape: tuple, dtype, base=None, strides: tuple | None = None):
         self.pointer = pointer
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
         self.base = base
-        contiguous = _c_strides(self.shape, self.dtype.itemsize)
-        self.strides = contiguous if strides is None else tuple(int(n) for n in strides)
+        packed = _c_strides(self.shape, self.dtype.itemsize)
+        self.strides = packed if strides is None else tuple(int(n) for n in strides)
+        # asked at every launch's checks: known once
+        self.contiguous = strides is None or all(n <= 1 or got == want for n, got, want in
+                                                  zip(self.shape, self.strides, packed))
         # numba's name for its type: a layout of "A" (any strides) where the array is not C-contiguous
-        layout = "C" if self.is_c_contiguous() else "A"
+        layout = "C" if self.contiguous else "A"
         self.typename = f"array({self.dtype}, {len(self.shape)}d, {layout})"
         # what a launch passes for it, as numba does (meminfo, parent, size, item size, pointer, shape, strides),
         # made once: an array is launched many times
@@ -61,8 +64,7 @@ class DeviceArray:
         return self.shape[0]
 
     def is_c_contiguous(self) -> bool:
-        return all(n <= 1 or got == want for n, got, want in
-                   zip(self.shape, self.strides, _c_strides(self.shape, self.dtype.itemsize)))
+        return self.contiguous
 
     def strided(self, byte_offset: int, shape: tuple, strides: tuple) -> DeviceArray:
         """A view of this array's memory from `byte_offset` with its own shape and byte strides (a lane view)."""

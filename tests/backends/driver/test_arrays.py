@@ -23,11 +23,35 @@ def test_row_slices_move_the_pointer_like_numpy():
         assert view.base is a.base and view.strides == expected.strides and view.typename == "array(float32, 3d, C)"
 
 
-def test_only_row_slices_are_made():
+def test_only_row_slices_and_rows_are_made():
     a = fake((4, 6))
-    for index in ((slice(None), slice(0, 3)), 2, slice(0, 4, 2)):
+    for index in ((slice(None), slice(0, 3)), slice(0, 4, 2), 2.0):
         with pytest.raises(TypeError, match="row slices"):
             a[index]
+    row = a[2]
+    assert (row.shape, row.pointer, row.typename) == ((6,), a.pointer + 2 * 6 * 4, "array(float32, 1d, C)")
+    assert a[-1].pointer == a.pointer + 3 * 6 * 4
+    with pytest.raises(IndexError, match="row 4"):
+        a[4]
+
+
+def test_a_lane_view_carries_its_strides_to_numba_and_the_launch():
+    """lanes.lane_view of a (3, 50) slab: columns 5..16 of every row as (3, 2, 6), the lanes a row apart."""
+    from mlptrain.backends.lanes import lane_view
+
+    slab = fake((3, 50))
+    view = lane_view(slab, 5, (2, 6))
+    expected = np.lib.stride_tricks.as_strided(np.zeros((3, 50), np.float32)[:, 5:], (3, 2, 6), (200, 24, 4))
+    assert view.shape == expected.shape and view.strides == expected.strides == (200, 24, 4)
+    assert view.pointer == slab.pointer + 5 * 4 and view.base is slab.base
+    assert not view.is_c_contiguous() and view.typename == "array(float32, 3d, A)"
+    assert view.parameters[-6:] == (3, 2, 6, 200, 24, 4)  # shape then strides, as numba passes an array
+    assert view.__cuda_array_interface__["strides"] == (200, 24, 4)
+    for refused in (lambda: view[0], lambda: view.reshape(36), lambda: view.copy_to_host()):
+        with pytest.raises(TypeError, match="lane view"):
+            refused()
+    whole = lane_view(fake((1, 50)), 5, (2, 6))  # one lane: C-contiguous whatever its row stride
+    assert whole.is_c_contiguous() and whole.typename == "array(float32, 3d, C)"
 
 
 def test_reshape_and_views_follow_numpy():
