@@ -41,13 +41,16 @@ def rates_from(table, out_of_memory_at=None):
 
 
 @pytest.mark.parametrize("table, out_of_memory_at, k, asked", [
-    ({1: 100, 2: 190, 4: 330, 8: 350, 16: 500}, None, 4, [1, 2, 4, 8]),  # 8 adds 6%: the search ends there
-    ({1: 100, 2: 105}, None, 1, [1, 2]),
+    ({1: 100, 2: 190, 4: 330, 8: 350, 16: 500}, None, 16, [1, 2, 4, 8, 16, 32]),  # 8 adds 6%, 16 then 43%
+    ({1: 8522, 2: 9205, 4: 15000, 8: 22000, 16: 26000}, None, 16, [1, 2, 4, 8, 16, 32]),  # lanes: 2 gain 8%
+    ({1: 100, 2: 150, 4: 200, 8: 205, 16: 207}, None, 4, [1, 2, 4, 8, 16, 32]),  # 4 is within 10% of the best
+    ({1: 100, 2: 105}, None, 1, [1, 2, 4]),
     ({1: 100, 2: 200, 4: 400}, 4, 2, [1, 2, 4]),  # 4 runs do not fit
     ({1: 100}, 1, 1, [1]),  # not even one: the run's own refusal comes when it is built
     ({}, None, 1, [1]),  # no full window to time
 ])
-def test_k_doubles_while_it_gains(monkeypatch, table, out_of_memory_at, k, asked):
+def test_every_k_that_fits_is_measured_and_the_smallest_near_the_best_chosen(monkeypatch, table, out_of_memory_at,
+                                                                              k, asked):
     rate, calls = rates_from(table, out_of_memory_at)
     monkeypatch.setattr(pack_auto, "_rate", rate)
     found, rates = pack_auto.measure(None, None)
@@ -129,11 +132,16 @@ def test_the_search_stops_at_the_runs_there_are_and_a_larger_sweep_measures_furt
     assert pack_auto.resolve("auto", config, FakeResources(), most=5) == 5 and asked == [8]  # 16, 32, 64 not tried
     assert pack_auto.resolve("auto", config, FakeResources(), most=8) == 8 and asked == [8]  # answered by 8's
     assert pack_auto.resolve("auto", config, FakeResources(), most=20) == 20 and asked == [8, 32]
-    monkeypatch.setattr(pack_auto, "measure", lambda config, resources, largest=None: (4, {1: 1.0, 4: 3.0, 8: 3.1}))
-    monkeypatch.setattr(pack_auto, "_known", {})
+    asked.clear()
+
+    def two_fit(config, resources, largest=None):
+        asked.append(largest)
+        return 2, {1: 1.0, 2: 1.9}
+
+    monkeypatch.setattr(pack_auto, "measure", two_fit)
     other = config_from_dict({**TINY, "backend": "cuda", "model": {"type": "mlp", "hidden": [32]}})
-    assert pack_auto.resolve("auto", other, FakeResources(), most=3) == 3
-    assert pack_auto.resolve("auto", other, FakeResources(), most=60) == 4  # its gain ran out at 8: no more to try
+    assert pack_auto.resolve("auto", other, FakeResources(), most=3) == 2
+    assert pack_auto.resolve("auto", other, FakeResources(), most=60) == 2 and asked == [4]  # 4 did not fit
 
 
 def test_an_unreadable_cache_is_measured_again_and_off_measures_every_time(cache, monkeypatch):
