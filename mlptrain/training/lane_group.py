@@ -24,7 +24,6 @@ from collections import Counter
 import numpy as np
 
 from mlptrain.backends.thread_stream import use_launch_stream
-from mlptrain.training.checkpoint_writer import CheckpointWriter
 from mlptrain.training.lane_slabs import LaneBackend, Slabs, lane_signature
 from mlptrain.training.lane_step import LaneStep
 from mlptrain.training.session import build_session
@@ -98,7 +97,6 @@ class LaneGroup:
             self.step = LaneStep(self.backend, self.slabs, session)
         self.step.set_lane(lane, session)
         session.window = LaneWindow(session.window, self, lane)
-        session.checkpoints = CheckpointWriter(behind=True)  # its lanes wait for none of its files
         self.windows[lane] = session.window
         self.pending.pop(lane, None)
         return session

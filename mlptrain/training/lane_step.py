@@ -7,10 +7,9 @@ all K lanes: every operand carries the lane axis (a slab of mlptrain.training.la
 for a layer's weights), and each lane reads its own order, cursor, step state, lr table and hyperparameters.
 The lanes' activations live in buffers of their own here, one set per micro-batch size.
 
-A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: in float32 they run on
-tensor cores at float32 accuracy (the tf32x3 engine), in the 16-bit formats their tile is chosen for the K
-lanes' blocks together, and the weight gradient is summed inside its blocks (no K split); so on a GPU a lane's
-bits differ from its run alone by float32 rounding; on the CPU (BLAS either way) they are the same bits.
+A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: their tile is chosen for
+the K lanes' blocks together and the weight gradient is summed inside its blocks (no K split), so on a GPU a
+lane's bits differ from its run alone by float32 rounding; on the CPU (BLAS either way) they are the same bits.
 `active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched.
 """
 
@@ -54,10 +53,10 @@ class LaneStep:
         self.step_hypers = backend.zeros((self.lanes, len(step_state.LANE_HYPERS)), np.float64)
         self.optimizer_hypers = backend.zeros((self.lanes, len(step.optimizer.lane_hypers())), np.float32)
         self.active = backend.zeros((self.lanes,), np.int32)
-        # how the dense GEMMs sum (the gemm launchers' ENGINES): float32 lanes on tensor cores at float32 accuracy
-        # (3xTF32: 556 against 594 us a step of 16 adam_mnist lanes on an H100, benchmarks/NOTES.md), the 16-bit
-        # formats on CUDA cores (the engine takes float32 only)
-        self.engine = "tf32x3" if self.dtype == np.float32 else "fma"
+        # how the dense GEMMs sum (the gemm launchers' ENGINES): "fma" for every K. tf32x3 (float32 on tensor
+        # cores at float32 accuracy) was slower at 2, 4, 8 and 32 lanes of adam_mnist on an H100 and 7% faster at
+        # 16 only (benchmarks/NOTES.md, issue 30 step 9): its tile needs many lanes to fill the GPU
+        self.engine = "fma"
         self._buffers = {}
 
     def set_lane(self, lane: int, session) -> None:

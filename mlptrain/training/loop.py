@@ -119,13 +119,11 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
         note = learning_warning(s.config, last, s.dataset, summary.get("mean_image_mse"), s.step.read())
         summary["warnings"] = [warn(note)] if note else []
         write_session(logger.writer, hparam_values(s.config, s.backend.name, data_root(s.config)))
-        s.checkpoints.wait()  # the last checkpoint on disk before the summary says the run is done
-    except OSError as err:  # metrics.jsonl, TensorBoard's events or a checkpoint on a full or read-only disk
+    except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
                         "intact") from None
     finally:
         logger.close()
-        s.checkpoints.settle()  # a run that fails (or is pruned) leaves its folder whole
     save_grad_norms(run_dir / GRAD_NORMS, s.step)
     write_json(run_dir / "summary.json", summary)
     return summary
@@ -284,9 +282,9 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
         arrays = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
         if best.best_epoch == epoch:  # kept in memory until `last` is written: best.npz never runs ahead of it
             s.unsaved_best = arrays
-        if save_last:  # behind the training where the run is in lanes (mlptrain.training.checkpoint_writer)
-            held = _pending_best(s)
-            s.checkpoints.submit(lambda: _write_checkpoint(run_dir, arrays, held))
+        if save_last:
+            save_checkpoint(checkpoint_file(run_dir, "last"), arrays)
+            _save_best(s, run_dir, last=arrays)
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
                       f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
@@ -300,7 +298,6 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
     evaluation record the summary reports."""
     if s.stopping is None or not s.stopping.restore_best or best.best_epoch in (0, last["epoch"]):
         return last
-    s.checkpoints.wait()
     s.model.load_parameters(load_checkpoint(checkpoint_file(run_dir, "best")), prefix="params/")
     record = s.evaluator.record(s.val, s.test, best.best_epoch, last["step"])
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in ("epoch", "step"))
@@ -311,8 +308,8 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
     raise TrainingInterrupted."""
-    s.checkpoints.wait()
-    _write_checkpoint(run_dir, _checkpoint(s, position), _pending_best(s))
+    save_checkpoint(checkpoint_file(run_dir, "last"), _checkpoint(s, position))
+    _save_best(s, run_dir)
     # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
     # skipped steps included, as the bar counts them)
     steps = position.epoch * s.steps_per_epoch + position.window
@@ -322,21 +319,16 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
 
 
-def _pending_best(s: Session) -> dict | None:
-    """The arrays held for best.npz since the best epoch (None: none), no longer held: `last` goes with them."""
-    best, s.unsaved_best = s.unsaved_best, None
-    return best
-
-
-def _write_checkpoint(run_dir: Path, arrays: dict, best: dict | None) -> None:
-    """last.npz from `arrays`, then best.npz from `best` (_pending_best), once `last` (which records that epoch)
-    is written. Where they are the arrays `last` was just written from (this epoch is the best), best.npz is a
-    second name of that file (link_whole), not the same bytes written again."""
-    save_checkpoint(checkpoint_file(run_dir, "last"), arrays)
-    if best is arrays:
-        link_whole(checkpoint_file(run_dir, "last"), checkpoint_file(run_dir, "best"))
-    elif best is not None:
-        save_checkpoint(checkpoint_file(run_dir, "best"), best)
+def _save_best(s: Session, run_dir: Path, last: dict | None = None) -> None:
+    """best.npz from the arrays held since the best epoch, once `last` (which records that epoch) is written.
+    Where they are the arrays `last` was just written from (this epoch is the best), best.npz is a second
+    name of that file (link_whole), not the same bytes written again."""
+    if s.unsaved_best is not None:
+        if s.unsaved_best is last:
+            link_whole(checkpoint_file(run_dir, "last"), checkpoint_file(run_dir, "best"))
+        else:
+            save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best)
+        s.unsaved_best = None
 
 
 def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:

@@ -16,7 +16,6 @@ from mlptrain.config.schema import Config, init_scheme, steps_per_epoch
 from mlptrain.data.loader import ResidentSplit, check_trainable, resident_splits, val_size_note
 from mlptrain.nn import check_trainable_labels, input_scale_shift, make_model, model_dataset
 from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_optimizer, make_schedule
-from mlptrain.training.checkpoint_writer import CheckpointWriter
 from mlptrain.training.evaluation import Evaluator
 from mlptrain.training.fallbacks import subset_note, warn
 from mlptrain.training.memory_plan import buffer_rows, check_fits
@@ -43,7 +42,6 @@ class Session:
     notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.training.compilation)
     wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
     unsaved_best: dict | None = None  # the best epoch's checkpoint arrays, written with the next `last`
-    checkpoints: CheckpointWriter = field(default_factory=CheckpointWriter)  # behind the training in lanes
 
     @property
     def fallbacks(self) -> list[str]:

@@ -153,7 +153,7 @@ def test_packed_trials_match_the_same_trials_trained_alone_bitwise(tmp_path, tin
     assert [kind for kind, *_ in order] == ["begin"] * 4 + ["end"] * 4  # all four trained at once
     alone, packed = trial_results(tmp_path / "runs", "alone"), trial_results(tmp_path / "runs", "packed")
     lanes = [json.loads(path.read_text()).get("lanes") for path in (tmp_path / "runs").glob("*/*/summary.json")]
-    assert sorted(map(str, lanes)) == ["None"] * 4 + [str({"of": 4, "lane": i, "gemm": "tf32x3"})
+    assert sorted(map(str, lanes)) == ["None"] * 4 + [str({"of": 4, "lane": i, "gemm": "fma"})
                                                       for i in range(4)]  # in lanes
     assert sorted(alone) == sorted(packed) and len(alone) == 4
     for key, (state, metrics, arrays, norms) in alone.items():
