@@ -29,9 +29,10 @@ def run(
                                         help="one run per seed (N: seeds 0 to N-1), in NAME/seed-S/, then "
                                              "NAME/seeds.json and each metric's mean and 95% CI"),
     pack: str = typer.Option("1", "--pack", metavar="K|auto",
-                             help="with --seeds: train this many seeds side by side from one thread (their kernels "
-                             "overlap on the GPU; each run's results stay those it gives alone); auto: as many as "
-                             "add throughput, measured on this GPU once"),
+                             help="with --seeds: train this many seeds at once from one thread (an MLP's in lanes, "
+                             "one launch for each kernel of all their steps; other models side by side, their "
+                             "kernels overlapping on the GPU); auto: as many as add throughput, measured on this "
+                             "GPU once"),
 ) -> None:
     """Train a model from a config; writes runs/<name>/."""
     # first, so that the CUDA driver starts (0.2 s, in a thread) while the command's modules below are imported

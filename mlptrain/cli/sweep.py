@@ -53,9 +53,9 @@ def sweep(
                                 help="started by a sweep command of this machine, which opened the study: take "
                                      "trials until none is queued, then exit"),
     pack: str = typer.Option("1", "--pack", metavar="K|auto",
-                             help="trials each worker trains side by side from one thread: their kernels overlap on "
-                             "its GPU (each trial's results stay those it gives alone); auto: as many as add "
-                             "throughput, measured on its GPU once"),
+                             help="trials each worker trains at once from one thread (MLPs in lanes, one launch for "
+                             "each kernel of all their steps; other models side by side, their kernels overlapping "
+                             "on its GPU); auto: as many as add throughput, measured on its GPU once"),
 ) -> None:
     """Run a hyperparameter sweep; writes runs/<name>/ (a run per trial, results.json, results.csv)."""
     # the command's own modules, imported when it runs: --help and the other commands start without them;
@@ -413,8 +413,8 @@ def _packed_here(engine, study, study_storage, spec, sweep_dir, resources, save,
 def packed(pack) -> str:
     """What a worker line adds for `--pack`."""
     if pack == "auto":
-        return ", each training as many trials side by side as add throughput (--pack auto)"
-    return f", each training {pack} trials side by side" if pack > 1 else ""
+        return ", each training as many trials at once as add throughput (--pack auto)"
+    return f", each training {pack} trials at once" if pack > 1 else ""
 
 
 def _show(table) -> None:

@@ -148,8 +148,9 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
 def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int | str,
                 on_trial_end=None, stop=None) -> None:
     """`pack` workers side by side in this thread, each taking queued trials until none is left: `pack` trials
-    train at once, their steps queued in turn (mlptrain.training.packing), each on a stream of its own. The
-    first uses `resources`, the others views of their own on its GPU. `stop` as `work`'s; when one of them
+    train at once (mlptrain.training.packing): MLPs in lanes of one group, one launch for each kernel of all
+    their steps (mlptrain.training.lane_group); other models with their steps queued in turn, each on a stream
+    of its own (the first on `resources`, the others on views of their own on its GPU). `stop` as `work`'s; when one of them
     fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised. `pack`
     "auto": as many as mlptrain.training.pack_auto measures for the sweep's base config (at most its trials)."""
     base = config_from_dict(sweep.raw)

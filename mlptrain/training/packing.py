@@ -11,6 +11,9 @@ gives alone.
 
 One thread, not a thread per run: runs in threads take turns on the interpreter at every launch, and a run
 here never waits for another's host work except in its turn.
+
+MLP runs of one shape go further, in lanes of one group (mlptrain.training.lane_group): their sessions share
+their buffers' memory, one row each, and side_by_side launches all their windows at once (`lanes`).
 """
 
 from __future__ import annotations
