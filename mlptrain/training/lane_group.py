@@ -24,11 +24,15 @@ from collections import Counter
 import numpy as np
 
 from mlptrain.backends.thread_stream import use_launch_stream
+from mlptrain.errors import UserError
+from mlptrain.nn import model_dataset
 from mlptrain.training.lane_slabs import LaneBackend, Slabs, lane_signature
 from mlptrain.training.lane_step import LaneStep
+from mlptrain.training.memory_plan import estimate
 from mlptrain.training.session import build_session
 from mlptrain.training.window import TrainingWindow
 from mlptrain.util.console import console
+from mlptrain.util.host_memory import HEADROOM, gib
 
 
 def lanes_possible(config) -> str | None:
@@ -225,6 +229,26 @@ def slots(config, resources, count: int):
                           soft_wrap=True)
         return None, [resources, *(resources.with_own_stream() for _ in range(count - 1))]
     home = resources.with_own_stream()
-    backend, _ = home.prepare(config, start_compilers=True)
+    backend, dataset = home.prepare(config, start_compilers=True)
+    count = _lanes_that_fit(config, backend, dataset, count)
+    if count == 1:
+        return None, [resources]
     group = LaneGroup(backend, count, config.train.cuda_graphs)
     return group, [LaneResources(home, group, lane) for lane in range(count)]
+
+
+def _lanes_that_fit(config, backend, dataset, count: int) -> int:
+    """`count`, or as many lanes as the device's free memory holds (the first lane's session allocates every
+    lane's buffers), with one line saying so."""
+    try:
+        need, _, _ = estimate(config, backend, model_dataset(config, dataset))
+    except UserError:  # the config's own refusal comes when its first run is built
+        return count
+    free = backend.free_bytes()
+    if free is None or need.device * count <= HEADROOM * free:
+        return count
+    fits = max(1, int(HEADROOM * free // max(need.device, 1)))
+    console.print(f"[yellow]packing:[/] {fits} lane{'s' if fits > 1 else ''}, not {count}: {count} runs of this "
+                  f"config need about {gib(need.device * count)} of memory, {gib(free)} is free", highlight=False,
+                  soft_wrap=True)
+    return fits

@@ -147,3 +147,14 @@ def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
     lane = LaneBackend(shared, Slabs(shared, 2), 0)
     with lane.urgent():
         assert shared.stream == "home"
+
+
+def test_a_pack_larger_than_the_memory_holds_gets_the_lanes_that_fit(tiny_mnist, monkeypatch, capsys):
+    from mlptrain.backends.cpu import CpuBackend
+
+    monkeypatch.setattr(CpuBackend, "free_bytes", lambda self: 10 * 2**20)  # 10 MiB free
+    config = tiny()
+    group, views = slots(config, Resources(), 64)
+    out = capsys.readouterr()
+    assert group is not None and 1 < group.lanes < 64 and len(views) == group.lanes
+    assert f"packing: {group.lanes} lanes, not 64" in out.out + out.err
