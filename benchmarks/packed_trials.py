@@ -10,7 +10,7 @@ captured CUDA graph of a window), built from the recipe with its own learning ra
               stream of its own, so their kernels overlap on the GPU
     branches  the same, with the K trials' windows captured as ONE graph of K parallel branches: one
               replay a window for all of them
-    lanes     the K trials in lanes of one group (mlptrain.training.lane_group, what `--pack` does for MLPs):
+    lanes     the K trials in lanes of one group (mlptrain.packing.lane_group, what `--pack` does for MLPs):
               each window of all K is one set of lane-axis launches, one graph replay
     jax       the MLP in JAX: `jax.vmap` over K trials inside one `jax.jit` of a `lax.scan` over the
               epoch's steps, optax's Adam scaled by each trial's cosine-annealed lr (matmul precision
@@ -82,9 +82,9 @@ def sessions(job: str, trials: int, epochs: int, dataset):
 
 
 def lane_sessions(job: str, trials: int, epochs: int):
-    """The trials built in lanes of one group (mlptrain.training.lane_group): (the group, their sessions)."""
+    """The trials built in lanes of one group (mlptrain.packing.lane_group): (the group, their sessions)."""
     from mlptrain.training.experiment import Resources
-    from mlptrain.training.lane_group import slots
+    from mlptrain.packing.lane_group import slots
 
     group, views = slots(trial_config(job, 0, epochs), Resources(), trials)
     return group, [view.session(trial_config(job, k, epochs)) for k, view in enumerate(views)]

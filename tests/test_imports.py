@@ -24,6 +24,7 @@ PACKAGE = Path(mlptrain.__file__).resolve().parent
 LAYERS = (
     ("__main__", "cli", "api"),  # the command, and the same from Python
     ("sweep", "seeds", "probe", "export"),  # workflows over many runs or over a trained run
+    ("packing",),  # several runs of one shape trained at once from one thread
     ("inference",),  # a trained run loaded back
     ("training",),  # one run: the loop and its collaborators
     ("run_dirs", "nn", "data", "backends"),  # run folders; models; datasets; devices and their kernels

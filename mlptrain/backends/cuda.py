@@ -103,7 +103,7 @@ class CudaBackend:
     def urgent(self):
         """The block's launches and copies go to a stream of this backend that the GPU serves before every
         other (the highest priority), after what it queued so far; what it queues after the block waits for
-        them. For a packed run's evaluation (mlptrain.training.packing), which the host waits for while the
+        them. For a packed run's evaluation (mlptrain.packing.side_by_side), which the host waits for while the
         other runs' steps fill the GPU. Without a stream of its own (the legacy default stream) or on numba's
         path, the block runs as it is."""
         urgent = self._device.urgent_stream() if self.stream else None

@@ -1,7 +1,7 @@
 """Lane views: one tensor of every packed trial at once, as an operand with a leading lane axis.
 
 Packed trials of one shape keep each buffer as one (lanes, n) array, lane k holding trial k's (its flat
-parameters, its step state, ...; mlptrain.training.lane_group). A layer's weights are then a range of
+parameters, its step state, ...; mlptrain.packing.lane_group). A layer's weights are then a range of
 columns of every lane: `lane_view(slab, offset, shape)` sees them as a (lanes, *shape) array whose lane k
 is slab[k, offset:offset + prod(shape)] reshaped, each lane's block C-contiguous and the lanes a row of
 `slab` apart. The kernels' lane-axis launchers take such operands (numba_kernels.checks.require_lanes).

@@ -1,5 +1,5 @@
 """The stream a thread's kernel launches queue on, for a caller that switches between runs of one thread
-(mlptrain.training.packing). It imports nothing: a process that never made a CUDA backend has no stream to
+(mlptrain.packing.side_by_side). It imports nothing: a process that never made a CUDA backend has no stream to
 switch, and need not load the kernel modules (or NumPy) to say so."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def run(
     from mlptrain.seeds.finish import is_group
     from mlptrain.training.experiment import Resources, check_same_dataset, create_run, whole_or_removed
     from mlptrain.training.loop import train
-    from mlptrain.training.packing import check_pack
+    from mlptrain.packing.side_by_side import check_pack
     from mlptrain.training.resume import prepare_resume
     from mlptrain.training.session import build_session
     from mlptrain.util.console import console

@@ -19,7 +19,7 @@ def run_seeds(path: Path, overrides: list[str], seeds_text: str, runs_dir: Path,
     from mlptrain.seeds.report import seeds_table
     from mlptrain.seeds.results import load_result
     from mlptrain.seeds.runner import parse_seeds
-    from mlptrain.training.packing import check_pack
+    from mlptrain.packing.side_by_side import check_pack
     from mlptrain.seeds.runner import run_seeds as train_seeds
 
     seeds = parse_seeds(seeds_text)

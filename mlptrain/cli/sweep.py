@@ -66,7 +66,7 @@ def sweep(
     from mlptrain.sweep.prefork import drop_planned
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
-    from mlptrain.training.packing import check_pack
+    from mlptrain.packing.side_by_side import check_pack
 
     began = datetime.now()  # trials its workers finish from now on are reported (Optuna's clock)
     if workers == 1 or worker:  # nothing to fork: the driver's start while the sweep file is read

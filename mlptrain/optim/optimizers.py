@@ -77,7 +77,7 @@ class Optimizer:
                               h.betas[1], h.eps, h.weight_decay, h.decoupled)
 
     def lane_hypers(self) -> np.ndarray:
-        """This optimizer's row of a packed group's hyperparameters (mlptrain.training.lane_step): the float32
+        """This optimizer's row of a packed group's hyperparameters (mlptrain.packing.lane_step): the float32
         values the fused update takes, in the order the `*_update_lanes` kernels read them."""
         h = self.hparams
         if isinstance(h, SGD):

@@ -25,9 +25,10 @@ from mlptrain.seeds.results import HIGHER_IS_BETTER, PLAN, final_metrics
 from mlptrain.seeds.statistics import CONFIDENCE, spread
 from mlptrain.training.experiment import Resources, create_run, whole_or_removed
 from mlptrain.training.loop import training
-from mlptrain.training.pack_auto import resolve
-from mlptrain.training.lane_group import slots
-from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
+from mlptrain.packing.auto import resolve
+from mlptrain.packing.lane_group import slots
+from mlptrain.packing.side_by_side import NoRoom, room_for, side_by_side
+from mlptrain.training.steps import finish
 from mlptrain.util.console import console
 
 MAX_SEEDS = 1000
@@ -63,8 +64,8 @@ def run_seeds(config: Config, seeds: list[int], runs_dir: Path, name: str | None
     """Train `config` once per seed in `runs_dir/NAME/seed-S/` and write `NAME/seeds.json`; returns
     (NAME's path, the seeds record). Every session is built before its directory is created; a seed that
     fails or is interrupted raises, leaving the finished seeds' runs and no seeds.json. `pack`: that many
-    seeds train side by side from this thread (mlptrain.training.packing), each on a stream of its own ("auto":
-    as many as mlptrain.training.pack_auto measures); a seed's failure then stops the others after their step
+    seeds train side by side from this thread (mlptrain.packing.side_by_side), each on a stream of its own ("auto":
+    as many as mlptrain.packing.auto measures); a seed's failure then stops the others after their step
     (each keeps a checkpoint to resume from)."""
     group, summaries, queue = [], {}, deque(enumerate(seeds))
     pack = resolve(pack, config, resources, len(seeds))

@@ -35,9 +35,10 @@ from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import training
-from mlptrain.training.pack_auto import resolve
-from mlptrain.training.lane_group import slots
-from mlptrain.training.packing import NoRoom, finish, room_for, side_by_side
+from mlptrain.packing.auto import resolve
+from mlptrain.packing.lane_group import slots
+from mlptrain.packing.side_by_side import NoRoom, room_for, side_by_side
+from mlptrain.training.steps import finish
 from mlptrain.util.console import console
 
 POLL_S = 0.5  # how often a worker with nothing to take looks again: its command ends this soon after the last trial
@@ -114,7 +115,7 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
     """Run queued trials until none is left, then (`wait_for_others`) wait for the ones other workers are
     running: when one of those workers dies, its trial is queued again and taken here. A generator: it yields
     after queueing each optimizer step, so that several of them advanced in turn from one thread train their
-    trials side by side (mlptrain.training.packing; such a slot does not wait for others, whose polling would
+    trials side by side (mlptrain.packing.side_by_side; such a slot does not wait for others, whose polling would
     hold up the rest). A worker started by this machine's sweep command does not wait: that parent sees its
     children end and queues a dead one's trial again itself (mlptrain.sweep.workers). `stop` (with a `signum`, read after every optimizer step):
     once set, the running trial is queued again and no other is taken (a sweep's trial threads stop this
@@ -148,11 +149,11 @@ def work_steps(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resourc
 def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int | str,
                 on_trial_end=None, stop=None) -> None:
     """`pack` workers side by side in this thread, each taking queued trials until none is left: `pack` trials
-    train at once (mlptrain.training.packing): MLPs in lanes of one group, one launch for each kernel of all
-    their steps (mlptrain.training.lane_group); other models with their steps queued in turn, each on a stream
+    train at once (mlptrain.packing.side_by_side): MLPs in lanes of one group, one launch for each kernel of all
+    their steps (mlptrain.packing.lane_group); other models with their steps queued in turn, each on a stream
     of its own (the first on `resources`, the others on views of their own on its GPU). `stop` as `work`'s; when one of them
     fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised. `pack`
-    "auto": as many as mlptrain.training.pack_auto measures for the sweep's base config (at most its trials)."""
+    "auto": as many as mlptrain.packing.auto measures for the sweep's base config (at most its trials)."""
     base = config_from_dict(sweep.raw)
     pack = resolve(pack, base, resources, sweep.trials)
     group, views = slots(base, resources, pack)

@@ -9,7 +9,7 @@ import numpy as np
 from mlptrain.dtypes import to_float32
 from mlptrain.run_dirs.records import metric_tag
 from mlptrain.training.confusion import confusion_image, confusion_matrix
-from mlptrain.training.packing import finish
+from mlptrain.training.steps import finish
 from mlptrain.util.console import console
 
 
@@ -40,7 +40,7 @@ class Evaluator:
     def evaluate_rows_steps(self, split):
         """`evaluate_rows` as a generator: it queues the split's batches, yields a backend mark recorded after
         them (None on the CPU), then reads the rows once the mark is done and returns what evaluate_rows
-        does. Packed runs (mlptrain.training.packing) queue their steps while this run's evaluation runs,
+        does. Packed runs (mlptrain.packing.side_by_side) queue their steps while this run's evaluation runs,
         instead of the host waiting for it."""
         for start in range(0, split.size, self.batch_size):
             self.launch_batch(split, start, min(self.batch_size, split.size - start))

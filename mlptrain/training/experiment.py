@@ -62,7 +62,7 @@ class Resources:
 
     def with_own_stream(self) -> "Resources":
         """Another view on this one's GPU, with backends of its own on a stream of their own: a run trained
-        beside others from the same thread (mlptrain.training.packing)."""
+        beside others from the same thread (mlptrain.packing.side_by_side)."""
         return Resources(self._gpu[0], True, self._shared)
 
     @contextmanager

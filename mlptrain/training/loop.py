@@ -32,7 +32,7 @@ from mlptrain.training.experiment import data_root, run_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
-from mlptrain.training.packing import Period, finish
+from mlptrain.training.steps import Period, finish
 from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
@@ -50,7 +50,7 @@ def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None =
 def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
              records: dict | None = None, progress: bool = True):
     """A generator: it yields after queueing each optimizer step, and returns the summary written to
-    summary.json. Several runs advanced in turn from one thread train side by side (mlptrain.training.packing);
+    summary.json. Several runs advanced in turn from one thread train side by side (mlptrain.packing.side_by_side);
     `train` runs one to its end.
 
     `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
@@ -88,14 +88,14 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             finished = resume is not None and resume.finished  # killed after its last checkpoint: only the summary
             best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
             last = _last_record(s, run_dir, start, logger) if finished else {}
-            yield Period(s.steps_per_epoch)  # packed runs spread their epochs' ends (mlptrain.training.packing)
+            yield Period(s.steps_per_epoch)  # packed runs spread their epochs' ends (mlptrain.packing.side_by_side)
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
                 done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
                 # ahead of other packed runs' queued steps; each split's evaluation yields its mark, so that
-                # they queue steps while it runs (mlptrain.training.packing), then it is read
+                # they queue steps while it runs (mlptrain.packing.side_by_side), then it is read
                 with s.backend.urgent():
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known)
@@ -151,7 +151,7 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
     that yields after queueing each. Each `train.log_every` steps, and at the epoch's end, a read of the
     per-sample losses since the last read and of the step state is queued (a copy of the state and a mark
     of the backend, Backend.mark); `on_read` gets it at the next read's turn or at the epoch's end (each
-    yields the read's mark first: packed runs, mlptrain.training.packing, queue steps while it is not ready),
+    yields the read's mark first: packed runs, mlptrain.packing.side_by_side, queue steps while it is not ready),
     a dict of epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
     acc, samples and seconds. So the host waits for the device only at an epoch's end: while it reads one
     period's results, the next period's steps are queued. Returns the windows done: fewer than

@@ -1,4 +1,4 @@
-"""`--pack auto` (mlptrain.training.pack_auto): K doubles while it gains, the answer is cached per GPU and
+"""`--pack auto` (mlptrain.packing.auto): K doubles while it gains, the answer is cached per GPU and
 shape, the CPU packs 1, and the measurement itself runs real sessions side by side (here on the CPU backend;
 on the GPU in the real-GPU case, through `mlptrain run --seeds --pack auto`)."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from mlptrain.config.load import config_from_dict
 from mlptrain.errors import OutOfMemory, UserError
-from mlptrain.training import pack_auto
+from mlptrain.packing import auto as pack_auto
 from mlptrain.training.experiment import Resources
-from mlptrain.training.packing import check_pack
+from mlptrain.packing.side_by_side import check_pack
 from tests.cli.test_cli import REPO
 
 TINY = {"data": {"dataset": "mnist", "val_size": 100}, "model": {"type": "mlp", "hidden": [16]},

@@ -1,4 +1,4 @@
-"""`mlptrain sweep --pack K`: K trials trained side by side from one thread (mlptrain.training.packing).
+"""`mlptrain sweep --pack K`: K trials trained side by side from one thread (mlptrain.packing.side_by_side).
 
 A packed trial's metrics, parameters and per-step gradient norms are bit for bit those of the same trial
 trained alone (here on the CPU backend; on the GPU each trial keeps its own stream and kernels, checked by
@@ -20,7 +20,8 @@ import typer
 
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
-from mlptrain.training.packing import Period, finish, side_by_side
+from mlptrain.packing.side_by_side import side_by_side
+from mlptrain.training.steps import Period, finish
 from tests.cli.test_cli import REPO
 from tests.sweep.test_claims import journal, sweep_file
 from tests.sweep.test_sweep import run_sweep, study_trials, write_sweep

@@ -9,7 +9,7 @@ from mlptrain.backends.cpu import CpuBackend
 from mlptrain.backends.cuda import CudaBackend, ResidentCopies
 from mlptrain.config.load import config_from_dict
 from mlptrain.training.loop import epoch_steps, train_epoch
-from mlptrain.training.packing import finish
+from mlptrain.training.steps import finish
 from mlptrain.training.session import build_session
 from tests.training.test_train_backends import tiny_dataset
 

@@ -1,8 +1,8 @@
 """`--pack auto`: how many runs of one config a worker trains side by side, measured on its GPU once and cached.
 
 The runs' throughput (optimizer steps a second, all of them together) is measured for K = 1, 2, 4, ... runs
-stepped as a packed worker steps them (mlptrain.training.packing: in lanes of one group where the config
-allows, mlptrain.training.lane_group, else in turn, each on a stream of its own): each
+stepped as a packed worker steps them (mlptrain.packing.side_by_side: in lanes of one group where the config
+allows, mlptrain.packing.lane_group, else in turn, each on a stream of its own): each
 builds the config's session, trains two full windows (the first compiles and the second captures its
 CUDA graph), then full windows in turn for at least MEASURE_S. K doubles while the runs fit in the GPU's
 memory (a session refused for memory ends the search), up to `most` (the trials or seeds there are) and
@@ -71,7 +71,7 @@ def resolve(pack, config, resources, most: int) -> int:
         return 1
     key = cost_key(config, backend.device_name)
     # imported here, as in measure
-    from mlptrain.training.packing import MAX_PACK
+    from mlptrain.packing.side_by_side import MAX_PACK
 
     limit = min(MAX_PACK, 1 << max(most - 1, 0).bit_length())  # K past the runs there are would not be used
     with _lock:
@@ -104,7 +104,7 @@ def measure(config, resources, largest: int | None = None) -> tuple[int, dict]:
     """(K, {runs: steps a second}) for `config` on `resources`' GPU (see the module's docstring), trying K up to
     `largest` (default and at most packing.MAX_PACK)."""
     # imported here: packing's callers import this module, and the session pulls in the model and optimizers
-    from mlptrain.training.packing import MAX_PACK
+    from mlptrain.packing.side_by_side import MAX_PACK
 
     home = launch_stream()  # each backend made here switches the thread to its stream: the caller's comes back
     try:
@@ -136,7 +136,7 @@ def _rate(config, resources, k: int) -> float | None:
     group where the config allows, else in turn, each on a stream of its own); None where its data holds no
     full window."""
     # imported here: building a session pulls in the model, optimizers and data splits
-    from mlptrain.training.lane_group import slots
+    from mlptrain.packing.lane_group import slots
 
     sessions, streams = [], []
     try:

@@ -1,4 +1,4 @@
-"""Packed runs in lanes (mlptrain.training.lane_group): K MLP sessions built on rows of shared slabs, their
+"""Packed runs in lanes (mlptrain.packing.lane_group): K MLP sessions built on rows of shared slabs, their
 windows launched as one step of every lane.
 
 On the CPU backend a lane's run gives exactly the bits of the same run alone (the lane kernels' NumPy twins run
@@ -16,8 +16,8 @@ from mlptrain.backends.lanes import lane_view
 from mlptrain.config.load import config_from_dict
 from mlptrain.data.loader import epoch_order
 from mlptrain.training.experiment import Resources
-from mlptrain.training.lane_group import LaneWindow, slots
-from mlptrain.training.lane_slabs import lane_signature
+from mlptrain.packing.lane_group import LaneWindow, slots
+from mlptrain.packing.lane_slabs import lane_signature
 from tests.sweep.conftest import tiny_mnist  # noqa: F401 (a fixture: a small banded MNIST in place of the real one)
 
 TINY = {"backend": "cpu", "model": {"hidden": [16, 8]}, "data": {"val_size": 100},
@@ -135,7 +135,7 @@ def test_an_autoencoder_packs_side_by_side_and_says_why(capsys):
 def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
     """A lane's `urgent` block (its evaluation, which yields to the other lanes inside it) must not switch the
     stream the lanes share: the backend's own `urgent` would, for every lane at once."""
-    from mlptrain.training.lane_slabs import LaneBackend, Slabs
+    from mlptrain.packing.lane_slabs import LaneBackend, Slabs
 
     class Switching:
         stream = "home"

@@ -1,6 +1,6 @@
 """Packed trials' buffers as lanes: every buffer a trial's session allocates is one row of an array of K rows.
 
-K trials of one shape (mlptrain.training.lane_group) build their sessions each through a `LaneBackend`: its
+K trials of one shape (mlptrain.packing.lane_group) build their sessions each through a `LaneBackend`: its
 allocations while the session is built go to `Slabs`, where the i-th allocation of any lane is row `lane` of
 the i-th slab (K, *shape). Each trial's model, optimizer step and window then work on views exactly as on
 buffers of their own (their checkpoints, reads and evaluation are unchanged), while one launch over a slab

@@ -12,7 +12,7 @@ gives alone.
 One thread, not a thread per run: runs in threads take turns on the interpreter at every launch, and a run
 here never waits for another's host work except in its turn.
 
-MLP runs of one shape go further, in lanes of one group (mlptrain.training.lane_group): their sessions share
+MLP runs of one shape go further, in lanes of one group (mlptrain.packing.lane_group): their sessions share
 their buffers' memory, one row each, and side_by_side launches all their windows at once (`lanes`).
 """
 
@@ -24,12 +24,13 @@ from contextlib import contextmanager
 
 from mlptrain.backends.thread_stream import launch_stream, use_launch_stream
 from mlptrain.errors import OutOfMemory, UserError
+from mlptrain.training.steps import Period
 
 MAX_PACK = 64  # runs side by side in one thread: past the GPU's gain, each adds only its memory
 
 
 def check_pack(pack) -> int | str:
-    """`--pack K` as given (text or a number): K, or "auto" (mlptrain.training.pack_auto measures it where the
+    """`--pack K` as given (text or a number): K, or "auto" (mlptrain.packing.auto measures it where the
     runs train); raises UserError unless 1 <= K <= MAX_PACK."""
     text = str(pack).strip()
     if text == "auto":
@@ -61,28 +62,6 @@ def room_for(give_way: bool):
         raise
 
 
-class Period:
-    """What a run yields before its first step: the steps from one of its epochs' ends to the next, when its
-    host does an epoch's evaluation, checkpoints and logs (milliseconds, in which the GPU runs only what the
-    other runs queued before). side_by_side holds run i of K back for i/K of that at its start, so that runs
-    started together do not all end their epochs at once."""
-
-    __slots__ = ("steps",)
-
-    def __init__(self, steps: int):
-        self.steps = steps
-
-
-def finish(steps: Generator):
-    """Run a generator of steps to its end; returns what it returns. A mark it yields is passed over: its next
-    step waits for the device itself (a read)."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as end:
-            return end.value
-
-
 class _Run:
     """One run of side_by_side: its steps, its launch stream, the mark it waits for (None: none), and the turns
     it still sits out (its start spread: Period)."""
@@ -111,7 +90,7 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
     current step, as on Ctrl-C: a run reads it after every optimizer step) and the others are advanced to
     their ends; then the first error is raised. Without `stop` the others are closed where they stand.
 
-    `lanes` (an mlptrain.training.lane_group.LaneGroup; run i in its lane i, where its run joined the lanes):
+    `lanes` (an mlptrain.packing.lane_group.LaneGroup; run i in its lane i, where its run joined the lanes):
     a run in a lane hands its window in and is passed over until the group has launched it, which it does
     once every lane in training has handed one in; the runs' starts are not spread (they step in lockstep)."""
     active = {i: _Run(steps) for i, steps in enumerate(runs)}

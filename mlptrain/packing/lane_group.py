@@ -1,9 +1,9 @@
 """Packed trials in lanes: K runs of one shape whose optimizer steps are one set of launches for all of them.
 
-`mlptrain.training.packing.side_by_side` trains K runs from one thread, each run's steps its own launches on its
+`mlptrain.packing.side_by_side.side_by_side` trains K runs from one thread, each run's steps its own launches on its
 own stream. A `LaneGroup` goes further for MLPs: the K sessions are built on rows of shared slabs
-(mlptrain.training.lane_slabs), so their windows can be launched as one step of every lane
-(mlptrain.training.lane_step), replayed as one CUDA graph: K trials cost about the launches of one.
+(mlptrain.packing.lane_slabs), so their windows can be launched as one step of every lane
+(mlptrain.packing.lane_step), replayed as one CUDA graph: K trials cost about the launches of one.
 
 Each run keeps its own loop (mlptrain.training.loop): its epochs, reads, evaluation, checkpoints, logs and
 summary are its own. Only its window is the group's (`LaneWindow`): `run` hands the window to the group, and
@@ -26,8 +26,8 @@ import numpy as np
 from mlptrain.backends.thread_stream import use_launch_stream
 from mlptrain.errors import UserError
 from mlptrain.nn import model_dataset
-from mlptrain.training.lane_slabs import LaneBackend, Slabs, lane_signature
-from mlptrain.training.lane_step import LaneStep
+from mlptrain.packing.lane_slabs import LaneBackend, Slabs, lane_signature
+from mlptrain.packing.lane_step import LaneStep
 from mlptrain.training.memory_plan import estimate
 from mlptrain.training.session import build_session
 from mlptrain.training.window import TrainingWindow
