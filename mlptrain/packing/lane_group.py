@@ -45,7 +45,8 @@ def lanes_possible(config) -> str | None:
 class LaneWindow(TrainingWindow):
     """A lane's TrainingWindow (the same buffers) whose full and partial windows its group launches."""
 
-    def __init__(self, window: TrainingWindow, group: "LaneGroup", lane: int):  # noqa: super().__init__ allocates
+    def __init__(self, window: TrainingWindow, group: "LaneGroup", lane: int):
+        # the window's own buffers and state, taken over (TrainingWindow.__init__ would allocate new ones)
         self.__dict__.update(window.__dict__)
         self.group, self.lane = group, lane
 
@@ -83,7 +84,6 @@ class LaneGroup:
         self.graph, self.graph_rows, self.graph_tried = None, None, not cuda_graphs
         self.graphs_off = None if cuda_graphs else "train.cuda_graphs is false"
         self.active = None  # the lanes the device's mask holds
-        self.flushes = 0
 
     def accepts(self, config) -> bool:
         """Whether `config` makes the group's slabs (the first config asked sets them)."""
@@ -145,7 +145,6 @@ class LaneGroup:
             if window.first_step_at is None:
                 window.first_step_at = time.time()
         self.pending.clear()
-        self.flushes += 1
 
     def _launch(self, rows: int) -> None:
         """As a lane's own window runs: the first full window launch by launch (compiling), then captured as a

@@ -156,7 +156,7 @@ def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resour
     "auto": as many as mlptrain.packing.auto measures for the sweep's base config (at most its trials)."""
     base = config_from_dict(sweep.raw)
     pack = resolve(pack, base, resources, sweep.trials)
-    group, views = slots(base, resources, pack)
+    group, views = slots(base, resources, min(pack, sweep.trials))  # lanes no trial would fill cost a lane each
     side_by_side([work_steps(study, storage, sweep, sweep_dir, view, on_trial_end, wait_for_others=False, stop=stop,
                              progress=False, give_way=i > 0) for i, view in enumerate(views)], stop, group)
 
