@@ -81,7 +81,7 @@ class LaneGroup:
         self.windows: list[LaneWindow | None] = [None] * lanes  # the window of the run training in each lane
         self.pending: dict[int, tuple[int, int]] = {}  # lane -> (start, rows) handed in, not launched yet
         self.step: LaneStep | None = None
-        self.graph, self.graph_rows, self.graph_tried = None, None, not cuda_graphs
+        self.graphs, self.graph_rows, self.graph_tried = {}, None, not cuda_graphs  # a graph per lanes launched
         self.graphs_off = None if cuda_graphs else "train.cuda_graphs is false"
         self.active = None  # the lanes the device's mask holds
 
@@ -138,7 +138,7 @@ class LaneGroup:
             mask[together] = 1
             self.step.set_active(mask)
             self.active = tuple(together)
-        self._launch(rows)
+        self._launch(rows, together[-1] + 1)
         for lane in together:
             window = self.windows[lane]
             window.cursor_at = self.pending[lane][0] + rows
@@ -146,30 +146,34 @@ class LaneGroup:
                 window.first_step_at = time.time()
         self.pending.clear()
 
-    def _launch(self, rows: int) -> None:
+    def _launch(self, rows: int, lanes: int) -> None:
         """As a lane's own window runs: the first full window launch by launch (compiling), then captured as a
-        graph that every later full window replays; other windows launch by launch."""
-        if self.graph is not None and rows == self.graph_rows:
-            self.graph.replay()
+        graph that every later full window replays; other windows launch by launch. Lanes [0, `lanes`) are
+        launched: past the last that steps, none."""
+        graph = self.graphs.get(lanes) if rows == self.graph_rows else None
+        if graph is not None:
+            graph.replay()
             return
-        self.step.launches(rows)
-        if not self.graph_tried and rows == self._full_rows():
-            self.graph_tried, self.graph_rows = True, rows
-            self._capture(rows)
+        self.step.launches(rows, lanes)
+        if not self.graph_tried and rows == self._full_rows() and self.graph_rows in (None, rows):
+            self.graph_rows = rows
+            self._capture(rows, lanes)
 
     def _full_rows(self) -> int:
         return next(w.full_rows for w in self.windows if w is not None)
 
-    def _capture(self, rows: int) -> None:
+    def _capture(self, rows: int, lanes: int) -> None:
         try:
-            self.graph = self.backend.capture(lambda: self.step.launches(rows))
+            graph = self.backend.capture(lambda: self.step.launches(rows, lanes))
         except RuntimeError as err:  # the driver refused the capture: launch one by one
-            self.graphs_off = f"the driver refused the capture ({err})"
+            self.graphs_off, self.graph_tried = f"the driver refused the capture ({err})", True
             console.print(f"[yellow]warning:[/] no CUDA graph for the lanes ({err}); launching kernels one by one",
                           highlight=False)
             return
-        if self.graph is None:
-            self.graphs_off = self.backend.graphs_unavailable()
+        if graph is None:
+            self.graphs_off, self.graph_tried = self.backend.graphs_unavailable(), True
+            return
+        self.graphs[lanes] = graph
 
     def plan(self, rows: int) -> None:
         """The group's launches of a window of `rows`, for kernel_cache.planning to record."""
@@ -178,9 +182,9 @@ class LaneGroup:
 
     def graphs_record(self) -> dict:
         off = self.graphs_off
-        if self.graph is None and off is None:
+        if not self.graphs and off is None:
             off = "no full window (train.batch_size x train.grad_accum_steps samples) ran"
-        return {"cuda_graphs": self.graph is not None, "cuda_graphs_off": off}
+        return {"cuda_graphs": bool(self.graphs), "cuda_graphs_off": off}
 
 
 class LaneResources:

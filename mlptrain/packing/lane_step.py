@@ -15,6 +15,8 @@ lane's bits differ from its run alone by float32 rounding; on the CPU (BLAS eith
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from mlptrain.activation import NONE
@@ -31,90 +33,104 @@ class LaneStep:
         self.backend, self.lanes = backend, slabs.lanes
         model, step, window = template.model, template.step, template.window
         slab = slabs.slab_of
-        self.params, self.grads = slab(model.params.flat), slab(model.grads.flat)
-        self.compute = self.params if model.compute is model.params else slab(model.compute.flat)
         self.widths, self.activation = model.widths, model.activation
         self.dtype = np.dtype(model.h[0].dtype)
-        named = dict(zip(model.layout.names, zip(model.layout.offsets, model.layout.shapes)))
-        layers = range(1, len(self.widths))
-        self.weights = [(lane_view(self.compute, *named[f"fc{i}.weight"]),
-                         lane_view(self.compute, *named[f"fc{i}.bias"])) for i in layers]
-        self.weight_grads = [(lane_view(self.grads, *named[f"fc{i}.weight"]),
-                              lane_view(self.grads, *named[f"fc{i}.bias"])) for i in layers]
+        self.layers = [(model.layout.offsets[model.layout.names.index(f"fc{i}.{part}")],
+                        model.layout.shapes[model.layout.names.index(f"fc{i}.{part}")])
+                       for i in range(1, len(self.widths)) for part in ("weight", "bias")]
         self.optimizer = step.optimizer.hparams
-        self.optimizer_state = {name: slab(buf) for name, buf in step.optimizer.state.items()}
-        self.state, self.partials = slab(step.state), slab(step.partials)
-        self.lr_table, self.grad_norms = slab(step.lr_table), slab(step.grad_norms)
-        self.loss_scale = lane_view(self.state, step_state.LOSS_SCALE, (1,))
-        self.order, self.cursor = slab(window.order), slab(window.cursor)
-        self.row_loss, self.row_correct = slab(window.row_loss), slab(window.row_correct)
         self.images, self.labels = window.split.images, window.split.labels
         self.scale, self.shift, self.batch_size = window.scale, window.shift, window.batch_size
-        self.step_hypers = backend.zeros((self.lanes, len(step_state.LANE_HYPERS)), np.float64)
-        self.optimizer_hypers = backend.zeros((self.lanes, len(step.optimizer.lane_hypers())), np.float32)
-        self.active = backend.zeros((self.lanes,), np.int32)
+        # every lane's buffers, (K, ...) each; what a step of the first n lanes reads is their first n rows
+        self.slabs = {
+            "params": slab(model.params.flat), "grads": slab(model.grads.flat),
+            "compute": slab(model.compute.flat) if model.compute is not model.params else None,
+            **{f"optim/{name}": slab(buf) for name, buf in step.optimizer.state.items()},
+            "state": slab(step.state), "partials": slab(step.partials), "lr_table": slab(step.lr_table),
+            "grad_norms": slab(step.grad_norms), "order": slab(window.order), "cursor": slab(window.cursor),
+            "row_loss": slab(window.row_loss), "row_correct": slab(window.row_correct),
+            "step_hypers": backend.zeros((self.lanes, len(step_state.LANE_HYPERS)), np.float64),
+            "optimizer_hypers": backend.zeros((self.lanes, len(step.optimizer.lane_hypers())), np.float32),
+            "active": backend.zeros((self.lanes,), np.int32)}
         # how the dense GEMMs sum (the gemm launchers' ENGINES): "fma" for every K. tf32x3 (float32 on tensor
         # cores at float32 accuracy) was slower at 2, 4, 8 and 32 lanes of adam_mnist on an H100 and 7% faster at
         # 16 only (benchmarks/NOTES.md, issue 30 step 9): its tile needs many lanes to fill the GPU
         self.engine = "fma"
-        self._buffers = {}
+        self._buffers, self._prefixes = {}, {}
 
     def set_lane(self, lane: int, session) -> None:
         """Lane `lane`'s hyperparameters, from its session (a copy from the host: when a trial joins)."""
-        self.backend.copy_from_host(self.step_hypers[lane], session.step.lane_hypers())
-        self.backend.copy_from_host(self.optimizer_hypers[lane], session.step.optimizer.lane_hypers())
+        self.backend.copy_from_host(self.slabs["step_hypers"][lane], session.step.lane_hypers())
+        self.backend.copy_from_host(self.slabs["optimizer_hypers"][lane], session.step.optimizer.lane_hypers())
 
     def set_active(self, active: np.ndarray) -> None:
-        self.backend.copy_from_host(self.active, np.asarray(active, np.int32))
+        self.backend.copy_from_host(self.slabs["active"], np.asarray(active, np.int32))
 
-    def _views(self, rows: int):
-        """(activations, their gradients, labels) of a micro-batch of `rows` for every lane: made once."""
+    def _lanes(self, n: int) -> SimpleNamespace:
+        """The operands of a step of lanes [0, n), made once: the lanes past the last that steps cost nothing
+        (a sweep's last trials, fewer than K, train at the cost of as many lanes as they are)."""
+        if n not in self._prefixes:
+            rows = {name: None if array is None else array[:n] for name, array in self.slabs.items()}
+            compute = rows["compute"] if rows["compute"] is not None else rows["params"]
+            views = [(lane_view(compute, *self.layers[i]), lane_view(compute, *self.layers[i + 1]),
+                      lane_view(rows["grads"], *self.layers[i]), lane_view(rows["grads"], *self.layers[i + 1]))
+                     for i in range(0, len(self.layers), 2)]
+            self._prefixes[n] = SimpleNamespace(
+                **{name.replace("/", "_"): array for name, array in rows.items()}, compute_or_params=compute,
+                weights=[(w, b) for w, b, _, _ in views], weight_grads=[(dw, db) for _, _, dw, db in views],
+                loss_scale=lane_view(rows["state"], step_state.LOSS_SCALE, (1,)), lanes=n)
+        return self._prefixes[n]
+
+    def _views(self, rows: int, n: int):
+        """(activations, their gradients, labels) of a micro-batch of `rows` for lanes [0, n): rows of buffers
+        made once for every lane."""
         if rows not in self._buffers:
             empty, lanes = self.backend.empty, self.lanes
             h = [empty((lanes, rows, w), self.dtype) for w in self.widths]
             grad = [None] + [empty((lanes, rows, w), self.dtype) for w in self.widths[1:]]
             self._buffers[rows] = (h, grad, empty((lanes, rows), np.int32))
-        return self._buffers[rows]
+        h, grad, labels = self._buffers[rows]
+        return [a[:n] for a in h], [None] + [g[:n] for g in grad[1:]], labels[:n]
 
-    def launches(self, rows: int) -> None:
-        """Every active lane's optimizer step over the `rows` samples at its cursor (a window of its epoch)."""
-        k = self.backend.kernels
+    def launches(self, rows: int, lanes: int | None = None) -> None:
+        """Every active lane's optimizer step over the `rows` samples at its cursor (a window of its epoch), in
+        one launch per kernel over lanes [0, `lanes`) (default all: the active ones among them step)."""
+        k, o = self.backend.kernels, self._lanes(lanes or self.lanes)
         for offset in range(0, rows, self.batch_size):
             n = min(self.batch_size, rows - offset)
-            h, grad, labels = self._views(n)
-            k.data.gather_lanes(self.images, self.labels, self.order, offset, h[0], labels, self.scale, self.shift,
-                                self.cursor, self.active)
-            self._forward(h)
-            k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], self.row_loss, self.row_correct, offset,
-                                               1.0 / rows, self.loss_scale, self.cursor, self.active)
-            self._backward(h, grad, 0.0 if offset == 0 else 1.0)
-        k.reduce.sum_of_squares_lanes(self.grads, self.partials)
-        k.optim.finish_step_lanes(self.partials, self.state, self.lr_table, self.grad_norms, self.step_hypers,
-                                  self.active)
-        self._update()
-        k.data.advance_lanes(self.cursor, rows, self.active)
+            h, grad, labels = self._views(n, o.lanes)
+            k.data.gather_lanes(self.images, self.labels, o.order, offset, h[0], labels, self.scale, self.shift,
+                                o.cursor, o.active)
+            self._forward(o, h)
+            k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
+                                               1.0 / rows, o.loss_scale, o.cursor, o.active)
+            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0)
+        k.reduce.sum_of_squares_lanes(o.grads, o.partials)
+        k.optim.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active)
+        self._update(o)
+        k.data.advance_lanes(o.cursor, rows, o.active)
 
-    def _forward(self, h) -> None:
-        gemm, last = self.backend.kernels.gemm, len(self.weights) - 1
-        for i, (w, b) in enumerate(self.weights):
+    def _forward(self, o, h) -> None:
+        gemm, last = self.backend.kernels.gemm, len(o.weights) - 1
+        for i, (w, b) in enumerate(o.weights):
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation, self.engine)
 
-    def _backward(self, h, grad, beta: float) -> None:
+    def _backward(self, o, h, grad, beta: float) -> None:
         k = self.backend.kernels
-        for i in reversed(range(len(self.weights))):
-            dw, db = self.weight_grads[i]
+        for i in reversed(range(len(o.weights))):
+            dw, db = o.weight_grads[i]
             k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine)
             k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
             if i > 0:
-                k.gemm.linear_backward_input(grad[i + 1], self.weights[i][0], h[i], grad[i], self.activation,
+                k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
                                              self.engine)
 
-    def _update(self) -> None:
-        optim, state = self.backend.kernels.optim, self.optimizer_state
-        args = (self.compute, self.state, self.optimizer_hypers, self.active)
+    def _update(self, o) -> None:
+        optim = self.backend.kernels.optim
+        args = (o.compute_or_params, o.state, o.optimizer_hypers, o.active)
         if isinstance(self.optimizer, SGD):
-            optim.sgd_update_lanes(self.params, self.grads, *args)
+            optim.sgd_update_lanes(o.params, o.grads, *args)
         elif isinstance(self.optimizer, Momentum):
-            optim.momentum_update_lanes(self.params, self.grads, state["velocity"], *args)
+            optim.momentum_update_lanes(o.params, o.grads, o.optim_velocity, *args)
         else:
-            optim.adam_update_lanes(self.params, self.grads, state["m"], state["v"], *args)
+            optim.adam_update_lanes(o.params, o.grads, o.optim_m, o.optim_v, *args)

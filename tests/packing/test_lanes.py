@@ -111,6 +111,7 @@ def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):
     group.flush()
     np.testing.assert_array_equal(sessions[2].model.params.flat, before[0])
     np.testing.assert_array_equal(sessions[2].step.state, before[1])
+    assert list(group.step._prefixes) == [2]  # launched over lanes 0 and 1 only: lane 2 costs nothing
     assert not np.array_equal(sessions[0].model.params.flat, solo_windows(sessions[0].config, [])[0])
 
 
