@@ -90,18 +90,13 @@ class LaneBackend:
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
-    @property
-    def plain(self):
-        """The backend itself (for what only the whole group launches)."""
-        return self._backend
-
     @contextmanager
     def urgent(self):
         """The block's work stays on the lanes' stream. A lane's evaluation on the backend's urgent stream would
-        switch the stream every lane shares (the backend's) while the lane yields inside it (mlptrain.training.
-        packing), so that the other lanes' copies and the group's launches went to that stream too, out of order
-        with the rest; and in lockstep nothing else is queued while the lanes evaluate, so there is nothing to go
-        ahead of."""
+        switch the stream every lane shares (the backend's) while the lane yields inside it
+        (mlptrain.packing.side_by_side), so that the other lanes' copies and the group's launches went to that
+        stream too, out of order with the rest (two identical sweeps gave different bits); and in lockstep nothing
+        else is queued while the lanes evaluate, so there is nothing to go ahead of."""
         yield
 
     @contextmanager

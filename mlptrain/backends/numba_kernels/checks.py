@@ -15,15 +15,7 @@ from mlptrain.backends.numba_kernels import current
 def require(name, array, dtype, shape):
     """Raise ValueError unless `array` is a C-contiguous device array of this
     dtype and shape (None in `shape` matches any length on that axis)."""
-    if isinstance(array, np.ndarray) or not hasattr(array, "is_c_contiguous"):
-        raise ValueError(f"{name} must be a device array (backend.to_device), got {type(array).__name__}")
-    if array.dtype != np.dtype(dtype):
-        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {array.dtype}")
-    if len(array.shape) != len(shape) or any(
-        want is not None and got != want for got, want in zip(array.shape, shape)
-    ):
-        want = tuple("*" if n is None else n for n in shape)
-        raise ValueError(f"{name} has shape {tuple(array.shape)}, expected {want}")
+    _device_array_of(name, array, dtype, shape)
     if not array.is_c_contiguous():
         raise ValueError(f"{name} must be C-contiguous (a row slice buf[:n] is; a column slice is not)")
 
@@ -32,6 +24,15 @@ def require_lanes(name, array, dtype, shape):
     """Like `require` for an operand with a leading lane axis (packed trials, one per lane): shape[0] lanes,
     each lane's block C-contiguous, the lanes apart by any stride at least a block (a column range of a
     (lanes, n) buffer, `mlptrain.backends.lanes.lane_view`, is such an operand)."""
+    _device_array_of(name, array, dtype, shape)
+    got = tuple(array.shape)
+    if not lanes_apart(got, tuple(array.strides), array.dtype.itemsize):
+        raise ValueError(f"{name} must hold each lane's block C-contiguous, lanes apart by at least a block "
+                         f"(strides {tuple(array.strides)} for shape {got})")
+
+
+def _device_array_of(name, array, dtype, shape) -> None:
+    """Raise ValueError unless `array` is a device array of this dtype and shape (None: any length)."""
     if isinstance(array, np.ndarray) or not hasattr(array, "is_c_contiguous"):
         raise ValueError(f"{name} must be a device array (backend.to_device), got {type(array).__name__}")
     if array.dtype != np.dtype(dtype):
@@ -40,9 +41,6 @@ def require_lanes(name, array, dtype, shape):
     if len(got) != len(shape) or any(want is not None and n != want for n, want in zip(got, shape)):
         want = tuple("*" if n is None else n for n in shape)
         raise ValueError(f"{name} has shape {got}, expected {want}")
-    if not lanes_apart(got, tuple(array.strides), array.dtype.itemsize):
-        raise ValueError(f"{name} must hold each lane's block C-contiguous, lanes apart by at least a block "
-                         f"(strides {tuple(array.strides)} for shape {got})")
 
 
 def require_lanes_one_of(name, array, dtypes, shape):
