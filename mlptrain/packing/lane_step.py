@@ -71,12 +71,14 @@ class LaneStep:
         (a sweep's last trials, fewer than K, train at the cost of as many lanes as they are)."""
         if n not in self._prefixes:
             rows = {name: None if array is None else array[:n] for name, array in self.slabs.items()}
-            compute = rows["compute"] if rows["compute"] is not None else rows["params"]
+            if rows["compute"] is None:  # fp32: the compute copy is the parameters themselves (one array)
+                rows["compute"] = rows["params"]
+            compute = rows["compute"]
             views = [(lane_view(compute, *self.layers[i]), lane_view(compute, *self.layers[i + 1]),
                       lane_view(rows["grads"], *self.layers[i]), lane_view(rows["grads"], *self.layers[i + 1]))
                      for i in range(0, len(self.layers), 2)]
             self._prefixes[n] = SimpleNamespace(
-                **{name.replace("/", "_"): array for name, array in rows.items()}, compute_or_params=compute,
+                **{name.replace("/", "_"): array for name, array in rows.items()},
                 weights=[(w, b) for w, b, _, _ in views], weight_grads=[(dw, db) for _, _, dw, db in views],
                 loss_scale=lane_view(rows["state"], step_state.LOSS_SCALE, (1,)), lanes=n)
         return self._prefixes[n]
@@ -127,7 +129,7 @@ class LaneStep:
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim
-        args = (o.compute_or_params, o.state, o.optimizer_hypers, o.active)
+        args = (o.compute, o.state, o.optimizer_hypers, o.active)
         if isinstance(self.optimizer, SGD):
             optim.sgd_update_lanes(o.params, o.grads, *args)
         elif isinstance(self.optimizer, Momentum):

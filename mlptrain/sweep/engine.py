@@ -151,9 +151,10 @@ def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resour
     """`pack` workers side by side in this thread, each taking queued trials until none is left: `pack` trials
     train at once (mlptrain.packing.side_by_side): MLPs in lanes of one group, one launch for each kernel of all
     their steps (mlptrain.packing.lane_group); other models with their steps queued in turn, each on a stream
-    of its own (the first on `resources`, the others on views of their own on its GPU). `stop` as `work`'s; when one of them
-    fails outside a trial, `stop` is set, so that the others queue their trials again, and it is raised. `pack`
-    "auto": as many as mlptrain.packing.auto measures for the sweep's base config (at most its trials)."""
+    of its own (the first on `resources`, the others on views of their own on its GPU). `stop` as `work`'s;
+    when one of them fails outside a trial, `stop` is set, so that the others queue their trials again, and it
+    is raised. `pack` "auto": as many as mlptrain.packing.auto measures for the sweep's base config (at most
+    its trials)."""
     base = config_from_dict(sweep.raw)
     pack = resolve(pack, base, resources, sweep.trials)
     group, views = slots(base, resources, min(pack, sweep.trials))  # lanes no trial would fill cost a lane each

@@ -102,7 +102,8 @@ def cache(tmp_path, monkeypatch):
 
 def test_the_answer_is_measured_once_and_cached_per_gpu_and_shape(cache, monkeypatch, capsys):
     measured = []
-    monkeypatch.setattr(pack_auto, "measure", lambda config, resources, largest=None: measured.append(1) or (8, {1: 10.0, 8: 40.0}))
+    monkeypatch.setattr(pack_auto, "measure",
+                        lambda config, resources, largest=None: measured.append(1) or (8, {1: 10.0, 8: 40.0}))
     config = config_from_dict({**TINY, "backend": "cuda"})
     assert pack_auto.resolve("auto", config, FakeResources(), most=100) == 8
     assert pack_auto.resolve("auto", config, FakeResources(), most=3) == 3  # never more than the runs there are
@@ -146,7 +147,8 @@ def test_the_search_stops_at_the_runs_there_are_and_a_larger_sweep_measures_furt
 
 def test_an_unreadable_cache_is_measured_again_and_off_measures_every_time(cache, monkeypatch):
     measured = []
-    monkeypatch.setattr(pack_auto, "measure", lambda config, resources, largest=None: measured.append(1) or (2, {1: 1.0, 2: 2.0}))
+    monkeypatch.setattr(pack_auto, "measure",
+                        lambda config, resources, largest=None: measured.append(1) or (2, {1: 1.0, 2: 2.0}))
     config = config_from_dict({**TINY, "backend": "cuda"})
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")
