@@ -7,6 +7,7 @@ import contextlib
 import numpy as np
 
 from mlptrain.backends import numpy_kernels
+from mlptrain.backends.host_copies import Ready
 from mlptrain.util.host_memory import host_available
 
 
@@ -61,6 +62,9 @@ class CpuBackend:
 
     def to_host_after(self, array, mark):
         return self.to_host(array)
+
+    def to_host_later(self, arrays):
+        return Ready([self.to_host(array) for array in arrays])
 
     def free_bytes(self) -> int | None:
         """Bytes the device (here the host) can still give; None where the system will not say."""

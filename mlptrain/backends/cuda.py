@@ -135,6 +135,15 @@ class CudaBackend:
         queued after the mark; `mark` None: to_host."""
         return self.to_host(array) if mark is None else self._device.to_host_after(array, mark)
 
+    def to_host_later(self, arrays):
+        """Host copies of `arrays` as they are after the launches queued so far, queued now and taken later
+        (mlptrain.backends.host_copies): `.take()` returns them, `.drop()` gives them up untaken."""
+        # imported on first use: the CPU path never needs it
+        from mlptrain.backends.host_copies import Ready
+
+        staged = self._device.to_host_later(arrays, self.stream)
+        return staged if staged is not None else Ready([self.to_host(array) for array in arrays])
+
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
         itself will tell)."""
@@ -260,6 +269,13 @@ class _DriverDevice:
         self._side.synchronize()
         return host
 
+    def to_host_later(self, arrays, stream):
+        """The copies staged in pinned memory (host_copies.stage), or None."""
+        # imported on first use: only checkpoints taken on a GPU need it
+        from mlptrain.backends import host_copies
+
+        return host_copies.stage(host_copies.pool(self._api.pinned), arrays, stream, self.mark)
+
     def free_bytes(self) -> int:
         return self._api.memory_info()[0]
 
@@ -302,6 +318,9 @@ class _NumbaDevice:
 
     def copy(self, dst, src, stream):
         dst.copy_to_device(src, stream=stream)
+
+    def to_host_later(self, arrays, stream):
+        return None  # copied at once (CudaBackend.to_host): numba's pinned arrays are not worth its path
 
     def free_bytes(self) -> int:
         free, _ = self._cuda.current_context().get_memory_info()

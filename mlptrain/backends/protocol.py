@@ -62,6 +62,10 @@ class Backend(Protocol):
         """A NumPy copy of `array` as it is once `mark` is done, not waiting for launches queued after it (None:
         `to_host`). The caller keeps those launches from writing `array`."""
 
+    def to_host_later(self, arrays: list) -> Any:
+        """Host copies of `arrays` as they are after the launches queued so far, queued now and taken later:
+        `.take()` returns them (a list of NumPy arrays), `.drop()` gives them up (mlptrain.backends.host_copies)."""
+
     def free_bytes(self) -> int | None:
         """Bytes the device can still give now; None where it will not say."""
 

@@ -50,7 +50,10 @@ class FlatBuffer:
         return self.views[name]
 
     def to_host_dict(self, prefix: str = "") -> dict[str, np.ndarray]:
-        host = self.backend.to_host(self.flat)
+        return self.split(self.backend.to_host(self.flat), prefix)
+
+    def split(self, host: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
+        """A host copy of `flat` as one array per tensor, by name."""
         return {
             prefix + name: host[offset:offset + math.prod(shape)].reshape(shape).copy()
             for name, shape, offset in zip(self.layout.names, self.layout.shapes, self.layout.offsets)

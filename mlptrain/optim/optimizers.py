@@ -95,9 +95,6 @@ class Optimizer:
         """The betas of Adam's bias corrections (unused, and 0, for SGD and momentum)."""
         return tuple(self.hparams.betas) if isinstance(self.hparams, Adam) else (0.0, 0.0)
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {f"optim/{name}": self.backend.to_host(buf) for name, buf in self.state.items()}
-
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
         for name, buf in self.state.items():
             key = f"optim/{name}"

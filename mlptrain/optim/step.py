@@ -87,8 +87,12 @@ class OptimizerStep:
         self.backend.copy_from_host(self.state[slots.LR_FACTOR:slots.LR_FACTOR + 1], np.array([factor], np.float64))
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"step/state": self.backend.to_host(self.state), "step/grad_norms": self.backend.to_host(self.grad_norms),
-                **self.optimizer.state_dict()}
+        return {key: self.backend.to_host(array) for key, array in self.device_state().items()}
+
+    def device_state(self) -> dict:
+        """The device arrays `state_dict` copies, by their checkpoint keys."""
+        return {"step/state": self.state, "step/grad_norms": self.grad_norms,
+                **{f"optim/{name}": buf for name, buf in self.optimizer.state.items()}}
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
         """Step count, loss scale, growth tracker, skipped count, lr factor, grad-norm record, optimizer

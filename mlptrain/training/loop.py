@@ -33,7 +33,7 @@ from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
 from mlptrain.training.steps import Period, finish
-from mlptrain.training.resume import Position, Resume, checkpoint_arrays, restore
+from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
 from mlptrain.util.atomic import atomic_write, link_whole
@@ -279,12 +279,14 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
     stopped = s.stopping is not None and epoch - best.best_epoch >= s.stopping.patience and epoch < s.config.train.epochs
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs or stopped
     if save_last or best.best_epoch == epoch:
-        arrays = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
-        if best.best_epoch == epoch:  # kept in memory until `last` is written: best.npz never runs ahead of it
-            s.unsaved_best = arrays
+        held = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
+        if best.best_epoch == epoch:  # kept until `last` is written: best.npz never runs ahead of it
+            if s.unsaved_best is not None:  # a better epoch's, not written: its copies are given up
+                s.unsaved_best.drop()
+            s.unsaved_best = held
         if save_last:
-            save_checkpoint(checkpoint_file(run_dir, "last"), arrays)
-            _save_best(s, run_dir, last=arrays)
+            save_checkpoint(checkpoint_file(run_dir, "last"), held.arrays())
+            _save_best(s, run_dir, last=held)
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
                       f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
@@ -308,7 +310,7 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
     raise TrainingInterrupted."""
-    save_checkpoint(checkpoint_file(run_dir, "last"), _checkpoint(s, position))
+    save_checkpoint(checkpoint_file(run_dir, "last"), _checkpoint(s, position).arrays())
     _save_best(s, run_dir)
     # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
     # skipped steps included, as the bar counts them)
@@ -319,26 +321,26 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
 
 
-def _save_best(s: Session, run_dir: Path, last: dict | None = None) -> None:
-    """best.npz from the arrays held since the best epoch, once `last` (which records that epoch) is written.
-    Where they are the arrays `last` was just written from (this epoch is the best), best.npz is a second
+def _save_best(s: Session, run_dir: Path, last: HeldCheckpoint | None = None) -> None:
+    """best.npz from the checkpoint held since the best epoch, once `last` (which records that epoch) is written.
+    Where it is the checkpoint `last` was just written from (this epoch is the best), best.npz is a second
     name of that file (link_whole), not the same bytes written again."""
     if s.unsaved_best is not None:
         if s.unsaved_best is last:
             link_whole(checkpoint_file(run_dir, "last"), checkpoint_file(run_dir, "best"))
         else:
-            save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best)
+            save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best.arrays())
         s.unsaved_best = None
 
 
-def _checkpoint(s: Session, position: Position) -> dict[str, np.ndarray]:
-    """The arrays of a checkpoint of `s` at `position` (see mlptrain.training.resume.checkpoint_arrays), with the
-    run's seconds so far."""
+def _checkpoint(s: Session, position: Position) -> HeldCheckpoint:
+    """A checkpoint of `s` at `position` (see mlptrain.training.resume.checkpoint_later), with the run's seconds
+    so far: its device arrays copied behind the host's back (a sweep's trial holds its best epoch's for epochs,
+    writing it at its end), taken when written."""
     position = dataclasses.replace(position, wall_s=s.wall_before + time.perf_counter() - s.started)
-    arrays = checkpoint_arrays(s.model, s.step, s.plateau, position, s.config, s.selection[0])
-    if position.window:  # inside an epoch: its samples' losses so far, for the epoch's training means
-        arrays.update(s.window.rows_done(position.window))
-    return arrays
+    # inside an epoch: its samples' losses so far, for the epoch's training means
+    extra = s.window.rows_done(position.window) if position.window else None
+    return checkpoint_later(s.model, s.step, s.plateau, position, s.config, s.selection[0], extra)
 
 
 def save_grad_norms(path: Path, step) -> None:

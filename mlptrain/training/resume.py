@@ -85,34 +85,56 @@ def _saved_config(arrays: dict) -> dict | None:
         return {}
 
 
-def checkpoint_arrays(model, step, plateau, position: Position, config: Config,
-                      best_metric: str) -> dict[str, np.ndarray]:
-    """The checkpoint at `position` of the parts of a run that evolve: the model's parameters, the
-    optimizer step (its device state and the optimizer's), the plateau schedule (or None); `best_metric`
-    names the metric that picks the `best` checkpoint. Raises TrainingDiverged rather than store
-    non-finite parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
-    arrays = model.params.to_host_dict(prefix="params/")
-    if not all(np.isfinite(value).all() for value in arrays.values()):
-        state = step.read()
-        raise TrainingDiverged(f"the parameters became non-finite by optimizer step {state['steps']}; "
-                               f"{likely_cause(config, state)}")
-    arrays.update(step.state_dict())
-    if plateau is not None:
-        arrays.update(plateau.state_dict())
-    arrays["meta/epoch"] = np.array(position.epoch, np.int64)
-    arrays["meta/window"] = np.array(position.window, np.int64)
-    arrays["meta/seed"] = np.array(config.seed, np.int64)
+class HeldCheckpoint:
+    """A checkpoint as it was at its position: the device's arrays on their way to the host (Backend.to_host_later)
+    and the rest on the host already. `arrays` waits for them and returns what the file holds; `drop` gives them
+    up unwritten (a held best that a better epoch replaced)."""
+
+    def __init__(self, model, step, config: Config, copies, keys: list[str], host: dict[str, np.ndarray]):
+        self._model, self._step, self._config = model, step, config
+        self._copies, self._keys, self._host = copies, keys, host
+        self._arrays = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The checkpoint's arrays (see checkpoint_later); raises TrainingDiverged rather than give non-finite
+        parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
+        if self._arrays is None:
+            params, *state = self._copies.take()
+            arrays = self._model.params.split(params, prefix="params/")
+            if not np.isfinite(params).all():
+                now = self._step.read()
+                raise TrainingDiverged(f"the parameters became non-finite by optimizer step {now['steps']}; "
+                                       f"{likely_cause(self._config, now)}")
+            self._arrays = {**arrays, **dict(zip(self._keys, state)), **self._host}
+        return self._arrays
+
+    def drop(self) -> None:
+        self._copies.drop()
+
+
+def checkpoint_later(model, step, plateau, position: Position, config: Config, best_metric: str,
+                     extra: dict[str, np.ndarray] | None = None) -> HeldCheckpoint:
+    """The checkpoint at `position` of the parts of a run that evolve: the model's parameters, the optimizer
+    step (its device state and the optimizer's), the plateau schedule (or None), `extra` host arrays;
+    `best_metric` names the metric that picks the `best` checkpoint. The device's arrays are copied behind the
+    host's back, as the launches queued so far leave them; nothing queued later changes the checkpoint."""
+    device = step.device_state()
+    copies = model.params.backend.to_host_later([model.params.flat, *device.values()])
+    host = dict(plateau.state_dict()) if plateau is not None else {}
+    host["meta/epoch"] = np.array(position.epoch, np.int64)
+    host["meta/window"] = np.array(position.window, np.int64)
+    host["meta/seed"] = np.array(config.seed, np.int64)
     # what the run was trained with, so that a config.yaml edited afterwards is refused on resume
-    arrays["meta/config"] = np.frombuffer(json.dumps(training_config(config), sort_keys=True).encode(), np.uint8)
+    host["meta/config"] = np.frombuffer(json.dumps(training_config(config), sort_keys=True).encode(), np.uint8)
     best = np.nan if position.best is None else position.best
-    arrays[f"meta/best_{best_metric}"] = np.array(best, np.float64)
-    arrays["meta/best_epoch"] = np.array(position.best_epoch, np.int64)
-    arrays["meta/wall_s"] = np.array(position.wall_s, np.float64)
-    return arrays
+    host[f"meta/best_{best_metric}"] = np.array(best, np.float64)
+    host["meta/best_epoch"] = np.array(position.best_epoch, np.int64)
+    host["meta/wall_s"] = np.array(position.wall_s, np.float64)
+    return HeldCheckpoint(model, step, config, copies, list(device), {**host, **(extra or {})})
 
 
 def restore(resume: Resume, model, step, plateau, best_metric: str, steps_per_epoch: int) -> Position:
-    """Load a checkpoint into the parts `checkpoint_arrays` saves; raises UserError (naming the file)
+    """Load a checkpoint into the parts `checkpoint_later` saves; raises UserError (naming the file)
     when it belongs to another model or run."""
     try:
         model.load_parameters(resume.arrays, prefix="params/")  # also refreshes the fp16/bf16 compute copy

@@ -19,6 +19,7 @@ from mlptrain.optim import LossScaling, OptimizerStep, Plateau, lr_table, make_o
 from mlptrain.training.evaluation import Evaluator
 from mlptrain.training.fallbacks import subset_note, warn
 from mlptrain.training.memory_plan import buffer_rows, check_fits
+from mlptrain.training.resume import HeldCheckpoint
 from mlptrain.training.window import TrainingWindow
 
 
@@ -41,7 +42,7 @@ class Session:
     stop: object = None  # a StopOnSignal (or anything with `signum`), read after each optimizer step
     notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.training.compilation)
     wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
-    unsaved_best: dict | None = None  # the best epoch's checkpoint arrays, written with the next `last`
+    unsaved_best: HeldCheckpoint | None = None  # the best epoch's checkpoint, written with the next `last`
 
     @property
     def fallbacks(self) -> list[str]:

@@ -214,6 +214,13 @@ def to_host(host_address: int, pointer: int, nbytes: int, stream) -> None:
         check(cu.cuMemcpyDtoHAsync(host_address, pointer, nbytes, handle(stream)), "cuMemcpyDtoHAsync")
 
 
+def pinned(nbytes: int) -> tuple[int, int]:
+    """(address, nbytes) of page-locked host memory, which a copy from the device fills while the host goes on
+    (into ordinary memory, cuMemcpyDtoHAsync returns once it is done); portable: any context may copy into it.
+    Kept until the process ends (mlptrain.backends.host_copies pools it)."""
+    return int(check(cu.cuMemHostAlloc(max(nbytes, 1), cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")), nbytes
+
+
 def zero(pointer: int, nbytes: int, stream) -> None:
     if nbytes:
         check(cu.cuMemsetD8Async(pointer, 0, nbytes, handle(stream)), "cuMemsetD8Async")

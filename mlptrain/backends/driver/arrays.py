@@ -122,6 +122,14 @@ class DeviceArray:
         api.to_host(host.ctypes.data, self.pointer, self.nbytes, stream)
         return host
 
+    def copy_into(self, host: np.ndarray, stream=0) -> None:
+        """Queue a copy into `host` (C-contiguous, of this array's shape and dtype: page-locked memory, for the
+        copy to run behind the host's back; mlptrain.backends.host_copies)."""
+        self._contiguous("copied")
+        if host.shape != self.shape or host.dtype != self.dtype or not host.flags.c_contiguous:
+            raise ValueError(f"copying a {self.shape} {self.dtype} device array into a {host.shape} {host.dtype} one")
+        api.to_host(host.ctypes.data, self.pointer, self.nbytes, stream)
+
     def copy_to_device(self, host, stream=0) -> None:
         self._contiguous("copied")
         host = np.ascontiguousarray(host, dtype=self.dtype)

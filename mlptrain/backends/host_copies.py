@@ -1,0 +1,135 @@
+"""Host copies of device arrays queued now and taken later (Backend.to_host_later): a run's checkpoint at an
+epoch's end, written or dropped epochs later, without the host waiting for the copy where it is queued.
+
+Packed runs in lanes end their epochs in lockstep, each in turn while the GPU idles (mlptrain.packing.lane_group),
+and a sweep's trial copied its checkpoint to the host at every epoch that improved on its best, to keep it in
+memory until its files are written at its end: 5.7 ms of each lane's 13 ms epoch end on an H100
+(benchmarks/NOTES.md, issue 30 step 10).
+
+On the driver's path the copies go, on the backend's stream, into page-locked ("pinned") host memory, which the
+copy engine fills while the host goes on; the launches queued after them on that stream wait for them, so they
+hold the arrays as they were when queued. `take` waits for them (long done, an epoch later) and returns copies in
+ordinary memory, giving the pinned memory back to a pool that the process's later copies reuse. Elsewhere (the
+CPU, the simulator, numba's path), over PINNED_MOST at once, or past PINNED_LIMIT pinned in all, the copies are
+made where they are asked for (`Ready`), as before: the same arrays, the host waiting for them there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+PINNED_MOST = 256 * 2**20  # one set of copies: adam_mnist's checkpoint is 8 MB
+PINNED_LIMIT = 2**30  # pinned in all: memory the system cannot page out
+ALIGN = 256  # each copy's start in a buffer
+
+
+class Ready:
+    """Host copies made already."""
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self._arrays = arrays
+
+    def take(self) -> list[np.ndarray]:
+        return self._arrays
+
+    def drop(self) -> None:
+        self._arrays = None
+
+
+class Staged:
+    """Copies queued into a pinned buffer of `pool`, done once `done` (an event recorded after them) is."""
+
+    def __init__(self, pool: "PinnedPool", buffer: np.ndarray, done, views: list[np.ndarray]):
+        self._pool, self._buffer, self._done, self._views = pool, buffer, done, views
+        self._taken = None
+
+    def take(self) -> list[np.ndarray]:
+        """The arrays as they were when queued, in ordinary memory (the same list again at a second call)."""
+        if self._taken is None:
+            self._done.wait()
+            self._taken = [view.copy() for view in self._views]
+            self._release()
+        return self._taken
+
+    def drop(self) -> None:
+        """Never taken: the buffer goes back to the pool once the copies into it are done."""
+        self._release()
+
+    def _release(self) -> None:
+        if self._buffer is not None:
+            self._done.wait()  # a copy still in flight must not land in the buffer's next use
+            self._pool.give_back(self._buffer)
+            self._buffer, self._views = None, None
+
+    def __del__(self):  # neither taken nor dropped (a run that failed): its buffer is still the pool's
+        try:
+            self._release()
+        except Exception:  # a driver gone bad after an earlier error: the buffer stays out of the pool
+            pass
+
+
+class PinnedPool:
+    """Pinned buffers of this process, reused: a buffer given back serves the next copies that fit in it."""
+
+    def __init__(self, allocate):
+        self._allocate = allocate  # nbytes -> (address, nbytes)
+        self._free: list[np.ndarray] = []
+        self._pinned = 0
+        self._lock = threading.Lock()  # a sweep's worker threads copy at once
+
+    def take(self, nbytes: int) -> np.ndarray | None:
+        """A buffer of at least `nbytes` (uint8), or None past the limits."""
+        with self._lock:
+            fits = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
+            if fits:
+                buffer = min(fits, key=lambda b: b.nbytes)
+                self._free.remove(buffer)
+                return buffer
+            if nbytes > PINNED_MOST or self._pinned + nbytes > PINNED_LIMIT:
+                return None
+            address, size = self._allocate(nbytes)
+            self._pinned += size
+        return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buffer)
+
+
+_POOL: list[PinnedPool] = []  # the process's pool, made on first use
+_POOL_LOCK = threading.Lock()
+
+
+def pool(allocate) -> PinnedPool:
+    """The process's pool of pinned buffers (`allocate`: the driver's, for its first buffer)."""
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(PinnedPool(allocate))
+        return _POOL[0]
+
+
+def layout(arrays) -> tuple[list[int], int]:
+    """Each array's byte offset in one buffer holding them all, and the buffer's size."""
+    offsets, end = [], 0
+    for array in arrays:
+        offsets.append(end)
+        end += -(-array.nbytes // ALIGN) * ALIGN
+    return offsets, end
+
+
+def stage(pool: PinnedPool, arrays, stream, record) -> Staged | None:
+    """`arrays` (driver DeviceArrays, C-contiguous) queued on `stream` into one buffer of `pool`, `record(stream)`
+    marking their end; None where the pool gives no buffer."""
+    offsets, nbytes = layout(arrays)
+    buffer = pool.take(nbytes)
+    if buffer is None:
+        return None
+    views = []
+    for array, offset in zip(arrays, offsets):
+        view = buffer[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+        array.copy_into(view, stream)
+        views.append(view)
+    return Staged(pool, buffer, record(stream), views)

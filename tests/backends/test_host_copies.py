@@ -1,0 +1,128 @@
+"""Backend.to_host_later: copies queued now, taken later, hold the arrays as they were when queued; the pinned
+buffers behind them (mlptrain.backends.host_copies) are reused, bounded and never given out twice."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from mlptrain.backends import host_copies
+from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend
+from mlptrain.backends.host_copies import PinnedPool, Staged, layout, stage
+
+
+class _Allocations:
+    """Ordinary memory standing in for the driver's pinned allocations, kept alive and counted."""
+
+    def __init__(self):
+        self.blocks = []
+
+    def __call__(self, nbytes: int):
+        block = ctypes.create_string_buffer(nbytes)
+        self.blocks.append(block)
+        return ctypes.addressof(block), nbytes
+
+
+class _Event:
+    def __init__(self):
+        self.waits = 0
+
+    def wait(self):
+        self.waits += 1
+
+
+class _DeviceArray:
+    """A stand-in for a driver DeviceArray whose copy lands when queued (the host would see it once done)."""
+
+    def __init__(self, values):
+        self.values, self.shape, self.dtype, self.nbytes = values, values.shape, values.dtype, values.nbytes
+
+    def copy_into(self, host, stream):
+        host[...] = self.values
+
+
+def test_staged_copies_are_taken_once_and_their_buffer_goes_back():
+    pool, event = PinnedPool(_Allocations()), _Event()
+    arrays = [_DeviceArray(np.arange(7, dtype=np.float32)), _DeviceArray(np.full((2, 3), 5.0)),
+              _DeviceArray(np.zeros(0, np.int64))]
+    staged = stage(pool, arrays, 0, lambda stream: event)
+    taken = staged.take()
+    for got, array in zip(taken, arrays):
+        np.testing.assert_array_equal(got, array.values)
+        assert got.dtype == array.dtype and got.flags.owndata  # its own memory: not a view of the pool's buffer
+    assert staged.take() is taken and event.waits >= 1
+    again = stage(pool, arrays[:1], 0, lambda stream: _Event())  # the buffer given back serves the next copies
+    assert len(pool._allocate.blocks) == 1
+    again.drop()
+    assert len(pool._free) == 1
+
+
+def test_a_dropped_or_forgotten_copy_waits_for_its_copy_before_its_buffer_is_reused():
+    pool, event = PinnedPool(_Allocations()), _Event()
+    staged = stage(pool, [_DeviceArray(np.ones(64, np.float32))], 0, lambda stream: event)
+    staged.drop()
+    staged.drop()  # twice: given back once
+    assert event.waits == 1 and len(pool._free) == 1
+    forgotten = stage(pool, [_DeviceArray(np.ones(64, np.float32))], 0, lambda stream: _Event())
+    assert not pool._free
+    del forgotten  # neither taken nor dropped (a run that failed): its buffer is the pool's again
+    assert len(pool._free) == 1
+
+
+def test_the_pool_is_bounded_and_fits_buffers_to_their_copies(monkeypatch):
+    monkeypatch.setattr(host_copies, "PINNED_MOST", 4096)
+    monkeypatch.setattr(host_copies, "PINNED_LIMIT", 6144)
+    allocations = _Allocations()
+    pool = PinnedPool(allocations)
+    assert pool.take(4097) is None  # one set of copies past PINNED_MOST
+    first, second = pool.take(4096), pool.take(2048)
+    assert first.nbytes == 4096 and second.nbytes == 2048
+    assert pool.take(1) is None  # past PINNED_LIMIT in all
+    pool.give_back(first)
+    assert pool.take(1024) is None  # a buffer over twice the copies' size is not spent on them
+    assert pool.take(3000) is first
+
+
+def test_each_copy_starts_aligned_in_its_buffer():
+    offsets, end = layout([np.zeros(3, np.float32), np.zeros(0), np.zeros(300, np.uint8), np.zeros(1)])
+    assert offsets == [0, 256, 256, 768] and end == 1024
+
+
+def test_a_failing_event_leaves_the_buffer_out_of_the_pool():
+    class Failing:
+        def wait(self):
+            raise RuntimeError("driver gone")
+
+    pool = PinnedPool(_Allocations())
+    staged = Staged(pool, pool.take(16), Failing(), [])
+    staged.__del__()  # what the collector calls: no traceback, the buffer not reused
+    assert not pool._free
+
+
+def _later_holds_what_was_queued(backend):
+    source = backend.to_device(np.arange(1000, dtype=np.float32))
+    kept = backend.to_device(np.arange(3, dtype=np.int64))
+    copies = backend.to_host_later([source, kept])
+    backend.copy_from_host(source, np.zeros(1000, np.float32))  # queued after the copies: not what they hold
+    values, counts = copies.take()
+    np.testing.assert_array_equal(values, np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(counts, np.arange(3))
+    assert copies.take()[0] is values
+    backend.to_host_later([source]).drop()
+
+
+def test_the_cpu_backend_copies_at_once():
+    _later_holds_what_was_queued(CpuBackend())
+
+
+@pytest.mark.gpu
+def test_a_gpu_backend_copies_behind_the_host():
+    """On the driver's path the copies are staged in pinned memory (on the simulator and numba's, made at once)."""
+    backend = CudaBackend(own_stream=True)
+    _later_holds_what_was_queued(backend)
+    rows = backend.zeros((4, 300), np.float32)  # a lane's row of a slab
+    backend.copy_from_host(rows, np.arange(1200, dtype=np.float32).reshape(4, 300))
+    copies = backend.to_host_later([rows[2]])
+    backend.copy_from_host(rows, np.zeros((4, 300), np.float32))
+    np.testing.assert_array_equal(copies.take()[0], np.arange(600, 900, dtype=np.float32))
