@@ -66,6 +66,9 @@ class CpuBackend:
     def to_host_later(self, arrays):
         return Ready([self.to_host(array) for array in arrays])
 
+    def reserve_host_copies(self, nbytes: int) -> None:
+        pass
+
     def free_bytes(self) -> int | None:
         """Bytes the device (here the host) can still give; None where the system will not say."""
         return host_available()

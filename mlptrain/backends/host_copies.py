@@ -79,20 +79,55 @@ class PinnedPool:
         self._free: list[np.ndarray] = []
         self._pinned = 0
         self._lock = threading.Lock()  # a sweep's worker threads copy at once
+        self._reserving: list[threading.Thread] = []
 
     def take(self, nbytes: int) -> np.ndarray | None:
         """A buffer of at least `nbytes` (uint8), or None past the limits."""
+        while True:
+            with self._lock:
+                fits = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
+                if fits:
+                    buffer = min(fits, key=lambda b: b.nbytes)
+                    self._free.remove(buffer)
+                    return buffer
+                waiting = self._reserving[:1]
+            if not waiting:
+                return self._new(nbytes, self._allocate)
+            waiting[0].join()  # a buffer on its way may be this one's
+            with self._lock:
+                if waiting[0] in self._reserving:
+                    self._reserving.remove(waiting[0])
+
+    def _new(self, nbytes: int, allocate) -> np.ndarray | None:
         with self._lock:
-            fits = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
-            if fits:
-                buffer = min(fits, key=lambda b: b.nbytes)
-                self._free.remove(buffer)
-                return buffer
             if nbytes > PINNED_MOST or self._pinned + nbytes > PINNED_LIMIT:
                 return None
-            address, size = self._allocate(nbytes)
-            self._pinned += size
+            self._pinned += nbytes  # counted before the allocation, which runs unlocked
+        try:
+            address, size = allocate(nbytes)
+        except BaseException:
+            with self._lock:
+                self._pinned -= nbytes
+            raise
         return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+
+    def reserve(self, nbytes: int, allocate) -> None:
+        """A buffer for copies of `nbytes` allocated on a thread of its own (`allocate` there: the driver's, with
+        the context current), while the device trains: pinning memory costs ~1 ms a MB on the GPU machine's VMs,
+        which a lockstep group of lanes, each taking its first buffer at the same epoch's end, would otherwise wait
+        for in turn. Its failure is left to the copies that need the buffer (they allocate it or copy at once)."""
+        def run():
+            try:
+                buffer = self._new(nbytes, allocate)
+            except Exception:
+                return
+            if buffer is not None:
+                self.give_back(buffer)
+
+        thread = threading.Thread(target=run, name="mlptrain-pinned", daemon=True)
+        thread.start()  # before `take` can see it: a thread is joined once started
+        with self._lock:
+            self._reserving = [t for t in self._reserving if t.is_alive()] + [thread]
 
     def give_back(self, buffer: np.ndarray) -> None:
         with self._lock:

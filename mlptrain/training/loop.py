@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.backends.host_copies import layout
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
@@ -33,7 +34,7 @@ from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
 from mlptrain.training.steps import Period, finish
-from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, restore
+from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, device_arrays, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
 from mlptrain.util.atomic import atomic_write, link_whole
@@ -68,6 +69,8 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
+    if s.config.train.checkpoint_every_epochs > 1:  # the best epoch's checkpoint is held for epochs: its memory
+        s.backend.reserve_host_copies(layout(device_arrays(s.model, s.step))[1])  # made while the first trains
     mlflow = start_mlflow(s, run_dir)
     if mlflow is None:
         return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress))
@@ -278,11 +281,12 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
         best = Position(epoch, 0, value, epoch)
     stopped = s.stopping is not None and epoch - best.best_epoch >= s.stopping.patience and epoch < s.config.train.epochs
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs or stopped
+    if best.best_epoch == epoch and s.unsaved_best is not None:  # an earlier epoch's, never written: given up
+        s.unsaved_best.drop()  # first, so that the checkpoint below reuses its memory
+        s.unsaved_best = None
     if save_last or best.best_epoch == epoch:
         held = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
         if best.best_epoch == epoch:  # kept until `last` is written: best.npz never runs ahead of it
-            if s.unsaved_best is not None:  # a better epoch's, not written: its copies are given up
-                s.unsaved_best.drop()
             s.unsaved_best = held
         if save_last:
             save_checkpoint(checkpoint_file(run_dir, "last"), held.arrays())

@@ -112,6 +112,12 @@ class HeldCheckpoint:
         self._copies.drop()
 
 
+def device_arrays(model, step) -> list:
+    """The device arrays of a checkpoint, in the order HeldCheckpoint takes them: the parameters, then the step's
+    state by its keys."""
+    return [model.params.flat, *step.device_state().values()]
+
+
 def checkpoint_later(model, step, plateau, position: Position, config: Config, best_metric: str,
                      extra: dict[str, np.ndarray] | None = None) -> HeldCheckpoint:
     """The checkpoint at `position` of the parts of a run that evolve: the model's parameters, the optimizer
@@ -119,7 +125,7 @@ def checkpoint_later(model, step, plateau, position: Position, config: Config, b
     `best_metric` names the metric that picks the `best` checkpoint. The device's arrays are copied behind the
     host's back, as the launches queued so far leave them; nothing queued later changes the checkpoint."""
     device = step.device_state()
-    copies = model.params.backend.to_host_later([model.params.flat, *device.values()])
+    copies = model.params.backend.to_host_later(device_arrays(model, step))
     host = dict(plateau.state_dict()) if plateau is not None else {}
     host["meta/epoch"] = np.array(position.epoch, np.int64)
     host["meta/window"] = np.array(position.window, np.int64)

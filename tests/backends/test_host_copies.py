@@ -126,3 +126,18 @@ def test_a_gpu_backend_copies_behind_the_host():
     copies = backend.to_host_later([rows[2]])
     backend.copy_from_host(rows, np.zeros((4, 300), np.float32))
     np.testing.assert_array_equal(copies.take()[0], np.arange(600, 900, dtype=np.float32))
+
+
+def test_a_reserved_buffer_serves_the_first_copies_and_a_failed_reservation_leaves_them_to_allocate():
+    own, reserving = _Allocations(), _Allocations()
+    pool = PinnedPool(own)
+    pool.reserve(1000, reserving)
+    buffer = pool.take(1000)  # waits for the reservation on its way
+    assert buffer.nbytes == 1000 and len(reserving.blocks) == 1 and not own.blocks
+
+    def failing(nbytes):
+        raise RuntimeError("no pinned memory")
+
+    pool.reserve(1000, failing)
+    assert pool.take(1000).nbytes == 1000 and len(own.blocks) == 1
+    assert pool._pinned == 2000  # the failed reservation's bytes are not counted

@@ -80,6 +80,11 @@ def current_context():
     return check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
 
 
+def set_current(context) -> None:
+    """`context` (current_context's) current in this thread: a thread of the process's own that calls the driver."""
+    check(cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
 @functools.cache
 def capability(device: int) -> tuple[int, int]:
     started()
