@@ -7,10 +7,18 @@ own stream. A `LaneGroup` goes further for MLPs: the K sessions are built on row
 
 Each run keeps its own loop (mlptrain.training.loop): its epochs, reads, evaluation, checkpoints, logs and
 summary are its own. Only its window is the group's (`LaneWindow`): `run` hands the window to the group, and
-side_by_side, once every lane in training has handed in one, calls `flush`, which launches them. So the runs
-step in lockstep; a run whose window differs from the others' (another size: an epoch's last window out of
-step) is launched on its own, from its own buffers. A run reads nothing of its step before the flush: the
-loop yields right after each `run`, and side_by_side does not advance a run whose window waits.
+side_by_side, once every lane that is due has handed in one, calls `flush`, which launches them. A lane is due
+from its first window to its epoch's last: between epochs (its evaluation, checkpoint and logs, ~11 ms of host
+work a lane on an H100) and before its first window, the others step without it. side_by_side spreads the
+lanes' starts over an epoch (Period), so their epoch ends come one after another while the GPU trains the rest,
+instead of all at once with the GPU idle (benchmarks/NOTES.md, issue 30 step 10). A run reads nothing of its
+step before the flush: the loop yields right after each `run`, and side_by_side does not advance a run whose
+window waits.
+
+Which lanes step together changes with the host's timing, so nothing a lane computes may depend on it: the
+windows of each size are one launch of their lanes (the others masked), and the GEMMs' tile is the one chosen
+for all K lanes whichever of them a launch covers (`tiles_for`). A lane's bits are then those of its run in
+the group, however its steps fell in with the others'.
 
 `LaneResources` gives slot `lane` of a packed worker the group's backend for that lane where the trial's config
 has the group's shapes (lane_slabs.lane_signature), and a backend of its own otherwise (one line says why).
@@ -19,8 +27,6 @@ has the group's shapes (lane_slabs.lane_signature), and a backend of its own oth
 from __future__ import annotations
 
 import time
-from collections import Counter
-
 import numpy as np
 
 from mlptrain.backends.thread_stream import use_launch_stream
@@ -53,13 +59,6 @@ class LaneWindow(TrainingWindow):
     def run(self, start: int, rows: int) -> None:
         self.group.submit(self.lane, start, rows)
 
-    def alone(self, start: int, rows: int) -> None:
-        """This window launched from the lane's own buffers (no graph): a window out of step with the others."""
-        if self.cursor_at != start:
-            self.backend.copy_from_host(self.cursor, np.array([start], np.int64))
-        self._launches(rows)
-        self.cursor_at = start + rows
-
     def plan(self, rows: int) -> None:
         self.group.plan(rows)
         super().plan(rows)
@@ -80,6 +79,7 @@ class LaneGroup:
         self.signature = None
         self.windows: list[LaneWindow | None] = [None] * lanes  # the window of the run training in each lane
         self.pending: dict[int, tuple[int, int]] = {}  # lane -> (start, rows) handed in, not launched yet
+        self.due: set[int] = set()  # lanes inside an epoch: the next flush waits for their windows
         self.step: LaneStep | None = None
         self.graphs, self.graph_rows, self.graph_tried = {}, None, not cuda_graphs  # a graph per lanes launched
         self.graphs_off = None if cuda_graphs else "train.cuda_graphs is false"
@@ -103,47 +103,51 @@ class LaneGroup:
         session.window = LaneWindow(session.window, self, lane)
         self.windows[lane] = session.window
         self.pending.pop(lane, None)
+        self.due.discard(lane)  # due from its first window
         return session
 
     def leave(self, lane: int) -> None:
         """Lane `lane` trains nothing more (its slot ended, or trains a run of its own)."""
         self.windows[lane] = None
         self.pending.pop(lane, None)
+        self.due.discard(lane)
 
     def submit(self, lane: int, start: int, rows: int) -> None:
         self.pending[lane] = (start, rows)
+        self.due.add(lane)
 
     def waits(self, lane: int) -> bool:
         """Whether lane `lane` handed in a window not launched yet (its run must not go on before the flush)."""
         return lane in self.pending
 
     def ready(self) -> bool:
-        """Whether every lane in training has handed in its window."""
-        return bool(self.pending) and all(w is None or lane in self.pending for lane, w in enumerate(self.windows))
+        """Whether every lane that is due has handed in its window (and one has)."""
+        return bool(self.pending) and self.due.issubset(self.pending)
 
     def flush(self) -> None:
-        """Launch the windows handed in: those of the most common size as one step of their lanes, any other
-        on its own."""
+        """Launch the windows handed in: those of each size as one step of their lanes. A lane whose window
+        ends its epoch is not due again until it hands in the next."""
         use_launch_stream(getattr(self.backend, "stream", None))
-        rows = Counter(r for _, r in self.pending.values()).most_common(1)[0][0]
-        together = sorted(lane for lane, (_, r) in self.pending.items() if r == rows)
-        for lane, (start, r) in sorted(self.pending.items()):
+        sizes = {}
+        for lane, (start, rows) in sorted(self.pending.items()):
+            sizes.setdefault(rows, []).append(lane)
             window = self.windows[lane]
-            if r != rows:
-                window.alone(start, r)
-            elif window.cursor_at != start:
+            if window.cursor_at != start:
                 self.backend.copy_from_host(window.cursor, np.array([start], np.int64))
-        if tuple(together) != self.active:
-            mask = np.zeros(self.lanes, np.int32)
-            mask[together] = 1
-            self.step.set_active(mask)
-            self.active = tuple(together)
-        self._launch(rows, together[-1] + 1)
-        for lane in together:
+        for rows, together in sorted(sizes.items(), reverse=True):
+            if tuple(together) != self.active:
+                mask = np.zeros(self.lanes, np.int32)
+                mask[together] = 1
+                self.step.set_active(mask)
+                self.active = tuple(together)
+            self._launch(rows, together[-1] + 1)
+        for lane, (start, rows) in self.pending.items():
             window = self.windows[lane]
-            window.cursor_at = self.pending[lane][0] + rows
+            window.cursor_at = start + rows
             if window.first_step_at is None:
                 window.first_step_at = time.time()
+            if window.cursor_at >= window.split.size:  # its epoch's last window: its epoch's end comes next
+                self.due.discard(lane)
         self.pending.clear()
 
     def _launch(self, rows: int, lanes: int) -> None:

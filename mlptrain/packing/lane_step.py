@@ -8,8 +8,9 @@ for a layer's weights), and each lane reads its own order, cursor, step state, l
 The lanes' activations live in buffers of their own here, one set per micro-batch size.
 
 A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: their tile is chosen for
-the K lanes' blocks together and the weight gradient is summed inside its blocks (no K split), so on a GPU a
-lane's bits differ from its run alone by float32 rounding; on the CPU (BLAS either way) they are the same bits.
+the K lanes' blocks together (whichever of them a launch covers: `tiles_for`) and the weight gradient is summed
+inside its blocks (no K split), so on a GPU a lane's bits differ from its run alone by float32 rounding, and
+are the same however many lanes step beside it; on the CPU (BLAS either way) they are its run's bits alone.
 `active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched.
 """
 
@@ -115,17 +116,18 @@ class LaneStep:
     def _forward(self, o, h) -> None:
         gemm, last = self.backend.kernels.gemm, len(o.weights) - 1
         for i, (w, b) in enumerate(o.weights):
-            gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation, self.engine)
+            gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation, self.engine,
+                                tiles_for=self.lanes)
 
     def _backward(self, o, h, grad, beta: float) -> None:
         k = self.backend.kernels
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
-            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine)
+            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine, tiles_for=self.lanes)
             k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
             if i > 0:
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
-                                             self.engine)
+                                             self.engine, tiles_for=self.lanes)
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

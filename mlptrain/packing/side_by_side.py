@@ -92,7 +92,8 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
 
     `lanes` (an mlptrain.packing.lane_group.LaneGroup; run i in its lane i, where its run joined the lanes):
     a run in a lane hands its window in and is passed over until the group has launched it, which it does
-    once every lane in training has handed one in; the runs' starts are not spread (they step in lockstep)."""
+    once every lane that is due has handed one in (LaneGroup.ready). The runs' starts are spread as side by
+    side: their epochs' ends, when a lane is not due, come in turn while the other lanes step."""
     active = {i: _Run(steps) for i, steps in enumerate(runs)}
     results, errors = [None] * len(active), []
     count = len(active)
@@ -112,7 +113,7 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
             stepped = True
             use_launch_stream(run.stream)
             try:
-                run.yielded(next(run.steps), i, count if lanes is None else 0)
+                run.yielded(next(run.steps), i, count)
             except StopIteration as end:
                 results[i] = end.value
                 _ended(active, i, lanes)

@@ -2,8 +2,8 @@
 windows launched as one step of every lane.
 
 On the CPU backend a lane's run gives exactly the bits of the same run alone (the lane kernels' NumPy twins run
-the solo kernels lane by lane), whether its window goes with the others' or, out of step, on its own; a lane
-that hands in no window is not touched. The sweeps and seeds that use the lanes are tested with the packing
+the solo kernels lane by lane), whether its window goes with the others' or, of another size, with none; a
+lane that hands in no window is not touched, and the group waits only for the lanes inside an epoch. The sweeps and seeds that use the lanes are tested with the packing
 (tests/sweep/test_packing.py, tests/cli/test_seeds_cli.py).
 """
 
@@ -115,14 +115,27 @@ def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):
     assert not np.array_equal(sessions[0].model.params.flat, solo_windows(sessions[0].config, [])[0])
 
 
-def test_a_group_waits_for_every_lane_in_training(tiny_mnist):
-    group, _ = slots(tiny(), Resources(), 2)
-    assert group is not None and not group.ready()
-    group.windows[0], group.windows[1] = object(), object()  # two runs in training
-    group.submit(0, 0, 60)
-    assert group.waits(0) and not group.waits(1) and not group.ready()
-    group.leave(1)
+def test_a_group_waits_for_every_lane_inside_an_epoch(tiny_mnist):
+    group, sessions = build(tiny(), lanes=3)
+    assert not group.ready()
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    sessions[0].window.run(0, 60)  # lanes 1 and 2 have handed in nothing yet: not due, the group goes on
+    assert group.waits(0) and not group.waits(1) and group.ready()
+    group.flush()
+    sessions[1].window.run(0, 60)
+    assert not group.ready()  # lane 0 is inside its epoch: due
+    sessions[0].window.run(60, 60)
     assert group.ready()
+    group.flush()
+    size = sessions[2].train.size
+    sessions[2].window.run(size - 60, 60)  # the last window of its epoch (out of order: a cursor of its own)
+    sessions[0].window.run(120, 60)
+    assert not group.ready()  # lane 1 is due
+    group.leave(1)  # its run ended
+    assert group.ready()
+    group.flush()
+    assert group.due == {0}  # lane 2's epoch ends: the group steps on without it until it hands in the next
 
 
 def test_an_autoencoder_packs_side_by_side_and_says_why(capsys):

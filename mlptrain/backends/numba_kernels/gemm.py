@@ -53,13 +53,14 @@ def _engine_parts(engine, tile, load):
     return functools.partial(make_tile_product, tile), tile_layout(tile)
 
 
-def _engine_launch(engine, M, N, trials, lead):
-    """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`)."""
+def _engine_launch(engine, M, N, trials, lead, tiles_for=None):
+    """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`), the tile
+    the one chosen for `tiles_for` trials (default `trials`)."""
     if engine == "tf32x3":
         BM, BN = TF32_TILE[:2]
         grid = (-(-N // BN), -(-M // BM))
         return TF32_TILE, ((*grid, trials) if lead else grid), gemm_tf32.tile_shape(TF32_TILE)[6]
-    tile = TILES[pick_tile(M, N, trials)][0]
+    tile = TILES[pick_tile(M, N, tiles_for or trials)][0]
     return (tile, *launch_grid(M, N, tile, trials if lead else None))
 
 
@@ -124,10 +125,12 @@ def _checks(lead):
     return require_lanes if lead else require
 
 
-def linear_forward(x, w, b, y, activation, engine="fma"):
+def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None):
     """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a leading
     trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
-    each from its own operands in the order a launch of its own would use with the same tile."""
+    each from its own operands in the order a launch of its own would use with the same tile: the tile chosen
+    for `tiles_for` trials (default T; a group of K lanes launching its first T passes K, so that a lane's sums
+    are the same however many lanes step with it)."""
     lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     M, K = tuple(x.shape)[-2:]
@@ -137,15 +140,15 @@ def linear_forward(x, w, b, y, activation, engine="fma"):
     _checks(lead)("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
     _check_engine(engine, x.dtype)
-    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine)
+    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for)
 
 
-def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input.
 
     All four share one storage format. With activation NONE, h is not read
     (pass dx or any (M, K) array of that format). A leading trial axis on all
-    four as in linear_forward.
+    four, and `tiles_for`, as in linear_forward.
     """
     lead = _trial_axis(dy)
     require_one_of("dy", dy, STORAGE_DTYPES, (*lead, None, None))
@@ -156,14 +159,14 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
     _checks(lead)("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
     _check_engine(engine, dy.dtype)
-    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine)
+    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for)
 
 
-def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine):
+def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles_for):
     trials = lead[0] if lead else 1
     if M == 0 or N == 0 or trials == 0:
         return
-    tile, grid, threads = _engine_launch(engine, M, N, trials, lead)
+    tile, grid, threads = _engine_launch(engine, M, N, trials, lead, tiles_for)
     make_linear_rows(tile, a.dtype, backward, bool(lead), engine)[grid, threads, streams.current()](
         a, w, other, out, activation)
 
@@ -250,13 +253,13 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
             "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
 
 
-def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
+def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); x and dy in one storage
     format, dw float32 (gradients are accumulated in float32 whatever the precision). With a float32
     workspace of `linear_backward_weight_workspace(...)` elements, a long batch is summed in chunks
     by more blocks (see CHUNK_BLOCKS). With a leading trial axis (x (T, B, K), dy (T, B, N), dw
     (T, K, N)) one launch computes the T trials' gradients, each summed inside its blocks (no workspace),
-    as the tf32x3 engine sums every gradient."""
+    as the tf32x3 engine sums every gradient; `tiles_for` as in linear_forward."""
     lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     B, K = tuple(x.shape)[-2:]
@@ -269,7 +272,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
     if K == 0 or N == 0 or (lead and lead[0] == 0):
         return
     if lead or engine != "fma":
-        tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead)
+        tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead, tiles_for)
         make_linear_backward_weight(tile, x.dtype, bool(lead), engine)[grid, threads, streams.current()](
             x, dy, dw, float32(beta))
         return

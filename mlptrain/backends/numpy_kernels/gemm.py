@@ -62,8 +62,8 @@ def _check_engine(engine, dtype):
         raise ValueError(f"the tf32x3 engine takes float32 operands, got {np.dtype(dtype)}")
 
 
-def linear_forward(x, w, b, y, activation, engine="fma"):
-    """y = act(x @ w + b); `engine` as the CUDA launcher's (BLAS sums either way)."""
+def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None):
+    """y = act(x @ w + b); `engine` and `tiles_for` as the CUDA launcher's (BLAS sums either way)."""
     _check_engine(engine, x.dtype)
     if y.dtype not in LOW_PRECISION:
         np.matmul(x, w, out=y)
@@ -79,7 +79,7 @@ def linear_forward(x, w, b, y, activation, engine="fma"):
     y[...] = from_float32(z, y.dtype)
 
 
-def linear_backward_input(dy, w, h, dx, activation, engine="fma"):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
     _check_engine(engine, dy.dtype)
     if dx.dtype not in LOW_PRECISION:
@@ -104,7 +104,7 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
 
 
-def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma"):
+def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32; workspace is not used."""
     _check_engine(engine, x.dtype)
     x, dy = to_float32(x), to_float32(dy)

@@ -169,6 +169,30 @@ def test_trial_axis_gives_each_trial_its_own_launchs_bits(rng, monkeypatch, tile
             np.testing.assert_array_equal(alone.copy_to_host().view(np.uint32), together[t].view(np.uint32))
 
 
+def test_a_launch_over_the_first_trials_sums_as_the_launch_over_all(rng, monkeypatch):
+    """`tiles_for` K: a launch over the first n of K trials takes the tile chosen for K, so each of them gets the
+    bits the launch over all K gives it (a lane's sums never depend on how many lanes step beside it)."""
+    chosen = []
+
+    def pick(rows, columns, trials=1):
+        chosen.append(trials)
+        return "small" if trials < 3 else "medium"  # another K split: another order of the sums
+
+    monkeypatch.setattr(gemm, "pick_tile", pick)
+    (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 3, (5, 12, 7), RELU, 1.0)
+    chosen.clear()
+    first = slice(0, 2)
+    y, dx, dw = poisoned(packed[0][first].shape), poisoned(packed[1][first].shape), current.to_device(old[first])
+    gemm.linear_forward(current.to_device(x[first]), current.to_device(w[first]), current.to_device(b[first]), y,
+                        RELU, tiles_for=3)
+    gemm.linear_backward_input(current.to_device(dy[first]), current.to_device(w[first]),
+                               current.to_device(h[first]), dx, RELU, tiles_for=3)
+    gemm.linear_backward_weight(current.to_device(x[first]), current.to_device(dy[first]), dw, 1.0, tiles_for=3)
+    assert chosen == [3, 3, 3]
+    for got, together in zip((y, dx, dw), packed):
+        np.testing.assert_array_equal(got.copy_to_host().view(np.uint32), together[first].view(np.uint32))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_trial_axis_takes_lane_views_of_wider_buffers(rng, dtype):
     """Weights, biases and weight gradients as lane views (each trial's flat parameters one row of a slab, a
