@@ -104,12 +104,12 @@ class Evaluator:
         self.confusion[name] = confusion_matrix(labels, predicted, self.model.widths[-1])
         return {f"{name}_loss": loss, f"{name}_acc": acc}
 
-    def train_means(self, row_loss, row_correct, rows: int, known: bool = True) -> dict:
+    def train_means(self, row_loss, row_correct, rows: int, known: bool = True, after=None) -> dict:
         """The epoch's training loss (and accuracy) as metrics.jsonl records them: the mean over the epoch's
         `rows` samples of each one's loss when it was trained (the parameters of its step, as Keras and
         Lightning report it). None where part of the epoch ran in an earlier process that kept no record of
-        it (`known` false)."""
-        loss, acc = self.mean_loss_and_accuracy(row_loss, row_correct, 0, rows) if known and rows else (None, None)
+        it (`known` false). `after`: a backend mark recorded after the epoch's steps (read_rows)."""
+        loss, acc = (self.read_rows(row_loss, row_correct, 0, rows, after)[:2] if known and rows else (None, None))
         return {"train_loss": loss, "train_acc": acc} if self.classifies else {"train_mse": loss}
 
     def epoch_record(self, val, test, epoch: int, step: int, logger, train: dict | None = None) -> dict:

@@ -99,11 +99,16 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
                 # ahead of other packed runs' queued steps; each split's evaluation yields its mark, so that
                 # they queue steps while it runs (mlptrain.packing.side_by_side), then it is read
+                # read after the epoch's last read's mark, not the device's whole queue: packed lanes step on
+                # beside this one's epoch end (mlptrain.packing.lane_group), and waiting for their steps would
+                # leave the GPU idle while this lane's host work runs
+                end = s.window.epoch_read
                 with s.backend.urgent():
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
-                                                    s.window.rows_known)
+                                                    s.window.rows_known, end.mark)
                     last = yield from s.evaluator.epoch_record_steps(s.val, _test_split(s, epoch), epoch,
-                                                                     lambda: s.step.read()["steps"], logger, means)
+                                                                     lambda: s.step.read_kept(end.mark)["steps"],
+                                                                     logger, means)
                 s.window.rows_known = True  # the next epoch runs whole in this process
                 best, stopped = _after_evaluation(s, run_dir, last, best)
                 if on_evaluation is not None:
@@ -180,6 +185,7 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
     if queued is not None:
         yield queued.mark
         _report(s, queued, reported, on_read)
+    s.window.epoch_read = queued
     return done
 
 
