@@ -11,7 +11,8 @@ A lane's arithmetic is its own window's, launch for launch, except the dense GEM
 the K lanes' blocks together (whichever of them a launch covers: `tiles_for`) and the weight gradient is summed
 inside its blocks (no K split), so on a GPU a lane's bits differ from its run alone by float32 rounding, and
 are the same however many lanes step beside it; on the CPU (BLAS either way) they are its run's bits alone.
-`active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched.
+`active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched, and their
+GEMM blocks return at once (a lane between epochs costs the others almost nothing).
 """
 
 from __future__ import annotations
@@ -117,17 +118,18 @@ class LaneStep:
         gemm, last = self.backend.kernels.gemm, len(o.weights) - 1
         for i, (w, b) in enumerate(o.weights):
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation, self.engine,
-                                tiles_for=self.lanes)
+                                tiles_for=self.lanes, active=o.active)
 
     def _backward(self, o, h, grad, beta: float) -> None:
         k = self.backend.kernels
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
-            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine, tiles_for=self.lanes)
+            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine, tiles_for=self.lanes,
+                                          active=o.active)
             k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
             if i > 0:
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
-                                             self.engine, tiles_for=self.lanes)
+                                             self.engine, tiles_for=self.lanes, active=o.active)
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

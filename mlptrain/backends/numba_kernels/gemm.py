@@ -23,9 +23,11 @@ the trials' blocks together, so a small layer gets the large tiles a big one wou
 
 import functools
 
+import numpy as np
+
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
-from mlptrain.backends.numba_kernels import gemm_tf32, streams
+from mlptrain.backends.numba_kernels import current, gemm_tf32, streams
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -77,7 +79,8 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", **jit_op
     """The kernel (a, w, other, out, activation) of a pass whose output rows are the batch's:
     forward (backward False): out = act(a @ w + other), a = x (M, K), other = b;
     backward input: out = (a @ w.T) * act'(other), a = dy (M, N), other = h, w read N-major.
-    With `trials`, every argument has a leading trial axis and block z computes trial z's."""
+    With `trials`, every argument has a leading trial axis and block z computes trial z's, unless `active[z]`
+    (a further argument, (T,) int32) is 0."""
     BM, BN = tile[:2]
     load, store = codec(dtype)
     make_product, layout = _engine_parts(engine, tile, load)
@@ -100,9 +103,10 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", **jit_op
 
     if trials:
         @kernel_cache.jit(**jit_options)
-        def trial_rows_kernel(a, w, other, out, activation):
+        def trial_rows_kernel(a, w, other, out, activation, active):
             z = cuda.blockIdx.z
-            rows_tile(a[z], w[z], other[z], out[z], activation)
+            if active[z] != 0:  # the whole block, uniformly: none of its barriers is left waiting
+                rows_tile(a[z], w[z], other[z], out[z], activation)
 
         return trial_rows_kernel
 
@@ -125,12 +129,13 @@ def _checks(lead):
     return require_lanes if lead else require
 
 
-def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None):
+def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None):
     """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a leading
     trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
     each from its own operands in the order a launch of its own would use with the same tile: the tile chosen
     for `tiles_for` trials (default T; a group of K lanes launching its first T passes K, so that a lane's sums
-    are the same however many lanes step with it)."""
+    are the same however many lanes step with it). `active` (T,) int32: trials whose entry is 0 are not
+    computed (their outputs are left as they are); default all."""
     lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     M, K = tuple(x.shape)[-2:]
@@ -140,15 +145,15 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None):
     _checks(lead)("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
     _check_engine(engine, x.dtype)
-    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for)
+    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for, active)
 
 
-def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input.
 
     All four share one storage format. With activation NONE, h is not read
     (pass dx or any (M, K) array of that format). A leading trial axis on all
-    four, and `tiles_for`, as in linear_forward.
+    four, `tiles_for` and `active`, as in linear_forward.
     """
     lead = _trial_axis(dy)
     require_one_of("dy", dy, STORAGE_DTYPES, (*lead, None, None))
@@ -159,16 +164,26 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     _checks(lead)("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
     _check_engine(engine, dy.dtype)
-    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for)
+    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for, active)
 
 
-def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles_for):
+def _trial_mask(lead, active):
+    """The launch's trailing arguments: `active` (checked) or all ones with a trial axis, none without."""
+    if not lead:
+        return ()
+    if active is None:
+        return (current.to_device(np.ones(lead[0], np.int32)),)
+    require("active", active, "int32", lead)
+    return (active,)
+
+
+def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles_for, active):
     trials = lead[0] if lead else 1
     if M == 0 or N == 0 or trials == 0:
         return
     tile, grid, threads = _engine_launch(engine, M, N, trials, lead, tiles_for)
     make_linear_rows(tile, a.dtype, backward, bool(lead), engine)[grid, threads, streams.current()](
-        a, w, other, out, activation)
+        a, w, other, out, activation, *_trial_mask(lead, active))
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
@@ -205,9 +220,10 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", **jit_o
 
     if trials:
         @kernel_cache.jit(**jit_options)
-        def trial_weight_kernel(x, dy, dw, beta):
+        def trial_weight_kernel(x, dy, dw, beta, active):
             z = cuda.blockIdx.z
-            weight_tile(x[z], dy[z], dw[z], beta)
+            if active[z] != 0:  # the whole block, uniformly
+                weight_tile(x[z], dy[z], dw[z], beta)
 
         return trial_weight_kernel
 
@@ -253,13 +269,13 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
             "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
 
 
-def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None):
+def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None, active=None):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); x and dy in one storage
     format, dw float32 (gradients are accumulated in float32 whatever the precision). With a float32
     workspace of `linear_backward_weight_workspace(...)` elements, a long batch is summed in chunks
     by more blocks (see CHUNK_BLOCKS). With a leading trial axis (x (T, B, K), dy (T, B, N), dw
     (T, K, N)) one launch computes the T trials' gradients, each summed inside its blocks (no workspace),
-    as the tf32x3 engine sums every gradient; `tiles_for` as in linear_forward."""
+    as the tf32x3 engine sums every gradient; `tiles_for` and `active` as in linear_forward."""
     lead = _trial_axis(x)
     require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
     B, K = tuple(x.shape)[-2:]
@@ -274,7 +290,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
     if lead or engine != "fma":
         tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead, tiles_for)
         make_linear_backward_weight(tile, x.dtype, bool(lead), engine)[grid, threads, streams.current()](
-            x, dy, dw, float32(beta))
+            x, dy, dw, float32(beta), *_trial_mask(lead, active))
         return
     tile = TILES[pick_tile(K, N)][0]
     grid, threads = launch_grid(K, N, tile)

@@ -62,9 +62,18 @@ def _check_engine(engine, dtype):
         raise ValueError(f"the tf32x3 engine takes float32 operands, got {np.dtype(dtype)}")
 
 
-def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None):
-    """y = act(x @ w + b); `engine` and `tiles_for` as the CUDA launcher's (BLAS sums either way)."""
+def _active_trials(active):
+    """The trials an `active` mask (None: no mask) leaves to compute, or None for all at once."""
+    return None if active is None else np.flatnonzero(np.asarray(active))
+
+
+def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None):
+    """y = act(x @ w + b); `engine`, `tiles_for` and `active` as the CUDA launcher's (BLAS sums either way)."""
     _check_engine(engine, x.dtype)
+    if active is not None:  # each active trial as a launch of its own (the rest untouched)
+        for z in _active_trials(active):
+            linear_forward(x[z], w[z], b[z], y[z], activation, engine)
+        return
     if y.dtype not in LOW_PRECISION:
         np.matmul(x, w, out=y)
         y += _bias(b)
@@ -79,9 +88,13 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None):
     y[...] = from_float32(z, y.dtype)
 
 
-def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
     _check_engine(engine, dy.dtype)
+    if active is not None:
+        for z in _active_trials(active):
+            linear_backward_input(dy[z], w[z], h[z], dx[z], activation, engine)
+        return
     if dx.dtype not in LOW_PRECISION:
         np.matmul(dy, _transposed(w), out=dx)
         if activation != NONE:
@@ -104,9 +117,13 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
 
 
-def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None):
+def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None, active=None):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32; workspace is not used."""
     _check_engine(engine, x.dtype)
+    if active is not None:
+        for z in _active_trials(active):
+            linear_backward_weight(x[z], dy[z], dw[z], beta, engine=engine)
+        return
     x, dy = to_float32(x), to_float32(dy)
     with np.errstate(over="ignore", invalid="ignore"):  # an fp16 inf is the loss scaler's signal, not an error
         if beta == 0.0:

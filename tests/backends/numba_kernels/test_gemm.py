@@ -193,6 +193,26 @@ def test_a_launch_over_the_first_trials_sums_as_the_launch_over_all(rng, monkeyp
         np.testing.assert_array_equal(got.copy_to_host().view(np.uint32), together[first].view(np.uint32))
 
 
+def test_trials_left_out_by_the_mask_are_not_touched(rng):
+    """`active`: a trial whose entry is 0 is not computed (its outputs keep what they held, as a lane between its
+    epochs), the others get the bits of the launch without a mask."""
+    (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 3, (5, 12, 7), RELU, 1.0)
+    active = current.to_device(np.array([1, 0, 1], np.int32))
+    y, dx, dw = poisoned(packed[0].shape), poisoned(packed[1].shape), current.to_device(old)
+    before = [a.copy_to_host()[1] for a in (y, dx, dw)]
+    gemm.linear_forward(current.to_device(x), current.to_device(w), current.to_device(b), y, RELU, active=active)
+    gemm.linear_backward_input(current.to_device(dy), current.to_device(w), current.to_device(h), dx, RELU,
+                               active=active)
+    gemm.linear_backward_weight(current.to_device(x), current.to_device(dy), dw, 1.0, active=active)
+    for got, together, untouched in zip((y, dx, dw), packed, before):
+        got = got.copy_to_host()
+        np.testing.assert_array_equal(got[1].view(np.uint32), untouched.view(np.uint32))
+        np.testing.assert_array_equal(got[[0, 2]].view(np.uint32), together[[0, 2]].view(np.uint32))
+    with pytest.raises(ValueError, match="active"):
+        gemm.linear_forward(current.to_device(x), current.to_device(w), current.to_device(b), y, RELU,
+                            active=current.to_device(np.ones(2, np.int32)))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_trial_axis_takes_lane_views_of_wider_buffers(rng, dtype):
     """Weights, biases and weight gradients as lane views (each trial's flat parameters one row of a slab, a

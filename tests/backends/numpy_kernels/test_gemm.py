@@ -100,3 +100,17 @@ def test_lane_views_give_each_lane_the_bits_of_its_layer_alone(rng):
         gemm.linear_backward_weight(x[lane], dy[lane], dw1, 1.0)
         for alone, together in ((y1, y[lane]), (dx1, dx[lane]), (dw1, dw[lane])):
             np.testing.assert_array_equal(alone.view(np.uint32), together.view(np.uint32))
+
+
+def test_trials_left_out_by_the_mask_are_not_touched(rng):
+    """`active` as the CUDA launchers take it: a trial whose entry is 0 keeps its outputs, the others get the
+    bits of the launch without a mask (and of launches of their own)."""
+    (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 3, (5, 12, 7), SIGMOID, 1.0)
+    active = np.array([0, 1, 1], np.int32)
+    y, dx, dw = np.full(packed[0].shape, 7.0, np.float32), np.full(packed[1].shape, 7.0, np.float32), old.copy()
+    gemm.linear_forward(x, w, b, y, SIGMOID, active=active)
+    gemm.linear_backward_input(dy, w, h, dx, SIGMOID, active=active)
+    gemm.linear_backward_weight(x, dy, dw, 1.0, active=active)
+    for got, together, untouched in zip((y, dx, dw), packed, (7.0, 7.0, old[0])):
+        np.testing.assert_array_equal(got[0], np.broadcast_to(untouched, got[0].shape))
+        np.testing.assert_array_equal(got[1:], together[1:])
