@@ -7,13 +7,17 @@ own stream. A `LaneGroup` goes further for MLPs: the K sessions are built on row
 
 Each run keeps its own loop (mlptrain.training.loop): its epochs, reads, evaluation, checkpoints, logs and
 summary are its own. Only its window is the group's (`LaneWindow`): `run` hands the window to the group, and
-side_by_side, once every lane that is due has handed in one, calls `flush`, which launches them. A lane is due
-from its first window to its epoch's last: between epochs (its evaluation, checkpoint and logs, ~11 ms of host
-work a lane on an H100) and before its first window, the others step without it. side_by_side spreads the
-lanes' starts over an epoch (Period), so their epoch ends come one after another while the GPU trains the rest,
-instead of all at once with the GPU idle (benchmarks/NOTES.md, issue 30 step 10). A run reads nothing of its
-step before the flush: the loop yields right after each `run`, and side_by_side does not advance a run whose
-window waits.
+side_by_side, once every lane in training has handed in one (`lockstep`), calls `flush`, which launches them.
+A run reads nothing of its step before the flush: the loop yields right after each `run`, and side_by_side does
+not advance a run whose window waits.
+
+With `stagger` (STAGGER), the group waits only for the lanes that are due, from their first window to their
+epoch's last: between epochs (a lane's evaluation, checkpoint and logs, ~11 ms of host work on an H100) and
+before its first window, the others step without it, and side_by_side spreads the lanes' starts over an epoch
+(Period), so that their epoch ends come one after another while the GPU trains the rest, instead of all at once
+with the GPU idle. Measured on an H100 and an H200 it was no faster (benchmarks/NOTES.md, issue 30 step 10):
+the host's work moves beside the GPU's and becomes the longer of the two, so it stays off until that work
+shrinks.
 
 Which lanes step together changes with the host's timing, so nothing a lane computes may depend on it: the
 windows of each size are one launch of their lanes (the others masked), and the GEMMs' tile is the one chosen
@@ -70,11 +74,15 @@ class LaneWindow(TrainingWindow):
         return {**self.group.graphs_record(), "lanes": {"of": self.group.lanes, "lane": self.lane, "gemm": engine}}
 
 
+STAGGER = False  # lanes out of lockstep at their epochs' ends (above): no faster yet
+
+
 class LaneGroup:
     """K lanes of MLP sessions on one backend (one stream) and the launches of their steps."""
 
-    def __init__(self, backend, lanes: int, cuda_graphs: bool = True):
+    def __init__(self, backend, lanes: int, cuda_graphs: bool = True, stagger: bool | None = None):
         self.backend, self.lanes = backend, lanes
+        self.stagger = STAGGER if stagger is None else stagger
         self.slabs = Slabs(backend, lanes)
         self.signature = None
         self.windows: list[LaneWindow | None] = [None] * lanes  # the window of the run training in each lane
@@ -121,8 +129,13 @@ class LaneGroup:
         return lane in self.pending
 
     def ready(self) -> bool:
-        """Whether every lane that is due has handed in its window (and one has)."""
-        return bool(self.pending) and self.due.issubset(self.pending)
+        """Whether every lane in training (with `stagger`, every lane that is due) has handed in its window, and
+        one has."""
+        if not self.pending:
+            return False
+        if self.stagger:
+            return self.due.issubset(self.pending)
+        return all(w is None or lane in self.pending for lane, w in enumerate(self.windows))
 
     def flush(self) -> None:
         """Launch the windows handed in: those of each size as one step of their lanes. A lane whose window

@@ -92,8 +92,9 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
 
     `lanes` (an mlptrain.packing.lane_group.LaneGroup; run i in its lane i, where its run joined the lanes):
     a run in a lane hands its window in and is passed over until the group has launched it, which it does
-    once every lane that is due has handed one in (LaneGroup.ready). The runs' starts are spread as side by
-    side: their epochs' ends, when a lane is not due, come in turn while the other lanes step."""
+    once every lane in training has handed one in (LaneGroup.ready), the runs' starts not spread (they step in
+    lockstep); with the group's `stagger`, once every lane that is due has, the starts spread as side by side
+    (their epochs' ends, when a lane is not due, come in turn while the other lanes step)."""
     active = {i: _Run(steps) for i, steps in enumerate(runs)}
     results, errors = [None] * len(active), []
     count = len(active)
@@ -113,7 +114,7 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
             stepped = True
             use_launch_stream(run.stream)
             try:
-                run.yielded(next(run.steps), i, count)
+                run.yielded(next(run.steps), i, count if lanes is None or lanes.stagger else 0)
             except StopIteration as end:
                 results[i] = end.value
                 _ended(active, i, lanes)

@@ -115,8 +115,20 @@ def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):
     assert not np.array_equal(sessions[0].model.params.flat, solo_windows(sessions[0].config, [])[0])
 
 
-def test_a_group_waits_for_every_lane_inside_an_epoch(tiny_mnist):
+def test_a_group_waits_for_every_lane_in_training(tiny_mnist):
+    group, sessions = build(tiny())
+    assert not group.stagger and not group.ready()
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    sessions[0].window.run(0, 60)
+    assert group.waits(0) and not group.waits(1) and not group.ready()
+    group.leave(1)
+    assert group.ready()
+
+
+def test_a_staggered_group_waits_for_every_lane_inside_an_epoch(tiny_mnist):
     group, sessions = build(tiny(), lanes=3)
+    group.stagger = True
     assert not group.ready()
     for s in sessions:
         s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))

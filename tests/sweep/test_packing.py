@@ -20,6 +20,7 @@ import typer
 
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
+from mlptrain.packing import lane_group
 from mlptrain.packing.side_by_side import side_by_side
 from mlptrain.training.steps import Period, finish
 from tests.cli.test_cli import REPO
@@ -136,7 +137,10 @@ def trial_results(runs_dir, name):
     return by_params
 
 
-def test_packed_trials_match_the_same_trials_trained_alone_bitwise(tmp_path, tiny_mnist, trains, monkeypatch):
+@pytest.mark.parametrize("stagger", [False, True])
+def test_packed_trials_match_the_same_trials_trained_alone_bitwise(tmp_path, tiny_mnist, trains, monkeypatch, stagger):
+    """In lanes, in lockstep or staggered (lane_group.STAGGER): every trial's bits are its run's alone."""
+    monkeypatch.setattr(lane_group, "STAGGER", stagger)
     path = write_sweep(tmp_path, GRID)
     run_sweep(path, tmp_path / "runs", name="alone", overrides=["train.epochs=2"])
     order = []
