@@ -70,7 +70,11 @@ class LaneStep:
 
     def _lanes(self, n: int) -> SimpleNamespace:
         """The operands of a step of lanes [0, n), made once: the lanes past the last that steps cost nothing
-        (a sweep's last trials, fewer than K, train at the cost of as many lanes as they are)."""
+        (a sweep's last trials, fewer than K, train at the cost of as many lanes as they are). Never fewer than
+        two: a one-lane view is C-contiguous, another signature for every kernel, which compiled anew in the
+        middle of a sweep on the GPU (8.6 s; benchmarks/NOTES.md, issue 30 step 10); the second, masked, costs
+        its GEMMs nothing."""
+        n = min(self.lanes, max(n, 2))
         if n not in self._prefixes:
             rows = {name: None if array is None else array[:n] for name, array in self.slabs.items()}
             if rows["compute"] is None:  # fp32: the compute copy is the parameters themselves (one array)

@@ -113,6 +113,14 @@ def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):
     np.testing.assert_array_equal(sessions[2].step.state, before[1])
     assert list(group.step._prefixes) == [2]  # launched over lanes 0 and 1 only: lane 2 costs nothing
     assert not np.array_equal(sessions[0].model.params.flat, solo_windows(sessions[0].config, [])[0])
+    group.leave(1)
+    lane_1 = sessions[1].model.params.flat.copy()
+    sessions[0].window.run(60, 60)
+    group.flush()  # lane 0 alone: still launched over two lanes (a one-lane view is another kernel signature)
+    assert list(group.step._prefixes) == [2]
+    np.testing.assert_array_equal(sessions[1].model.params.flat, lane_1)
+    np.testing.assert_array_equal(sessions[0].model.params.flat, solo_windows(sessions[0].config,
+                                                                              [(0, 60), (60, 60)])[0])
 
 
 def test_a_group_waits_for_every_lane_in_training(tiny_mnist):
