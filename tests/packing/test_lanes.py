@@ -3,7 +3,8 @@ windows launched as one step of every lane.
 
 On the CPU backend a lane's run gives exactly the bits of the same run alone (the lane kernels' NumPy twins run
 the solo kernels lane by lane), whether its window goes with the others' or, of another size, with none; a
-lane that hands in no window is not touched, and the group waits only for the lanes inside an epoch. The sweeps and seeds that use the lanes are tested with the packing
+lane that hands in no window is not touched; a group waits for every lane in training (staggered, for those
+inside an epoch). The sweeps and seeds that use the lanes are tested with the packing
 (tests/sweep/test_packing.py, tests/cli/test_seeds_cli.py).
 """
 
