@@ -31,6 +31,7 @@ has the group's shapes (lane_slabs.lane_signature), and a backend of its own oth
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from mlptrain.backends.thread_stream import use_launch_stream

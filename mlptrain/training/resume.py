@@ -124,7 +124,7 @@ def checkpoint_later(model, step, plateau, position: Position, config: Config, b
     step (its device state and the optimizer's), the plateau schedule (or None), `extra` host arrays;
     `best_metric` names the metric that picks the `best` checkpoint. The device's arrays are copied behind the
     host's back, as the launches queued so far leave them; nothing queued later changes the checkpoint."""
-    device = step.device_state()
+    keys = list(step.device_state())  # the order device_arrays gives them in, after the parameters
     copies = model.params.backend.to_host_later(device_arrays(model, step))
     host = dict(plateau.state_dict()) if plateau is not None else {}
     host["meta/epoch"] = np.array(position.epoch, np.int64)
@@ -136,7 +136,7 @@ def checkpoint_later(model, step, plateau, position: Position, config: Config, b
     host[f"meta/best_{best_metric}"] = np.array(best, np.float64)
     host["meta/best_epoch"] = np.array(position.best_epoch, np.int64)
     host["meta/wall_s"] = np.array(position.wall_s, np.float64)
-    return HeldCheckpoint(model, step, config, copies, list(device), {**host, **(extra or {})})
+    return HeldCheckpoint(model, step, config, copies, keys, {**host, **(extra or {})})
 
 
 def restore(resume: Resume, model, step, plateau, best_metric: str, steps_per_epoch: int) -> Position:
