@@ -76,3 +76,21 @@ def test_best_held_from_an_earlier_epoch_is_written_from_its_own_arrays(tmp_path
     state = epochs_on_disk(run)
     last, best = run / "checkpoints" / "last.npz", run / "checkpoints" / "best.npz"
     assert last.samefile(best) == (state["best"] == state["last"] == 5)
+
+
+def test_a_held_best_holds_its_own_epochs_parameters(tmp_path):
+    """The best epoch's checkpoint is copied at that epoch's end (behind the host on a GPU) and written epochs
+    later: it holds that epoch's parameters, not the ones training went on to."""
+    config = make_config(64, 4, {"name": "adam", "lr": 0.05}, None, epochs=6, checkpoint_every_epochs=6)
+    run = new_run(tmp_path, "run", config)
+    session = build_session(config, CpuBackend(), synthetic_dataset())
+    params = {}
+    summary = train(session, run, on_evaluation=lambda record: params.setdefault(
+        record["epoch"], session.model.params.to_host_dict(prefix="params/")))
+    best = load_checkpoint(run / "checkpoints" / "best.npz")
+    epoch = int(best["meta/epoch"])
+    assert epoch == summary["best_epoch"]
+    for name, array in params[epoch].items():
+        assert (best[name] == array).all(), name
+    assert epoch < 6  # lr 0.05 peaks early (epoch 2): held for four epochs while the parameters moved on
+    assert any((best[name] != array).any() for name, array in params[6].items())
