@@ -19,10 +19,11 @@ with the GPU idle. Measured on an H100 and an H200 it was no faster (benchmarks/
 the host's work moves beside the GPU's and becomes the longer of the two, so it stays off until that work
 shrinks.
 
-Which lanes step together changes with the host's timing, so nothing a lane computes may depend on it: the
-windows of each size are one launch of their lanes (the others masked), and the GEMMs' tile is the one chosen
-for all K lanes whichever of them a launch covers (`tiles_for`). A lane's bits are then those of its run in
-the group, however its steps fell in with the others'.
+Staggered, which lanes step together changes with the host's timing, so nothing a lane computes may depend on
+it: the windows of each size are one launch of their lanes (the others masked, in lockstep too), and the GEMMs'
+tile is the one chosen for all K lanes whichever of them a launch covers (LaneStep.tiles_for). A lane's bits
+are then those of its run in the group, however its steps fell in with the others'. In lockstep the lanes
+launched follow from which lanes train, and the tile is chosen for them, as before.
 
 `LaneResources` gives slot `lane` of a packed worker the group's backend for that lane where the trial's config
 has the group's shapes (lane_slabs.lane_signature), and a backend of its own otherwise (one line says why).
@@ -108,6 +109,7 @@ class LaneGroup:
         """Make `session` (built on lane `lane`'s backend) the lane's run: its window becomes the group's."""
         if self.step is None:
             self.step = LaneStep(self.backend, self.slabs, session)
+            self.step.tiles_for = self.lanes if self.stagger else None
         self.step.set_lane(lane, session)
         session.window = LaneWindow(session.window, self, lane)
         self.windows[lane] = session.window

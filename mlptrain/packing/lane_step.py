@@ -8,9 +8,9 @@ for a layer's weights), and each lane reads its own order, cursor, step state, l
 The lanes' activations live in buffers of their own here, one set per micro-batch size.
 
 A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: their tile is chosen for
-the K lanes' blocks together (whichever of them a launch covers: `tiles_for`) and the weight gradient is summed
-inside its blocks (no K split), so on a GPU a lane's bits differ from its run alone by float32 rounding, and
-are the same however many lanes step beside it; on the CPU (BLAS either way) they are its run's bits alone.
+the launched lanes' blocks together (for all K with `tiles_for`, as a staggered group needs: mlptrain.packing.
+lane_group) and the weight gradient is summed inside its blocks (no K split), so on a GPU a lane's bits differ
+from its run alone by float32 rounding; on the CPU (BLAS either way) they are its run's bits alone.
 `active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched, and their
 GEMM blocks return at once (a lane between epochs costs the others almost nothing).
 """
@@ -58,6 +58,9 @@ class LaneStep:
         # cores at float32 accuracy) was slower at 2, 4, 8 and 32 lanes of adam_mnist on an H100 and 7% faster at
         # 16 only (benchmarks/NOTES.md, issue 30 step 9): its tile needs many lanes to fill the GPU
         self.engine = "fma"
+        # the lanes whose tile the GEMMs take (None: the lanes launched): K where which lanes a launch covers
+        # follows the host's timing (a staggered group), so that a lane's sums never depend on it
+        self.tiles_for = None
         self._buffers, self._prefixes = {}, {}
 
     def set_lane(self, lane: int, session) -> None:
@@ -122,18 +125,18 @@ class LaneStep:
         gemm, last = self.backend.kernels.gemm, len(o.weights) - 1
         for i, (w, b) in enumerate(o.weights):
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation, self.engine,
-                                tiles_for=self.lanes, active=o.active)
+                                tiles_for=self.tiles_for, active=o.active)
 
     def _backward(self, o, h, grad, beta: float) -> None:
         k = self.backend.kernels
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
-            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine, tiles_for=self.lanes,
-                                          active=o.active)
+            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine,
+                                          tiles_for=self.tiles_for, active=o.active)
             k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
             if i > 0:
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
-                                             self.engine, tiles_for=self.lanes, active=o.active)
+                                             self.engine, tiles_for=self.tiles_for, active=o.active)
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

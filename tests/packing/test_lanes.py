@@ -17,6 +17,7 @@ from mlptrain.backends.lanes import lane_view
 from mlptrain.config.load import config_from_dict
 from mlptrain.data.loader import epoch_order
 from mlptrain.training.experiment import Resources
+from mlptrain.packing import lane_group
 from mlptrain.packing.lane_group import LaneWindow, slots
 from mlptrain.packing.lane_slabs import lane_signature
 from tests.sweep.conftest import tiny_mnist  # noqa: F401 (a fixture: a small banded MNIST in place of the real one)
@@ -133,6 +134,16 @@ def test_a_group_waits_for_every_lane_in_training(tiny_mnist):
     assert group.waits(0) and not group.waits(1) and not group.ready()
     group.leave(1)
     assert group.ready()
+
+
+def test_a_staggered_groups_gemms_take_the_tile_of_all_its_lanes(tiny_mnist, monkeypatch):
+    """Which lanes a staggered group launches follows the host's timing: its GEMMs take the tile chosen for all K
+    lanes, so that a lane's sums never depend on it; in lockstep, the tile of the lanes launched, as before."""
+    group, _ = build(tiny(), lanes=3)
+    assert group.step.tiles_for is None
+    monkeypatch.setattr(lane_group, "STAGGER", True)
+    group, _ = build(tiny(), lanes=3)
+    assert group.stagger and group.step.tiles_for == 3
 
 
 def test_a_staggered_group_waits_for_every_lane_inside_an_epoch(tiny_mnist):
