@@ -167,12 +167,20 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for, active)
 
 
+_ALL_ACTIVE = {}  # (GPU, trials) -> a device array of ones, made once: nothing writes it
+
+
 def _trial_mask(lead, active):
-    """The launch's trailing arguments: `active` (checked) or all ones with a trial axis, none without."""
+    """The launch's trailing arguments: `active` (checked) or all ones with a trial axis, none without. The ones
+    are made once per GPU and trial count, so that a launch without a mask allocates and copies nothing after
+    its first (a CUDA graph's capture would refuse the copy)."""
     if not lead:
         return ()
     if active is None:
-        return (current.to_device(np.ones(lead[0], np.int32)),)
+        key = (current.device(), lead[0])
+        if key not in _ALL_ACTIVE:
+            _ALL_ACTIVE[key] = current.to_device(np.ones(lead[0], np.int32))
+        return (_ALL_ACTIVE[key],)
     require("active", active, "int32", lead)
     return (active,)
 
