@@ -144,9 +144,9 @@ class CudaBackend:
         staged = self._device.to_host_later(arrays, self.stream)
         return staged if staged is not None else Ready([self.to_host(array) for array in arrays])
 
-    def reserve_host_copies(self, nbytes: int) -> None:
-        """Memory for `to_host_later`'s copies of `nbytes`, made ready behind the host's back."""
-        self._device.reserve_host_copies(nbytes)
+    def reserve_host_copies(self, arrays) -> None:
+        """Memory for `to_host_later(arrays)`'s copies, made ready behind the host's back."""
+        self._device.reserve_host_copies(arrays)
 
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation
@@ -280,7 +280,7 @@ class _DriverDevice:
 
         return host_copies.stage(host_copies.pool(self._api.pinned), arrays, stream, self.mark)
 
-    def reserve_host_copies(self, nbytes: int) -> None:
+    def reserve_host_copies(self, arrays) -> None:
         # imported on first use: only checkpoints taken on a GPU need it
         from mlptrain.backends import host_copies
 
@@ -290,7 +290,7 @@ class _DriverDevice:
             api.set_current(context)  # the reserving thread's: the driver pins memory for a context
             return api.pinned(size)
 
-        host_copies.pool(api.pinned).reserve(nbytes, allocate)
+        host_copies.pool(api.pinned).reserve(host_copies.layout(arrays)[1], allocate)
 
     def free_bytes(self) -> int:
         return self._api.memory_info()[0]
@@ -338,7 +338,7 @@ class _NumbaDevice:
     def to_host_later(self, arrays, stream):
         return None  # copied at once (CudaBackend.to_host): numba's pinned arrays are not worth its path
 
-    def reserve_host_copies(self, nbytes: int) -> None:
+    def reserve_host_copies(self, arrays) -> None:
         pass
 
     def free_bytes(self) -> int:

@@ -58,16 +58,11 @@ class Evaluator:
         self.model.forward(rows)
         self.model.loss(rows, self.row_loss, self.row_correct, start, 0.0, self.unit_scale)
 
-    def mean_loss_and_accuracy(self, row_loss, row_correct, lo: int, hi: int) -> tuple[float, float]:
-        """Reads per-sample results [lo, hi) to the host (a synchronisation) and averages them in float64
-        (the accuracy is NaN for a model without one)."""
-        loss, acc, _ = self.read_rows(row_loss, row_correct, lo, hi)
-        return loss, acc
-
     def read_rows(self, row_loss, row_correct, lo: int, hi: int, after=None) -> tuple[float, float, np.ndarray | None]:
-        """`mean_loss_and_accuracy`, with the rows' outcomes on the host (None for the autoencoder). `after`: a
-        backend mark recorded after the steps that wrote the rows: read once it is done, not waiting for the
-        steps queued since (which write other rows)."""
+        """Per-sample results [lo, hi) read to the host and averaged in float64: (mean loss, accuracy (NaN for a
+        model without one), the rows' outcomes (None for the autoencoder)). `after`: a backend mark recorded
+        after the steps that wrote the rows: read once it is done, not waiting for the steps queued since (which
+        write other rows); None: after everything queued (a synchronisation)."""
         loss = float(self.backend.to_host_after(row_loss[lo:hi], after).astype(np.float64).mean())
         if not self.classifies:
             return loss, float("nan"), None

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.backends.host_copies import layout
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
@@ -70,7 +69,7 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
     if s.config.train.checkpoint_every_epochs > 1:  # the best epoch's checkpoint is held for epochs: its memory
-        s.backend.reserve_host_copies(layout(device_arrays(s.model, s.step))[1])  # made while the first trains
+        s.backend.reserve_host_copies(device_arrays(s.model, s.step))  # made while the first epoch trains
     mlflow = start_mlflow(s, run_dir)
     if mlflow is None:
         return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress))

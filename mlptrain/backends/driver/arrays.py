@@ -117,9 +117,8 @@ class DeviceArray:
             raise TypeError(f"a lane view (strides {self.strides}) cannot be {what}; use the lanes' own arrays")
 
     def copy_to_host(self, stream=0) -> np.ndarray:
-        self._contiguous("copied")
         host = np.empty(self.shape, self.dtype)
-        api.to_host(host.ctypes.data, self.pointer, self.nbytes, stream)
+        self.copy_into(host, stream)
         return host
 
     def copy_into(self, host: np.ndarray, stream=0) -> None:

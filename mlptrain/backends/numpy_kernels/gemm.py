@@ -63,8 +63,8 @@ def _check_engine(engine, dtype):
 
 
 def _active_trials(active):
-    """The trials an `active` mask (None: no mask) leaves to compute, or None for all at once."""
-    return None if active is None else np.flatnonzero(np.asarray(active))
+    """The trials an `active` mask leaves to compute."""
+    return np.flatnonzero(np.asarray(active))
 
 
 def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None):
