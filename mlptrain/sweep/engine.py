@@ -32,6 +32,7 @@ from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
 from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
+from mlptrain.sweep.reports import Reports
 from mlptrain.sweep.spec import METRICS, Sweep
 from mlptrain.training.experiment import Resources, create_run
 from mlptrain.training.loop import training
@@ -231,15 +232,26 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
     rule = f"is {worse} the other trials' median" if sweep.prune in (True, "median") else \
         f"is not among the best at its rung ({str(sweep.prune).replace('_', ' ')})"
 
+    reports = Reports(trial)
+
     def on_evaluation(record: dict) -> None:
         attempt.last = record
-        if sweep.metric in record:
-            trial.report(record[sweep.metric], record["epoch"])
-            if sweep.prune and trial.should_prune():
-                value = format_metric(record[sweep.metric])
-                raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} {rule}")
+        if sweep.metric not in record:
+            return
+        if not sweep.prune:  # nothing waits for the report: written behind the training
+            reports.add(record[sweep.metric], record["epoch"])
+            return
+        trial.report(record[sweep.metric], record["epoch"])
+        if trial.should_prune():
+            value = format_metric(record[sweep.metric])
+            raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} {rule}")
 
-    summary = yield from training(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
+    try:
+        summary = yield from training(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
+    except BaseException:
+        reports.settle()  # the study learns of the failure after the reports before it
+        raise
+    reports.wait()  # a report that failed fails the trial, as it did when written at once
     value = summary.get(sweep.metric)
     if sweep.metric not in summary:
         raise UserError(f"the run reports no {sweep.metric} (its metrics: "

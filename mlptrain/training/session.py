@@ -113,6 +113,7 @@ def build_session(config: Config, backend, dataset) -> Session:
         plateau=Plateau(config.schedule, config.optim.lr) if config.schedule.name == "plateau" else None,
         train=train, val=val, test=test,
         window=TrainingWindow(backend, model, step, train, scale, shift, config.train),
-        evaluator=Evaluator(backend, model, config.train.eval_batch_size, max(val.size, test.size), scale, shift),
+        evaluator=Evaluator(backend, model, config.train.eval_batch_size, max(val.size, test.size), scale, shift,
+                            config.train.cuda_graphs),
         started=started,
     )

@@ -63,4 +63,4 @@ def rounded(value, digits: int = DIGITS):
 
 def fallbacks(s: Session) -> list[str]:
     """The warning line of every fallback this run took (see mlptrain.training.fallbacks)."""
-    return [*s.fallbacks, *s.notes, *([s.window.fallback] if s.window.fallback else [])]
+    return [*s.fallbacks, *s.notes, *(note for note in (s.window.fallback, s.evaluator.fallback) if note)]

@@ -75,6 +75,37 @@ def test_grid_runs_exactly_its_product(tmp_path, tiny_mnist, trains):
     assert csv_lines[0] == "number,state,val_acc,optim.lr,model.activation,run_dir,error" and len(csv_lines) == 7
 
 
+def test_without_pruning_every_epochs_report_is_in_the_study_when_it_ends(tmp_path, tiny_mnist):
+    """The reports of a sweep that does not prune are written behind the training (mlptrain.sweep.reports); the
+    study holds each epoch's before it holds the trial's outcome."""
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
+    results = run_sweep(path, tmp_path / "runs", ["train.epochs=3"])
+    for trial in study_trials(tmp_path / "runs" / "s"):
+        assert trial.state == optuna.trial.TrialState.COMPLETE and sorted(trial.intermediate_values) == [1, 2, 3]
+        curve = [json.loads(line)["val_acc"] for line in (tmp_path / trial.user_attrs["run_dir"] /
+                                                          "metrics.jsonl").read_text().splitlines()
+                 if "val_acc" in json.loads(line)]
+        assert [trial.intermediate_values[epoch] for epoch in (1, 2, 3)] == curve[:3]
+    assert all(t["state"] == "complete" for t in results["trials"])
+
+
+def test_a_report_the_study_refuses_fails_its_trial(tmp_path, tiny_mnist, monkeypatch):
+    """A report written behind the training that fails (the storage refused it) fails its trial with the
+    storage's message, as when reports were written at once; the sweep goes on."""
+    report = optuna.trial.Trial.report
+
+    def refusing(self, value, step):
+        if self.number == 0 and step == 2:
+            raise OSError("journal: no space left on device")
+        return report(self, value, step)
+
+    monkeypatch.setattr(optuna.trial.Trial, "report", refusing)
+    path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
+    results = run_sweep(path, tmp_path / "runs", ["train.epochs=2"])
+    states = {t["number"]: (t["state"], t.get("error")) for t in results["trials"]}
+    assert states[0] == ("failed", "OSError: journal: no space left on device") and states[1][0] == "complete"
+
+
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 def test_a_failing_trial_is_recorded_and_the_others_complete(tmp_path, tiny_mnist):
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 1e12, 3e-3]})

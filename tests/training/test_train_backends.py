@@ -108,7 +108,9 @@ GRAPH_CASES = {
 @pytest.mark.parametrize("case", GRAPH_CASES)
 def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
     """Two epochs with full windows replayed from one CUDA graph against the same two epochs launched one
-    by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used."""
+    by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used.
+    The validation pass after each epoch too: launched and captured after the first, replayed after the
+    second, every row's result equal to the launches'."""
     options, features = GRAPH_CASES[case]
     if features is None:
         dataset = ImageDataset(name="tiny-rgb", train_images=rng.integers(0, 256, (90, 8 * 8 * 3), dtype=np.uint8),
@@ -123,17 +125,24 @@ def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
         config = config_from_dict({"seed": 7, "data": {"val_size": 50}, **options,
                                    "train": {**options["train"], "log_every": 3, "cuda_graphs": graphs}})
         session = build_session(config, CudaBackend(), dataset)
-        reads = []
+        reads, passes = [], []
         for epoch in (1, 2):
             train_epoch(session, epoch, reads.append)
+            loss, acc, rows = session.evaluator.evaluate_rows(session.val)
+            passes.append((loss, acc, rows, session.backend.to_host(session.evaluator.row_loss)[:session.val.size]))
         assert (session.window.graph is not None) == graphs
+        assert [entry[2] is not None for entry in (session.evaluator.graphs or {}).values()] == ([True] if graphs else [])
         runs.append(({**session.model.params.to_host_dict(), **session.step.state_dict()},
-                     [(r["step"], r["loss"], r["grad_norm"]) for r in reads], session.evaluator.evaluate(session.val)))
-    (arrays, reads, val), (eager_arrays, eager_reads, eager_val) = runs
+                     [(r["step"], r["loss"], r["grad_norm"]) for r in reads], passes))
+    (arrays, reads, passes), (eager_arrays, eager_reads, eager_passes) = runs
     for name in eager_arrays:
         np.testing.assert_array_equal(arrays[name], eager_arrays[name], err_msg=name)
     assert reads == eager_reads and len(reads) > 4
-    np.testing.assert_array_equal(val, eager_val)
+    for (loss, acc, rows, row_loss), (eager_loss, eager_acc, eager_rows, eager_row_loss) in zip(passes, eager_passes):
+        assert (loss, acc) == (eager_loss, eager_acc) or np.isnan(acc) and loss == eager_loss
+        np.testing.assert_array_equal(row_loss, eager_row_loss)
+        if rows is not None:
+            np.testing.assert_array_equal(rows, eager_rows)
 
 
 def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
@@ -157,3 +166,31 @@ def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
         results.append(session.model.params.to_host_dict())
     for name in results[0]:
         np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)
+
+
+def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, monkeypatch):
+    """The evaluation's graph (captured after a split's first pass) refused by the driver: one warning line,
+    recorded for summary.json, and every pass launched one by one with the results of a session without
+    graphs."""
+    dataset = tiny_dataset(rng)
+    def config(graphs):
+        return config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                                 "train": {"batch_size": 8, "eval_batch_size": 3, "cuda_graphs": graphs}})
+
+    backend = CpuBackend()
+    refused = []
+
+    def capture(record):
+        refused.append(record)
+        raise RuntimeError("cuStreamBeginCapture failed: CUDA_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(backend, "capture", capture)
+    session = build_session(config(True), backend, dataset)
+    plain = build_session(config(False), CpuBackend(), dataset)
+    assert plain.evaluator.graphs is None
+    with console.capture() as printed:
+        results = [session.evaluator.evaluate(split) for split in (session.val, session.test, session.val)]
+    assert printed.get().count("no CUDA graph for the evaluation (cuStreamBeginCapture failed") == 1
+    assert len(refused) == 2  # once per split, never again
+    assert session.evaluator.fallback.startswith("no CUDA graph for the evaluation")
+    assert results == [plain.evaluator.evaluate(split) for split in (plain.val, plain.test, plain.val)]
