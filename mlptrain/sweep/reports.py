@@ -7,20 +7,9 @@ A sweep that prunes reports at once: its pruner decides from the report."""
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
-_WRITERS: dict[int, ThreadPoolExecutor] = {}  # process id -> its writer (a forked worker makes its own)
-_LOCK = threading.Lock()
-
-
-def _writer() -> ThreadPoolExecutor:
-    with _LOCK:
-        writer = _WRITERS.get(os.getpid())
-        if writer is None:
-            writer = _WRITERS[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="mlptrain-reports")
-        return writer
+from mlptrain.util.background import pool
 
 
 class Reports:
@@ -32,7 +21,7 @@ class Reports:
         self.pending: list[Future] = []
 
     def add(self, value: float, epoch: int) -> None:
-        self.pending.append(_writer().submit(self.trial.report, value, epoch))
+        self.pending.append(pool("reports", 1).submit(self.trial.report, value, epoch))
 
     def wait(self) -> None:
         pending, self.pending = self.pending, []

@@ -4,6 +4,8 @@ reconstruction grid and mean-image baseline."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from mlptrain.backends.thread_stream import launch_stream
@@ -14,12 +16,24 @@ from mlptrain.training.steps import finish
 from mlptrain.util.console import console, warn
 
 
+@dataclass
+class _SplitGraph:
+    """A split's passes on one launch stream and the graph of them (None until the second, and where none was
+    captured); the split and stream are held so that the ids keying it stay theirs."""
+
+    split: object
+    stream: object
+    graph: object = None
+    passes: int = 0
+
+
 class Evaluator:
     """Per-sample result buffers for the largest split evaluated, allocated once, and the passes over a
     split in `eval_batch_size` batches.
 
-    A split's pass runs launch by launch the first time, then is captured as one CUDA graph that its later
-    passes replay (`graphs`, train.cuda_graphs): ~6 launches a batch cost ~0.36 ms of host time each, which
+    A split's pass runs launch by launch the first time; the second is captured as one CUDA graph that it and
+    every later pass replay (`graphs`, train.cuda_graphs; a split evaluated once, like the test split at a
+    run's end, is never captured): ~6 launches a batch cost ~0.36 ms of host time each, which
     the lanes of a packed sweep (mlptrain.packing.lane_group) paid in turn at every epoch's end while the GPU
     idled. A replay runs the same kernels with the same arguments (every buffer stays where it is), so the
     results are bitwise those of the launches."""
@@ -28,9 +42,8 @@ class Evaluator:
                  graphs: bool = True):
         self.backend, self.model, self.batch_size = backend, model, eval_batch_size
         self.scale, self.shift = scale, shift
-        # (id(split), id(launch stream)) -> (split, stream, graph or None), the split and stream kept alive so
-        # that their ids stay theirs; None until the first pass, and where nothing was captured
-        self.graphs: dict | None = {} if graphs else None
+        # (id(split), id(launch stream)) -> its _SplitGraph; None: no graphs
+        self.graphs: dict[tuple[int, int], _SplitGraph] | None = {} if graphs else None
         self.fallback: str | None = None  # the warning line when the driver refused a capture
         self.classifies = model.task == "classification"
         self.row_loss = backend.empty((max(rows, 1),))
@@ -62,24 +75,22 @@ class Evaluator:
         return self.read_rows(self.row_loss, self.row_correct, 0, split.size, mark)
 
     def launch_split(self, split) -> None:
-        """Every batch of `split`: its graph replayed where there is one, else launched (and, the first time on
-        this launch stream, captured for the passes after it). The graph is the stream's: a replay goes where
-        the capture's launches would have gone (a packed run's evaluation runs on an urgent stream, its test at
-        the end on its own)."""
+        """Every batch of `split`: its graph replayed where there is one, else launched; the second pass on this
+        launch stream captures the graph first. The graph is the stream's: a replay goes where the capture's
+        launches would have gone (a packed run's evaluation runs on an urgent stream, its test at the end on its
+        own)."""
         if self.graphs is None or split.size == 0:
             self._launch_batches(split)
             return
         stream = launch_stream()
-        key = (id(split), id(stream))
-        if key in self.graphs:
-            graph = self.graphs[key][2]
-            if graph is not None:
-                graph.replay()
-            else:
-                self._launch_batches(split)
-            return
-        self._launch_batches(split)  # the first pass: launch by launch, as compile_kernels loaded them
-        self.graphs[key] = (split, stream, self._capture(split))
+        entry = self.graphs.setdefault((id(split), id(stream)), _SplitGraph(split, stream))
+        entry.passes += 1
+        if entry.passes == 2:  # the first pass launched one by one (as compile_kernels loaded the kernels)
+            entry.graph = self._capture(split)
+        if entry.graph is not None:
+            entry.graph.replay()
+        else:
+            self._launch_batches(split)
 
     def _capture(self, split):
         try:

@@ -37,7 +37,11 @@ from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoin
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, run_summary
 from mlptrain.util.atomic import atomic_write, link_whole
+from mlptrain.util.background import Waitable, pool
 from mlptrain.util.console import console
+
+
+CHECKPOINT_WRITERS = 4  # threads writing checkpoints: a packed group's lanes end their runs together
 
 
 def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
@@ -116,6 +120,9 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                     break
                 if s.stop_requested and epoch < s.config.train.epochs:
                     _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
+        if s.writing is not None:  # packed runs go on while this one's last files are written
+            yield Waitable(s.writing)
+        _written(s)
         trained, last = last["epoch"], _restore_best(s, run_dir, last, best)
         last = s.evaluator.test_at_end(s.test, last, logger)  # train.eval_test end, and a run that stopped early
         records = {"epochs": trained, "best_epoch": best.best_epoch, "stopped_early": stopped,
@@ -131,6 +138,8 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                         "intact") from None
     finally:
         logger.close()
+        if s.writing is not None:  # the run failed: the checkpoint on its way is still written whole
+            s.writing.exception()
     save_grad_norms(run_dir / GRAD_NORMS, s.step)
     write_json(run_dir / "summary.json", summary)
     return summary
@@ -294,8 +303,7 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
         if best.best_epoch == epoch:  # kept until `last` is written: best.npz never runs ahead of it
             s.unsaved_best = held
         if save_last:
-            save_checkpoint(checkpoint_file(run_dir, "last"), held.arrays())
-            _save_best(s, run_dir, last=held)
+            _write_checkpoints(s, run_dir, held)
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
                       f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
@@ -319,6 +327,7 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
     raise TrainingInterrupted."""
+    _written(s)
     save_checkpoint(checkpoint_file(run_dir, "last"), _checkpoint(s, position).arrays())
     _save_best(s, run_dir)
     # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
@@ -330,16 +339,43 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
 
 
-def _save_best(s: Session, run_dir: Path, last: HeldCheckpoint | None = None) -> None:
-    """best.npz from the checkpoint held since the best epoch, once `last` (which records that epoch) is written.
-    Where it is the checkpoint `last` was just written from (this epoch is the best), best.npz is a second
-    name of that file (link_whole), not the same bytes written again."""
+def _save_best(s: Session, run_dir: Path) -> None:
+    """best.npz from the checkpoint held since the best epoch, once `last` (which records that epoch) is
+    written (a stop's: the epochs' ends write theirs with _write_checkpoints)."""
     if s.unsaved_best is not None:
-        if s.unsaved_best is last:
-            link_whole(checkpoint_file(run_dir, "last"), checkpoint_file(run_dir, "best"))
-        else:
-            save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best.arrays())
+        save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best.arrays())
         s.unsaved_best = None
+
+
+def _write_checkpoints(s: Session, run_dir: Path, last: HeldCheckpoint) -> None:
+    """`last`, then `best` where one is held (a second name of `last` where it is that one), written by a thread
+    behind the training (mlptrain.util.background): ~17 ms each, the npz and its fsync, on the GPU machine,
+    which a packed sweep's lanes paid in turn at their last epoch's end while the GPU idled. The arrays are
+    taken here, so a diverged checkpoint is refused here as before. The run's earlier writes are waited for
+    first: its files are written in order, and a write that failed ends the run at its next checkpoint (or
+    before its summary), the file it was to replace intact."""
+    _written(s)
+    writes = [(checkpoint_file(run_dir, "last"), last.arrays())]
+    if s.unsaved_best is not None:  # kept until `last` is written: best.npz never runs ahead of it
+        writes.append((checkpoint_file(run_dir, "best"), None if s.unsaved_best is last else s.unsaved_best.arrays()))
+        s.unsaved_best = None
+    s.writing = pool("checkpoints", CHECKPOINT_WRITERS).submit(_write_files, writes)
+
+
+def _write_files(writes: list[tuple[Path, dict | None]]) -> None:
+    """Each checkpoint in turn; None: a second name of the first (link_whole)."""
+    for path, arrays in writes:
+        if arrays is None:
+            link_whole(writes[0][0], path)
+        else:
+            save_checkpoint(path, arrays)
+
+
+def _written(s: Session) -> None:
+    """Once the run's checkpoint files are written (the error a write met raised here)."""
+    writing, s.writing = s.writing, None
+    if writing is not None:
+        writing.result()
 
 
 def _checkpoint(s: Session, position: Position) -> HeldCheckpoint:

@@ -8,6 +8,7 @@ the dataset cannot feed, a validation split too large, ...) happens here, before
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,7 @@ class Session:
     notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.training.compilation)
     wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
     unsaved_best: HeldCheckpoint | None = None  # the best epoch's checkpoint, written with the next `last`
+    writing: Future | None = None  # the run's checkpoint files on their way to the disk (training.loop)
 
     @property
     def fallbacks(self) -> list[str]:

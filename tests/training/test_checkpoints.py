@@ -4,8 +4,11 @@ find a `best` from its own future). A sweep's trials write theirs once, at their
 
 from types import SimpleNamespace
 
+import pytest
+
 from mlptrain.backends.cpu import CpuBackend
-from mlptrain.errors import TrainingInterrupted
+from mlptrain.errors import TrainingInterrupted, UserError
+from mlptrain.training import loop
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
@@ -23,8 +26,14 @@ def test_best_is_written_with_last_and_never_ahead_of_it(tmp_path):
     config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=3)
     run = new_run(tmp_path, "run", config)
     seen = []
-    summary = train(build_session(config, CpuBackend(), synthetic_dataset()), run,
-                    on_evaluation=lambda record: seen.append(epochs_on_disk(run)))
+    session = build_session(config, CpuBackend(), synthetic_dataset())
+
+    def on_evaluation(record):
+        if session.writing is not None:  # the files an epoch's end writes are on their way (a thread writes them)
+            session.writing.exception()
+        seen.append(epochs_on_disk(run))
+
+    summary = train(session, run, on_evaluation=on_evaluation)
     # after epochs 1 and 2 nothing yet; epoch 3 writes last and the best so far; the end writes both again
     assert seen[:2] == [{}, {}]
     assert seen[2]["last"] == 3 and 1 <= seen[2]["best"] <= 3
@@ -58,12 +67,14 @@ def test_best_written_with_last_from_the_same_arrays_is_the_same_file(tmp_path):
     config = make_config(64, 4, ADAM, None, epochs=2, checkpoint_every_epochs=1)
     run = new_run(tmp_path, "run", config)
     seen = []
+    session = build_session(config, CpuBackend(), synthetic_dataset())
 
     def on_disk(record):
+        session.writing.exception()  # the epoch's files are on their way (a thread writes them)
         last, best = run / "checkpoints" / "last.npz", run / "checkpoints" / "best.npz"
         seen.append((record["epoch"], last.samefile(best), last.read_bytes() == best.read_bytes(),
                      int(load_checkpoint(best)["meta/epoch"])))
-    summary = train(build_session(config, CpuBackend(), synthetic_dataset()), run, on_evaluation=on_disk)
+    summary = train(session, run, on_evaluation=on_disk)
     assert summary["best_epoch"] == 2  # val_acc improves in both epochs (ADAM): each epoch is the best so far
     assert seen == [(1, True, True, 1), (2, True, True, 2)]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.npz", "last.npz"]  # no temporary
@@ -94,3 +105,23 @@ def test_a_held_best_holds_its_own_epochs_parameters(tmp_path):
         assert (best[name] == array).all(), name
     assert epoch < 6  # lr 0.05 peaks early (epoch 2): held for four epochs while the parameters moved on
     assert any((best[name] != array).any() for name, array in params[6].items())
+
+
+def test_a_checkpoint_write_that_fails_ends_the_run_in_one_line_and_keeps_the_previous(tmp_path, monkeypatch):
+    """Checkpoints are written by a thread behind the training: a write that fails (a full disk) ends the run
+    by its next checkpoint with the write's one line, the file it was to replace intact, and no summary."""
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=1)
+    run = new_run(tmp_path, "run", config)
+    real, calls = loop.save_checkpoint, []
+
+    def failing(path, arrays):
+        calls.append(path.name)
+        if len(calls) == 3:
+            raise UserError(f"{path}: cannot write it (No space left on device); the previous file, if any, is intact")
+        real(path, arrays)
+
+    monkeypatch.setattr(loop, "save_checkpoint", failing)
+    with pytest.raises(UserError, match="last.npz: cannot write it \\(No space left on device\\)"):
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert calls[2] == "last.npz" and 3 <= len(calls) <= 4  # at most one epoch's end went on before it was seen
+    assert epochs_on_disk(run)["last"] == 2 and not (run / "summary.json").exists()

@@ -109,8 +109,8 @@ GRAPH_CASES = {
 def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
     """Two epochs with full windows replayed from one CUDA graph against the same two epochs launched one
     by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used.
-    The validation pass after each epoch too: launched and captured after the first, replayed after the
-    second, every row's result equal to the launches'."""
+    The validation passes after each epoch too: launched after the first, captured and replayed after the
+    second and third, every row's result equal to the launches'."""
     options, features = GRAPH_CASES[case]
     if features is None:
         dataset = ImageDataset(name="tiny-rgb", train_images=rng.integers(0, 256, (90, 8 * 8 * 3), dtype=np.uint8),
@@ -126,12 +126,12 @@ def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
                                    "train": {**options["train"], "log_every": 3, "cuda_graphs": graphs}})
         session = build_session(config, CudaBackend(), dataset)
         reads, passes = [], []
-        for epoch in (1, 2):
+        for epoch in (1, 2, 3):
             train_epoch(session, epoch, reads.append)
             loss, acc, rows = session.evaluator.evaluate_rows(session.val)
             passes.append((loss, acc, rows, session.backend.to_host(session.evaluator.row_loss)[:session.val.size]))
         assert (session.window.graph is not None) == graphs
-        assert [entry[2] is not None for entry in (session.evaluator.graphs or {}).values()] == ([True] if graphs else [])
+        assert [e.graph is not None for e in (session.evaluator.graphs or {}).values()] == ([True] if graphs else [])
         runs.append(({**session.model.params.to_host_dict(), **session.step.state_dict()},
                      [(r["step"], r["loss"], r["grad_norm"]) for r in reads], passes))
     (arrays, reads, passes), (eager_arrays, eager_reads, eager_passes) = runs
@@ -169,7 +169,7 @@ def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
 
 
 def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, monkeypatch):
-    """The evaluation's graph (captured after a split's first pass) refused by the driver: one warning line,
+    """The evaluation's graph (captured at a split's second pass) refused by the driver: one warning line,
     recorded for summary.json, and every pass launched one by one with the results of a session without
     graphs."""
     dataset = tiny_dataset(rng)
@@ -189,8 +189,42 @@ def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, mon
     plain = build_session(config(False), CpuBackend(), dataset)
     assert plain.evaluator.graphs is None
     with console.capture() as printed:
-        results = [session.evaluator.evaluate(split) for split in (session.val, session.test, session.val)]
+        results = [session.evaluator.evaluate(split) for split in (session.val, session.test) * 3]
     assert printed.get().count("no CUDA graph for the evaluation (cuStreamBeginCapture failed") == 1
-    assert len(refused) == 2  # once per split, never again
+    assert len(refused) == 2  # at each split's second pass, never again
     assert session.evaluator.fallback.startswith("no CUDA graph for the evaluation")
-    assert results == [plain.evaluator.evaluate(split) for split in (plain.val, plain.test, plain.val)]
+    assert results == [plain.evaluator.evaluate(split) for split in (plain.val, plain.test) * 3]
+
+
+def test_a_splits_second_pass_is_captured_and_every_later_one_replayed(rng, monkeypatch):
+    """A split evaluated once (the test split at a run's end) is never captured; the second pass of another
+    captures its launches and replays them, as does every pass after it, on the launch stream it was captured
+    on (a replay stands in for the launches here: the CPU has no graphs)."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "eval_batch_size": 3}})
+    backend, events = CpuBackend(), []
+
+    class Replay:
+        def __init__(self, record):
+            self.record = record
+
+        def replay(self):
+            events.append("replay")
+            self.record()
+
+    def capture(record):
+        events.append("capture")
+        return Replay(record)
+
+    monkeypatch.setattr(backend, "capture", capture)
+    session = build_session(config, backend, dataset)
+    launch_batch = session.evaluator.launch_batch
+    monkeypatch.setattr(session.evaluator, "launch_batch", lambda *a: (events.append("launch"), launch_batch(*a)))
+    first = [session.evaluator.evaluate(session.val)]
+    assert events == ["launch"] * 3  # 7 rows in batches of 3
+    session.evaluator.evaluate(session.test)
+    events.clear()
+    first += [session.evaluator.evaluate(session.val) for _ in range(2)]
+    assert events == ["capture", "replay", *["launch"] * 3, "replay", *["launch"] * 3]
+    assert first[0] == first[1] == first[2]
