@@ -119,8 +119,7 @@ def digest(session) -> str:
 
 
 def last_loss(session) -> float:
-    loss, _ = session.evaluator.mean_loss_and_accuracy(session.window.row_loss, session.window.row_correct, 0,
-                                                       session.train.size)
+    loss, _, _ = session.evaluator.read_rows(session.window.row_loss, session.window.row_correct, 0, session.train.size)
     return loss
 
 

@@ -63,3 +63,24 @@ def test_the_autoencoder_benchmark_reports_no_speed_of_a_model_that_does_not_lea
             module.check_learning("mlptrain", 256, "bf16", mse, module.FINAL_MSE, "in the last epoch")
     with pytest.raises(SystemExit, match="after the warm-up epoch"):
         module.check_learning("pytorch", 64, "fp32", float("nan"), float("inf"), "after the warm-up epoch")
+
+
+def test_the_packed_trials_benchmark_reads_a_sessions_training_loss(rng):
+    """benchmarks/packed_trials.py checks each trial's last-epoch training loss through the evaluator's reads;
+    a read renamed in the package broke it on the GPU machine once (session 22): here on the CPU."""
+    from mlptrain.backends.cpu import CpuBackend
+    from mlptrain.config.load import config_from_dict
+    from mlptrain.training.loop import train_epoch
+    from mlptrain.training.session import build_session
+    from tests.training.test_train_backends import tiny_dataset
+
+    spec = importlib.util.spec_from_file_location("packed_benchmark", ROOT / "benchmarks" / "packed_trials.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "log_every": 2}})
+    session = build_session(config, CpuBackend(), tiny_dataset(rng))
+    reads = []
+    train_epoch(session, 1, reads.append)
+    mean = sum(r["loss"] * r["samples"] for r in reads) / sum(r["samples"] for r in reads)
+    assert abs(module.last_loss(session) - mean) < 1e-9
