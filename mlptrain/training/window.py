@@ -46,9 +46,10 @@ class TrainingWindow:
         self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and kept step state
 
     def start_epoch(self, order: np.ndarray) -> None:
-        """Load the epoch's order (a host copy, then a synchronisation: the loop's clock starts after it)."""
+        """Load the epoch's order: a copy queued after the last epoch's steps, which read the order before it
+        (nothing waits for the device here: a packed group's lanes share a stream, and a synchronisation at each
+        lane's epoch start drained every other lane's queued steps)."""
         self.backend.copy_from_host(self.order, order)
-        self.backend.synchronize()
 
     def run(self, start: int, rows: int) -> None:
         """One optimizer step over the `rows` samples at `start` in the epoch's order: its micro-batches add
