@@ -197,9 +197,10 @@ class Evaluator:
             if f"{name}_acc" in record and name in self.confusion:  # drawn beside the training that follows
                 matrix = self.confusion.pop(name)
                 logger.image_later(f"confusion/{name}", lambda matrix=matrix: confusion_image(matrix), record["step"])
-        # plain text (no markup in it), coloured on a terminal only: rich's highlighting costs ~0.8 ms a line,
-        # which the lanes of a packed sweep paid in turn at every epoch's end
-        console.print(head + " | ".join(parts), markup=False, highlight=console.is_terminal)
+        # plain text, coloured on a terminal only, not wrapped (a terminal wraps it): rich's markup, highlighting and
+        # wrapping cost ~1 ms a line on the GPU machine, which the lanes of a packed sweep paid in turn at every
+        # epoch's end
+        console.out(head + " | ".join(parts), highlight=console.is_terminal)
 
     def test_at_end(self, test, record: dict, logger) -> dict:
         """`record` with the test metrics of the parameters the run ends with, evaluated now when it has none
