@@ -56,9 +56,16 @@ class CpuBackend:
         dst[...] = src
 
     @contextlib.contextmanager
-    def urgent(self):
+    def urgent(self, after=None):
         """Nothing to hurry: every launch runs when it is made."""
         yield
+
+    def overtaking(self, after):
+        """No stream to go ahead on (Backend.overtaking)."""
+        return None
+
+    def rejoin(self, view) -> None:
+        pass
 
     def to_host_after(self, array, mark):
         return self.to_host(array)

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import threading
+from copy import copy as shallow_copy
 
 import numpy as np
 
@@ -100,12 +101,12 @@ class CudaBackend:
         return self._device.mark(self.stream)
 
     @contextlib.contextmanager
-    def urgent(self):
+    def urgent(self, after=None):
         """The block's launches and copies go to a stream of this backend that the GPU serves before every
-        other (the highest priority), after what it queued so far; what it queues after the block waits for
-        them. For a packed run's evaluation (mlptrain.packing.side_by_side), which the host waits for while the
-        other runs' steps fill the GPU. Without a stream of its own (the legacy default stream) or on numba's
-        path, the block runs as it is."""
+        other (the highest priority), after what it queued so far (`after`, a mark, is for lanes: a run of its
+        own waits for all it queued); what it queues after the block waits for them. For a packed run's
+        evaluation (mlptrain.packing.side_by_side), which the host waits for while the other runs' steps fill
+        the GPU. Without a stream of its own (the legacy default stream) or on numba's path, as it is."""
         urgent = self._device.urgent_stream() if self.stream else None
         if urgent is None:
             yield
@@ -123,6 +124,21 @@ class CudaBackend:
             self._device.follow(home, urgent)
             self.stream = home
             streams.use(home)
+
+    def overtaking(self, after):
+        """A copy of this backend on its urgent stream, which waits for `after` (this backend's mark) alone, not
+        for what was queued since: one packed lane's evaluation (mlptrain.packing.lane_slabs). None without a
+        stream of its own or on numba's path. `rejoin(copy)`: this backend's stream then waits for its work."""
+        urgent = self._device.urgent_stream() if self.stream and after is not None else None
+        if urgent is None:
+            return None
+        view = shallow_copy(self)
+        view.stream = urgent
+        self._device.wait_for(urgent, after)
+        return view
+
+    def rejoin(self, view) -> None:
+        self._device.wait_for(self.stream, view.mark())
 
     def copy(self, dst, src):
         """dst = src on the device, queued after the launches so far."""
@@ -258,7 +274,10 @@ class _DriverDevice:
 
     def follow(self, stream, leader) -> None:
         """Work queued on `stream` from now on waits for what `leader` has queued so far."""
-        self._api.wait_for(stream, self.mark(leader))
+        self.wait_for(stream, self.mark(leader))
+
+    def wait_for(self, stream, mark) -> None:
+        self._api.wait_for(stream, mark)
 
     def copy(self, dst, src, stream):
         self._api.copy(dst.pointer, src.pointer, dst.nbytes, stream)

@@ -51,9 +51,18 @@ class Backend(Protocol):
         """A mark after the launches queued so far (`.done()` asks whether they have run, `.wait()` waits), for
         a caller with other work to do meanwhile; None where nothing runs behind the host's back (the CPU)."""
 
-    def urgent(self) -> Any:
+    def urgent(self, after=None) -> Any:
         """A context manager: the block's launches and copies go before other work on the device, in order after
-        what was queued before it (a packed run's evaluation, waited for while other runs fill the device)."""
+        what was queued before it (a packed run's evaluation, waited for while other runs fill the device);
+        `after`, a mark of this backend, may narrow that to the work before it where the backend can tell
+        (a staggered lane's, mlptrain.packing.lane_slabs)."""
+
+    def overtaking(self, after) -> Any:
+        """A copy of this backend whose work waits for `after` (a mark of this one) alone, not for what was
+        queued since, and goes before it; None where there is no such stream (mlptrain.packing.lane_slabs)."""
+
+    def rejoin(self, view) -> None:
+        """What is queued on this backend from now on waits for the work of `view` (an `overtaking` copy)."""
 
     def copy(self, dst, src) -> None:
         """`src` copied into the existing device array `dst` (same shape and dtype), after the launches so far."""

@@ -103,7 +103,7 @@ class LaneGroup:
         return signature == self.signature
 
     def backend_for(self, lane: int) -> LaneBackend:
-        return LaneBackend(self.backend, self.slabs, lane)
+        return LaneBackend(self.backend, self.slabs, lane, overtake=self.stagger)
 
     def attach(self, lane: int, session):
         """Make `session` (built on lane `lane`'s backend) the lane's run: its window becomes the group's."""

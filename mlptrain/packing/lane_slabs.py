@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from mlptrain.backends.thread_stream import launch_stream, use_launch_stream
 from mlptrain.config.load import config_to_dict
 
 # what lanes of one group may differ in: section -> keys (None: the whole section)
@@ -83,21 +84,37 @@ class Slabs:
 class LaneBackend:
     """A backend whose allocations, while `building`, are rows of a lane of `slabs`; otherwise its backend."""
 
-    def __init__(self, backend, slabs: Slabs, lane: int):
-        self._backend, self.slabs, self.lane = backend, slabs, lane
+    def __init__(self, backend, slabs: Slabs, lane: int, overtake: bool = False):
+        self._backend, self.slabs, self.lane, self.overtake = backend, slabs, lane, overtake
         self._next, self._building, self.rows = 0, False, []
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
     @contextmanager
-    def urgent(self):
-        """The block's work stays on the lanes' stream. A lane's evaluation on the backend's urgent stream would
-        switch the stream every lane shares (the backend's) while the lane yields inside it
-        (mlptrain.packing.side_by_side), so that the other lanes' copies and the group's launches went to that
-        stream too, out of order with the rest (two identical sweeps gave different bits); and in lockstep nothing
-        else is queued while the lanes evaluate, so there is nothing to go ahead of."""
-        yield
+    def urgent(self, after=None):
+        """With `overtake` (a staggered group, whose other lanes step on while this one ends its epoch): the
+        block's launches, copies and marks go to the backend's urgent stream, which waits for `after` (the lane's
+        last step's mark) alone, not for the other lanes' steps queued since; the lanes' stream then waits for
+        the block's work before its next launches. Only this lane's backend is switched, by a copy of the shared
+        one (`overtaking`): the shared backend's own `urgent` would switch the stream every lane shares while this
+        lane yields inside the block (mlptrain.packing.side_by_side), sending the other lanes' copies and the
+        group's launches there, out of order (two identical sweeps gave different bits). The lane's operands are
+        its own rows, which the group's launches leave alone while it is away (masked). In lockstep nothing is
+        queued while the lanes evaluate, so the block stays on the lanes' stream."""
+        shared = self._backend
+        view = shared.overtaking(after) if self.overtake else None
+        if view is None:
+            yield
+            return
+        self._backend, before = view, launch_stream()
+        use_launch_stream(view.stream)
+        try:
+            yield
+        finally:
+            self._backend = shared
+            shared.rejoin(view)
+            use_launch_stream(before)
 
     @contextmanager
     def building(self):

@@ -106,7 +106,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 # beside this one's epoch end (mlptrain.packing.lane_group), and waiting for their steps would
                 # leave the GPU idle while this lane's host work runs
                 end = s.window.epoch_read
-                with s.backend.urgent():
+                with s.backend.urgent(end.mark):
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known, end.mark)
                     last = yield from s.evaluator.epoch_record_steps(s.val, _test_split(s, epoch), epoch,

@@ -191,8 +191,47 @@ def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
 
     shared = Switching()
     lane = LaneBackend(shared, Slabs(shared, 2), 0)
-    with lane.urgent():
+    with lane.urgent("mark"):
         assert shared.stream == "home"
+
+
+def test_a_staggered_lanes_evaluation_overtakes_on_a_copy_of_the_shared_backend(monkeypatch):
+    """In a staggered group a lane's `urgent` block goes ahead of the other lanes' queued steps: its work on a
+    copy of the shared backend (`overtaking`, waiting for the lane's own mark alone), the shared backend and
+    every other lane untouched, and the shared stream made to wait for the block's work when it ends."""
+    from mlptrain.packing import lane_slabs
+    from mlptrain.packing.lane_slabs import LaneBackend, Slabs
+
+    class Shared:
+        stream = "home"
+
+        def __init__(self):
+            self.calls = []
+
+        def overtaking(self, after):
+            self.calls.append(("overtaking", after))
+            view = Shared()
+            view.stream = "side"
+            return view
+
+        def rejoin(self, view):
+            self.calls.append(("rejoin", view.stream))
+
+    launches = []  # the thread's launch stream, as the block switches it
+    monkeypatch.setattr(lane_slabs, "use_launch_stream", launches.append)
+    monkeypatch.setattr(lane_slabs, "launch_stream", lambda: "before")
+    shared = Shared()
+    lane = LaneBackend(shared, Slabs(shared, 2), 0, overtake=True)
+    other = LaneBackend(shared, Slabs(shared, 2), 1, overtake=True)
+    with lane.urgent("lane 0's last step"):
+        assert lane.stream == "side" and other.stream == "home" and shared.stream == "home"
+    assert lane.stream == "home"
+    assert shared.calls == [("overtaking", "lane 0's last step"), ("rejoin", "side")]
+    assert launches == ["side", "before"]
+    in_lockstep = LaneBackend(shared, Slabs(shared, 2), 0)
+    with in_lockstep.urgent("mark"):
+        assert in_lockstep.stream == "home"
+    assert len(shared.calls) == 2
 
 
 def test_a_pack_larger_than_the_memory_holds_gets_the_lanes_that_fit(tiny_mnist, monkeypatch, capsys):
