@@ -12,12 +12,13 @@ A run reads nothing of its step before the flush: the loop yields right after ea
 not advance a run whose window waits.
 
 With `stagger` (STAGGER), the group waits only for the lanes that are due, from their first window to their
-epoch's last: between epochs (a lane's evaluation, checkpoint and logs, ~11 ms of host work on an H100) and
+epoch's last: between epochs (a lane's evaluation, checkpoint and logs, ~6 ms of host work on an H100) and
 before its first window, the others step without it, and side_by_side spreads the lanes' starts over an epoch
 (Period), so that their epoch ends come one after another while the GPU trains the rest, instead of all at once
-with the GPU idle. Measured on an H100 and an H200 it was no faster (benchmarks/NOTES.md, issue 30 step 10):
-the host's work moves beside the GPU's and becomes the longer of the two, so it stays off until that work
-shrinks.
+with the GPU idle; a lane's evaluation goes ahead of the others' queued steps (lane_slabs.LaneBackend.urgent).
+Measured on H100s it is as fast as lockstep, not faster (benchmarks/NOTES.md, issue 30 steps 10-11): a lane
+away at its epoch end, waiting first for its last step's results behind the others' queued steps, is a masked
+lane in ~40 flushes, so it stays off.
 
 Staggered, which lanes step together changes with the host's timing, so nothing a lane computes may depend on
 it: the windows of each size are one launch of their lanes (the others masked, in lockstep too), and the GEMMs'
