@@ -9,6 +9,7 @@ inside an epoch). The sweeps and seeds that use the lanes are tested with the pa
 """
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -243,3 +244,35 @@ def test_a_pack_larger_than_the_memory_holds_gets_the_lanes_that_fit(tiny_mnist,
     out = capsys.readouterr()
     assert group is not None and 1 < group.lanes < 64 and len(views) == group.lanes
     assert f"packing: {group.lanes} lanes, not 64" in out.out + out.err
+
+
+@pytest.mark.real_gpu
+def test_staggered_lanes_on_the_gpu_give_the_bits_of_lockstep(tmp_path, data_dir, monkeypatch):
+    """On the GPU a staggered group (its lanes' epoch ends apart, each lane's evaluation ahead of the others'
+    queued steps on the urgent stream) gives every lane the bits lockstep gives, run after run: its GEMMs take
+    the tile of all K lanes, which lockstep launching all K takes too, and a lane's evaluation reads only its own
+    rows, which the others' steps leave alone."""
+    from mlptrain.config.load import load_config
+    from mlptrain.seeds.runner import run_seeds
+    from tests.cli.test_cli import REPO
+
+    monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
+    config = load_config(REPO / "configs" / "adam_mnist.yaml",
+                         ["backend=cuda", "train.epochs=2", "model.hidden=[64]", "data.val_size=1000",
+                          "train.batch_size=256", "train.checkpoint_every_epochs=2"])
+    groups = []
+    for name, stagger in (("lockstep", False), ("staggered", True), ("staggered-again", True)):
+        monkeypatch.setattr(lane_group, "STAGGER", stagger)
+        group, record = run_seeds(config, [0, 1, 2], tmp_path, name, "adam_mnist", Resources(), pack=3)
+        assert record["seeds"] == [0, 1, 2]
+        groups.append(group)
+    for seed in (0, 1, 2):
+        runs = [json.loads((g / f"seed-{seed}" / "summary.json").read_text()) for g in groups]
+        assert runs[0]["lanes"] == {"of": 3, "lane": seed, "gemm": "fma"}
+        assert len({json.dumps({k: runs[i][k] for k in ("val_acc", "val_loss", "test_acc", "test_loss")})
+                    for i in range(3)}) == 1
+        checkpoints = [np.load(g / f"seed-{seed}" / "checkpoints" / "last.npz") for g in groups]
+        for key in checkpoints[0].files:
+            if not key.startswith("meta/"):
+                for other in checkpoints[1:]:
+                    np.testing.assert_array_equal(checkpoints[0][key], other[key], err_msg=f"seed {seed} {key}")
