@@ -5,7 +5,7 @@ import pytest
 
 from mlptrain.backends.cpu import CpuBackend
 from mlptrain.data.dataset import ImageDataset
-from mlptrain.data.loader import check_val_size, resident_splits
+from mlptrain.data.loader import check_val_size, held_out_index, resident_splits
 from tests import kernel_cases as cases
 
 
@@ -81,3 +81,21 @@ def test_a_val_size_neither_count_nor_fraction_is_one_line(value):
 
     with pytest.raises(UserError, match="data.val_size"):
         config_from_dict({"data": {"val_size": value}})
+
+
+def test_a_seeds_held_out_split_is_made_once_and_never_changed(rng):
+    """The held-out permutation and sorts are kept per (rows, val_size, seed) (a session is built three times
+    over, and a sweep's trials share a few seeds): the same rows as drawn afresh, the same arrays for the next
+    session of that seed, read-only (every session of the seed reads them), and another seed's rows differ."""
+    ds = held_out_dataset(rng)
+    first, _, _ = resident_splits(ds, CpuBackend(), 30, seed=7)
+    again, _, _ = resident_splits(ds, CpuBackend(), 30, seed=7)
+    other, _, _ = resident_splits(ds, CpuBackend(), 30, seed=8)
+    held_out = np.random.default_rng([7, 0x5EED]).permutation(200)
+    np.testing.assert_array_equal(first.index, np.sort(held_out[30:]))
+    assert again.index is first.index and not first.index.flags.writeable
+    assert not np.array_equal(other.index, first.index)
+    val, train = held_out_index(200, 30, 7)
+    assert train is first.index and val.size == 30 and not val.flags.writeable
+    with pytest.raises(ValueError):
+        first.index[0] = 0

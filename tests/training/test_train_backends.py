@@ -228,3 +228,19 @@ def test_a_splits_second_pass_is_captured_and_every_later_one_replayed(rng, monk
     first += [session.evaluator.evaluate(session.val) for _ in range(2)]
     assert events == ["capture", "replay", *["launch"] * 3, "replay", *["launch"] * 3]
     assert first[0] == first[1] == first[2]
+
+
+def test_an_epochs_start_queues_its_order_without_waiting_for_the_device(rng, monkeypatch):
+    """The epoch's order is a copy queued behind the last epoch's steps, with no synchronisation: in a packed
+    group, whose lanes share a stream, one at each lane's epoch start drained every other lane's queued steps."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8}})
+    session = build_session(config, CpuBackend(), dataset)
+    calls = []
+    monkeypatch.setattr(session.backend, "synchronize", lambda: calls.append("synchronize"))
+    copy = session.backend.copy_from_host
+    monkeypatch.setattr(session.backend, "copy_from_host", lambda dst, src: (calls.append("copy"), copy(dst, src)))
+    session.window.start_epoch(np.arange(session.train.size, dtype=np.int32)[::-1].copy())
+    assert calls == ["copy"]
+    np.testing.assert_array_equal(session.backend.to_host(session.window.order), np.arange(session.train.size)[::-1])
