@@ -167,18 +167,26 @@ class Evaluator:
         reconstructions) and return the record, with `train` (train_means) first."""
         return finish(self.epoch_record_steps(val, test, epoch, lambda: step, logger, train))
 
-    def epoch_record_steps(self, val, test, epoch: int, step_of, logger, train: dict | None = None):
-        """`epoch_record` as a generator (record_steps: the step is `step_of()`, asked after the evaluations)."""
+    def epoch_record_steps(self, val, test, epoch: int, step_of, logger, train: dict | None = None,
+                           logged: bool = True):
+        """`epoch_record` as a generator (record_steps: the step is `step_of()`, asked after the evaluations);
+        not `logged`: the caller logs the record later (log_epoch)."""
         r = yield from self.record_steps(val, test, epoch, step_of)
         r = {"epoch": r["epoch"], "step": r["step"], **(train or {}), **r}
+        if logged:
+            self.log_epoch(r, logger, test)
+        return r
+
+    def log_epoch(self, record: dict, logger, test=None) -> None:
+        """An epoch's record (epoch_record_steps) to TensorBoard, metrics.jsonl and one console line."""
+        train = {key: record[key] for key in ("train_loss", "train_acc", "train_mse") if key in record}
         said = ""
         if train and all(value is not None for value in train.values()):
             said = (f"train loss {train['train_loss']:.4f} acc {train['train_acc']:.4f} | " if self.classifies
                     else f"train mse {train['train_mse']:.5f} | ")
         # the training loss and accuracy are logged at every read already (mlptrain.training.monitor)
-        self.log(r, logger, f"epoch {epoch}: {said}", test)
-        logger.evaluation(r)
-        return r
+        self.log(record, logger, f"epoch {record['epoch']}: {said}", test)
+        logger.evaluation(record)
 
     def log(self, record: dict, logger, head: str, test=None) -> None:
         """A record's val and test metrics to TensorBoard at its step and as one console line after `head`;

@@ -14,6 +14,7 @@ Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -95,8 +96,11 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
             last = _last_record(s, run_dir, start, logger) if finished else {}
             yield Period(s.steps_per_epoch)  # packed runs spread their epochs' ends (mlptrain.packing.side_by_side)
+            pending = None  # the last epoch's logging, done inside this one (_logs_later)
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
-                done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0)
+                done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0,
+                                              pending)
+                pending = None
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
@@ -105,17 +109,24 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 # read after the epoch's last read's mark, not the device's whole queue: packed lanes step on
                 # beside this one's epoch end (mlptrain.packing.lane_group), and waiting for their steps would
                 # leave the GPU idle while this lane's host work runs
-                end = s.window.epoch_read
+                end, later = s.window.epoch_read, _logs_later(s, epoch)
                 with s.backend.urgent(end.mark):
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known, end.mark)
                     last = yield from s.evaluator.epoch_record_steps(s.val, _test_split(s, epoch), epoch,
                                                                      lambda: s.step.read_kept(end.mark)["steps"],
-                                                                     logger, means)
+                                                                     logger, means, logged=not later)
                 s.window.rows_known = True  # the next epoch runs whole in this process
-                best, stopped = _after_evaluation(s, run_dir, last, best)
-                if on_evaluation is not None:
-                    on_evaluation(last)
+                if later:
+                    pending = functools.partial(s.evaluator.log_epoch, last, logger, _test_split(s, epoch))
+                try:
+                    best, stopped = _after_evaluation(s, run_dir, last, best)
+                    if on_evaluation is not None:
+                        on_evaluation(last)
+                except BaseException:
+                    if pending is not None:  # the epoch's record is written before its error, as when logged at once
+                        pending()
+                    raise
                 if stopped:
                     break
                 if s.stop_requested and epoch < s.config.train.epochs:
@@ -162,7 +173,18 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
     return finish(epoch_steps(s, epoch, on_read, first_window))
 
 
-def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
+def _logs_later(s: Session, epoch: int) -> bool:
+    """Whether epoch `epoch`'s logging (its console line, TensorBoard scalars and metrics.jsonl record: ~2 ms of
+    host work) waits for one of the next epoch's reads: where nothing is written at its end that the record must
+    come before (no checkpoint is due: not the last epoch, not a checkpoint epoch, no early stopping) and a
+    packed lane's host time counts (its group's GPU waits for each lane's epoch end in turn; spread over the
+    next epoch's reads, the logging runs while the GPU steps)."""
+    train = s.config.train
+    return (getattr(s.window, "lane", None) is not None and epoch < train.epochs
+            and epoch % train.checkpoint_every_epochs != 0 and s.stopping is None)
+
+
+def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=None):
     """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
     that yields after queueing each. Each `train.log_every` steps, and at the epoch's end, a read of the
     per-sample losses since the last read and of the step state is queued (a copy of the state and a mark
@@ -171,28 +193,40 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0):
     a dict of epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
     acc, samples and seconds. So the host waits for the device only at an epoch's end: while it reads one
     period's results, the next period's steps are queued. Returns the windows done: fewer than
-    `s.steps_per_epoch` when a stop was requested."""
+    `s.steps_per_epoch` when a stop was requested. `pending`: the last epoch's logging (_logs_later), called
+    after this epoch's read number `lane` (a packed group's lanes in turn, while the GPU steps), and at the
+    latest before this one returns or raises."""
     config, window = s.config, s.config.train.effective_batch_size
     s.window.start_epoch(epoch_order(s.train, config.seed, epoch))
-    reported, read_from, queued = time.perf_counter(), first_window * window, None
-    done = s.steps_per_epoch
-    for i in range(first_window, s.steps_per_epoch):
-        start = i * window
-        rows = min(window, s.train.size - start)
-        s.window.run(start, rows)
-        yield
-        if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
-            if queued is not None:  # a period old: packed runs queue their steps while it is not ready yet
-                yield queued.mark
-                reported = _report(s, queued, reported, on_read)
-            queued = _queue_read(s, epoch, i, read_from, start + rows)
-            read_from = start + rows
-        if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
-            done = i + 1
-            break
-    if queued is not None:
-        yield queued.mark
-        _report(s, queued, reported, on_read)
+    reported, read_from, queued, reads = time.perf_counter(), first_window * window, None, 0
+    # the read after which `pending` runs: the lanes of a group spread over the epoch's reads but its last
+    reads_between = max(-(-(s.steps_per_epoch - first_window) // config.train.log_every) - 1, 1)
+    done, turn = s.steps_per_epoch, (getattr(s.window, "lane", 0) or 0) % reads_between
+    try:
+        for i in range(first_window, s.steps_per_epoch):
+            start = i * window
+            rows = min(window, s.train.size - start)
+            s.window.run(start, rows)
+            yield
+            if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
+                if queued is not None:  # a period old: packed runs queue their steps while it is not ready yet
+                    yield queued.mark
+                    reported = _report(s, queued, reported, on_read)
+                    reads += 1
+                    if pending is not None and reads > turn:
+                        pending, done_logging = None, pending
+                        done_logging()
+                queued = _queue_read(s, epoch, i, read_from, start + rows)
+                read_from = start + rows
+            if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
+                done = i + 1
+                break
+        if queued is not None:
+            yield queued.mark
+            _report(s, queued, reported, on_read)
+    finally:
+        if pending is not None:  # fewer reads than lanes, a stop, an error: the record is written first
+            pending()
     s.window.epoch_read = queued
     return done
 

@@ -276,3 +276,26 @@ def test_staggered_lanes_on_the_gpu_give_the_bits_of_lockstep(tmp_path, data_dir
             if not key.startswith("meta/"):
                 for other in checkpoints[1:]:
                     np.testing.assert_array_equal(checkpoints[0][key], other[key], err_msg=f"seed {seed} {key}")
+
+
+def test_a_lanes_deferred_epoch_record_is_written_before_a_later_error(tiny_mnist, tmp_path, monkeypatch):
+    """A lane logs an epoch that is not its last during the next one's reads (training.loop._logs_later); a run
+    that fails before that still has the epoch's record in metrics.jsonl, as when it was logged at once."""
+    from mlptrain.errors import TrainingDiverged
+    from mlptrain.seeds.runner import run_seeds
+    from mlptrain.training.monitor import TrainingMonitor
+
+    real = TrainingMonitor.__call__
+
+    def diverging_in_epoch_two(self, read):
+        if read["epoch"] == 2:
+            raise TrainingDiverged("the training loss became nan (injected)")
+        real(self, read)
+
+    monkeypatch.setattr(TrainingMonitor, "__call__", diverging_in_epoch_two)
+    config = tiny(train__epochs=3, train__checkpoint_every_epochs=3, train__log_every=2)
+    with pytest.raises(TrainingDiverged, match="injected"):
+        run_seeds(config, [0, 1], tmp_path, "g", "tiny", Resources(), pack=2)
+    for seed in (0, 1):
+        lines = (tmp_path / "g" / f"seed-{seed}" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in lines] == [1]
