@@ -130,6 +130,8 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 if stopped:
                     break
                 if s.stop_requested and epoch < s.config.train.epochs:
+                    if pending is not None:  # the epoch's record before the checkpoint that follows it
+                        pending()
                     _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
         if s.writing is not None:  # packed runs go on while this one's last files are written
             yield Waitable(s.writing)

@@ -299,3 +299,32 @@ def test_a_lanes_deferred_epoch_record_is_written_before_a_later_error(tiny_mnis
     for seed in (0, 1):
         lines = (tmp_path / "g" / f"seed-{seed}" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["epoch"] for line in lines] == [1]
+
+
+def test_a_stop_after_a_lanes_epoch_writes_its_record_before_its_checkpoint(tiny_mnist, tmp_path, monkeypatch):
+    """A stop asked at a lane's epoch end whose record waits for the next epoch (training.loop._logs_later):
+    the record is written, then the checkpoint the stop writes, so a resume finds the epoch's record."""
+    import signal
+    from types import SimpleNamespace
+
+    from mlptrain.errors import TrainingInterrupted
+    from mlptrain.seeds.runner import run_seeds
+    from mlptrain.training import loop
+    from mlptrain.training.checkpoint import load_checkpoint
+
+    stop, real = SimpleNamespace(signum=0), loop._after_evaluation
+
+    def stopping_after_epoch_one(s, run_dir, record, best):
+        result = real(s, run_dir, record, best)
+        stop.signum = signal.SIGINT  # as Ctrl-C right after the epoch's evaluation
+        return result
+
+    monkeypatch.setattr(loop, "_after_evaluation", stopping_after_epoch_one)
+    config = tiny(train__epochs=3, train__checkpoint_every_epochs=3, train__log_every=2)
+    with pytest.raises(TrainingInterrupted):
+        run_seeds(config, [0, 1], tmp_path, "g", "tiny", Resources(), stop=stop, pack=2)
+    for seed in (0, 1):
+        run = tmp_path / "g" / f"seed-{seed}"
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in lines] == [1]
+        assert int(load_checkpoint(run / "checkpoints" / "last.npz")["meta/epoch"]) == 1
