@@ -203,7 +203,7 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     reported, read_from, queued, reads = time.perf_counter(), first_window * window, None, 0
     # the read after which `pending` runs: the lanes of a group spread over the epoch's reads but its last
     reads_between = max(-(-(s.steps_per_epoch - first_window) // config.train.log_every) - 1, 1)
-    done, turn = s.steps_per_epoch, (getattr(s.window, "lane", 0) or 0) % reads_between
+    done, turn = s.steps_per_epoch, getattr(s.window, "lane", 0) % reads_between
     try:
         for i in range(first_window, s.steps_per_epoch):
             start = i * window
@@ -363,9 +363,8 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
     raise TrainingInterrupted."""
-    _written(s)
-    save_checkpoint(checkpoint_file(run_dir, "last"), _checkpoint(s, position).arrays())
-    _save_best(s, run_dir)
+    _write_checkpoints(s, run_dir, _checkpoint(s, position))
+    _written(s)  # the files whole before the stop is said
     # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
     # skipped steps included, as the bar counts them)
     steps = position.epoch * s.steps_per_epoch + position.window
@@ -373,14 +372,6 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
         if position.window else f"after epoch {position.epoch}"
     raise TrainingInterrupted(f"interrupted {where} ({steps} optimizer steps in all); "
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
-
-
-def _save_best(s: Session, run_dir: Path) -> None:
-    """best.npz from the checkpoint held since the best epoch, once `last` (which records that epoch) is
-    written (a stop's: the epochs' ends write theirs with _write_checkpoints)."""
-    if s.unsaved_best is not None:
-        save_checkpoint(checkpoint_file(run_dir, "best"), s.unsaved_best.arrays())
-        s.unsaved_best = None
 
 
 def _write_checkpoints(s: Session, run_dir: Path, last: HeldCheckpoint) -> None:

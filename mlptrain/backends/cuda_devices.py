@@ -1,0 +1,148 @@
+"""The two paths a CudaBackend's arrays, copies, marks and streams take (mlptrain.backends.cuda): the driver's
+(`DriverDevice`, no numba: a run whose kernels are all cached never imports it) and numba's (`NumbaDevice`: the
+simulator, and MLPTRAIN_CUDA_LAUNCH=numba). Each imports its library when it is made, so the CPU path loads
+neither."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlptrain.errors import UserError
+
+
+class DriverDevice:
+    """A CudaBackend's GPU, arrays and stream through the driver (no numba)."""
+
+    def __init__(self, device: int | None, own_stream: bool):
+        # imported here, not at the top: the CPU path never loads the driver's bindings
+        from mlptrain.backends.driver import api
+        from mlptrain.backends.driver.arrays import DeviceArray
+
+        self._api, self._array = api, DeviceArray
+        try:
+            device = (api.current_device() or 0) if device is None else device
+            api.use_device(device)
+            self.stream = api.Stream() if own_stream else 0
+            self.name = api.device_name(device)
+            self._side = self._urgent = None  # to_host_after's stream and urgent's, made on first use
+        except api.DriverError as err:  # a GPU the driver lists but will not give (busy in exclusive mode, failing)
+            raise UserError(f"GPU {device} cannot be used: {err}; free it (nvidia-smi shows who holds it) "
+                            "or use backend=cpu") from None
+
+    def empty(self, shape, dtype):
+        return self._array.allocate(shape, dtype)
+
+    def zeros(self, shape, dtype):
+        array = self._array.allocate(shape, dtype)
+        self._api.zero(array.pointer, array.nbytes, self.stream)
+        return array
+
+    def to_device(self, host):
+        array = self._array.allocate(host.shape, host.dtype)
+        array.copy_to_device(host, stream=self.stream)
+        return array
+
+    def synchronize(self):
+        """Every queued launch of the context (a stream's own wait is the backend's)."""
+        self._api.synchronize()
+
+    def mark(self, stream):
+        return self._api.Event().record(stream)
+
+    def urgent_stream(self):
+        """A stream of the highest priority, made on first use."""
+        if self._urgent is None:
+            self._urgent = self._api.Stream(priority=self._api.highest_priority())
+        return self._urgent
+
+    def follow(self, stream, leader) -> None:
+        """Work queued on `stream` from now on waits for what `leader` has queued so far."""
+        self.wait_for(stream, self.mark(leader))
+
+    def wait_for(self, stream, mark) -> None:
+        self._api.wait_for(stream, mark)
+
+    def copy(self, dst, src, stream):
+        self._api.copy(dst.pointer, src.pointer, dst.nbytes, stream)
+
+    def to_host_after(self, array, mark):
+        """Copied on a stream of its own that waits for `mark` alone (a copy into pageable host memory returns
+        once it is done)."""
+        if self._side is None:
+            self._side = self._api.side_stream()
+        self._api.wait_for(self._side, mark)
+        host = array.copy_to_host(stream=self._side)
+        self._side.synchronize()
+        return host
+
+    def to_host_later(self, arrays, stream):
+        """The copies staged in pinned memory (host_copies.stage), or None."""
+        # imported on first use: only checkpoints taken on a GPU need it
+        from mlptrain.backends import host_copies
+
+        return host_copies.stage(host_copies.pool(self._api.pinned), arrays, stream, self.mark)
+
+    def reserve_host_copies(self, arrays) -> None:
+        # imported on first use: only checkpoints taken on a GPU need it
+        from mlptrain.backends import host_copies
+
+        api, context = self._api, self._api.current_context()
+
+        def allocate(size):
+            api.set_current(context)  # the reserving thread's: the driver pins memory for a context
+            return api.pinned(size)
+
+        host_copies.pool(api.pinned).reserve(host_copies.layout(arrays)[1], allocate)
+
+    def free_bytes(self) -> int:
+        return self._api.memory_info()[0]
+
+
+class NumbaDevice:
+    """A CudaBackend's GPU, arrays and stream through numba (the simulator, MLPTRAIN_CUDA_LAUNCH=numba)."""
+
+    def __init__(self, device: int | None, own_stream: bool):
+        # here, not at the top: the CPU path and `backend: auto` without a GPU never import numba (seconds)
+        import numba
+        from numba import cuda
+
+        # small MLP grids are launch-bound by design; numba's occupancy warning would print every run
+        numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        self._cuda = cuda
+        if device is not None:
+            cuda.select_device(device)
+        self.stream = cuda.stream() if own_stream else 0
+        raw = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+        self.name = raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def empty(self, shape, dtype):
+        return self._cuda.device_array(shape, dtype, stream=self.stream)
+
+    def zeros(self, shape, dtype):
+        return self._cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
+
+    def to_device(self, host):
+        return self._cuda.to_device(host, stream=self.stream)
+
+    def synchronize(self):
+        """Every queued launch of the context (a stream's own wait is the backend's)."""
+        self._cuda.synchronize()
+
+    def mark(self, stream):
+        return None
+
+    def urgent_stream(self):
+        return None
+
+    def copy(self, dst, src, stream):
+        dst.copy_to_device(src, stream=stream)
+
+    def to_host_later(self, arrays, stream):
+        return None  # copied at once (CudaBackend.to_host): numba's pinned arrays are not worth its path
+
+    def reserve_host_copies(self, arrays) -> None:
+        pass
+
+    def free_bytes(self) -> int:
+        free, _ = self._cuda.current_context().get_memory_info()
+        return int(free)
