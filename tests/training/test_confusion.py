@@ -6,6 +6,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mlptrain.backends.cpu import CpuBackend
+from mlptrain.training import confusion
 from mlptrain.training.confusion import BLUE, MAX_SIDE, WHITE, confusion_image, confusion_matrix
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
@@ -35,6 +36,28 @@ def test_any_number_of_classes_draws_within_the_picture(classes):
     matrix = np.arange(classes * classes).reshape(classes, classes) * 997  # counts up to "64k"
     image = confusion_image(matrix)
     assert image.dtype == np.uint8 and image.shape[0] == image.shape[1] <= 2 * MAX_SIDE
+
+
+def _blended_one_by_one(picture, texts):
+    """The texts blended in turn, each over its whole box: what confusion._write must equal."""
+    for text, x, y, ink in texts:
+        coverage, left, top = confusion._rendered(text)
+        y0, x0 = y + top, x + left
+        coverage = coverage[max(-y0, 0):, max(-x0, 0):]
+        region = picture[max(y0, 0):, max(x0, 0):][:coverage.shape[0], :coverage.shape[1]]
+        coverage = coverage[:region.shape[0], :region.shape[1], None]
+        region[...] = (region * (1 - coverage) + ink * coverage).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("classes", [1, 3, 10, 11, 12, 21, 30])
+def test_the_texts_blended_at_once_give_the_picture_of_one_at_a_time(classes, monkeypatch):
+    rng = np.random.default_rng(classes)
+    for most in (3, 999, 9_999, 123_456):  # one to four characters a count, "123k" the widest
+        matrix = rng.integers(0, most + 1, (classes, classes))
+        at_once = confusion_image(matrix)
+        with monkeypatch.context() as patch:
+            patch.setattr(confusion, "_write", _blended_one_by_one)
+            np.testing.assert_array_equal(at_once, confusion_image(matrix), err_msg=f"{classes} classes, {most}")
 
 
 def test_each_evaluation_logs_its_confusion_matrix(tmp_path):
