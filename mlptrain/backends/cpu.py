@@ -73,7 +73,7 @@ class CpuBackend:
     def to_host_later(self, arrays):
         return Ready([self.to_host(array) for array in arrays])
 
-    def reserve_host_copies(self, arrays) -> None:
+    def reserve_host_copies(self, *copies) -> None:
         pass
 
     def free_bytes(self) -> int | None:

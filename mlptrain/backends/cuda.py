@@ -161,9 +161,10 @@ class CudaBackend:
         staged = self._device.to_host_later(arrays, self.stream)
         return staged if staged is not None else Ready([self.to_host(array) for array in arrays])
 
-    def reserve_host_copies(self, arrays) -> None:
-        """Memory for `to_host_later(arrays)`'s copies, made ready behind the host's back."""
-        self._device.reserve_host_copies(arrays)
+    def reserve_host_copies(self, *copies) -> None:
+        """Memory for `to_host_later(arrays)`'s copies of each `arrays` of `copies`, made ready behind the host's
+        back."""
+        self._device.reserve_host_copies(copies)
 
     def free_bytes(self) -> int | None:
         """Bytes free on the GPU now; None on the simulator or a driver that will not say (the allocation

@@ -82,7 +82,7 @@ class DriverDevice:
 
         return host_copies.stage(host_copies.pool(self._api.pinned), arrays, stream, self.mark)
 
-    def reserve_host_copies(self, arrays) -> None:
+    def reserve_host_copies(self, copies) -> None:
         # imported on first use: only checkpoints taken on a GPU need it
         from mlptrain.backends import host_copies
 
@@ -92,7 +92,7 @@ class DriverDevice:
             api.set_current(context)  # the reserving thread's: the driver pins memory for a context
             return api.pinned(size)
 
-        host_copies.pool(api.pinned).reserve(host_copies.layout(arrays)[1], allocate)
+        host_copies.pool(api.pinned).reserve([host_copies.layout(arrays)[1] for arrays in copies], allocate)
 
     def free_bytes(self) -> int:
         return self._api.memory_info()[0]
@@ -140,7 +140,7 @@ class NumbaDevice:
     def to_host_later(self, arrays, stream):
         return None  # copied at once (CudaBackend.to_host): numba's pinned arrays are not worth its path
 
-    def reserve_host_copies(self, arrays) -> None:
+    def reserve_host_copies(self, copies) -> None:
         pass
 
     def free_bytes(self) -> int:

@@ -88,7 +88,7 @@ class PinnedPool:
                 fits = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
                 if fits:
                     buffer = min(fits, key=lambda b: b.nbytes)
-                    self._free.remove(buffer)
+                    del self._free[next(i for i, b in enumerate(self._free) if b is buffer)]  # not ==: elementwise
                     return buffer
                 waiting = self._reserving[:1]
             if not waiting:
@@ -111,18 +111,20 @@ class PinnedPool:
             raise
         return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
 
-    def reserve(self, nbytes: int, allocate) -> None:
-        """A buffer for copies of `nbytes` allocated on a thread of its own (`allocate` there: the driver's, with
-        the context current), while the device trains: pinning memory costs ~1 ms a MB on the GPU machine's VMs,
-        which a lockstep group of lanes, each taking its first buffer at the same epoch's end, would otherwise wait
-        for in turn. Its failure is left to the copies that need the buffer (they allocate it or copy at once)."""
+    def reserve(self, sizes: list[int], allocate) -> None:
+        """A buffer for copies of each of `sizes` bytes allocated in turn on a thread of its own (`allocate` there:
+        the driver's, with the context current), while the device trains: pinning memory costs ~1 ms a MB on the
+        GPU machine's VMs, which a lockstep group of lanes, each taking its first buffers at the same epoch's end,
+        would otherwise wait for in turn; one thread for them all, as starting one costs the caller ~2 ms when
+        others run. A failure is left to the copies that need the buffer (they allocate it or copy at once)."""
         def run():
-            try:
-                buffer = self._new(nbytes, allocate)
-            except Exception:
-                return
-            if buffer is not None:
-                self.give_back(buffer)
+            for nbytes in sizes:
+                try:
+                    buffer = self._new(nbytes, allocate)
+                except Exception:
+                    return
+                if buffer is not None:
+                    self.give_back(buffer)
 
         thread = threading.Thread(target=run, name="mlptrain-pinned", daemon=True)
         thread.start()  # before `take` can see it: a thread is joined once started

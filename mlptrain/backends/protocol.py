@@ -75,9 +75,9 @@ class Backend(Protocol):
         """Host copies of `arrays` as they are after the launches queued so far, queued now and taken later:
         `.take()` returns them (a list of NumPy arrays), `.drop()` gives them up (mlptrain.backends.host_copies)."""
 
-    def reserve_host_copies(self, arrays: list) -> None:
-        """Make ready, behind the host's back, what `to_host_later(arrays)` will need (a run that holds its best
-        epoch's checkpoint until its end)."""
+    def reserve_host_copies(self, *copies: list) -> None:
+        """Make ready, behind the host's back, what `to_host_later(arrays)` will need for each `arrays` of
+        `copies` (a run that holds its best epoch's checkpoint until its end)."""
 
     def free_bytes(self) -> int | None:
         """Bytes the device can still give now; None where it will not say."""

@@ -24,6 +24,9 @@ class ResidentSplit:
     labels: object  # backend uint8 array (N,)
     index: np.ndarray  # host int32 rows of `images` in this split
     device_index: object  # the same rows on the device, in their natural order
+    # `labels` on the host (None: read them from the device): an evaluation's confusion matrix needs them, and
+    # reading them back would wait for every launch queued on the device (a packed lane's queued epoch end)
+    host_labels: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -74,10 +77,11 @@ def resident_splits(dataset, backend, val_size: int | float, seed: int):
         val_index = np.arange(n, len(images), dtype=np.int32)
     else:
         val_index, train_index = held_out_index(n, val_size, seed)
+    host = labels
     images, labels = backend.resident(images), backend.resident(labels)
     return (
-        ResidentSplit(images, labels, train_index, backend.to_device(train_index)),
-        ResidentSplit(images, labels, val_index, backend.to_device(val_index)),
+        ResidentSplit(images, labels, train_index, backend.to_device(train_index), host),
+        ResidentSplit(images, labels, val_index, backend.to_device(val_index), host),
         whole_split(backend, dataset.test_images, dataset.test_labels),
     )
 
@@ -98,7 +102,7 @@ def held_out_index(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.nda
 def whole_split(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSplit:
     """Every row of `images`, in order, resident on the device."""
     index = np.arange(len(images), dtype=np.int32)
-    return ResidentSplit(backend.resident(images), backend.resident(labels), index, backend.to_device(index))
+    return ResidentSplit(backend.resident(images), backend.resident(labels), index, backend.to_device(index), labels)
 
 
 def epoch_order(split: ResidentSplit, seed: int, epoch: int) -> np.ndarray:

@@ -247,7 +247,9 @@ def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: R
             raise optuna.TrialPruned(f"pruned after epoch {record['epoch']}: {sweep.metric} {value} {rule}")
 
     try:
-        summary = yield from training(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress)
+        # without pruning, on_evaluation never stops the run: a packed lane may finish its epoch's end later
+        summary = yield from training(session, attempt.run_dir, on_evaluation, stop=stop, progress=progress,
+                                      evaluation_stops=bool(sweep.prune))
     except BaseException:
         reports.settle()  # the study learns of the failure after the reports before it
         raise

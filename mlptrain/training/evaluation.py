@@ -117,10 +117,15 @@ class Evaluator:
         model without one), the rows' outcomes (None for the autoencoder)). `after`: a backend mark recorded
         after the steps that wrote the rows: read once it is done, not waiting for the steps queued since (which
         write other rows); None: after everything queued (a synchronisation)."""
-        loss = float(self.backend.to_host_after(row_loss[lo:hi], after).astype(np.float64).mean())
+        losses = self.backend.to_host_after(row_loss[lo:hi], after)
+        return self.row_metrics(losses, self.backend.to_host_after(row_correct[lo:hi], after) if self.classifies
+                                else None)
+
+    def row_metrics(self, losses: np.ndarray, outcomes: np.ndarray | None) -> tuple[float, float, np.ndarray | None]:
+        """`read_rows` of per-sample results on the host already (`outcomes` None for the autoencoder)."""
+        loss = float(losses.astype(np.float64).mean())
         if not self.classifies:
             return loss, float("nan"), None
-        outcomes = self.backend.to_host_after(row_correct[lo:hi], after)
         return loss, float((outcomes == 1).mean()), outcomes
 
     def record(self, val, test, epoch: int, step: int) -> dict:
@@ -144,10 +149,15 @@ class Evaluator:
     def metrics_steps(self, name: str, split):
         """`metrics` as a generator (evaluate_rows_steps)."""
         loss, acc, outcomes = yield from self.evaluate_rows_steps(split)
+        return self.split_metrics(name, split, loss, acc, outcomes)
+
+    def split_metrics(self, name: str, split, loss: float, acc: float, outcomes: np.ndarray | None) -> dict:
+        """`metrics` of a split whose rows are read (evaluate_rows)."""
         if outcomes is None:
             return {f"{name}_loss": loss, f"{name}_acc": acc} if self.classifies else {f"{name}_mse": loss}
         if id(split) not in self.labels:  # the split's labels in its row order, read once
-            self.labels[id(split)] = self.backend.to_host(split.labels)[split.index]
+            labels = split.host_labels if split.host_labels is not None else self.backend.to_host(split.labels)
+            self.labels[id(split)] = np.asarray(labels)[split.index]
         labels = self.labels[id(split)]
         predicted = np.where(outcomes == 1, labels, -1 - outcomes.astype(np.int64))
         self.confusion[name] = confusion_matrix(labels, predicted, self.model.widths[-1])
@@ -159,6 +169,10 @@ class Evaluator:
         Lightning report it). None where part of the epoch ran in an earlier process that kept no record of
         it (`known` false). `after`: a backend mark recorded after the epoch's steps (read_rows)."""
         loss, acc = (self.read_rows(row_loss, row_correct, 0, rows, after)[:2] if known and rows else (None, None))
+        return self.train_record(loss, acc)
+
+    def train_record(self, loss: float | None, acc: float | None) -> dict:
+        """train_means' keys for this model."""
         return {"train_loss": loss, "train_acc": acc} if self.classifies else {"train_mse": loss}
 
     def epoch_record(self, val, test, epoch: int, step: int, logger, train: dict | None = None) -> dict:
@@ -171,11 +185,36 @@ class Evaluator:
                            logged: bool = True):
         """`epoch_record` as a generator (record_steps: the step is `step_of()`, asked after the evaluations);
         not `logged`: the caller logs the record later (log_epoch)."""
-        r = yield from self.record_steps(val, test, epoch, step_of)
-        r = {"epoch": r["epoch"], "step": r["step"], **(train or {}), **r}
+        r = with_train((yield from self.record_steps(val, test, epoch, step_of)), train)
         if logged:
             self.log_epoch(r, logger, test)
         return r
+
+    def queue_record(self, val, test) -> list[tuple[str, object, object]]:
+        """`record`'s evaluations queued, nothing waited for: (name, split, host copies of its rows on their way
+        (Backend.to_host_later; None for an empty split)) for val and, unless `test` is None, test; `record_from`
+        reads them. A packed lane's epoch end this way keeps the GPU busy while the host is elsewhere
+        (mlptrain.training.queued_end)."""
+        queued = []
+        for name, split in (("val", val), ("test", test)):
+            if split is None:
+                continue
+            self.launch_split(split)
+            rows = [self.row_loss[:split.size], *([self.row_correct[:split.size]] if self.classifies else [])]
+            queued.append((name, split, self.backend.to_host_later(rows) if split.size else None))
+        return queued
+
+    def record_from(self, queued: list, epoch: int, step: int, train: dict | None = None) -> dict:
+        """`epoch_record_steps`' record (unlogged) of evaluations queue_record queued."""
+        found = {}
+        for name, split, copies in queued:
+            if copies is None:
+                loss, acc, outcomes = float("nan"), float("nan"), None
+            else:
+                rows = copies.take()
+                loss, acc, outcomes = self.row_metrics(rows[0], rows[1] if self.classifies else None)
+            found.update(self.split_metrics(name, split, loss, acc, outcomes))
+        return with_train({"epoch": epoch, "step": step, **found}, train)
 
     def log_epoch(self, record: dict, logger, test=None) -> None:
         """An epoch's record (epoch_record_steps) to TensorBoard, metrics.jsonl and one console line."""
@@ -234,6 +273,12 @@ class Evaluator:
         if c not in (1, 3):  # no image format holds 2 or 5+ channels (and 4 would read as alpha): each in
             grid = np.concatenate(list(grid.transpose(2, 0, 1)), axis=0)[..., None]  # turn, a grey band
         return np.clip(grid, 0.0, 1.0)
+
+
+def with_train(record: dict, train: dict | None) -> dict:
+    """An evaluation record with the epoch's training means (train_means) after its epoch and step, as
+    metrics.jsonl holds it."""
+    return {"epoch": record["epoch"], "step": record["step"], **(train or {}), **record}
 
 
 def mean_image_mse(dataset) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.backends.host_copies import PINNED_LIMIT
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
@@ -33,6 +34,7 @@ from mlptrain.training.experiment import data_root, run_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
+from mlptrain.training.queued_end import QueuedEnd, late_rows, queue_end, record as queued_record
 from mlptrain.training.steps import Period, finish
 from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, device_arrays, restore
 from mlptrain.training.session import Session
@@ -46,14 +48,14 @@ CHECKPOINT_WRITERS = 4  # threads writing checkpoints: a packed group's lanes en
 
 
 def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
-          records: dict | None = None, progress: bool = True) -> dict:
+          records: dict | None = None, progress: bool = True, evaluation_stops: bool = True) -> dict:
     """Train, evaluate each epoch, checkpoint, and return the summary written to summary.json: `training`'s
     steps run to their end."""
-    return finish(training(s, run_dir, on_evaluation, resume, stop, records, progress))
+    return finish(training(s, run_dir, on_evaluation, resume, stop, records, progress, evaluation_stops))
 
 
 def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
-             records: dict | None = None, progress: bool = True):
+             records: dict | None = None, progress: bool = True, evaluation_stops: bool = True):
     """A generator: it yields after queueing each optimizer step, and returns the summary written to
     summary.json. Several runs advanced in turn from one thread train side by side (mlptrain.packing.side_by_side);
     `train` runs one to its end.
@@ -61,7 +63,8 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     `on_evaluation(record)`, when given, is called after each epoch's evaluation with the record
     written to metrics.jsonl (epoch, step, val_* metrics, test_* ones as train.eval_test says); an
     exception it raises stops the run there (a sweep prunes a trial this way) after that epoch's
-    checkpoint is written.
+    checkpoint is written. `evaluation_stops` false: it never raises (a sweep that does not prune), so a packed
+    lane's epoch end may be finished during the next epoch (mlptrain.training.queued_end).
     `resume` continues from a checkpoint of this run (mlptrain.training.resume.prepare_resume). When
     `stop.signum` becomes set, the loop writes `last` after the current optimizer step and raises
     TrainingInterrupted. `records` are extra summary fields. On a resumed run `wall_s` covers the resumed
@@ -73,20 +76,23 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
+    queues = _queues_ends(s, on_evaluation is not None and evaluation_stops)
     if s.config.train.checkpoint_every_epochs > 1:  # the best epoch's checkpoint is held for epochs: its memory
-        s.backend.reserve_host_copies(device_arrays(s.model, s.step))  # made while the first epoch trains
+        # made while the first epoch trains; and that of an epoch end's copies, queued while the held one waits
+        s.backend.reserve_host_copies(device_arrays(s.model, s.step), *(_queued_copies(s) if queues else []))
     mlflow = start_mlflow(s, run_dir)
     if mlflow is None:
-        return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress))
+        return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress, queues))
     with mlflow.ending(run_dir):  # the MLflow run's status: FINISHED, KILLED (stopped) or FAILED
         return (yield from _train(s, run_dir, mlflow.watching(on_evaluation), resume, start, records, progress,
-                                  mlflow))
+                                  queues, mlflow))
 
 
 def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, start: Position, records: dict,
-           progress: bool, mlflow=None) -> dict:
+           progress: bool, queues: bool, mlflow=None) -> dict:
     """train()'s epochs, evaluations, checkpoints and summary, from `start`, logged by a RunLogger (and to
-    `mlflow`, an mlptrain.run_dirs.mlflow_log.MlflowLog, when given)."""
+    `mlflow`, an mlptrain.run_dirs.mlflow_log.MlflowLog, when given); `queues`: epoch ends may be queued
+    (_ends_later)."""
     logger = RunLogger(run_dir, mlflow)
     logger.chart_layout(s.classifies)
     try:
@@ -96,14 +102,37 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             best, stopped = start, finished and start.epoch < s.config.train.epochs  # finished by early stopping
             last = _last_record(s, run_dir, start, logger) if finished else {}
             yield Period(s.steps_per_epoch)  # packed runs spread their epochs' ends (mlptrain.packing.side_by_side)
-            pending = None  # the last epoch's logging, done inside this one (_logs_later)
+
+            def finish_end(end: QueuedEnd) -> None:
+                """A queued epoch end's host part (_ends_later), as an epoch end done at once does it."""
+                nonlocal last, best
+                last = queued_record(s, end)
+                s.evaluator.log_epoch(last, logger, end.test)
+                best, _ = _after_evaluation(s, run_dir, last, best, end.checkpoint)
+                if on_evaluation is not None:
+                    on_evaluation(last)
+
+            # the last epoch's logging, or its whole queued end, done inside this one (_logs_later, _ends_later);
+            # `late`: that queued end, whose last reads are not reported yet
+            pending, late = None, None
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
+                ends_later = queues and _ends_later(s, epoch)
                 done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0,
-                                              pending)
-                pending = None
+                                              pending, late, ends_later)
+                pending, late = None, None
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
+                if ends_later:  # its device work queued now, the rest during the next epoch
+                    reads, since = s.window.epoch_read
+                    late = queue_end(s, epoch, reads, since, _test_split(s, epoch))
+                    pending = functools.partial(finish_end, late)
+                    s.window.rows_known = True
+                    if s.stop_requested:  # finished here: the epoch's record, then the checkpoint the stop writes
+                        _report_late(s, late, monitor)
+                        pending()
+                        _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
+                    continue
                 # ahead of other packed runs' queued steps; each split's evaluation yields its mark, so that
                 # they queue steps while it runs (mlptrain.packing.side_by_side), then it is read
                 # read after the epoch's last read's mark, not the device's whole queue: packed lanes step on
@@ -113,9 +142,9 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 with s.backend.urgent(end.mark):
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known, end.mark)
-                    last = yield from s.evaluator.epoch_record_steps(s.val, _test_split(s, epoch), epoch,
-                                                                     lambda: s.step.read_kept(end.mark)["steps"],
-                                                                     logger, means, logged=not later)
+                    last = yield from s.evaluator.epoch_record_steps(
+                        s.val, _test_split(s, epoch), epoch, lambda: s.step.read_kept(end.mark, end.slot)["steps"],
+                        logger, means, logged=not later)
                 s.window.rows_known = True  # the next epoch runs whole in this process
                 if later:
                     pending = functools.partial(s.evaluator.log_epoch, last, logger, _test_split(s, epoch))
@@ -175,6 +204,38 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
     return finish(epoch_steps(s, epoch, on_read, first_window))
 
 
+def _queues_ends(s: Session, evaluation_stops: bool) -> bool:
+    """Whether some epoch ends of `s` may be queued (mlptrain.training.queued_end; _ends_later says which): a
+    lane of a lockstep group (staggered lanes end their epochs while the others step), where nothing its
+    epoch end decides changes the next epoch (no early stopping, plateau schedule, or caller's on_evaluation
+    that may stop the run: a sweep's pruning), and the group's queued copies leave pinned memory to spare
+    (past it they would be made at once, the host waiting: mlptrain.backends.host_copies)."""
+    group, train = getattr(s.window, "group", None), s.config.train
+    if group is None or group.stagger or s.stopping is not None or s.plateau is not None or evaluation_stops:
+        return False
+    if train.epochs < 2 or train.checkpoint_every_epochs < 2:
+        return False
+    held = sum(array.nbytes for array in device_arrays(s.model, s.step))  # a held best and the epoch's copies
+    return 2 * group.lanes * held <= PINNED_LIMIT // 2
+
+
+def _ends_later(s: Session, epoch: int) -> bool:
+    """Whether epoch `epoch`'s end is queued and finished during the next epoch (where _queues_ends allows):
+    where no checkpoint is due at it (_logs_later) and the epoch ran whole in this process."""
+    return _logs_later(s, epoch) and s.window.rows_known
+
+
+def _queued_copies(s: Session) -> list[list]:
+    """The arrays of each host copy a queued epoch end makes (queue_end), for their pinned memory to be made
+    while the first epoch trains: ~1 ms a MB on the GPU machine, which a lockstep group's lanes would otherwise
+    pay in turn at its first epoch ends."""
+    copies = [device_arrays(s.model, s.step), [s.window.row_loss, s.window.row_correct, s.step.state]]
+    for split in (s.val, s.test if s.config.train.eval_test == "every_epoch" else None):
+        if split is not None and split.size:
+            copies.append([s.evaluator.row_loss[:split.size], s.evaluator.row_correct[:split.size]])
+    return copies
+
+
 def _logs_later(s: Session, epoch: int) -> bool:
     """Whether epoch `epoch`'s logging (its console line, TensorBoard scalars and metrics.jsonl record: ~2 ms of
     host work) waits for one of the next epoch's reads: where nothing is written at its end that the record must
@@ -186,7 +247,8 @@ def _logs_later(s: Session, epoch: int) -> bool:
             and epoch % train.checkpoint_every_epochs != 0 and s.stopping is None)
 
 
-def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=None):
+def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=None, late: QueuedEnd | None = None,
+                end_later: bool = False):
     """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
     that yields after queueing each. Each `train.log_every` steps, and at the epoch's end, a read of the
     per-sample losses since the last read and of the step state is queued (a copy of the state and a mark
@@ -197,10 +259,13 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     period's results, the next period's steps are queued. Returns the windows done: fewer than
     `s.steps_per_epoch` when a stop was requested. `pending`: the last epoch's logging (_logs_later), called
     after this epoch's read number `lane` (a packed group's lanes in turn, while the GPU steps), and at the
-    latest before this one returns or raises."""
+    latest before this one returns or raises. `late`: the last epoch's end, queued (_ends_later), whose last reads
+    are reported at this epoch's first read, before this epoch's. `end_later`: the epoch's end waits for nothing:
+    its last two reads are queued and not reported, and `s.window.epoch_read` is then (those reads, the time their
+    seconds count from)."""
     config, window = s.config, s.config.train.effective_batch_size
     s.window.start_epoch(epoch_order(s.train, config.seed, epoch))
-    reported, read_from, queued, reads = time.perf_counter(), first_window * window, None, 0
+    reported, read_from, queued, reads, held = time.perf_counter(), first_window * window, None, 0, None
     # the read after which `pending` runs: the lanes of a group spread over the epoch's reads but its last
     reads_between = max(-(-(s.steps_per_epoch - first_window) // config.train.log_every) - 1, 1)
     done, turn = s.steps_per_epoch, getattr(s.window, "lane", 0) % reads_between
@@ -211,7 +276,17 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
             s.window.run(start, rows)
             yield
             if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
-                if queued is not None:  # a period old: packed runs queue their steps while it is not ready yet
+                if late is not None:  # a period into this epoch: long done
+                    yield late.ready
+                    end, late = late, None
+                    try:
+                        reported = _report_late(s, end, on_read)
+                    except BaseException:  # a diverged loss: the epoch's record is not written, as at once
+                        pending = None
+                        raise
+                if queued is not None and end_later and i + 1 == s.steps_per_epoch:
+                    held = queued  # not waited for either: reported with the last (QueuedEnd.reads)
+                elif queued is not None:  # a period old: packed runs queue their steps while it is not ready yet
                     yield queued.mark
                     reported = _report(s, queued, reported, on_read)
                     reads += 1
@@ -223,10 +298,15 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
             if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
                 done = i + 1
                 break
+        if end_later and done == s.steps_per_epoch:
+            s.window.epoch_read = ((queued,) if held is None else (held, queued), reported)
+            return done
         if queued is not None:
             yield queued.mark
             _report(s, queued, reported, on_read)
     finally:
+        if late is not None:  # a stop or an error before this epoch's first read: the last epoch's end first
+            _report_late(s, late, on_read)  # raising (a diverged loss), the epoch's record is not written, as at once
         if pending is not None:  # fewer reads than lanes, a stop, an error: the record is written first
             pending()
     s.window.epoch_read = queued
@@ -243,23 +323,41 @@ class _QueuedRead:
     lo: int
     hi: int
     mark: object
+    slot: int  # the step state's copy (OptimizerStep.read_kept)
 
 
 def _queue_read(s: Session, epoch: int, i: int, lo: int, hi: int) -> _QueuedRead:
-    s.step.keep()
-    return _QueuedRead(epoch, i + 1, lo, hi, s.backend.mark())
+    slot = s.step.keep()
+    return _QueuedRead(epoch, i + 1, lo, hi, s.backend.mark(), slot)
 
 
 def _report(s: Session, read: _QueuedRead, reported: float, on_read) -> float:
     """Hand `on_read` the metrics of a queued read (waiting for its mark where it is not done yet); returns the
     time of this report, from which the next one's seconds count."""
     loss, acc, _ = s.evaluator.read_rows(s.window.row_loss, s.window.row_correct, read.lo, read.hi, read.mark)
-    state = s.step.read_kept(read.mark)
+    state = s.step.read_kept(read.mark, read.slot)
     now = time.perf_counter()
+    _hand(read, loss, acc, state, now - reported, on_read)
+    return now
+
+
+def _report_late(s: Session, end: QueuedEnd, on_read) -> float:
+    """`_report` of a queued epoch end's last reads (mlptrain.training.queued_end), their rows from its host
+    copies. The seconds from the epoch's report before them to now, a period into the next epoch (so the epoch's
+    end and that period too), are shared by their samples; the next report's seconds count from now."""
+    now = time.perf_counter()
+    samples = sum(read.hi - read.lo for read in end.reads)
+    for read in end.reads:
+        loss, acc = late_rows(s, end, read)
+        seconds = (now - end.since) * (read.hi - read.lo) / samples
+        _hand(read, loss, acc, s.step.read_kept(read.mark, read.slot), seconds, on_read)
+    return now
+
+
+def _hand(read: _QueuedRead, loss: float, acc: float, state: dict, seconds: float, on_read) -> None:
     on_read({"epoch": read.epoch, "step_in_epoch": read.step_in_epoch, "step": state["steps"], "lr": state["lr"],
              "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
-             "loss": loss, "acc": acc, "samples": read.hi - read.lo, "seconds": now - reported})
-    return now
+             "loss": loss, "acc": acc, "samples": read.hi - read.lo, "seconds": seconds})
 
 
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:
@@ -311,12 +409,13 @@ def _announce(s: Session, run_dir: Path) -> None:
                   f"{s.steps_per_epoch} optimizer step{'s' if s.steps_per_epoch != 1 else ''} per epoch")
 
 
-def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -> tuple[Position, bool]:
+def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position, copies=None) -> tuple[Position, bool]:
     """Stop on a non-finite validation loss; step the plateau schedule; write the `last` checkpoint when due
     (every train.checkpoint_every_epochs, at the end, when stopping early) and with it `best`, when an epoch
     since the last one improved by more than train.early_stopping.min_delta (held in memory until then). Returns the best value
     so far of the selection metric with its epoch (as a Position's `best` and `best_epoch`), and whether
-    early stopping ends the run here."""
+    early stopping ends the run here. `copies`: the checkpoint's device arrays copied at the epoch's end
+    (a queued end, mlptrain.training.queued_end), used or dropped here."""
     epoch, step = record["epoch"], record["step"]
     val_loss = record["val_loss" if s.classifies else "val_mse"]
     if not np.isfinite(val_loss) and s.val.size:
@@ -335,11 +434,13 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position) -
         s.unsaved_best.drop()  # first, so that the checkpoint below reuses its memory
         s.unsaved_best = None
     if save_last or best.best_epoch == epoch:
-        held = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch))
+        held = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch), copies)
         if best.best_epoch == epoch:  # kept until `last` is written: best.npz never runs ahead of it
             s.unsaved_best = held
         if save_last:
             _write_checkpoints(s, run_dir, held)
+    elif copies is not None:
+        copies.drop()
     if stopped:
         console.print(f"early stopping after epoch {epoch}: {key} has not improved on epoch {best.best_epoch}'s "
                       f"{best.best:.6g} (by more than min_delta {delta:g}) in {epoch - best.best_epoch} "
@@ -405,14 +506,14 @@ def _written(s: Session) -> None:
         writing.result()
 
 
-def _checkpoint(s: Session, position: Position) -> HeldCheckpoint:
+def _checkpoint(s: Session, position: Position, copies=None) -> HeldCheckpoint:
     """A checkpoint of `s` at `position` (see mlptrain.training.resume.checkpoint_later), with the run's seconds
     so far: its device arrays copied behind the host's back (a sweep's trial holds its best epoch's for epochs,
-    writing it at its end), taken when written."""
+    writing it at its end), taken when written; `copies`: those copied already, at `position`."""
     position = dataclasses.replace(position, wall_s=s.wall_before + time.perf_counter() - s.started)
     # inside an epoch: its samples' losses so far, for the epoch's training means
     extra = s.window.rows_done(position.window) if position.window else None
-    return checkpoint_later(s.model, s.step, s.plateau, position, s.config, s.selection[0], extra)
+    return checkpoint_later(s.model, s.step, s.plateau, position, s.config, s.selection[0], extra, copies)
 
 
 def save_grad_norms(path: Path, step) -> None:

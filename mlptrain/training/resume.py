@@ -119,13 +119,15 @@ def device_arrays(model, step) -> list:
 
 
 def checkpoint_later(model, step, plateau, position: Position, config: Config, best_metric: str,
-                     extra: dict[str, np.ndarray] | None = None) -> HeldCheckpoint:
+                     extra: dict[str, np.ndarray] | None = None, copies=None) -> HeldCheckpoint:
     """The checkpoint at `position` of the parts of a run that evolve: the model's parameters, the optimizer
     step (its device state and the optimizer's), the plateau schedule (or None), `extra` host arrays;
     `best_metric` names the metric that picks the `best` checkpoint. The device's arrays are copied behind the
-    host's back, as the launches queued so far leave them; nothing queued later changes the checkpoint."""
+    host's back, as the launches queued so far leave them; nothing queued later changes the checkpoint.
+    `copies`: those copies queued earlier (Backend.to_host_later of device_arrays), at the position."""
     keys = list(step.device_state())  # the order device_arrays gives them in, after the parameters
-    copies = model.params.backend.to_host_later(device_arrays(model, step))
+    if copies is None:
+        copies = model.params.backend.to_host_later(device_arrays(model, step))
     host = dict(plateau.state_dict()) if plateau is not None else {}
     host["meta/epoch"] = np.array(position.epoch, np.int64)
     host["meta/window"] = np.array(position.window, np.int64)

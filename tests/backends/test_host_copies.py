@@ -84,6 +84,15 @@ def test_the_pool_is_bounded_and_fits_buffers_to_their_copies(monkeypatch):
     assert pool.take(3000) is first
 
 
+def test_buffers_of_several_sizes_given_back_are_each_taken_by_their_fit():
+    pool = PinnedPool(_Allocations())
+    large, small, other = pool.take(8192), pool.take(1024), pool.take(1024)
+    for buffer in (large, small, other):
+        pool.give_back(buffer)
+    assert pool.take(1000) is small and pool.take(1000) is other  # found by identity, not compared as arrays
+    assert pool.take(5000) is large
+
+
 def test_each_copy_starts_aligned_in_its_buffer():
     offsets, end = layout([np.zeros(3, np.float32), np.zeros(0), np.zeros(300, np.uint8), np.zeros(1)])
     assert offsets == [0, 256, 256, 768] and end == 1024
@@ -131,13 +140,14 @@ def test_a_gpu_backend_copies_behind_the_host():
 def test_a_reserved_buffer_serves_the_first_copies_and_a_failed_reservation_leaves_them_to_allocate():
     own, reserving = _Allocations(), _Allocations()
     pool = PinnedPool(own)
-    pool.reserve(1000, reserving)
+    pool.reserve([1000, 3000], reserving)
     buffer = pool.take(1000)  # waits for the reservation on its way
-    assert buffer.nbytes == 1000 and len(reserving.blocks) == 1 and not own.blocks
+    assert buffer.nbytes == 1000 and len(reserving.blocks) == 2 and not own.blocks
+    assert pool.take(3000).nbytes == 3000 and not own.blocks
 
     def failing(nbytes):
         raise RuntimeError("no pinned memory")
 
-    pool.reserve(1000, failing)
+    pool.reserve([1000], failing)
     assert pool.take(1000).nbytes == 1000 and len(own.blocks) == 1
-    assert pool._pinned == 2000  # the failed reservation's bytes are not counted
+    assert pool._pinned == 5000  # the failed reservation's bytes are not counted

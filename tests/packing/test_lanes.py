@@ -314,8 +314,8 @@ def test_a_stop_after_a_lanes_epoch_writes_its_record_before_its_checkpoint(tiny
 
     stop, real = SimpleNamespace(signum=0), loop._after_evaluation
 
-    def stopping_after_epoch_one(s, run_dir, record, best):
-        result = real(s, run_dir, record, best)
+    def stopping_after_epoch_one(s, run_dir, record, best, *copies):
+        result = real(s, run_dir, record, best, *copies)
         stop.signum = signal.SIGINT  # as Ctrl-C right after the epoch's evaluation
         return result
 
