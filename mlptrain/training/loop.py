@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mlptrain.backends.host_copies import PINNED_LIMIT
 from mlptrain.data.loader import epoch_order
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
@@ -34,7 +33,9 @@ from mlptrain.training.experiment import data_root, run_config
 from mlptrain.training.fallbacks import warn
 from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
-from mlptrain.training.queued_end import QueuedEnd, late_rows, queue_end, record as queued_record
+from mlptrain.training.queued_end import QueuedEnd, ends_later, logs_later, queue_end, queued_copies, queues_ends
+from mlptrain.training.queued_end import record as queued_record
+from mlptrain.training.reads import queue_read, report, report_late
 from mlptrain.training.steps import Period, finish
 from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, device_arrays, restore
 from mlptrain.training.session import Session
@@ -76,10 +77,10 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}
-    queues = _queues_ends(s, on_evaluation is not None and evaluation_stops)
+    queues = queues_ends(s, on_evaluation is not None and evaluation_stops)
     if s.config.train.checkpoint_every_epochs > 1:  # the best epoch's checkpoint is held for epochs: its memory
         # made while the first epoch trains; and that of an epoch end's copies, queued while the held one waits
-        s.backend.reserve_host_copies(device_arrays(s.model, s.step), *(_queued_copies(s) if queues else []))
+        s.backend.reserve_host_copies(device_arrays(s.model, s.step), *(queued_copies(s) if queues else []))
     mlflow = start_mlflow(s, run_dir)
     if mlflow is None:
         return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress, queues))
@@ -92,7 +93,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
            progress: bool, queues: bool, mlflow=None) -> dict:
     """train()'s epochs, evaluations, checkpoints and summary, from `start`, logged by a RunLogger (and to
     `mlflow`, an mlptrain.run_dirs.mlflow_log.MlflowLog, when given); `queues`: epoch ends may be queued
-    (_ends_later)."""
+    (queued_end.ends_later)."""
     logger = RunLogger(run_dir, mlflow)
     logger.chart_layout(s.classifies)
     try:
@@ -104,7 +105,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             yield Period(s.steps_per_epoch)  # packed runs spread their epochs' ends (mlptrain.packing.side_by_side)
 
             def finish_end(end: QueuedEnd) -> None:
-                """A queued epoch end's host part (_ends_later), as an epoch end done at once does it."""
+                """A queued epoch end's host part (queued_end.ends_later), as an epoch end done at once does it."""
                 nonlocal last, best
                 last = queued_record(s, end)
                 s.evaluator.log_epoch(last, logger, end.test)
@@ -112,24 +113,24 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 if on_evaluation is not None:
                     on_evaluation(last)
 
-            # the last epoch's logging, or its whole queued end, done inside this one (_logs_later, _ends_later);
+            # the last epoch's logging, or its whole queued end, done inside this one (logs_later, ends_later);
             # `late`: that queued end, whose last reads are not reported yet
             pending, late = None, None
             for epoch in range(start.epoch + 1, s.config.train.epochs + 1) if not finished else ():
-                ends_later = queues and _ends_later(s, epoch)
+                queued = queues and ends_later(s, epoch)
                 done = yield from epoch_steps(s, epoch, monitor, start.window if epoch == start.epoch + 1 else 0,
-                                              pending, late, ends_later)
+                                              pending, late, queued)
                 pending, late = None, None
                 if done < s.steps_per_epoch:
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
-                if ends_later:  # its device work queued now, the rest during the next epoch
+                if queued:  # its device work queued now, the rest during the next epoch
                     reads, since = s.window.epoch_read
                     late = queue_end(s, epoch, reads, since, _test_split(s, epoch))
                     pending = functools.partial(finish_end, late)
                     s.window.rows_known = True
                     if s.stop_requested:  # finished here: the epoch's record, then the checkpoint the stop writes
-                        _report_late(s, late, monitor)
+                        report_late(s, late, monitor)
                         pending()
                         _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
                     continue
@@ -138,7 +139,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 # read after the epoch's last read's mark, not the device's whole queue: packed lanes step on
                 # beside this one's epoch end (mlptrain.packing.lane_group), and waiting for their steps would
                 # leave the GPU idle while this lane's host work runs
-                end, later = s.window.epoch_read, _logs_later(s, epoch)
+                end, later = s.window.epoch_read, logs_later(s, epoch)
                 with s.backend.urgent(end.mark):
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known, end.mark)
@@ -204,49 +205,6 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
     return finish(epoch_steps(s, epoch, on_read, first_window))
 
 
-def _queues_ends(s: Session, evaluation_stops: bool) -> bool:
-    """Whether some epoch ends of `s` may be queued (mlptrain.training.queued_end; _ends_later says which): a
-    lane of a lockstep group (staggered lanes end their epochs while the others step), where nothing its
-    epoch end decides changes the next epoch (no early stopping, plateau schedule, or caller's on_evaluation
-    that may stop the run: a sweep's pruning), and the group's queued copies leave pinned memory to spare
-    (past it they would be made at once, the host waiting: mlptrain.backends.host_copies)."""
-    group, train = getattr(s.window, "group", None), s.config.train
-    if group is None or group.stagger or s.stopping is not None or s.plateau is not None or evaluation_stops:
-        return False
-    if train.epochs < 2 or train.checkpoint_every_epochs < 2:
-        return False
-    held = sum(array.nbytes for array in device_arrays(s.model, s.step))  # a held best and the epoch's copies
-    return 2 * group.lanes * held <= PINNED_LIMIT // 2
-
-
-def _ends_later(s: Session, epoch: int) -> bool:
-    """Whether epoch `epoch`'s end is queued and finished during the next epoch (where _queues_ends allows):
-    where no checkpoint is due at it (_logs_later) and the epoch ran whole in this process."""
-    return _logs_later(s, epoch) and s.window.rows_known
-
-
-def _queued_copies(s: Session) -> list[list]:
-    """The arrays of each host copy a queued epoch end makes (queue_end), for their pinned memory to be made
-    while the first epoch trains: ~1 ms a MB on the GPU machine, which a lockstep group's lanes would otherwise
-    pay in turn at its first epoch ends."""
-    copies = [device_arrays(s.model, s.step), [s.window.row_loss, s.window.row_correct, s.step.state]]
-    for split in (s.val, s.test if s.config.train.eval_test == "every_epoch" else None):
-        if split is not None and split.size:
-            copies.append([s.evaluator.row_loss[:split.size], s.evaluator.row_correct[:split.size]])
-    return copies
-
-
-def _logs_later(s: Session, epoch: int) -> bool:
-    """Whether epoch `epoch`'s logging (its console line, TensorBoard scalars and metrics.jsonl record: ~2 ms of
-    host work) waits for one of the next epoch's reads: where nothing is written at its end that the record must
-    come before (no checkpoint is due: not the last epoch, not a checkpoint epoch, no early stopping) and a
-    packed lane's host time counts (its group's GPU waits for each lane's epoch end in turn; spread over the
-    next epoch's reads, the logging runs while the GPU steps)."""
-    train = s.config.train
-    return (getattr(s.window, "lane", None) is not None and epoch < train.epochs
-            and epoch % train.checkpoint_every_epochs != 0 and s.stopping is None)
-
-
 def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=None, late: QueuedEnd | None = None,
                 end_later: bool = False):
     """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
@@ -257,9 +215,9 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     a dict of epoch, step_in_epoch, step (optimizer steps applied), lr, grad_norm, loss_scale, skipped, loss,
     acc, samples and seconds. So the host waits for the device only at an epoch's end: while it reads one
     period's results, the next period's steps are queued. Returns the windows done: fewer than
-    `s.steps_per_epoch` when a stop was requested. `pending`: the last epoch's logging (_logs_later), called
+    `s.steps_per_epoch` when a stop was requested. `pending`: the last epoch's logging (logs_later), called
     after this epoch's read number `lane` (a packed group's lanes in turn, while the GPU steps), and at the
-    latest before this one returns or raises. `late`: the last epoch's end, queued (_ends_later), whose last reads
+    latest before this one returns or raises. `late`: the last epoch's end, queued (ends_later), whose last reads
     are reported at this epoch's first read, before this epoch's. `end_later`: the epoch's end waits for nothing:
     its last two reads are queued and not reported, and `s.window.epoch_read` is then (those reads, the time their
     seconds count from)."""
@@ -280,7 +238,7 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
                     yield late.ready
                     end, late = late, None
                     try:
-                        reported = _report_late(s, end, on_read)
+                        reported = report_late(s, end, on_read)
                     except BaseException:  # a diverged loss: the epoch's record is not written, as at once
                         pending = None
                         raise
@@ -288,12 +246,12 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
                     held = queued  # not waited for either: reported with the last (QueuedEnd.reads)
                 elif queued is not None:  # a period old: packed runs queue their steps while it is not ready yet
                     yield queued.mark
-                    reported = _report(s, queued, reported, on_read)
+                    reported = report(s, queued, reported, on_read)
                     reads += 1
                     if pending is not None and reads > turn:
                         pending, done_logging = None, pending
                         done_logging()
-                queued = _queue_read(s, epoch, i, read_from, start + rows)
+                queued = queue_read(s, epoch, i, read_from, start + rows)
                 read_from = start + rows
             if s.stop_requested and i + 1 < s.steps_per_epoch:  # a Python attribute: no synchronisation
                 done = i + 1
@@ -303,61 +261,14 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
             return done
         if queued is not None:
             yield queued.mark
-            _report(s, queued, reported, on_read)
+            report(s, queued, reported, on_read)
     finally:
         if late is not None:  # a stop or an error before this epoch's first read: the last epoch's end first
-            _report_late(s, late, on_read)  # raising (a diverged loss), the epoch's record is not written, as at once
+            report_late(s, late, on_read)  # raising (a diverged loss), the epoch's record is not written, as at once
         if pending is not None:  # fewer reads than lanes, a stop, an error: the record is written first
             pending()
     s.window.epoch_read = queued
     return done
-
-
-@dataclasses.dataclass(frozen=True)
-class _QueuedRead:
-    """A read queued after the steps of samples [lo, hi) of the epoch: their rows stay as they are until the
-    epoch ends, the step state is copied (OptimizerStep.keep), and `mark` says when both are ready."""
-
-    epoch: int
-    step_in_epoch: int
-    lo: int
-    hi: int
-    mark: object
-    slot: int  # the step state's copy (OptimizerStep.read_kept)
-
-
-def _queue_read(s: Session, epoch: int, i: int, lo: int, hi: int) -> _QueuedRead:
-    slot = s.step.keep()
-    return _QueuedRead(epoch, i + 1, lo, hi, s.backend.mark(), slot)
-
-
-def _report(s: Session, read: _QueuedRead, reported: float, on_read) -> float:
-    """Hand `on_read` the metrics of a queued read (waiting for its mark where it is not done yet); returns the
-    time of this report, from which the next one's seconds count."""
-    loss, acc, _ = s.evaluator.read_rows(s.window.row_loss, s.window.row_correct, read.lo, read.hi, read.mark)
-    state = s.step.read_kept(read.mark, read.slot)
-    now = time.perf_counter()
-    _hand(read, loss, acc, state, now - reported, on_read)
-    return now
-
-
-def _report_late(s: Session, end: QueuedEnd, on_read) -> float:
-    """`_report` of a queued epoch end's last reads (mlptrain.training.queued_end), their rows from its host
-    copies. The seconds from the epoch's report before them to now, a period into the next epoch (so the epoch's
-    end and that period too), are shared by their samples; the next report's seconds count from now."""
-    now = time.perf_counter()
-    samples = sum(read.hi - read.lo for read in end.reads)
-    for read in end.reads:
-        loss, acc = late_rows(s, end, read)
-        seconds = (now - end.since) * (read.hi - read.lo) / samples
-        _hand(read, loss, acc, s.step.read_kept(read.mark, read.slot), seconds, on_read)
-    return now
-
-
-def _hand(read: _QueuedRead, loss: float, acc: float, state: dict, seconds: float, on_read) -> None:
-    on_read({"epoch": read.epoch, "step_in_epoch": read.step_in_epoch, "step": state["steps"], "lr": state["lr"],
-             "grad_norm": state["grad_norm"], "loss_scale": state["loss_scale"], "skipped": state["skipped"],
-             "loss": loss, "acc": acc, "samples": read.hi - read.lo, "seconds": seconds})
 
 
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:

@@ -1,25 +1,69 @@
 """A packed lane's epoch end queued on the device at once, and finished on the host during the next epoch.
 
 A lockstep group of lanes (mlptrain.packing.lane_group) ends every lane's epoch at one flush, and its next flush
-waits for every lane's next window. So the host's epoch-end work of all the lanes in turn (the epoch's last read,
-its training means, the evaluation's reads and confusion matrices, the checkpoint's copies: a few ms a lane)
-kept the GPU idle at each epoch's end, ~0.1 s of a 16-lane sweep's epoch end on an H200 (benchmarks/NOTES.md,
-issue 30 step 11). Where nothing decided at an epoch's end changes the next epoch (training.loop's
-`_ends_later`), a lane instead queues only its epoch end's device work, `queue_end`: host copies of the epoch's
+waits for every lane's next window. So the host's epoch-end work of all the lanes in turn (the epoch's last
+reads, its training means, the evaluation's reads and confusion matrices, the checkpoint's copies: a few ms a
+lane) kept the GPU idle at each epoch's end, ~0.1 s of a 16-lane sweep's epoch end on an H200
+(benchmarks/NOTES.md, issue 30 steps 11-12). Where nothing decided at an epoch's end changes the next epoch
+(`ends_later`), a lane instead queues only its epoch end's device work (`queue_end`: host copies of the epoch's
 per-sample rows and of the step state, the evaluation and host copies of its rows, host copies of the
-checkpoint's arrays; then it hands in the next epoch's windows at once, not waiting for the epoch's last two reads
-either. The host's part comes during the next epoch: those reads are reported at its first read (`late_rows`,
-their step state from OptimizerStep.keep's two slots), the record (`record`), its logs, the best
-checkpoint held or dropped and the caller's on_evaluation later, each lane at another read. The copies are
-queued before the next epoch's steps on the lanes' stream, so they hold what the epoch's end left: the records,
-checkpoints and bits of an epoch end done at once.
+checkpoint's arrays) and hands in the next epoch's windows at once, waiting for none of its epoch's reads. The
+host's part comes during the next epoch: the epoch's last two reads are reported at its first read (`late_rows`;
+their step state from OptimizerStep.keep's two slots), then the record (`record`), its logs, the best checkpoint
+held or dropped and the caller's on_evaluation, each lane at another read. The copies are queued before the next
+epoch's steps on the lanes' stream, so they hold what the epoch's end left: the records, checkpoints and bits of
+an epoch end done at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlptrain.backends.host_copies import PINNED_LIMIT
 from mlptrain.training.resume import device_arrays
+
+
+def queues_ends(s, evaluation_stops: bool) -> bool:
+    """Whether some epoch ends of `s` may be queued (ends_later says which): a
+    lane of a lockstep group (staggered lanes end their epochs while the others step), where nothing its
+    epoch end decides changes the next epoch (no early stopping, plateau schedule, or caller's on_evaluation
+    that may stop the run: a sweep's pruning), and the group's queued copies leave pinned memory to spare
+    (past it they would be made at once, the host waiting: mlptrain.backends.host_copies)."""
+    group, train = getattr(s.window, "group", None), s.config.train
+    if group is None or group.stagger or s.stopping is not None or s.plateau is not None or evaluation_stops:
+        return False
+    if train.epochs < 2 or train.checkpoint_every_epochs < 2:
+        return False
+    held = sum(array.nbytes for array in device_arrays(s.model, s.step))  # a held best and the epoch's copies
+    return 2 * group.lanes * held <= PINNED_LIMIT // 2
+
+
+def ends_later(s, epoch: int) -> bool:
+    """Whether epoch `epoch`'s end is queued and finished during the next epoch (where queues_ends allows):
+    where no checkpoint is due at it (logs_later) and the epoch ran whole in this process."""
+    return logs_later(s, epoch) and s.window.rows_known
+
+
+def queued_copies(s) -> list[list]:
+    """The arrays of each host copy a queued epoch end makes (queue_end), for their pinned memory to be made
+    while the first epoch trains: ~1 ms a MB on the GPU machine, which a lockstep group's lanes would otherwise
+    pay in turn at its first epoch ends."""
+    copies = [device_arrays(s.model, s.step), [s.window.row_loss, s.window.row_correct, s.step.state]]
+    for split in (s.val, s.test if s.config.train.eval_test == "every_epoch" else None):
+        if split is not None and split.size:
+            copies.append([s.evaluator.row_loss[:split.size], s.evaluator.row_correct[:split.size]])
+    return copies
+
+
+def logs_later(s, epoch: int) -> bool:
+    """Whether epoch `epoch`'s logging (its console line, TensorBoard scalars and metrics.jsonl record: ~2 ms of
+    host work) waits for one of the next epoch's reads: where nothing is written at its end that the record must
+    come before (no checkpoint is due: not the last epoch, not a checkpoint epoch, no early stopping) and a
+    packed lane's host time counts (its group's GPU waits for each lane's epoch end in turn; spread over the
+    next epoch's reads, the logging runs while the GPU steps)."""
+    train = s.config.train
+    return (getattr(s.window, "lane", None) is not None and epoch < train.epochs
+            and epoch % train.checkpoint_every_epochs != 0 and s.stopping is None)
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,7 @@ def test_staggered_lanes_on_the_gpu_give_the_bits_of_lockstep(tmp_path, data_dir
 
 
 def test_a_lanes_deferred_epoch_record_is_written_before_a_later_error(tiny_mnist, tmp_path, monkeypatch):
-    """A lane logs an epoch that is not its last during the next one's reads (training.loop._logs_later); a run
+    """A lane logs an epoch that is not its last during the next one's reads (training.queued_end.logs_later); a run
     that fails before that still has the epoch's record in metrics.jsonl, as when it was logged at once."""
     from mlptrain.errors import TrainingDiverged
     from mlptrain.seeds.runner import run_seeds
@@ -302,7 +302,7 @@ def test_a_lanes_deferred_epoch_record_is_written_before_a_later_error(tiny_mnis
 
 
 def test_a_stop_after_a_lanes_epoch_writes_its_record_before_its_checkpoint(tiny_mnist, tmp_path, monkeypatch):
-    """A stop asked at a lane's epoch end whose record waits for the next epoch (training.loop._logs_later):
+    """A stop asked at a lane's epoch end whose record waits for the next epoch (training.queued_end.logs_later):
     the record is written, then the checkpoint the stop writes, so a resume finds the epoch's record."""
     import signal
     from types import SimpleNamespace

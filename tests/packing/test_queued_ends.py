@@ -11,7 +11,7 @@ import pytest
 
 from mlptrain.errors import TrainingDiverged, TrainingInterrupted
 from mlptrain.seeds.runner import run_seeds
-from mlptrain.training import loop
+from mlptrain.training import loop, queued_end
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.experiment import Resources
 from mlptrain.training.monitor import TrainingMonitor
@@ -151,19 +151,19 @@ def test_a_diverged_evaluation_of_a_queued_end_is_recorded_then_raised(tiny_mnis
 def test_epoch_ends_are_queued_only_where_nothing_decided_there_changes_the_next_epoch(tiny_mnist, change, queues):
     config = tiny(**{**THREE_EPOCHS, **change})
     group, sessions = build(config)
-    assert loop._queues_ends(sessions[0], evaluation_stops=False) is queues
-    assert loop._queues_ends(sessions[0], evaluation_stops=True) is False  # a sweep that prunes
+    assert queued_end.queues_ends(sessions[0], evaluation_stops=False) is queues
+    assert queued_end.queues_ends(sessions[0], evaluation_stops=True) is False  # a sweep that prunes
     group.stagger = True  # staggered lanes end their epochs while the others step
-    assert loop._queues_ends(sessions[0], evaluation_stops=False) is False
+    assert queued_end.queues_ends(sessions[0], evaluation_stops=False) is False
 
 
 def test_a_group_whose_copies_would_crowd_pinned_memory_ends_its_epochs_at_once(tiny_mnist, monkeypatch):
     _, sessions = build(tiny(**THREE_EPOCHS))
-    held = sum(a.nbytes for a in loop.device_arrays(sessions[0].model, sessions[0].step))
-    monkeypatch.setattr(loop, "PINNED_LIMIT", 2 * 2 * 2 * held)
-    assert loop._queues_ends(sessions[0], evaluation_stops=False)
-    monkeypatch.setattr(loop, "PINNED_LIMIT", 2 * 2 * 2 * held - 1)
-    assert not loop._queues_ends(sessions[0], evaluation_stops=False)
+    held = sum(a.nbytes for a in queued_end.device_arrays(sessions[0].model, sessions[0].step))
+    monkeypatch.setattr(queued_end, "PINNED_LIMIT", 2 * 2 * 2 * held)
+    assert queued_end.queues_ends(sessions[0], evaluation_stops=False)
+    monkeypatch.setattr(queued_end, "PINNED_LIMIT", 2 * 2 * 2 * held - 1)
+    assert not queued_end.queues_ends(sessions[0], evaluation_stops=False)
 
 
 def test_a_sweep_that_prunes_ends_its_epochs_at_once(tmp_path, tiny_mnist, queued):

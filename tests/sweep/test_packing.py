@@ -164,7 +164,7 @@ def test_packed_trials_match_the_same_trials_trained_alone_bitwise(tmp_path, tin
     for key, (state, metrics, arrays, norms, lines) in alone.items():
         p_state, p_metrics, p_arrays, p_norms, p_lines = packed[key]
         assert state == p_state == "complete" and metrics == p_metrics and len(metrics) == len(LEARNED)
-        # a lane logs an epoch that is not its last during the next one (loop._logs_later): the same records
+        # a lane logs an epoch that is not its last during the next one (queued_end.logs_later; its whole end, queued_end): the same records
         assert lines == p_lines and [json.loads(line)["epoch"] for line in lines.splitlines()] == [1, 2]
         assert sorted(arrays) == sorted(p_arrays)
         for name, array in arrays.items():
