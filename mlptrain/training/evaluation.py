@@ -121,8 +121,8 @@ class Evaluator:
         return self.row_metrics(losses, self.backend.to_host_after(row_correct[lo:hi], after) if self.classifies
                                 else None)
 
-    def row_metrics(self, losses: np.ndarray, outcomes: np.ndarray | None) -> tuple[float, float, np.ndarray | None]:
-        """`read_rows` of per-sample results on the host already (`outcomes` None for the autoencoder)."""
+    def row_metrics(self, losses: np.ndarray, outcomes: np.ndarray | None = None) -> tuple:
+        """`read_rows` of per-sample results on the host already (`outcomes` unread for the autoencoder)."""
         loss = float(losses.astype(np.float64).mean())
         if not self.classifies:
             return loss, float("nan"), None
@@ -200,9 +200,12 @@ class Evaluator:
             if split is None:
                 continue
             self.launch_split(split)
-            rows = [self.row_loss[:split.size], *([self.row_correct[:split.size]] if self.classifies else [])]
-            queued.append((name, split, self.backend.to_host_later(rows) if split.size else None))
+            queued.append((name, split, self.backend.to_host_later(self.split_rows(split)) if split.size else None))
         return queued
+
+    def split_rows(self, split) -> list:
+        """The per-sample result buffers of `split`'s rows that queue_record copies to the host."""
+        return [self.row_loss[:split.size], *([self.row_correct[:split.size]] if self.classifies else [])]
 
     def record_from(self, queued: list, epoch: int, step: int, train: dict | None = None) -> dict:
         """`epoch_record_steps`' record (unlogged) of evaluations queue_record queued."""
@@ -211,8 +214,7 @@ class Evaluator:
             if copies is None:
                 loss, acc, outcomes = float("nan"), float("nan"), None
             else:
-                rows = copies.take()
-                loss, acc, outcomes = self.row_metrics(rows[0], rows[1] if self.classifies else None)
+                loss, acc, outcomes = self.row_metrics(*copies.take())  # split_rows: outcomes where classifying
             found.update(self.split_metrics(name, split, loss, acc, outcomes))
         return with_train({"epoch": epoch, "step": step, **found}, train)
 

@@ -125,8 +125,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                     monitor.stopped_at(done)
                     _stop(s, run_dir, Position(epoch - 1, done, best.best, best.best_epoch))
                 if queued:  # its device work queued now, the rest during the next epoch
-                    reads, since = s.window.epoch_read
-                    late = queue_end(s, epoch, reads, since, _test_split(s, epoch))
+                    late = queue_end(s, epoch, *s.window.unreported, _test_split(s, epoch))
                     pending = functools.partial(finish_end, late)
                     s.window.rows_known = True
                     if s.stop_requested:  # finished here: the epoch's record, then the checkpoint the stop writes
@@ -219,7 +218,7 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     after this epoch's read number `lane` (a packed group's lanes in turn, while the GPU steps), and at the
     latest before this one returns or raises. `late`: the last epoch's end, queued (ends_later), whose last reads
     are reported at this epoch's first read, before this epoch's. `end_later`: the epoch's end waits for nothing:
-    its last two reads are queued and not reported, and `s.window.epoch_read` is then (those reads, the time their
+    its last two reads are queued and not reported, and `s.window.unreported` holds (those reads, the time their
     seconds count from)."""
     config, window = s.config, s.config.train.effective_batch_size
     s.window.start_epoch(epoch_order(s.train, config.seed, epoch))
@@ -257,7 +256,8 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
                 done = i + 1
                 break
         if end_later and done == s.steps_per_epoch:
-            s.window.epoch_read = ((queued,) if held is None else (held, queued), reported)
+            s.window.epoch_read = queued
+            s.window.unreported = ((queued,) if held is None else (held, queued), reported)
             return done
         if queued is not None:
             yield queued.mark

@@ -48,11 +48,16 @@ def queued_copies(s) -> list[list]:
     """The arrays of each host copy a queued epoch end makes (queue_end), for their pinned memory to be made
     while the first epoch trains: ~1 ms a MB on the GPU machine, which a lockstep group's lanes would otherwise
     pay in turn at its first epoch ends."""
-    copies = [device_arrays(s.model, s.step), [s.window.row_loss, s.window.row_correct, s.step.state]]
+    copies = [device_arrays(s.model, s.step), epoch_rows(s)]
     for split in (s.val, s.test if s.config.train.eval_test == "every_epoch" else None):
         if split is not None and split.size:
-            copies.append([s.evaluator.row_loss[:split.size], s.evaluator.row_correct[:split.size]])
+            copies.append(s.evaluator.split_rows(split))
     return copies
+
+
+def epoch_rows(s) -> list:
+    """What queue_end copies of the epoch's training: its per-sample losses and outcomes, and the step state."""
+    return [s.window.row_loss[:s.train.size], s.window.row_correct[:s.train.size], s.step.state]
 
 
 def logs_later(s, epoch: int) -> bool:
@@ -82,8 +87,7 @@ class QueuedEnd:
 
 def queue_end(s, epoch: int, reads: tuple, since: float, test) -> QueuedEnd:
     """Queue session `s`'s end of epoch `epoch`, whose last `reads` are queued and not reported."""
-    size = s.train.size
-    rows = s.backend.to_host_later([s.window.row_loss[:size], s.window.row_correct[:size], s.step.state])
+    rows = s.backend.to_host_later(epoch_rows(s))
     ready = s.backend.mark()
     splits = s.evaluator.queue_record(s.val, test)
     checkpoint = s.backend.to_host_later(device_arrays(s.model, s.step))
@@ -93,8 +97,7 @@ def queue_end(s, epoch: int, reads: tuple, since: float, test) -> QueuedEnd:
 def late_rows(s, end: QueuedEnd, read) -> tuple[float, float]:
     """One of the epoch's last reads: the mean loss and accuracy of its rows [read.lo, read.hi)."""
     losses, outcomes, _ = end.rows.take()
-    loss, acc, _ = s.evaluator.row_metrics(losses[read.lo:read.hi],
-                                           outcomes[read.lo:read.hi] if s.evaluator.classifies else None)
+    loss, acc, _ = s.evaluator.row_metrics(losses[read.lo:read.hi], outcomes[read.lo:read.hi])
     return loss, acc
 
 
@@ -102,6 +105,5 @@ def record(s, end: QueuedEnd) -> dict:
     """The epoch's evaluation record with its training means, as an epoch end done at once gives it."""
     losses, outcomes, state = end.rows.take()
     evaluator = s.evaluator
-    means = (evaluator.row_metrics(losses, outcomes if evaluator.classifies else None)[:2] if s.train.size
-             else (None, None))
+    means = evaluator.row_metrics(losses, outcomes)[:2] if s.train.size else (None, None)
     return evaluator.record_from(end.splits, end.epoch, s.step.decoded(state)["steps"], evaluator.train_record(*means))

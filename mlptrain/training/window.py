@@ -44,6 +44,7 @@ class TrainingWindow:
         self.first_step_at: float | None = None  # time.time() when the first step was queued (summary.json)
         self.rows_known = True  # whether row_loss holds every trained row of this epoch (see restore_rows)
         self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and kept step state
+        self.unreported = None  # a queued epoch end's reads not reported yet, and their seconds' start (training.loop)
 
     def start_epoch(self, order: np.ndarray) -> None:
         """Load the epoch's order: a copy queued after the last epoch's steps, which read the order before it
