@@ -29,6 +29,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint32, ui
 from mlptrain.backends.numba_kernels import gemm_mma, tiles
 from mlptrain.backends.numba_kernels.codecs import bits_float, float_bits
 from mlptrain.backends.numba_kernels.tensor_core import mma
+from mlptrain.backends.numba_kernels.wide import load4, store4
 
 ROUND = 0x1000  # half of the 13 bits tf32 drops: added to the magnitude bits, it rounds them to nearest
 TF32 = 0xFFFFE000  # the bits tf32 keeps
@@ -93,14 +94,70 @@ def _make_stage(operand, ROWS, BK, THREADS):
     return rows, load, store, LOADS, PITCH
 
 
-def make_tile_product(tile, a_operand, b_operand):
+def _make_wide_stage(operand, ROWS, BK, THREADS):
+    """`_make_stage` for a stored float32 matrix whose rows `wide.aligned_rows` passed: four elements along its
+    contiguous axis a load (wide.load4) and a bounds check a load, not an element. The same values land in the
+    same shared words, so a product's bits do not depend on which stage staged it. A k-contiguous operand's
+    quads are read by 16 rows x 2 quads a warp (each row's 32 bytes one sector; its stores two-way on banks),
+    a row-contiguous one's by 64 consecutive rows at two k, stored 16 bytes at a time (wide.store4)."""
+    along_k = operand.k_contiguous
+    PITCH = ROWS + 8
+    UNITS = ROWS * BK // 4
+    LOADS = UNITS // THREADS
+    if UNITS % THREADS or BK % 8 or ROWS % 16:
+        raise ValueError(f"{UNITS} quads of a {ROWS} x {BK} slice do not split over {THREADS} threads")
+
+    @kernel_cache.device
+    def unit(e):  # (row, k) of quad e's first element
+        if along_k:
+            lane, group = e % 32, e // 32
+            return (group // (BK // 8)) * 16 + lane % 16, ((group % (BK // 8)) * 2 + lane // 16) * 4
+        return (e % (ROWS // 4)) * 4, e // (ROWS // 4)
+
+    @kernel_cache.device
+    def rows(array, geometry, codes, i0, I, t):
+        for l in range(LOADS):
+            r, _ = unit(t + l * THREADS)
+            codes[l] = i0 + r if i0 + r < I else -1  # a row-contiguous quad: I is a multiple of four
+
+    @kernel_cache.device
+    def load(array, geometry, codes, regs, k0, K, t):
+        for l in range(LOADS):
+            _, k = unit(t + l * THREADS)
+            i, k = codes[l], k0 + k
+            v0 = v1 = v2 = v3 = float32(0)
+            if i >= 0 and k < K:  # a k-contiguous quad: K is a multiple of four
+                if along_k:
+                    v0, v1, v2, v3 = load4(array, i, k)
+                else:
+                    v0, v1, v2, v3 = load4(array, k, i)
+            regs[4 * l], regs[4 * l + 1], regs[4 * l + 2], regs[4 * l + 3] = v0, v1, v2, v3
+
+    @kernel_cache.device
+    def store(shared, regs, t):
+        for l in range(LOADS):
+            r, k = unit(t + l * THREADS)
+            if along_k:
+                for j in range(4):
+                    shared[(k + j) * PITCH + r] = regs[4 * l + j]
+            else:
+                store4(shared, k * PITCH + r, regs[4 * l], regs[4 * l + 1], regs[4 * l + 2], regs[4 * l + 3])
+
+    return rows, load, store, 4 * LOADS, PITCH
+
+
+def make_tile_product(tile, a_operand, b_operand, wide=(False, False)):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this thread's
     outputs (`layout`), by 3xTF32 products (gemm_mma.pipelined_product around this engine's staging and
-    slice product). Elements outside (M, N) and [k_begin, k_end) read as zero."""
+    slice product). Elements outside (M, N) and [k_begin, k_end) read as zero. `wide` (for A, for B): the
+    operand is a stored float32 matrix whose rows wide.aligned_rows passed, staged four elements a load
+    (k_begin must then be a multiple of four); the bits are the same either way."""
     BM, BN, WM, WN, FM, FN, THREADS = tile_shape(tile)
     BK = tile[4]
-    rows_a, load_a, store_a, A_LOADS, A_PITCH = _make_stage(a_operand, BM, BK, THREADS)
-    rows_b, load_b, store_b, B_LOADS, B_PITCH = _make_stage(b_operand, BN, BK, THREADS)
+    stage_a = _make_wide_stage if wide[0] else _make_stage
+    stage_b = _make_wide_stage if wide[1] else _make_stage
+    rows_a, load_a, store_a, A_LOADS, A_PITCH = stage_a(a_operand, BM, BK, THREADS)
+    rows_b, load_b, store_b, B_LOADS, B_PITCH = stage_b(b_operand, BN, BK, THREADS)
     prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
     product = mma("tf32")
     A_WORDS, B_WORDS = BK * A_PITCH, BK * B_PITCH

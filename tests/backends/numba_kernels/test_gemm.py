@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
-from mlptrain.backends.numba_kernels import chunks, current, gemm, tiles
+from mlptrain.backends import lanes
+from mlptrain.backends.numba_kernels import chunks, current, gemm, tiles, wide
 from tests import kernel_cases as cases
 from tests.kernel_cases import hidden_output, random
 
@@ -286,6 +287,61 @@ def test_tf32x3_engine(rng, mini_tf32_tile, trials, shape, activation, beta):
 @pytest.mark.parametrize("trials, shape", [(None, (130, 784, 70)), (3, (128, 512, 10)), (2, (257, 33, 129))])
 def test_tf32x3_engine_production_tile(rng, trials, shape):
     tf32x3_layer(rng, trials, shape, RELU, 1.0)
+
+
+def tf32x3_staged_both_ways(rng, monkeypatch, trials, shape):
+    """A layer's three passes on the tf32x3 engine with the operands aligned_rows passes staged four elements a
+    load, then with every operand staged an element a load: (which operands went wide, both outputs)."""
+    m, k, n = shape
+    lead = () if trials is None else (trials,)
+    x, w, b, dy, old = (random(rng, *lead, *s) for s in ((m, k), (k, n), (n,), (m, n), (k, n)))
+    h = hidden_output(rng, (*lead, m, k), RELU)
+    d = {name: current.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
+    chosen, outputs = [], []
+    wide_rows = gemm._wide_rows
+    for staging in (wide_rows, lambda engine, a, b: (False, False)):
+        monkeypatch.setattr(gemm, "_wide_rows", lambda engine, a, b: chosen.append(staging(engine, a, b)) or chosen[-1])
+        y, dx, dw = poisoned((*lead, m, n)), poisoned((*lead, m, k)), current.to_device(old)
+        gemm.linear_forward(d["x"], d["w"], d["b"], y, RELU, engine="tf32x3")
+        gemm.linear_backward_input(d["dy"], d["w"], d["h"], dx, RELU, engine="tf32x3")
+        gemm.linear_backward_weight(d["x"], d["dy"], dw, 1.0, engine="tf32x3")
+        outputs.append([a.copy_to_host() for a in (y, dx, dw)])
+    for t in range(1 if trials is None else trials):
+        pick = (lambda a: a) if trials is None else (lambda a: a[t])
+        cases.check_layer(tuple(pick(a) for a in (x, w, b, dy, h, old)), [pick(o) for o in outputs[0]], RELU, RELU,
+                          1.0)
+    return chosen[:3], outputs
+
+
+@pytest.mark.parametrize("trials, shape, wide", [
+    (2, (8, 8, 12), [(True, True), (True, True), (True, True)]),  # every operand's rows in whole quads
+    (None, (9, 12, 10), [(True, False), (False, False), (True, False)]),  # N = 10: w and dy element by element
+])
+def test_tf32x3_wide_staging_gives_the_same_bits(rng, monkeypatch, mini_tf32_tile, trials, shape, wide):
+    chosen, (quads, elements) = tf32x3_staged_both_ways(rng, monkeypatch, trials, shape)
+    assert chosen == wide  # forward (x, w), input gradient (dy, w), weight gradient (x, dy)
+    for a, b in zip(quads, elements):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.real_gpu
+def test_tf32x3_wide_staging_gives_the_same_bits_on_the_gpu(rng, monkeypatch):
+    chosen, (quads, elements) = tf32x3_staged_both_ways(rng, monkeypatch, 3, (128, 784, 512))
+    assert chosen == [(True, True)] * 3
+    for a, b in zip(quads, elements):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_wide_rows_only_for_aligned_quads():
+    ok = np.zeros((4, 8, 16), np.float32)
+    assert wide.aligned_rows(current.to_device(ok))
+    slab = current.to_device(np.zeros((4, 132), np.float32))  # lanes 528 bytes apart
+    assert wide.aligned_rows(lanes.lane_view(slab, 4, (8, 12)))  # 16 bytes in
+    assert not wide.aligned_rows(lanes.lane_view(slab, 1, (8, 12)))  # 4 bytes in
+    assert not wide.aligned_rows(current.to_device(np.zeros((8, 10), np.float32)))  # rows of 10: no whole quads
+    assert not wide.aligned_rows(current.to_device(np.zeros((3, 8, 16), np.float16)))  # not float32
+    odd_lanes = current.to_device(np.zeros((4, 130), np.float32))  # lanes 130 floats apart: every other off
+    assert not wide.aligned_rows(lanes.lane_view(odd_lanes, 0, (8, 16)))
 
 
 def test_tf32x3_engine_refuses_16_bit_operands(rng):
