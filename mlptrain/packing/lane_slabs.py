@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from mlptrain.backends.lanes import lane_view
 from mlptrain.backends.thread_stream import launch_stream, use_launch_stream
 from mlptrain.config.load import config_to_dict
 
@@ -50,19 +51,35 @@ class SlabMismatch(Exception):
     """A lane's session asked for a buffer unlike the group's (an internal error: lane_signature let it in)."""
 
 
+ROW_ALIGN = 16  # bytes: the tf32x3 engine stages a weight row 16 bytes a load (numba_kernels.wide)
+
+
 class Slabs:
     """The K lanes' buffers: allocation i of a lane's session is row `lane` of slab i (allocated by the first
-    session that asks for it, zeroed)."""
+    session that asks for it, zeroed).
+
+    On the CUDA backend a float32 vector's lanes start ROW_ALIGN bytes apart (their rows padded), so a layer's
+    weights in every lane are as aligned as in a trial's own buffer, and the tf32x3 engine stages them four
+    elements a load (gemm_tf32); the slab is then the lane view of its rows without the padding."""
 
     def __init__(self, backend, lanes: int):
         self.backend, self.lanes = backend, lanes
         self.arrays = []
         self._of = {}  # id(a lane's row) -> (slab index, the row), for `slab_of`
+        self._padded = []
+
+    def _allocate(self, shape: tuple, dtype):
+        per_row = ROW_ALIGN // dtype.itemsize
+        if self.backend.name != "cuda" or len(shape) != 1 or dtype != np.float32 or shape[0] % per_row == 0:
+            return self.backend.zeros((self.lanes, *shape), dtype)
+        padded = self.backend.zeros((self.lanes, -(-shape[0] // per_row) * per_row), dtype)
+        self._padded.append(padded)  # a lane view need not keep its allocation alive (numba's holds a weak proxy)
+        return lane_view(padded, 0, shape)
 
     def row(self, lane: int, index: int, shape, dtype):
         shape, dtype = tuple(int(n) for n in np.atleast_1d(shape)), np.dtype(dtype)
         if index == len(self.arrays):
-            self.arrays.append(self.backend.zeros((self.lanes, *shape), dtype))
+            self.arrays.append(self._allocate(shape, dtype))
         slab = self.arrays[index]
         if tuple(slab.shape[1:]) != shape or slab.dtype != dtype:
             raise SlabMismatch(f"buffer {index}: {shape} {dtype} where the group holds {tuple(slab.shape[1:])} "

@@ -179,6 +179,34 @@ def test_an_autoencoder_packs_side_by_side_and_says_why(capsys):
     assert "side by side" in out.out + out.err and "MLPs only" in out.out + out.err
 
 
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+def test_a_float32_vectors_lanes_start_16_bytes_apart_on_the_gpu(kind):
+    """On the CUDA backend the rows of a float32 vector (parameters, gradients, optimizer state) are padded to
+    whole 16 bytes, so a layer's weights in every lane are 16-byte aligned wherever a trial's own would be (the
+    tf32x3 engine's staging reads them 16 bytes a load); the slab is the lane view of the rows without the padding.
+    Other buffers, and every buffer on the CPU, are rows of one C-contiguous slab as before."""
+    from mlptrain.packing.lane_slabs import Slabs
+
+    class Backend:
+        name = kind
+
+        def zeros(self, shape, dtype):
+            return np.zeros(shape, dtype)
+
+    slabs = Slabs(Backend(), 3)
+    rows = [slabs.row(lane, 0, 10, np.float32) for lane in range(3)]
+    slab = slabs.slab_of(rows[1])
+    assert slab.shape == (3, 10) and slab.strides == ((48 if kind == "cuda" else 40), 4)
+    for lane, row in enumerate(rows):
+        assert row.shape == (10,) and row.flags.c_contiguous and np.shares_memory(row, slab[lane])
+        row[:] = lane + 1
+    np.testing.assert_array_equal(slab, np.repeat([[1.0], [2.0], [3.0]], 10, axis=1))
+    for index, (shape, dtype) in enumerate([(12, np.float32), (10, np.float64), (10, np.int32), ((2, 5), np.float32)],
+                                           start=1):
+        slabs.row(0, index, shape, dtype)
+        assert slabs.arrays[index].flags.c_contiguous  # already whole 16 bytes, or not a float32 vector
+
+
 def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
     """A lane's `urgent` block (its evaluation, which yields to the other lanes inside it) must not switch the
     stream the lanes share: the backend's own `urgent` would, for every lane at once."""

@@ -1,7 +1,7 @@
 """Device arrays without numba: allocated with the driver, with the few operations the launchers and the
 training code use (row slices, a row, reshape, a view as another dtype of the same size, copies to and from
 the host), all over C-contiguous arrays; and lane views (mlptrain.backends.lanes), whose lanes are apart by
-any stride. Any library that reads `__cuda_array_interface__` (numba's kernels among
+any stride, and their row slices and rows. Any library that reads `__cuda_array_interface__` (numba's kernels among
 them, when a kernel must still be compiled) sees the same memory."""
 
 from __future__ import annotations
@@ -71,19 +71,20 @@ class DeviceArray:
         return DeviceArray(self.pointer + byte_offset, shape, self.dtype, self._owner(), strides)
 
     def __getitem__(self, index):
-        """Row slices (`a[i:j]`) and one row (`a[i]`) of a C-contiguous array: every view stays C-contiguous."""
-        self._contiguous("sliced")
+        """Row slices (`a[i:j]`) and one row (`a[i]`): a C-contiguous array's views stay C-contiguous, a lane
+        view's keep its strides (a row of one is its lane's block, C-contiguous)."""
         if isinstance(index, (int, np.integer)) and self.shape:
             row = int(index) + self.shape[0] if index < 0 else int(index)
             if not 0 <= row < self.shape[0]:
                 raise IndexError(f"row {index} of a device array of {self.shape[0]} rows")
-            return self[row:row + 1].reshape(self.shape[1:])
+            return DeviceArray(self.pointer + row * self.strides[0], self.shape[1:], self.dtype, self._owner(),
+                               None if self.contiguous else self.strides[1:])
         if not isinstance(index, slice) or index.step not in (None, 1) or not self.shape:
             raise TypeError("a device array takes row slices a[i:j] or a row a[i] only")
         start, stop, _ = index.indices(self.shape[0])
         stop = max(start, stop)
-        row = math.prod(self.shape[1:]) * self.dtype.itemsize
-        return DeviceArray(self.pointer + start * row, (stop - start,) + self.shape[1:], self.dtype, self._owner())
+        return DeviceArray(self.pointer + start * self.strides[0], (stop - start,) + self.shape[1:], self.dtype,
+                           self._owner(), None if self.contiguous else self.strides)
 
     def reshape(self, *shape) -> DeviceArray:
         self._contiguous("reshaped")

@@ -47,9 +47,14 @@ def test_a_lane_view_carries_its_strides_to_numba_and_the_launch():
     assert not view.is_c_contiguous() and view.typename == "array(float32, 3d, A)"
     assert view.parameters[-6:] == (3, 2, 6, 200, 24, 4)  # shape then strides, as numba passes an array
     assert view.__cuda_array_interface__["strides"] == (200, 24, 4)
-    for refused in (lambda: view[0], lambda: view.reshape(36), lambda: view.copy_to_host()):
+    for refused in (lambda: view.reshape(36), lambda: view.copy_to_host()):
         with pytest.raises(TypeError, match="lane view"):
             refused()
+    lane = view[2]  # a lane's block: C-contiguous, where numpy puts it
+    assert (lane.shape, lane.pointer, lane.typename) == ((2, 6), view.pointer + 400, "array(float32, 2d, C)")
+    first = view[:2]  # the first lanes (a step of fewer lanes than the group's): the lane view's strides
+    assert first.shape == (2, 2, 6) and first.strides == (200, 24, 4) and first.pointer == view.pointer
+    assert view[1:].pointer == view.pointer + 200 and view[1:].typename == "array(float32, 3d, A)"
     whole = lane_view(fake((1, 50)), 5, (2, 6))  # one lane: C-contiguous whatever its row stride
     assert whole.is_c_contiguous() and whole.typename == "array(float32, 3d, C)"
 
