@@ -9,8 +9,9 @@ The lanes' activations live in buffers of their own here, one set per micro-batc
 
 A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: their tile is chosen for
 the launched lanes' blocks together (for all K with `tiles_for`, as a staggered group needs: mlptrain.packing.
-lane_group) and the weight gradient is summed inside its blocks (no K split), so on a GPU a lane's bits differ
-from its run alone by float32 rounding; on the CPU (BLAS either way) they are its run's bits alone.
+lane_group), the weight gradient is summed inside its blocks (no K split), and a float32 group of TF32_LANES or
+more sums them on the tf32x3 engine, so on a GPU a lane's bits differ from its run alone by float32 rounding;
+on the CPU (BLAS either way) they are its run's bits alone.
 `active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched, and their
 GEMM blocks return at once (a lane between epochs costs the others almost nothing).
 """
@@ -25,6 +26,13 @@ from mlptrain.activation import NONE
 from mlptrain.backends.lanes import lane_view
 from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
+
+TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
+
+
+def gemm_engine(backend_name: str, dtype, lanes: int) -> str:
+    """The engine (the gemm launchers' ENGINES) of a group of `lanes` lanes storing `dtype` on a backend."""
+    return "tf32x3" if backend_name == "cuda" and np.dtype(dtype) == np.float32 and lanes >= TF32_LANES else "fma"
 
 
 class LaneStep:
@@ -54,10 +62,12 @@ class LaneStep:
             "step_hypers": backend.zeros((self.lanes, len(step_state.LANE_HYPERS)), np.float64),
             "optimizer_hypers": backend.zeros((self.lanes, len(step.optimizer.lane_hypers())), np.float32),
             "active": backend.zeros((self.lanes,), np.int32)}
-        # how the dense GEMMs sum (the gemm launchers' ENGINES): "fma" for every K. tf32x3 (float32 on tensor
-        # cores at float32 accuracy) was slower at 2, 4, 8 and 32 lanes of adam_mnist on an H100 and 7% faster at
-        # 16 only (benchmarks/NOTES.md, issue 30 step 9): its tile needs many lanes to fill the GPU
-        self.engine = "fma"
+        # how the dense GEMMs sum (the gemm launchers' ENGINES): float32 lanes on the GPU, TF32_LANES of them or
+        # more, take tf32x3 (float32 on tensor cores at float32 accuracy, its operands staged four elements a
+        # load), 15% faster a step than "fma" at 16 and 32 lanes of adam_mnist on an H200 and level at 8
+        # (benchmarks/NOTES.md, issue 30 step 13): its one 64 x 64 tile needs many lanes' blocks to fill the GPU.
+        # Chosen by K, not by the lanes a launch covers, so a lane's sums never depend on who steps with it.
+        self.engine = gemm_engine(backend.name, self.dtype, self.lanes)
         # the lanes whose tile the GEMMs take (None: the lanes launched): K where which lanes a launch covers
         # follows the host's timing (a staggered group), so that a lane's sums never depend on it
         self.tiles_for = None

@@ -356,3 +356,38 @@ def test_a_stop_after_a_lanes_epoch_writes_its_record_before_its_checkpoint(tiny
         lines = (run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["epoch"] for line in lines] == [1]
         assert int(load_checkpoint(run / "checkpoints" / "last.npz")["meta/epoch"]) == 1
+
+
+def test_sixteen_float32_lanes_or_more_sum_their_gemms_on_tensor_cores():
+    from mlptrain.packing.lane_step import TF32_LANES, gemm_engine
+
+    assert gemm_engine("cuda", np.float32, TF32_LANES) == gemm_engine("cuda", np.float32, 64) == "tf32x3"
+    assert gemm_engine("cuda", np.float32, TF32_LANES - 1) == "fma"
+    assert gemm_engine("cuda", np.uint16, 64) == gemm_engine("cuda", np.float16, 64) == "fma"  # 16-bit storage
+    assert gemm_engine("cpu", np.float32, 64) == "fma"  # BLAS either way: the record says what ran
+
+
+@pytest.mark.real_gpu
+def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_path, data_dir, monkeypatch):
+    """16 float32 lanes sum their GEMMs on the tf32x3 engine, the same lanes with fewer than TF32_LANES on CUDA
+    cores: the bits differ, the learning not. After an epoch every seed's validation loss is within 0.1% of the
+    other engine's, and its accuracy within half a point."""
+    from mlptrain.config.load import load_config
+    from mlptrain.packing import lane_step
+    from mlptrain.seeds.runner import run_seeds
+    from tests.cli.test_cli import REPO
+
+    monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
+    config = load_config(REPO / "configs" / "adam_mnist.yaml",
+                         ["backend=cuda", "train.epochs=1", "model.hidden=[64]", "data.val_size=1000",
+                          "train.batch_size=256"])
+    seeds = list(range(16))
+    groups = []
+    for name, from_lanes in (("tensor-cores", 16), ("cuda-cores", 17)):
+        monkeypatch.setattr(lane_step, "TF32_LANES", from_lanes)
+        groups.append(run_seeds(config, seeds, tmp_path, name, "adam_mnist", Resources(), pack=16)[0])
+    for seed in seeds:
+        tensor, cuda = (json.loads((g / f"seed-{seed}" / "summary.json").read_text()) for g in groups)
+        assert tensor["lanes"]["gemm"] == "tf32x3" and cuda["lanes"]["gemm"] == "fma"
+        assert abs(tensor["val_loss"] - cuda["val_loss"]) <= 1e-3 * cuda["val_loss"], (seed, tensor, cuda)
+        assert abs(tensor["val_acc"] - cuda["val_acc"]) <= 0.005, (seed, tensor, cuda)
