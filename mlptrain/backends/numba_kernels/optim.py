@@ -13,10 +13,11 @@ import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
-from mlptrain.backends.numba_kernels import streams
+from mlptrain.backends.numba_kernels import streams, wide
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
+from mlptrain.backends.numba_kernels.wide import load4_flat, store4
 from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
@@ -159,27 +160,31 @@ def _adam_scalars(state, weight_decay, decoupled):
 
 
 @kernel_cache.device
-def _adam_element(param, grad, m, v, i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps):
-    """Updates m[i], v[i] and param[i] (scalars from _adam_scalars); returns param[i]."""
+def _adam_value(p, g, m_i, v_i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps):
+    """One element's Adam update (scalars from _adam_scalars), from its parameter p, its raw gradient g and its
+    moments m_i, v_i: (p, m_i, v_i) updated. The only place the update's arithmetic is written, so every kernel
+    and path that applies it (a quad at a time or an element at a time, a lane or a run alone) rounds alike."""
     multiplier, step_size, bias_correction2, decay, l2 = scalars
-    p, g = param[i], grad[i] * multiplier
+    g = g * multiplier
     if decay != float32(1):  # AdamW: decoupled decay
         p = p * decay
     if l2 != float32(0):  # Adam with weight decay: L2 in the gradient
         g = g + l2 * p
-    m_i = beta1 * m[i] + one_minus_beta1 * g
-    v_i = beta2 * v[i] + one_minus_beta2 * g * g
-    m[i] = m_i
-    v[i] = v_i
+    m_i = beta1 * m_i + one_minus_beta1 * g
+    v_i = beta2 * v_i + one_minus_beta2 * g * g
     p = p - step_size * m_i / (math.sqrt(v_i) / bias_correction2 + eps)
-    param[i] = p
-    return p
+    return p, m_i, v_i
+
+
+def quad_grid(size, quads):
+    """The blocks of an update over `size` elements: a thread a quad of four (`quads`) or an element."""
+    return _grid(-(-size // 4) if quads else size)
 
 
 @functools.cache
 def _make_updates(dtype):
-    """The three update kernels writing the compute copy in this storage format
-    (write_compute False: fp32, where the compute copy is the parameter itself)."""
+    """The three update kernels writing the compute copy in this storage format (write_compute False: fp32, where
+    the compute copy is the parameter itself), and Adam's span, which its lane kernel applies to each lane."""
     _, store = codec(dtype)
 
     # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
@@ -205,19 +210,47 @@ def _make_updates(dtype):
             if write_compute:
                 compute[i] = store(p)
 
-    # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
-    @kernel_cache.jit
-    def adam_update_kernel(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
-                           weight_decay, decoupled, write_compute):
-        if state[APPLY] == 0:
-            return
-        scalars = _adam_scalars(state, weight_decay, decoupled)
-        for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-            p = _adam_element(param, grad, m, v, i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps)
+    # With `quads` (param, grad, m and v 16-byte aligned: wide.aligned_quads) thread t owns quads t, t + stride,
+    # ... (elements 4q..4q+3, each buffer's four read and written in one access), then the last size % 4 elements
+    # one each; else elements t, t + stride, ... No atomics; each element's arithmetic is _adam_value either way.
+    @kernel_cache.device
+    def adam_span(param, grad, m, v, compute, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
+                  write_compute, quads):
+        size, first, stride = param.shape[0], cuda.grid(1), cuda.gridsize(1)
+        rules = (scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps)
+        done = 0
+        if quads:
+            done = size - size % 4
+            for q in range(first, size // 4, stride):
+                i = 4 * q
+                p0, p1, p2, p3 = load4_flat(param, i)
+                g0, g1, g2, g3 = load4_flat(grad, i)
+                a0, a1, a2, a3 = load4_flat(m, i)
+                b0, b1, b2, b3 = load4_flat(v, i)
+                p0, a0, b0 = _adam_value(p0, g0, a0, b0, *rules)
+                p1, a1, b1 = _adam_value(p1, g1, a1, b1, *rules)
+                p2, a2, b2 = _adam_value(p2, g2, a2, b2, *rules)
+                p3, a3, b3 = _adam_value(p3, g3, a3, b3, *rules)
+                store4(m, i, a0, a1, a2, a3)
+                store4(v, i, b0, b1, b2, b3)
+                store4(param, i, p0, p1, p2, p3)
+                if write_compute:
+                    compute[i], compute[i + 1], compute[i + 2], compute[i + 3] = store(p0), store(p1), store(p2), store(p3)
+        for i in range(done + first, size, stride):
+            p, m[i], v[i] = _adam_value(param[i], grad[i], m[i], v[i], *rules)
+            param[i] = p
             if write_compute:
                 compute[i] = store(p)
 
-    return sgd_update_kernel, momentum_update_kernel, adam_update_kernel
+    @kernel_cache.jit
+    def adam_update_kernel(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
+                           weight_decay, decoupled, write_compute, quads):
+        if state[APPLY] == 0:
+            return
+        adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
+                  one_minus_beta1, one_minus_beta2, eps, write_compute, quads)
+
+    return sgd_update_kernel, momentum_update_kernel, adam_update_kernel, adam_span
 
 
 def sgd_update(param, grad, compute, state, weight_decay):
@@ -242,11 +275,12 @@ def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_dec
     come from the step state."""
     _check_buffers(param, state, compute, grad=grad, m=m, v=v)
     kernel = _make_updates(compute.dtype)[2]
+    quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
-    kernel[_grid(param.shape[0]), THREADS, streams.current()](
+    kernel[quad_grid(param.shape[0], quads), THREADS, streams.current()](
         param, grad, m, v, compute, state, float32(beta1), float32(beta2), float32(1.0 - beta1),
         float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
-        compute is not param)
+        compute is not param, quads)
 
 
 # --- lanes: one launch updates the packed trials' buffers (K, P), lane z in grid row z -------------------
@@ -287,20 +321,17 @@ def _make_lane_updates(dtype):
             if write_compute:
                 lane_compute[i] = store(p)
 
-    # Thread t of grid row z owns elements t, t + stride, ... of lane z's buffers: no atomics.
+    adam_span = _make_updates(dtype)[3]
+
+    # Grid row z applies the solo update's span (quads or elements) to lane z's buffers: no atomics.
     @kernel_cache.jit
-    def adam_update_lanes_kernel(param, grad, m, v, compute, state, hypers, active, write_compute):
+    def adam_update_lanes_kernel(param, grad, m, v, compute, state, hypers, active, write_compute, quads):
         z = cuda.blockIdx.y
         if active[z] == 0 or state[z, APPLY] == 0:
             return
         rules = hypers[z]
-        scalars = _adam_scalars(state[z], rules[5], rules[6] != float32(0))
-        lane_param, lane_grad, lane_m, lane_v, lane_compute = param[z], grad[z], m[z], v[z], compute[z]
-        for i in range(cuda.grid(1), lane_param.shape[0], cuda.gridsize(1)):
-            p = _adam_element(lane_param, lane_grad, lane_m, lane_v, i, scalars, rules[0], rules[1], rules[2],
-                              rules[3], rules[4])
-            if write_compute:
-                lane_compute[i] = store(p)
+        adam_span(param[z], grad[z], m[z], v[z], compute[z], _adam_scalars(state[z], rules[5], rules[6] != float32(0)),
+                  rules[0], rules[1], rules[2], rules[3], rules[4], write_compute, quads)
 
     return sgd_update_lanes_kernel, momentum_update_lanes_kernel, adam_update_lanes_kernel
 
@@ -351,5 +382,6 @@ def adam_update_lanes(param, grad, m, v, compute, state, hypers, active):
     if _check_lane_buffers(param, state, compute, hypers, 7, active, grad=grad, m=m, v=v) == 0:
         return
     kernel = _make_lane_updates(compute.dtype)[2]
-    kernel[_lane_grid(param), THREADS, streams.current()](param, grad, m, v, compute, state, hypers, active,
-                                                          compute is not param)
+    quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
+    kernel[(quad_grid(param.shape[1], quads), param.shape[0]), THREADS, streams.current()](
+        param, grad, m, v, compute, state, hypers, active, compute is not param, quads)

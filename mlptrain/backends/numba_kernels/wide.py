@@ -4,10 +4,13 @@ Numba emits one 4-byte access per element it reads, and with it the element's ad
 staging then issued more instructions than its tensor-core products (benchmarks/NOTES.md, issue 30 step 5).
 
     v0, v1, v2, v3 = load4(array, i, j)      array[i, j:j + 4] of a 2-D float32 array, one ld.global.v4
-    store4(shared, e, v0, v1, v2, v3)        shared[e:e + 4] = v0..v3 of a 1-D float32 array, one st.v4
+    v0, v1, v2, v3 = load4_flat(array, e)    array[e:e + 4] of a 1-D float32 array, the same
+    store4(array, e, v0, v1, v2, v3)         array[e:e + 4] = v0..v3 of a 1-D float32 array, shared or global
+                                             memory (a generic-address st.v4)
 
-Both need the four elements' first byte 16-byte aligned (`aligned_rows` checks an operand on the host) and the
-four inside the array: nothing is checked on the device. On the CUDA simulator they are four element accesses.
+All need the four elements' first byte 16-byte aligned (`aligned_rows` and `aligned_quads` check an operand on the
+host) and the four inside the array: nothing is checked on the device. On the CUDA simulator they are four element
+accesses.
 """
 
 import functools
@@ -19,12 +22,18 @@ ALIGN = 16  # bytes of one access
 
 def aligned_rows(array) -> bool:
     """Whether every row of a float32 `array` (2-D, or 3-D with a leading trial axis) starts 16-byte aligned and
-    splits into whole groups of four: its elements contiguous along the last axis, whose length is a multiple
-    of four, every other stride a multiple of 16 bytes and its first element 16-byte aligned."""
-    if str(array.dtype) != "float32" or len(array.shape) not in (2, 3):
+    splits into whole groups of four: `aligned_quads`, and the last axis a multiple of four long."""
+    return len(array.shape) in (2, 3) and aligned_quads(array) and tuple(array.shape)[-1] % 4 == 0
+
+
+def aligned_quads(array) -> bool:
+    """Whether a float32 `array`'s every row (its last axis; a 1-D array is one row) starts 16-byte aligned: its
+    elements contiguous along the last axis, every other stride a multiple of 16 bytes and its first element
+    16-byte aligned, so element 4q of a row starts a quad load4 can read."""
+    if str(array.dtype) != "float32" or not array.shape:
         return False
-    strides, shape = tuple(array.strides), tuple(array.shape)
-    if strides[-1] != 4 or shape[-1] % 4 or any(s % ALIGN for s in strides[:-1]):
+    strides = tuple(array.strides)
+    if strides[-1] != 4 or any(s % ALIGN for s in strides[:-1]):
         return False
     return address(array) % ALIGN == 0
 
@@ -44,10 +53,14 @@ def _simulated():
         return array[i, j], array[i, j + 1], array[i, j + 2], array[i, j + 3]
 
     @cuda.jit(device=True)
-    def store4(shared, e, v0, v1, v2, v3):
-        shared[e], shared[e + 1], shared[e + 2], shared[e + 3] = v0, v1, v2, v3
+    def load4_flat(array, e):
+        return array[e], array[e + 1], array[e + 2], array[e + 3]
 
-    return load4, store4
+    @cuda.jit(device=True)
+    def store4(array, e, v0, v1, v2, v3):
+        array[e], array[e + 1], array[e + 2], array[e + 3] = v0, v1, v2, v3
+
+    return load4, store4, load4_flat
 
 
 def _inline():
@@ -62,20 +75,22 @@ def _inline():
         data = context.make_array(array_type)(context, builder, array)
         return cgutils.get_item_pointer(context, builder, array_type, data, indices, wraparound=False)
 
+    def load_codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        pointer = element_pointer(context, builder, sig.args[0], args[0], args[1:], sig.args[1:])
+        where = builder.ptrtoint(pointer, ir.IntType(64))
+        function = ir.FunctionType(ir.LiteralStructType([f32] * 4), [ir.IntType(64)])
+        asm = ir.InlineAsm(function, "ld.global.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l")
+        values = builder.call(asm, [where])
+        return context.make_tuple(builder, sig.return_type, [builder.extract_value(values, n) for n in range(4)])
+
     @intrinsic
     def load4(typingctx, array, i, j):
-        signature = types.UniTuple(types.float32, 4)(array, i, j)
+        return types.UniTuple(types.float32, 4)(array, i, j), load_codegen
 
-        def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            pointer = element_pointer(context, builder, sig.args[0], args[0], args[1:], sig.args[1:])
-            where = builder.ptrtoint(pointer, ir.IntType(64))
-            function = ir.FunctionType(ir.LiteralStructType([f32] * 4), [ir.IntType(64)])
-            asm = ir.InlineAsm(function, "ld.global.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l")
-            values = builder.call(asm, [where])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(values, n) for n in range(4)])
-
-        return signature, codegen
+    @intrinsic
+    def load4_flat(typingctx, array, e):
+        return types.UniTuple(types.float32, 4)(array, e), load_codegen
 
     @intrinsic
     def store4(typingctx, shared, e, v0, v1, v2, v3):
@@ -93,7 +108,7 @@ def _inline():
 
         return signature, codegen
 
-    return load4, store4
+    return load4, store4, load4_flat
 
 
 @functools.cache
@@ -106,10 +121,11 @@ def _made(which):
 
 
 def accessor(which: int):
-    """load4 (0) or store4 (1) for the device code that closes over it; an intrinsic needs numba, so on the
-    deferred path it is made when that code compiles."""
+    """load4 (0), store4 (1) or load4_flat (2) for the device code that closes over it; an intrinsic needs numba,
+    so on the deferred path it is made when that code compiles."""
     return Deferred(_made, (which,)) if DEFERRED else _made(which)
 
 
 load4 = accessor(0)
 store4 = accessor(1)
+load4_flat = accessor(2)

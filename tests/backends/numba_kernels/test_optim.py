@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mlptrain.backends import numpy_kernels
-from mlptrain.backends.numba_kernels import current, optim, reduce
+from mlptrain.backends.numba_kernels import current, optim, reduce, wide
 from mlptrain.optim.step_state import LOSS_SCALE, LR_FACTOR, SIZE
 from tests import kernel_cases as cases
 from tests import kernel_lane_cases as lane_cases
@@ -71,6 +71,25 @@ def test_whole_mlp_buffer_on_the_gpu(rng):
     expected_param, _, _ = ref.adam_update(param, cases.MULTIPLIER * grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01,
                                            True, 5)
     close(got_param, expected_param, lr=1e-3)
+
+
+@pytest.mark.parametrize("size", [37, pytest.param(669_706, marks=pytest.mark.real_gpu)])
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_a_quad_at_a_time_rounds_as_an_element_at_a_time(rng, size, dtype):
+    """Buffers whose first element is 16-byte aligned are updated four elements an access (the last size % 4 one
+    at a time); the same values one element 4 bytes into wider buffers, one at a time: the same bits, the
+    parameters, the moments and the compute copy alike."""
+    param, grad, m = buffers(rng, size, 3)
+    v = np.abs(m)
+    results = []
+    for offset in (0, 1):
+        d = [BACKEND.to_device(np.concatenate([np.zeros(offset, np.float32), a]))[offset:] for a in (param, grad, m, v)]
+        assert wide.aligned_quads(d[0]) == (offset == 0)
+        compute = cases.compute_copy(BACKEND, d[0], size, dtype)
+        optim.adam_update(*d, compute, cases.state_for(BACKEND, 1e-3, 3), 0.9, 0.999, 1e-8, 0.1, True)
+        results.append([BACKEND.to_host(a).view(np.uint8) for a in (d[0], d[2], d[3], compute)])
+    for quads, elements in zip(*results):
+        np.testing.assert_array_equal(quads, elements)
 
 
 LOW_PRECISION = pytest.mark.parametrize("dtype", cases.FORMATS[1:], ids=cases.FORMAT_IDS[1:])
