@@ -65,8 +65,9 @@ class LaneStep:
         # how the dense GEMMs sum (the gemm launchers' ENGINES): float32 lanes on the GPU, TF32_LANES of them or
         # more, take tf32x3 (float32 on tensor cores at float32 accuracy, its operands staged four elements a
         # load), 15% faster a step than "fma" at 16 and 32 lanes of adam_mnist on an H200 and level at 8
-        # (benchmarks/NOTES.md, issue 30 step 13): its one 64 x 64 tile needs many lanes' blocks to fill the GPU.
-        # Chosen by K, not by the lanes a launch covers, so a lane's sums never depend on who steps with it.
+        # (benchmarks/NOTES.md, issue 30 step 13): its one 64 x 64 tile needs many lanes' blocks to fill the GPU,
+        # and a pass whose outputs make too few of them still runs on "fma" (`_pass_engine`). Chosen by K, not by
+        # the lanes a launch covers, so a lane's sums never depend on who steps with it.
         self.engine = gemm_engine(backend.name, self.dtype, self.lanes)
         # the lanes whose tile the GEMMs take (None: the lanes launched): K where which lanes a launch covers
         # follows the host's timing (a staggered group), so that a lane's sums never depend on it
@@ -131,22 +132,33 @@ class LaneStep:
         self._update(o)
         k.data.advance_lanes(o.cursor, rows, o.active)
 
+    def _pass_engine(self, M: int, N: int) -> str:
+        """The engine of a pass with M x N outputs a lane: the group's, except that tf32x3 gives the passes its
+        tile would cover with too few blocks (gemm.tf32x3_fills, for all K lanes) to "fma"."""
+        if self.engine == "tf32x3" and not self.backend.kernels.gemm.tf32x3_fills(M, N, self.lanes):
+            return "fma"
+        return self.engine
+
     def _forward(self, o, h) -> None:
         gemm, last = self.backend.kernels.gemm, len(o.weights) - 1
         for i, (w, b) in enumerate(o.weights):
-            gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation, self.engine,
-                                tiles_for=self.tiles_for, active=o.active)
+            rows, width = tuple(h[i + 1].shape)[1:]
+            gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation,
+                                self._pass_engine(rows, width), tiles_for=self.tiles_for, active=o.active)
 
     def _backward(self, o, h, grad, beta: float) -> None:
         k = self.backend.kernels
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
-            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self.engine,
+            fan_in, fan_out = tuple(dw.shape)[1:]
+            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self._pass_engine(fan_in, fan_out),
                                           tiles_for=self.tiles_for, active=o.active)
             k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
             if i > 0:
+                rows = tuple(grad[i].shape)[1]
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
-                                             self.engine, tiles_for=self.tiles_for, active=o.active)
+                                             self._pass_engine(rows, fan_in), tiles_for=self.tiles_for,
+                                             active=o.active)
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim
