@@ -41,6 +41,9 @@ def aligned_quads(array) -> bool:
 def address(array) -> int:
     """The address of an array's first element: a device array's (numba's or the driver path's), the wrapped
     NumPy array's on the simulator."""
+    pointer = getattr(array, "pointer", None)  # the driver path's arrays: no interface dict made at every launch
+    if isinstance(pointer, int):
+        return pointer
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is not None:
         return int(interface["data"][0] or 0)

@@ -80,3 +80,17 @@ def test_the_array_interface_describes_the_same_memory():
     assert interface["shape"] == (2, 4) and interface["typestr"] == np.dtype(np.uint16).str
     assert interface["data"] == ((1 << 20) + 4 * 2, False) and interface["strides"] is None
     assert a.size == 8 and a.nbytes == 16 and len(a) == 2 and a.ndim == 2 and a.is_c_contiguous()
+
+
+def test_the_quad_checks_read_a_device_arrays_own_pointer():
+    """numba_kernels.wide decides on the host whether an operand is read four floats an access: every row 16-byte
+    aligned (and, for a tile's rows, whole quads long)."""
+    from mlptrain.backends.lanes import lane_view
+    from mlptrain.backends.numba_kernels import wide
+
+    assert wide.aligned_quads(fake((4, 6))) and not wide.aligned_rows(fake((4, 6)))  # rows of 6: no whole quads
+    assert wide.aligned_rows(fake((4, 8))) and wide.aligned_rows(fake((2, 4, 8)))
+    assert not wide.aligned_quads(fake((4, 8), pointer=4100))  # 4 bytes off
+    assert not wide.aligned_quads(fake((4, 8), np.float16))
+    assert wide.aligned_rows(lane_view(fake((3, 52)), 4, (2, 8)))  # lanes 208 bytes apart, 16 bytes in
+    assert not wide.aligned_rows(lane_view(fake((3, 50)), 4, (2, 8)))  # lanes 200 bytes apart
