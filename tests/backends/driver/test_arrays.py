@@ -88,7 +88,9 @@ def test_the_quad_checks_read_a_device_arrays_own_pointer():
     from mlptrain.backends.lanes import lane_view
     from mlptrain.backends.numba_kernels import wide
 
-    assert wide.aligned_quads(fake((4, 6))) and not wide.aligned_rows(fake((4, 6)))  # rows of 6: no whole quads
+    padded = lane_view(fake((3, 8)), 0, (6,))  # rows of 6, 32 bytes apart
+    assert wide.aligned_quads(padded) and not wide.aligned_rows(padded)  # no whole quads in a row
+    assert not wide.aligned_quads(fake((4, 6)))  # rows 24 bytes apart
     assert wide.aligned_rows(fake((4, 8))) and wide.aligned_rows(fake((2, 4, 8)))
     assert not wide.aligned_quads(fake((4, 8), pointer=4100))  # 4 bytes off
     assert not wide.aligned_quads(fake((4, 8), np.float16))
