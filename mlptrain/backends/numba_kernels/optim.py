@@ -235,7 +235,8 @@ def _make_updates(dtype):
                 store4(v, i, b0, b1, b2, b3)
                 store4(param, i, p0, p1, p2, p3)
                 if write_compute:
-                    compute[i], compute[i + 1], compute[i + 2], compute[i + 3] = store(p0), store(p1), store(p2), store(p3)
+                    compute[i], compute[i + 1] = store(p0), store(p1)
+                    compute[i + 2], compute[i + 3] = store(p2), store(p3)
         for i in range(done + first, size, stride):
             p, m[i], v[i] = _adam_value(param[i], grad[i], m[i], v[i], *rules)
             param[i] = p
