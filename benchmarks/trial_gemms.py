@@ -10,7 +10,9 @@ graph replay per step after a warm-up, the median of --repeats runs of --steps s
     trial axis  eight launches for all K trials, each with the trial axis as the grid's third dimension
                 (block z computes trial z's tile; the tile chosen for all the trials' blocks together)
     tf32x3      the trial axis on the tf32x3 engine (float32 products on tensor cores at float32 accuracy,
-                gemm_tf32.py), for each --tf32-tiles tile; and trial 0 alone on it, its time counted K times
+                gemm_tf32.py), for each --tf32-tiles tile and --tf32-stages depth (cp.async copies that many
+                slices deep, gemm_tf32_async.py; 0 staged through registers); and trial 0 alone on it, its time
+                counted K times
     cuBLAS      torch.bmm over the K trials (cuBLAS's strided-batched SGEMM, TF32 off), the same eight
                 products without bias or activation, in one torch CUDA graph: what the vendor's GEMMs take
 
@@ -19,6 +21,7 @@ NumPy reference (and cuBLAS's against the same); a wrong result exits 1. The tab
 for all K trials, the GEMMs' TFLOP/s, and each row against `serial`.
 
     python benchmarks/trial_gemms.py [--trials 16] [--widths 784,512,512,10] [--batch 128] [--steps 200]
+                                     [--tf32-tiles 64x64x2x2x16] [--tf32-stages 0,3]
 """
 
 from __future__ import annotations
@@ -186,11 +189,12 @@ def mlptrain_rows(args, widths, rng):
         rows[f"trial axis, {name} tiles forced"] = timed(lambda n, graph=graph: [graph.replay() for _ in range(n)],
                                                          main.synchronize, args.steps, args.repeats)
     gemm.pick_tile = chosen
-    for tile in args.tf32_tiles:
-        gemm.TF32_TILE = tile
-        for name, arrays in ((f"trial axis, tf32x3 {tile}", bufs.dev),
-                             (f"trial 0 alone, tf32x3 {tile}", bufs.trial(0))):
-            if "alone" in name and (K == 1 or tile != args.tf32_tiles[0]):
+    for tile, stages in [(tile, stages) for tile in args.tf32_tiles for stages in args.tf32_stages]:
+        gemm.TF32_TILE, gemm.TF32_STAGES = tile, stages
+        ahead = f", {stages} stages" if stages else ""
+        for name, arrays in ((f"trial axis, tf32x3 {tile}{ahead}", bufs.dev),
+                             (f"trial 0 alone, tf32x3 {tile}{ahead}", bufs.trial(0))):
+            if "alone" in name and (K == 1 or tile != args.tf32_tiles[0] or stages != args.tf32_stages[0]):
                 continue  # one trial alone on the first tile only: each tile compiles six kernels
             step(gemm, arrays, layers, "tf32x3")
             graph = main.capture(lambda arrays=arrays: step(gemm, arrays, layers, "tf32x3"))
@@ -260,12 +264,16 @@ def main() -> None:
     parser.add_argument("--no-cublas", action="store_true")
     parser.add_argument("--tf32-tiles", default="64x64x2x2x16",
                         help="tiles (BMxBNxWMxWNxBK, comma-separated; '' for none) of the tf32x3 engine to time")
+    parser.add_argument("--tf32-stages", default="0",
+                        help="for each tf32x3 tile, the cp.async ring depths to time (comma-separated; 0: operands "
+                        "staged through registers, gemm_tf32; 2 or more: gemm_tf32_async, where both operands are wide)")
     parser.add_argument("--fma-tiles", default="", help="CUDA-core tiles (large, medium, small; comma-separated) "
                         "to force on every pass of the trial axis, one row each")
     args = parser.parse_args()
     args.fma_tiles = [name for name in args.fma_tiles.split(",") if name]
     widths = [int(w) for w in args.widths.split(",")]
     args.tf32_tiles = [tuple(int(v) for v in tile.split("x")) for tile in args.tf32_tiles.split(",") if tile]
+    args.tf32_stages = [int(n) for n in args.tf32_stages.split(",") if n]
     rows = mlptrain_rows(args, widths, np.random.default_rng(args.seed))
     if not args.no_cublas:
         rows["cuBLAS (torch.bmm, no bias or activation)"] = cublas_row(args, widths)

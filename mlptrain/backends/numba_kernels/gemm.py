@@ -27,7 +27,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
-from mlptrain.backends.numba_kernels import current, gemm_tf32, streams, wide
+from mlptrain.backends.numba_kernels import current, gemm_tf32, gemm_tf32_async, streams, wide
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -50,6 +50,10 @@ TF32_TILE = (64, 64, 2, 2, 16)
 # forward (128 x 10, K = 512) took 44 µs for 16 trials on it against 19 on "fma"'s K-split tiles (ncu, H200;
 # benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
 TF32_MIN_BLOCKS = 128
+# tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
+# through registers. Off until measured: it lands tested on the simulator only (benchmarks/NOTES.md, issue 30 step
+# 13); `benchmarks/trial_gemms.py --tf32-stages` times it
+TF32_STAGES = 0
 
 
 def tf32x3_fills(M, N, trials):
@@ -59,20 +63,25 @@ def tf32x3_fills(M, N, trials):
     return -(-M // BM) * -(-N // BN) * trials >= TF32_MIN_BLOCKS
 
 
-def _engine_parts(engine, tile, load, wide_rows=(False, False)):
-    """(make the tile product of two operands, the Layout of its threads) of an engine's tile; `wide_rows` (for
-    A, for B): which operands the tf32x3 engine stages four elements a load."""
+def _engine_parts(engine, tile, load, staging=(False, False, 0)):
+    """(make the tile product of two operands, the Layout of its threads) of an engine's tile; `staging` (A wide,
+    B wide, stages) as _staging gives it for the tf32x3 engine."""
     if engine == "tf32x3":
-        return functools.partial(gemm_tf32.make_tile_product, tile, wide=wide_rows), gemm_tf32.layout(tile)
+        if staging[2]:
+            return (functools.partial(gemm_tf32_async.make_tile_product, tile, stages=staging[2]),
+                    gemm_tf32.layout(tile))
+        return functools.partial(gemm_tf32.make_tile_product, tile, wide=staging[:2]), gemm_tf32.layout(tile)
     return functools.partial(make_tile_product, tile), tile_layout(tile)
 
 
-def _wide_rows(engine, a, b):
-    """Which of the operands a and b the engine stages four elements a load: the tf32x3 engine's, where
-    wide.aligned_rows passes (the bits are the same either way)."""
+def _staging(engine, a, b):
+    """How the tf32x3 engine stages operands a and b: (a wide, b wide, stages): an operand wide.aligned_rows passes
+    four elements a load, both by cp.async TF32_STAGES slices deep where both pass and TF32_STAGES is on. The bits
+    are the same every way."""
     if engine != "tf32x3":
-        return False, False
-    return wide.aligned_rows(a), wide.aligned_rows(b)
+        return False, False, 0
+    wide_a, wide_b = wide.aligned_rows(a), wide.aligned_rows(b)
+    return wide_a, wide_b, TF32_STAGES if wide_a and wide_b else 0
 
 
 def _engine_launch(engine, M, N, trials, lead, tiles_for=None):
@@ -95,15 +104,15 @@ def _check_engine(engine, dtype):
 # --- forward y = act(x @ w + b) and backward input dx = (dy @ w.T) * act'(h) --------
 
 @functools.cache
-def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", wide_rows=(False, False), **jit_options):
+def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", staging=(False, False, 0), **jit_options):
     """The kernel (a, w, other, out, activation) of a pass whose output rows are the batch's:
     forward (backward False): out = act(a @ w + other), a = x (M, K), other = b;
     backward input: out = (a @ w.T) * act'(other), a = dy (M, N), other = h, w read N-major.
     With `trials`, every argument has a leading trial axis and block z computes trial z's, unless `active[z]`
-    (a further argument, (T,) int32) is 0. `wide_rows` as in _engine_parts."""
+    (a further argument, (T,) int32) is 0. `staging` as in _engine_parts."""
     BM, BN = tile[:2]
     load, store = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, load, wide_rows)
+    make_product, layout = _engine_parts(engine, tile, load, staging)
     TM, TN = layout.TM, layout.TN
     tile_product = make_product(dense_operand(load, True), dense_operand(load, backward))
     bias_activation, activation_grad = make_epilogues(layout, load, store)
@@ -210,7 +219,7 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles
     if M == 0 or N == 0 or trials == 0:
         return
     tile, grid, threads = _engine_launch(engine, M, N, trials, lead, tiles_for)
-    make_linear_rows(tile, a.dtype, backward, bool(lead), engine, _wide_rows(engine, a, w))[
+    make_linear_rows(tile, a.dtype, backward, bool(lead), engine, _staging(engine, a, w))[
         grid, threads, streams.current()](
         a, w, other, out, activation, *_trial_mask(lead, active))
 
@@ -218,10 +227,10 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
 
 @functools.cache
-def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", wide_rows=(False, False), **jit_options):
+def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging=(False, False, 0), **jit_options):
     BM, BN = tile[:2]
     load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, load, wide_rows)
+    make_product, layout = _engine_parts(engine, tile, load, staging)
     TM, TN, row_of, col_of = layout
     tile_product = make_product(dense_operand(load, False), dense_operand(load, False))
 
@@ -318,7 +327,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
         return
     if lead or engine != "fma":
         tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead, tiles_for)
-        make_linear_backward_weight(tile, x.dtype, bool(lead), engine, _wide_rows(engine, x, dy))[
+        make_linear_backward_weight(tile, x.dtype, bool(lead), engine, _staging(engine, x, dy))[
             grid, threads, streams.current()](
             x, dy, dw, float32(beta), *_trial_mask(lead, active))
         return

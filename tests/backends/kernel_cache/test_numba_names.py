@@ -46,8 +46,8 @@ def test_binding_gives_a_kernel_numbas_objects_and_keeps_its_identity():
         before = cubins.identity(adam.py_func, adam.options)
         numba_names.bind(adam.py_func)
         after = cubins.identity(adam.py_func, adam.options)
-        store = adam.py_func.__closure__[[c for c in adam.py_func.__code__.co_freevars].index("store")].cell_contents
-        print(before == after, type(store).__name__, "numba" in sys.modules)
+        span = adam.py_func.__closure__[[c for c in adam.py_func.__code__.co_freevars].index("adam_span")].cell_contents
+        print(before == after, type(span).__name__, "numba" in sys.modules)
     """)
     assert out.split() == ["True", "CUDADispatcher", "True"]
 

@@ -298,9 +298,9 @@ def tf32x3_staged_both_ways(rng, monkeypatch, trials, shape):
     h = hidden_output(rng, (*lead, m, k), RELU)
     d = {name: current.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
     chosen, outputs = [], []
-    wide_rows = gemm._wide_rows
-    for staging in (wide_rows, lambda engine, a, b: (False, False)):
-        monkeypatch.setattr(gemm, "_wide_rows", lambda engine, a, b: chosen.append(staging(engine, a, b)) or chosen[-1])
+    by_operands = gemm._staging
+    for staging in (by_operands, lambda engine, a, b: (False, False, 0)):
+        monkeypatch.setattr(gemm, "_staging", lambda engine, a, b: chosen.append(staging(engine, a, b)) or chosen[-1])
         y, dx, dw = poisoned((*lead, m, n)), poisoned((*lead, m, k)), current.to_device(old)
         gemm.linear_forward(d["x"], d["w"], d["b"], y, RELU, engine="tf32x3")
         gemm.linear_backward_input(d["dy"], d["w"], d["h"], dx, RELU, engine="tf32x3")
@@ -319,16 +319,28 @@ def tf32x3_staged_both_ways(rng, monkeypatch, trials, shape):
 ])
 def test_tf32x3_wide_staging_gives_the_same_bits(rng, monkeypatch, mini_tf32_tile, trials, shape, wide):
     chosen, (quads, elements) = tf32x3_staged_both_ways(rng, monkeypatch, trials, shape)
-    assert chosen == wide  # forward (x, w), input gradient (dy, w), weight gradient (x, dy)
+    assert [c[:2] for c in chosen] == wide  # forward (x, w), input gradient (dy, w), weight gradient (x, dy)
     for a, b in zip(quads, elements):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.real_gpu
-def test_tf32x3_wide_staging_gives_the_same_bits_on_the_gpu(rng, monkeypatch):
+@pytest.mark.parametrize("stages", [0, 2, 3, 4])
+def test_tf32x3_wide_staging_gives_the_same_bits_on_the_gpu(rng, monkeypatch, stages):
+    monkeypatch.setattr(gemm, "TF32_STAGES", stages)
     chosen, (quads, elements) = tf32x3_staged_both_ways(rng, monkeypatch, 3, (128, 784, 512))
-    assert chosen == [(True, True)] * 3
+    assert chosen == [(True, True, stages)] * 3
     for a, b in zip(quads, elements):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_tf32x3_slices_copied_ahead_give_the_same_bits(rng, monkeypatch, mini_tf32_tile):
+    """Both operands wide and TF32_STAGES on: every slice copied by cp.async two slices ahead into a ring of three
+    (gemm_tf32_async), K of 40 and a batch of 36 three slices each, the last one ragged."""
+    monkeypatch.setattr(gemm, "TF32_STAGES", 3)
+    chosen, (copied, elements) = tf32x3_staged_both_ways(rng, monkeypatch, None, (36, 40, 12))
+    assert chosen == [(True, True, 3)] * 3
+    for a, b in zip(copied, elements):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
