@@ -28,6 +28,16 @@ from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
 
 TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
+# tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
+# forward (128 x 10, K = 512) took 44 µs for 16 lanes on it against 19 on "fma"'s K-split tiles (ncu, H200;
+# benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
+TF32_MIN_BLOCKS = 128
+
+
+def tf32x3_fills(M: int, N: int, lanes: int, tile: tuple) -> bool:
+    """Whether `lanes` M x N outputs make TF32_MIN_BLOCKS or more of the tf32x3 engine's `tile` (gemm.TF32_TILE)."""
+    BM, BN = tile[:2]
+    return -(-M // BM) * -(-N // BN) * lanes >= TF32_MIN_BLOCKS
 
 
 def gemm_engine(backend_name: str, dtype, lanes: int) -> str:
@@ -134,8 +144,8 @@ class LaneStep:
 
     def _pass_engine(self, M: int, N: int) -> str:
         """The engine of a pass with M x N outputs a lane: the group's, except that tf32x3 gives the passes its
-        tile would cover with too few blocks (gemm.tf32x3_fills, for all K lanes) to "fma"."""
-        if self.engine == "tf32x3" and not self.backend.kernels.gemm.tf32x3_fills(M, N, self.lanes):
+        tile would cover with too few blocks (`tf32x3_fills`, for all K lanes) to "fma"."""
+        if self.engine == "tf32x3" and not tf32x3_fills(M, N, self.lanes, self.backend.kernels.gemm.TF32_TILE):
             return "fma"
         return self.engine
 

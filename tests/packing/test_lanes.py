@@ -367,6 +367,16 @@ def test_sixteen_float32_lanes_or_more_sum_their_gemms_on_tensor_cores():
     assert gemm_engine("cpu", np.float32, 64) == "fma"  # BLAS either way: the record says what ran
 
 
+def test_a_pass_takes_tf32x3_where_its_tiles_fill_a_wave():
+    from mlptrain.packing.lane_step import tf32x3_fills
+
+    tile = (64, 64, 2, 2, 16)
+    assert tf32x3_fills(128, 512, 16, tile)  # 2 x 8 tiles a lane: a hidden layer's forward of 16 lanes
+    assert tf32x3_fills(784, 512, 2, tile) and not tf32x3_fills(784, 512, 1, tile)  # 13 x 8 tiles a lane
+    assert not tf32x3_fills(128, 10, 16, tile)  # 2 tiles a lane, K = 512 each: the output layer's forward
+    assert not tf32x3_fills(128, 512, 7, tile)
+
+
 @pytest.mark.real_gpu
 def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_path, data_dir, monkeypatch):
     """16 float32 lanes sum their GEMMs on the tf32x3 engine, the same lanes with fewer than TF32_LANES on CUDA

@@ -46,21 +46,10 @@ from mlptrain.backends.numba_kernels.tiles import (
 # tiles.py), or "tf32x3", float32 operands on tensor cores at float32 accuracy (gemm_tf32.py), one tile.
 ENGINES = ("fma", "tf32x3")
 TF32_TILE = (64, 64, 2, 2, 16)
-# tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
-# forward (128 x 10, K = 512) took 44 µs for 16 trials on it against 19 on "fma"'s K-split tiles (ncu, H200;
-# benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
-TF32_MIN_BLOCKS = 128
 # tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
 # through registers. Off until measured: it lands tested on the simulator only (benchmarks/NOTES.md, issue 30 step
 # 13); `benchmarks/trial_gemms.py --tf32-stages` times it
 TF32_STAGES = 0
-
-
-def tf32x3_fills(M, N, trials):
-    """Whether `trials` M x N outputs make TF32_MIN_BLOCKS tiles of the tf32x3 engine or more: where a caller
-    free to choose the engine of a pass gives it tf32x3."""
-    BM, BN = TF32_TILE[:2]
-    return -(-M // BM) * -(-N // BN) * trials >= TF32_MIN_BLOCKS
 
 
 def _engine_parts(engine, tile, load, staging=(False, False, 0)):

@@ -176,7 +176,7 @@ def _adam_value(p, g, m_i, v_i, scalars, beta1, beta2, one_minus_beta1, one_minu
     return p, m_i, v_i
 
 
-def quad_grid(size, quads):
+def _quad_grid(size, quads):
     """The blocks of an update over `size` elements: a thread a quad of four (`quads`) or an element."""
     return _grid(-(-size // 4) if quads else size)
 
@@ -278,7 +278,7 @@ def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_dec
     kernel = _make_updates(compute.dtype)[2]
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
-    kernel[quad_grid(param.shape[0], quads), THREADS, streams.current()](
+    kernel[_quad_grid(param.shape[0], quads), THREADS, streams.current()](
         param, grad, m, v, compute, state, float32(beta1), float32(beta2), float32(1.0 - beta1),
         float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
         compute is not param, quads)
@@ -384,5 +384,5 @@ def adam_update_lanes(param, grad, m, v, compute, state, hypers, active):
         return
     kernel = _make_lane_updates(compute.dtype)[2]
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
-    kernel[(quad_grid(param.shape[1], quads), param.shape[0]), THREADS, streams.current()](
+    kernel[(_quad_grid(param.shape[1], quads), param.shape[0]), THREADS, streams.current()](
         param, grad, m, v, compute, state, hypers, active, compute is not param, quads)

@@ -356,13 +356,6 @@ def test_wide_rows_only_for_aligned_quads():
     assert not wide.aligned_rows(lanes.lane_view(odd_lanes, 0, (8, 16)))
 
 
-def test_a_pass_takes_tf32x3_where_its_tiles_fill_a_wave():
-    assert gemm.tf32x3_fills(128, 512, 16)  # 2 x 8 tiles a trial: a hidden layer's forward of 16 lanes
-    assert gemm.tf32x3_fills(784, 512, 2) and not gemm.tf32x3_fills(784, 512, 1)  # 13 x 8 tiles a trial
-    assert not gemm.tf32x3_fills(128, 10, 16)  # 2 tiles a trial, K = 512 each: the output layer's forward
-    assert not gemm.tf32x3_fills(128, 512, 7)
-
-
 def test_tf32x3_engine_refuses_16_bit_operands(rng):
     x = current.to_device(random(rng, 3, 4).astype(np.float16))
     w, b = current.to_device(random(rng, 4, 5).astype(np.float16)), current.to_device(random(rng, 5).astype(np.float16))
