@@ -7,7 +7,7 @@ shared memory itself, so several slices can be in flight at no register cost:
     copy16(shared, e, array, i, j, valid)   shared[e:e + 4] = array[i, j:j + 4] (2-D float32), or four zeros
                                             where `valid` is False (nothing is read then)
     commit()                                closes the group of this thread's copies issued since the last commit
-    wait_all_but(n)(),                      waits until at most n of this thread's groups are still in flight
+    wait_all_but(n)()                       waits until at most n of this thread's groups are still in flight
                                             (then a barrier makes every thread's copies visible to the block)
 
 The copies need both addresses 16-byte aligned (numba_kernels.wide.aligned_rows checks the global operand; the
