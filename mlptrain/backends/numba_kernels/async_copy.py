@@ -18,6 +18,7 @@ and commit and wait do nothing.
 import functools
 
 from mlptrain.backends.kernel_cache.numba_names import DEFERRED, Deferred, config, cuda
+from mlptrain.backends.numba_kernels.wide import element_pointer
 
 
 def _simulated():
@@ -44,15 +45,12 @@ def _inline():
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
     def item_address(context, builder, array_type, array, indices, index_types):
-        indices = [context.cast(builder, v, t, types.intp) for v, t in zip(indices, index_types)]
-        data = context.make_array(array_type)(context, builder, array)
-        pointer = cgutils.get_item_pointer(context, builder, array_type, data, indices, wraparound=False)
+        pointer = element_pointer(context, builder, array_type, array, indices, index_types)
         return builder.ptrtoint(pointer, i64)
 
     @intrinsic

@@ -55,6 +55,45 @@ def split(x):
     return big, float_bits(x - bits_float(big))
 
 
+def make_multiply_slice(FM, FN, BK, a_steps, b_steps):
+    """Device function (As, Bs, a_first, b_first, acc): acc += one BK-deep slice's 3xTF32 products for a warp's
+    FM x FN fragments, from the slices in shared memory, each operand's words `steps` (one row, one k) apart and
+    this thread's first reads at a_first and b_first. Every fragment value is split as it is read; the products
+    of a fragment run small_a @ big_b, big_a @ small_b, big_a @ big_b, k ascending: the engine's order, whichever
+    staging filled the slices."""
+    A_ROW, A_K = a_steps
+    B_ROW, B_K = b_steps
+    product = mma("tf32")
+
+    @kernel_cache.device
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        a_big, a_small = cuda.local.array((FM, 4), uint32), cuda.local.array((FM, 4), uint32)
+        b_big, b_small = cuda.local.array((FN, 2), uint32), cuda.local.array((FN, 2), uint32)
+        for s in range(0, BK, 8):  # the slice's k8 steps
+            for i in range(FM):
+                for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
+                    at = a_first + uint64((16 * i + 8 * (r & 1)) * A_ROW + (s + 4 * (r >> 1)) * A_K)
+                    a_big[i, r], a_small[i, r] = split(As[at])
+            for j in range(FN):
+                for r in range(2):  # B[t, g], B[t + 4, g]
+                    at = b_first + uint64(8 * j * B_ROW + (s + 4 * r) * B_K)
+                    b_big[j, r], b_small[j, r] = split(Bs[at])
+            for i in range(FM):
+                for j in range(FN):
+                    c0, c1 = acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1]
+                    c2, c3 = acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]
+                    c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
+                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                             b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
+                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                    acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
+                    acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
+
+    return multiply_slice
+
+
 def _make_stage(operand, ROWS, BK, THREADS):
     """(rows, load, store, loads): a block's share of one BK x ROWS slice of an operand. Element e of the
     slice is (row, k) `unit(e)`; thread t takes elements t, t + THREADS, ...: the codes of their rows once
@@ -159,36 +198,11 @@ def make_tile_product(tile, a_operand, b_operand, wide=(False, False)):
     rows_a, load_a, store_a, A_LOADS, A_PITCH = stage_a(a_operand, BM, BK, THREADS)
     rows_b, load_b, store_b, B_LOADS, B_PITCH = stage_b(b_operand, BN, BK, THREADS)
     prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
-    product = mma("tf32")
     A_WORDS, B_WORDS = BK * A_PITCH, BK * B_PITCH
 
     slices = tiles.shared_slices(A_WORDS, B_WORDS, float32, 16)
 
-    @kernel_cache.device
-    def multiply_slice(As, Bs, a_first, b_first, acc):
-        a_big, a_small = cuda.local.array((FM, 4), uint32), cuda.local.array((FM, 4), uint32)
-        b_big, b_small = cuda.local.array((FN, 2), uint32), cuda.local.array((FN, 2), uint32)
-        for s in range(0, BK, 8):  # the slice's two k8 steps
-            for i in range(FM):
-                p = a_first + uint64(s * A_PITCH + 16 * i)
-                for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
-                    a_big[i, r], a_small[i, r] = split(As[p + uint64((r >> 1) * 4 * A_PITCH + (r & 1) * 8)])
-            for j in range(FN):
-                p = b_first + uint64(s * B_PITCH + 8 * j)
-                for r in range(2):  # B[t, g], B[t + 4, g]
-                    b_big[j, r], b_small[j, r] = split(Bs[p + uint64(r * 4 * B_PITCH)])
-            for i in range(FM):
-                for j in range(FN):
-                    c0, c1 = acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1]
-                    c2, c3 = acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]
-                    c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
-                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
-                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
-                                             b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
-                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
-                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
-                    acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
-                    acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
+    multiply_slice = make_multiply_slice(FM, FN, BK, (1, A_PITCH), (1, B_PITCH))
 
     @kernel_cache.device
     def first_reads(t):  # row g of the warp's first fragment at k t

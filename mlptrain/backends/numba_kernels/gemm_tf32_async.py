@@ -15,11 +15,10 @@ fragment, k ascending), so the bits are its bits.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint32, uint64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import tiles
 from mlptrain.backends.numba_kernels.async_copy import commit, copy16, wait_all_but
-from mlptrain.backends.numba_kernels.gemm_tf32 import split, tile_shape
-from mlptrain.backends.numba_kernels.tensor_core import mma
+from mlptrain.backends.numba_kernels.gemm_tf32 import make_multiply_slice, tile_shape
 
 
 def _shared_layout(operand, ROWS, BK):
@@ -67,36 +66,10 @@ def make_tile_product(tile, a_operand, b_operand, stages):
     A_ROW, A_K, A_WORDS = _shared_layout(a_operand, BM, BK)
     B_ROW, B_K, B_WORDS = _shared_layout(b_operand, BN, BK)
     copy_a, copy_b = _make_copy(a_operand, BM, BK, THREADS), _make_copy(b_operand, BN, BK, THREADS)
-    product = mma("tf32")
     wait = wait_all_but(stages - 2)
     slices = tiles.shared_slices(stages * A_WORDS, stages * B_WORDS, float32, 16)
 
-    @kernel_cache.device
-    def multiply_slice(As, Bs, a_first, b_first, acc):
-        """gemm_tf32's slice product, its fragments read at this layout's word steps."""
-        a_big, a_small = cuda.local.array((FM, 4), uint32), cuda.local.array((FM, 4), uint32)
-        b_big, b_small = cuda.local.array((FN, 2), uint32), cuda.local.array((FN, 2), uint32)
-        for s in range(0, BK, 8):
-            for i in range(FM):
-                for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
-                    at = a_first + uint64((16 * i + 8 * (r & 1)) * A_ROW + (s + 4 * (r >> 1)) * A_K)
-                    a_big[i, r], a_small[i, r] = split(As[at])
-            for j in range(FN):
-                for r in range(2):  # B[t, g], B[t + 4, g]
-                    at = b_first + uint64(8 * j * B_ROW + (s + 4 * r) * B_K)
-                    b_big[j, r], b_small[j, r] = split(Bs[at])
-            for i in range(FM):
-                for j in range(FN):
-                    c0, c1 = acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1]
-                    c2, c3 = acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]
-                    c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
-                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
-                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
-                                             b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
-                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
-                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
-                    acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
-                    acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
+    multiply_slice = make_multiply_slice(FM, FN, BK, (A_ROW, A_K), (B_ROW, B_K))
 
     @kernel_cache.device
     def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):

@@ -66,17 +66,23 @@ def _simulated():
     return load4, store4, load4_flat
 
 
+def element_pointer(context, builder, array_type, array, indices, index_types):
+    """In an intrinsic's code generation: the LLVM pointer to `array`[indices] (an intrinsic's array argument and
+    its index arguments, with their numba types), as numba's own indexing computes it."""
+    # imported on first use: numba takes seconds to import, and the CPU path never needs it
+    from numba import types
+    from numba.core import cgutils
+
+    indices = [context.cast(builder, v, t, types.intp) for v, t in zip(indices, index_types)]
+    data = context.make_array(array_type)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, array_type, data, indices, wraparound=False)
+
+
 def _inline():
     # imported on first use: numba takes seconds to import, and the CPU path never needs it
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
-
-    def element_pointer(context, builder, array_type, array, indices, index_types):
-        indices = [context.cast(builder, v, t, types.intp) for v, t in zip(indices, index_types)]
-        data = context.make_array(array_type)(context, builder, array)
-        return cgutils.get_item_pointer(context, builder, array_type, data, indices, wraparound=False)
 
     def load_codegen(context, builder, sig, args):
         f32 = ir.FloatType()
