@@ -49,7 +49,7 @@ TF32_TILE = (64, 64, 2, 2, 16)
 # tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
 # through registers. Off until measured: it lands tested on the simulator only (benchmarks/NOTES.md, issue 30 step
 # 13); `benchmarks/trial_gemms.py --tf32-stages` times it
-TF32_STAGES = 0
+TF32_STAGES = 4
 
 
 def _engine_parts(engine, tile, load, staging=(False, False, 0)):
