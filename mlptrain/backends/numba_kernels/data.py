@@ -11,8 +11,16 @@ from mlptrain.backends.numba_kernels.checks import (
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 256
+# Each thread gathers COLUMN_STEPS columns THREADS apart (coalesced), its loads issued before its stores: one
+# column a thread left each thread's load waiting on its index load, 8 waves of threads for 16 lanes of MNIST
+# (27.6 µs, ncu, H200; 13.9 so: benchmarks/NOTES.md, issue 30 step 15). The values are the same either way.
+COLUMN_STEPS = 4  # gather_rows is written out for four
 MAX_ROW_BLOCKS = 65535  # the grid's y limit; more rows loop
 LANE_THREADS = 32  # advance_lanes: one thread per lane, and lanes are few
+
+
+def _column_blocks(width):
+    return max(1, math.ceil(width / (THREADS * COLUMN_STEPS)))
 
 
 @functools.cache
@@ -21,17 +29,30 @@ def _make_gather(dtype):
     so a lane's rows are the solo kernel's bits."""
     _, store = codec(dtype)
 
-    # Thread d of block row by owns x[i, d] for rows i = by, by + gridDim.y, ...
-    # (threads of a block run along d, so the uint8 reads and the writes are
-    # coalesced); thread 0 of the first block column owns y[i]. No atomics.
+    # Thread t of block (bx, by) owns x[i, d] for d = bx * THREADS * COLUMN_STEPS + t + s * THREADS, s <
+    # COLUMN_STEPS, and rows i = by, by + gridDim.y, ... (threads of a block run along d, so the uint8 reads and
+    # the writes are coalesced); thread 0 of the first block column owns y[i]. No atomics. The four loads come
+    # first, written out, so that no store (x might alias images, as far as the compiler knows) holds them back.
     @kernel_cache.device
     def gather_rows(images, labels, indices, first, x, y, scale, shift):
-        d = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        d0 = cuda.blockIdx.x * (cuda.blockDim.x * COLUMN_STEPS) + cuda.threadIdx.x
+        step, width = cuda.blockDim.x, x.shape[1]
+        d1, d2, d3 = d0 + step, d0 + 2 * step, d0 + 3 * step
         for i in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
             r = indices[first + i]
-            if d < x.shape[1]:
-                x[i, d] = store(float32(images[r, d]) * scale + shift)
-            if d == 0:
+            v0 = float32(images[r, d0]) if d0 < width else float32(0)
+            v1 = float32(images[r, d1]) if d1 < width else float32(0)
+            v2 = float32(images[r, d2]) if d2 < width else float32(0)
+            v3 = float32(images[r, d3]) if d3 < width else float32(0)
+            if d0 < width:
+                x[i, d0] = store(v0 * scale + shift)
+            if d1 < width:
+                x[i, d1] = store(v1 * scale + shift)
+            if d2 < width:
+                x[i, d2] = store(v2 * scale + shift)
+            if d3 < width:
+                x[i, d3] = store(v3 * scale + shift)
+            if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
                 y[i] = int32(labels[r])
 
     @kernel_cache.jit
@@ -78,7 +99,7 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     _check_window(start, n, indices.shape[0])
     if n == 0:
         return
-    grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS))
+    grid = (_column_blocks(width), min(n, MAX_ROW_BLOCKS))
     _make_gather(x.dtype)[0][grid, THREADS, streams.current()](images, labels, indices, checked_cursor(cursor),
                                                                start, x, y, float32(scale), float32(shift))
 
@@ -102,7 +123,7 @@ def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, act
     _check_window(start, n, indices.shape[1])
     if n == 0 or lanes == 0:
         return
-    grid = (max(1, math.ceil(width / THREADS)), min(n, MAX_ROW_BLOCKS), lanes)
+    grid = (_column_blocks(width), min(n, MAX_ROW_BLOCKS), lanes)
     _make_gather(x.dtype)[1][grid, THREADS, streams.current()](images, labels, indices, cursor, start, x, y,
                                                                float32(scale), float32(shift), active)
 
