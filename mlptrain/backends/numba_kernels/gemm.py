@@ -47,8 +47,8 @@ from mlptrain.backends.numba_kernels.tiles import (
 ENGINES = ("fma", "tf32x3")
 TF32_TILE = (64, 64, 2, 2, 16)
 # tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
-# through registers. Off until measured: it lands tested on the simulator only (benchmarks/NOTES.md, issue 30 step
-# 13); `benchmarks/trial_gemms.py --tf32-stages` times it
+# through registers: 16 lanes' eight GEMMs 274 -> 238 µs at 4, 244 at 3, 297 at 2 (benchmarks/trial_gemms.py
+# --tf32-stages, H200; benchmarks/NOTES.md, issue 30 step 15)
 TF32_STAGES = 4
 
 
