@@ -45,6 +45,14 @@ def summary_writer_class():
     return SummaryWriter
 
 
+def summary_class():
+    """tensorboardX's Summary protobuf class (imported when a run writes its events, as summary_writer_class's)."""
+    # tensorboardX only once a run writes its events; summary_writer_class has imported it without torch
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    return Summary
+
+
 SPLITS = ("train", "val", "test")
 # a record's metric suffix as TensorBoard groups it
 METRIC_NAMES = {"loss": "loss", "acc": "accuracy", "mse": "mse"}
@@ -85,11 +93,18 @@ class RunLogger:
             self._metrics.close()
             raise
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10, filename_suffix=event_suffix())
+        # tensorboardX's protobuf class and the writer's event file, which its add_* methods write through
+        self._summary, self._events = summary_class(), self.writer._get_file_writer()
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        """`values` (tag: number) at `step`, as one event: what add_scalar writes for each, in one record. A
+        packed group's 16 lanes log at every read from the one thread that feeds the GPU, where add_scalar's
+        checks and event a value took ~70 µs each (5 values: 365 µs a read against 56 as one event, on the
+        2-core dev machine; benchmarks/NOTES.md, issue 30 step 15)."""
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))
+                                       for tag, value in values.items()])
+        self._events.add_summary(summary, step)
         if self.mlflow is not None:
             self.mlflow.add(step, values)
 
