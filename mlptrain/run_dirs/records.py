@@ -93,8 +93,7 @@ class RunLogger:
             self._metrics.close()
             raise
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10, filename_suffix=event_suffix())
-        # tensorboardX's protobuf class and the writer's event file, which its add_* methods write through
-        self._summary, self._events = summary_class(), self.writer._get_file_writer()
+        self._summary = summary_class()
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -104,7 +103,8 @@ class RunLogger:
         2-core dev machine; benchmarks/NOTES.md, issue 30 step 15)."""
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))
                                        for tag, value in values.items()])
-        self._events.add_summary(summary, step)
+        # the writer's event file, as its add_* methods reach it (tensorboardX has no public name for it)
+        self.writer._get_file_writer().add_summary(summary, step)
         if self.mlflow is not None:
             self.mlflow.add(step, values)
 

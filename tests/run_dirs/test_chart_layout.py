@@ -29,7 +29,7 @@ def test_a_classifier_charts_loss_and_accuracy_with_train_val_and_test_together(
     assert {tag for tags in charts.values() for tag in tags} <= scalars  # every charted tag is one the run logs
 
 
-def test_a_reads_scalars_are_one_event_tensorboard_reads_as_scalars(tmp_path):
+def test_a_read_logs_its_scalars_as_one_event_tensorboard_reads_as_scalars(tmp_path):
     """RunLogger.scalars writes a read's values as one event (not one a value: the packed lanes' host time), each
     a scalar as add_scalar's would be read, non-finite values kept."""
     from mlptrain.run_dirs.records import RunLogger

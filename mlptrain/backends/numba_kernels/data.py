@@ -11,9 +11,9 @@ from mlptrain.backends.numba_kernels.checks import (
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 256
-# Each thread gathers COLUMN_STEPS columns THREADS apart (coalesced), its loads issued before its stores: one
-# column a thread left each thread's load waiting on its index load, 8 waves of threads for 16 lanes of MNIST
-# (27.6 µs, ncu, H200; 13.9 so: benchmarks/NOTES.md, issue 30 step 15). The values are the same either way.
+# Each thread gathers COLUMN_STEPS columns THREADS apart (coalesced), its loads issued before its stores. With one
+# column a thread, each thread's pixel load waited on its index load, in 8 waves of threads for 16 lanes of MNIST:
+# 27.6 -> 13.9 µs under ncu on an H200 (benchmarks/NOTES.md, issue 30 step 15). The values are the same.
 COLUMN_STEPS = 4  # gather_rows is written out for four
 MAX_ROW_BLOCKS = 65535  # the grid's y limit; more rows loop
 LANE_THREADS = 32  # advance_lanes: one thread per lane, and lanes are few
