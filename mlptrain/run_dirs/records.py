@@ -76,11 +76,12 @@ def event_suffix(suffix: str = "") -> str:
 
 class RunLogger:
     """TensorBoard events and metrics.jsonl under the run directory; with `mlflow` (an
-    mlptrain.run_dirs.mlflow_log.MlflowLog), the same scalars to MLflow, sent at each evaluation."""
+    mlptrain.run_dirs.mlflow_log.MlflowLog), the same scalars to MLflow, sent at each evaluation. `named`: the
+    run's console lines start with its folder's name (`line`), as where several runs print at once."""
 
-    def __init__(self, run_dir: Path, mlflow=None):
+    def __init__(self, run_dir: Path, mlflow=None, named: bool = False):
         SummaryWriter = summary_writer_class()
-        self.run_dir, self.mlflow = run_dir, mlflow
+        self.run_dir, self.mlflow, self.named = run_dir, mlflow, named
         path = run_dir / "metrics.jsonl"
         try:  # before the writer, so a refusal leaves no new event file behind
             self._metrics = open_regular(path, "a+", follow=False)  # a FIFO would block the run; a link leads out
@@ -95,6 +96,10 @@ class RunLogger:
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10, filename_suffix=event_suffix())
         self._summary = summary_class()
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
+
+    def line(self, text: str) -> str:
+        """A console line of the run's: `text`, after the run's name where it is `named`."""
+        return f"{self.run_dir.name} {text}" if self.named else text
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """`values` (tag: number) at `step`, as one event: what add_scalar writes for each, in one record. A

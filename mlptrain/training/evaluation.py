@@ -249,7 +249,7 @@ class Evaluator:
         # plain text, coloured on a terminal only, not wrapped (a terminal wraps it): rich's markup, highlighting and
         # wrapping cost ~1 ms a line on the GPU machine, which the lanes of a packed sweep paid in turn at every
         # epoch's end
-        console.out(head + " | ".join(parts), highlight=console.is_terminal)
+        console.out(logger.line(head + " | ".join(parts)), highlight=console.is_terminal)
 
     def test_at_end(self, test, record: dict, logger) -> dict:
         """`record` with the test metrics of the parameters the run ends with, evaluated now when it has none

@@ -94,7 +94,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
     """train()'s epochs, evaluations, checkpoints and summary, from `start`, logged by a RunLogger (and to
     `mlflow`, an mlptrain.run_dirs.mlflow_log.MlflowLog, when given); `queues`: epoch ends may be queued
     (queued_end.ends_later)."""
-    logger = RunLogger(run_dir, mlflow)
+    logger = RunLogger(run_dir, mlflow, named=not progress)  # no bar: other runs print beside this one
     logger.chart_layout(s.classifies)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window,

@@ -180,6 +180,14 @@ def test_more_trials_than_the_pack_run_each_once(tmp_path, tiny_mnist, trains):
     assert sorted(c.optim.lr for c in trains) == [0.001, 0.002, 0.003, 0.004, 0.005]
 
 
+def test_packed_trials_name_themselves_in_their_epoch_lines(tmp_path, tiny_mnist, capsys):
+    """Trials training at once print their epochs' lines in turn: each line starts with its trial's folder."""
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002]})
+    run_sweep(path, tmp_path / "runs", overrides=["train.epochs=1"], pack=2)
+    lines = [line for line in capsys.readouterr().err.splitlines() if " epoch 1: train loss" in line]
+    assert sorted(line.split()[0] for line in lines) == ["trial-0000", "trial-0001"], lines
+
+
 def test_ctrl_c_queues_every_packed_trial_again_and_a_rerun_finishes_them(tmp_path, tiny_mnist, trains, monkeypatch):
     real, steps = engine.training, []
 
