@@ -173,7 +173,9 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
         summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
         # said once the run is over (not per epoch: an early epoch may still be at chance), and recorded
         note = learning_warning(s.config, last, s.dataset, summary.get("mean_image_mse"), s.step.read())
-        summary["warnings"] = [warn(note)] if note else []
+        if note:  # named where other runs print beside this one; recorded as it is
+            warn(logger.line(note))
+        summary["warnings"] = [note] if note else []
         write_session(logger.writer, hparam_values(s.config, s.backend.name, data_root(s.config)))
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
