@@ -56,10 +56,9 @@ def _engine_parts(engine, tile, load, staging=(False, False, 0)):
     """(make the tile product of two operands, the Layout of its threads) of an engine's tile; `staging` (A wide,
     B wide, stages) as _staging gives it for the tf32x3 engine."""
     if engine == "tf32x3":
-        if staging[2]:
-            return (functools.partial(gemm_tf32_async.make_tile_product, tile, stages=staging[2]),
-                    gemm_tf32.layout(tile))
-        return functools.partial(gemm_tf32.make_tile_product, tile, wide=staging[:2]), gemm_tf32.layout(tile)
+        make = (functools.partial(gemm_tf32_async.make_tile_product, tile, stages=staging[2]) if staging[2] else
+                functools.partial(gemm_tf32.make_tile_product, tile, wide=staging[:2]))
+        return make, gemm_tf32.layout(tile)
     return functools.partial(make_tile_product, tile), tile_layout(tile)
 
 
