@@ -4,8 +4,10 @@ A tile product that stages its operands through registers waits for each slice's
 with one slice in flight, the loads' latency (~0.5-1 µs) outlasts a 16-deep slice's products. cp.async writes
 shared memory itself, so several slices can be in flight at no register cost:
 
-    copy16(shared, e, array, i, j, valid)   shared[e:e + 4] = array[i, j:j + 4] (2-D float32), or four zeros
-                                            where `valid` is False (nothing is read then)
+    copy16_at(shared, e, array, offset, valid)
+                                            shared[e:e + 4] = the four float32 `offset` bytes into a 2-D float32
+                                            array (its rows contiguous: array[i, j:j + 4] at offset i * strides[0]
+                                            + j * 4), or four zeros where `valid` is False (nothing is read then)
     commit()                                closes the group of this thread's copies issued since the last commit
     wait_all_but(n)()                       waits until at most n of this thread's groups are still in flight
                                             (then a barrier makes every thread's copies visible to the block)
@@ -23,9 +25,14 @@ from mlptrain.backends.numba_kernels.wide import element_pointer
 
 def _simulated():
     @cuda.jit(device=True)
-    def copy16(shared, e, array, i, j, valid):
+    def copy16_at(shared, e, array, offset, valid):
         for n in range(4):
-            shared[e + n] = array[i, j + n] if valid else 0.0
+            shared[e + n] = 0.0
+        if valid:
+            i = offset // array.strides[0]
+            j = (offset - i * array.strides[0]) // array.strides[1]
+            for n in range(4):
+                shared[e + n] = array[i, j + n]
 
     @cuda.jit(device=True)
     def commit():
@@ -38,7 +45,7 @@ def _simulated():
 
         return wait
 
-    return copy16, commit, waiting
+    return copy16_at, commit, waiting
 
 
 def _inline():
@@ -49,18 +56,16 @@ def _inline():
 
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
-    def item_address(context, builder, array_type, array, indices, index_types):
-        pointer = element_pointer(context, builder, array_type, array, indices, index_types)
-        return builder.ptrtoint(pointer, i64)
-
     @intrinsic
-    def copy16(typingctx, shared, e, array, i, j, valid):
-        signature = types.void(shared, e, array, i, j, valid)
+    def copy16_at(typingctx, shared, e, array, offset, valid):
+        signature = types.void(shared, e, array, offset, valid)
 
         def codegen(context, builder, sig, args):
-            destination = item_address(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]])
-            source = item_address(context, builder, sig.args[2], args[2], args[3:5], sig.args[3:5])
-            bytes_read = builder.select(context.cast(builder, args[5], sig.args[5], types.boolean),
+            destination = builder.ptrtoint(
+                element_pointer(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]]), i64)
+            data = context.make_array(sig.args[2])(context, builder, args[2]).data
+            source = builder.add(builder.ptrtoint(data, i64), context.cast(builder, args[3], sig.args[3], types.int64))
+            bytes_read = builder.select(context.cast(builder, args[4], sig.args[4], types.boolean),
                                         ir.Constant(i32, 16), ir.Constant(i32, 0))
             # numba hands shared arrays over as generic pointers: cp.async takes a shared-window address
             asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
@@ -88,7 +93,7 @@ def _inline():
     def waiting(n):
         return statement(f"cp.async.wait_group {int(n)};")
 
-    return copy16, commit, waiting
+    return copy16_at, commit, waiting
 
 
 @functools.cache
@@ -105,7 +110,7 @@ def _deferred(which, *args):
     return Deferred(_part, (which, *args)) if DEFERRED else _part(which, *args)
 
 
-copy16 = _deferred(0)
+copy16_at = _deferred(0)
 commit = _deferred(1)
 
 

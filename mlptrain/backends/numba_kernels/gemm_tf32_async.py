@@ -3,7 +3,7 @@ backend): gemm_tf32's arithmetic, in its order, without the registers and the ba
 
 gemm_tf32 stages a slice through registers, one slice ahead: its loads' latency outlasts a 16-deep slice's
 products, and the SMs wait (24 TFLOP/s for 16 lanes' GEMMs; benchmarks/NOTES.md, issue 30 step 13). Here each
-thread issues 16-byte copies of the slice STAGES - 1 ahead (async_copy.copy16) straight into a ring of STAGES
+thread issues 16-byte copies of the slice STAGES - 1 ahead (async_copy.copy16_at) straight into a ring of STAGES
 buffers, so several slices' loads overlap the products. The copies cannot transpose, so an operand keeps its
 memory layout in shared memory: a k-contiguous one as [row, k] with a pitch of BK + 4 words (a fragment load, 8
 rows x 4 k, touches banks 4 row + k: all 32 distinct), a row-contiguous one as [k, row] with a pitch of ROWS + 8
@@ -15,9 +15,9 @@ fragment, k ascending), so the bits are its bits.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64, uint64
 from mlptrain.backends.numba_kernels import tiles
-from mlptrain.backends.numba_kernels.async_copy import commit, copy16, wait_all_but
+from mlptrain.backends.numba_kernels.async_copy import commit, copy16_at, wait_all_but
 from mlptrain.backends.numba_kernels.gemm_tf32 import make_multiply_slice, tile_shape
 
 
@@ -30,9 +30,17 @@ def _shared_layout(operand, ROWS, BK):
 
 
 def _make_copy(operand, ROWS, BK, THREADS):
-    """Device function (shared, base, array, i0, I, k0, K, t): thread t's copies of one BK x ROWS slice of the
-    operand (rows i0.., k k0..) into shared memory from word `base`, a quad (four elements along its contiguous
-    axis) a copy; quads past I or K zero-filled."""
+    """(plan, copy, COPIES): thread t's copies of a BK x ROWS slice of the operand into shared memory, a quad (four
+    elements along its contiguous axis) a copy, COPIES a thread; quads past I or K zero-filled.
+
+        plan(array, i0, I, k_begin, K, t, offsets, ks, words)
+                once a tile (rows i0.., k from k_begin): copy c's quad in the first slice is `offsets[c]` bytes
+                into the array and `words[c]` into a slice's buffer; `ks[c]`: its k, or K where its row is past I
+        copy(shared, base, array, offsets, ks, words, s, K)
+                slice s of the tile into the buffer `base` words into `shared`
+
+    The addresses are worked out once a tile, and a slice's copy adds s slices' bytes to them: numba's indexing
+    took ~27 instructions a copy in the slice loop's SASS (benchmarks/NOTES.md, issue 30 step 15)."""
     along_k = operand.k_contiguous
     ROW, K_STEP, _ = _shared_layout(operand, ROWS, BK)
     QUADS = ROWS * BK // 4
@@ -41,19 +49,30 @@ def _make_copy(operand, ROWS, BK, THREADS):
         raise ValueError(f"{QUADS} quads of a {ROWS} x {BK} slice do not split over {THREADS} threads")
 
     @kernel_cache.device
-    def copy(shared, base, array, i0, I, k0, K, t):
+    def plan(array, i0, I, k_begin, K, t, offsets, ks, words):
+        row_step, k_step = (array.strides[0], array.strides[1]) if along_k else (array.strides[1], array.strides[0])
         for c in range(COPIES):
             e = t + c * THREADS
             if along_k:  # a row's BK / 4 quads side by side: its bytes in order
                 r, k = e // (BK // 4), (e % (BK // 4)) * 4
-                valid = i0 + r < I and k0 + k < K  # K a multiple of four: a quad is whole or past the end
-                copy16(shared, base + r * ROW + k, array, i0 + r if valid else 0, k0 + k if valid else 0, valid)
+                words[c] = r * ROW + k
             else:
                 r, k = (e % (ROWS // 4)) * 4, e // (ROWS // 4)
-                valid = i0 + r < I and k0 + k < K  # I a multiple of four
-                copy16(shared, base + k * K_STEP + r, array, k0 + k if valid else 0, i0 + r if valid else 0, valid)
+                words[c] = k * K_STEP + r
+            offsets[c] = (i0 + r) * row_step + (k_begin + k) * k_step
+            # I a multiple of four for a row-contiguous operand: a quad is whole or past the end
+            ks[c] = k_begin + k if i0 + r < I else K
 
-    return copy
+    @kernel_cache.device
+    def copy(shared, base, array, offsets, ks, words, s, K):
+        step = s * (BK * (array.strides[1] if along_k else array.strides[0]))
+        for c in range(COPIES):
+            valid = ks[c] + int32(s * BK) < K  # K a multiple of four: a quad is whole or past the end
+            # a quad not read takes the array's first (cp.async reads none of its bytes; an address inside the
+            # array all the same, as cp.async's specification does not promise that one outside it is never used)
+            copy16_at(shared, base + words[c], array, offsets[c] + step if valid else int64(0), valid)
+
+    return plan, copy, COPIES
 
 
 def make_tile_product(tile, a_operand, b_operand, stages):
@@ -65,7 +84,8 @@ def make_tile_product(tile, a_operand, b_operand, stages):
         raise ValueError(f"a ring of {stages} slices: at least 2")
     A_ROW, A_K, A_WORDS = _shared_layout(a_operand, BM, BK)
     B_ROW, B_K, B_WORDS = _shared_layout(b_operand, BN, BK)
-    copy_a, copy_b = _make_copy(a_operand, BM, BK, THREADS), _make_copy(b_operand, BN, BK, THREADS)
+    plan_a, copy_a, A_COPIES = _make_copy(a_operand, BM, BK, THREADS)
+    plan_b, copy_b, B_COPIES = _make_copy(b_operand, BN, BK, THREADS)
     wait = wait_all_but(stages - 2)
     slices = tiles.shared_slices(stages * A_WORDS, stages * B_WORDS, float32, 16)
 
@@ -81,23 +101,30 @@ def make_tile_product(tile, a_operand, b_operand, stages):
         for i in range(2 * FM):
             for j in range(2 * FN):
                 acc[i, j] = float32(0)
-        count = (k_end - k_begin + BK - 1) // BK
+        count = int32((k_end - k_begin + BK - 1) // BK)
+        a_offsets, b_offsets = cuda.local.array(A_COPIES, int64), cuda.local.array(B_COPIES, int64)
+        a_ks, b_ks = cuda.local.array(A_COPIES, int32), cuda.local.array(B_COPIES, int32)
+        a_words, b_words = cuda.local.array(A_COPIES, int32), cuda.local.array(B_COPIES, int32)
+        K = int32(k_end)
+        plan_a(a, m0, M, k_begin, K, t, a_offsets, a_ks, a_words)
+        plan_b(b, n0, N, k_begin, K, t, b_offsets, b_ks, b_words)
         for s in range(stages - 1):  # the ring's first slices; a group for each, empty past the last
             if s < count:
-                copy_a(As, s * A_WORDS, a, m0, M, k_begin + s * BK, k_end, t)
-                copy_b(Bs, s * B_WORDS, b, n0, N, k_begin + s * BK, k_end, t)
+                copy_a(As, s * A_WORDS, a, a_offsets, a_ks, a_words, s, K)
+                copy_b(Bs, s * B_WORDS, b, b_offsets, b_ks, b_words, s, K)
             commit()
+        here, there = int32(0), int32(stages - 1)  # the buffers of slice s and of slice s + stages - 1
         for s in range(count):
             wait()  # this thread's copies of slice s are in
             cuda.syncthreads()  # everyone's are, and everyone is done with slice s - 1's buffer
-            here = s % stages
             multiply_slice(As, Bs, a_first + uint64(here * A_WORDS), b_first + uint64(here * B_WORDS), acc)
             ahead = s + stages - 1
             if ahead < count:  # into the buffer slice s - 1 left
-                there = ahead % stages
-                copy_a(As, there * A_WORDS, a, m0, M, k_begin + ahead * BK, k_end, t)
-                copy_b(Bs, there * B_WORDS, b, n0, N, k_begin + ahead * BK, k_end, t)
+                copy_a(As, there * A_WORDS, a, a_offsets, a_ks, a_words, ahead, K)
+                copy_b(Bs, there * B_WORDS, b, b_offsets, b_ks, b_words, ahead, K)
             commit()
+            here = here + 1 if here + 1 < stages else int32(0)
+            there = there + 1 if there + 1 < stages else int32(0)
         return True
 
     return tile_product
