@@ -4,10 +4,13 @@ A tile product that stages its operands through registers waits for each slice's
 with one slice in flight, the loads' latency (~0.5-1 µs) outlasts a 16-deep slice's products. cp.async writes
 shared memory itself, so several slices can be in flight at no register cost:
 
-    copy16_at(shared, e, array, offset, valid)
-                                            shared[e:e + 4] = the four float32 `offset` bytes into a 2-D float32
-                                            array (its rows contiguous: array[i, j:j + 4] at offset i * strides[0]
-                                            + j * 4), or four zeros where `valid` is False (nothing is read then)
+    address = shared_address(shared, e)     where shared[e] lies in the block's shared memory, in bytes (uint32)
+    copy16_to(address, shared, array, offset, valid)
+                                            the 16 bytes at `address` (shared_address's, plus any multiple of
+                                            16 bytes inside `shared`) = the four float32 `offset` bytes into a
+                                            2-D float32 array (its rows contiguous: array[i, j:j + 4] at offset
+                                            i * strides[0] + j * 4), or four zeros where `valid` is False
+                                            (nothing is read then)
     commit()                                closes the group of this thread's copies issued since the last commit
     wait_all_but(n)()                       waits until at most n of this thread's groups are still in flight
                                             (then a barrier makes every thread's copies visible to the block)
@@ -25,7 +28,12 @@ from mlptrain.backends.numba_kernels.wide import element_pointer
 
 def _simulated():
     @cuda.jit(device=True)
-    def copy16_at(shared, e, array, offset, valid):
+    def shared_address(shared, e):
+        return e * 4  # bytes from the array's start: copy16_to takes them back to its elements
+
+    @cuda.jit(device=True)
+    def copy16_to(address, shared, array, offset, valid):
+        e = address // 4
         for n in range(4):
             shared[e + n] = 0.0
         if valid:
@@ -45,7 +53,7 @@ def _simulated():
 
         return wait
 
-    return copy16_at, commit, waiting
+    return copy16_to, shared_address, commit, waiting
 
 
 def _inline():
@@ -57,20 +65,32 @@ def _inline():
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
     @intrinsic
-    def copy16_at(typingctx, shared, e, array, offset, valid):
-        signature = types.void(shared, e, array, offset, valid)
+    def shared_address(typingctx, shared, e):
+        signature = types.uint32(shared, e)
 
         def codegen(context, builder, sig, args):
-            destination = builder.ptrtoint(
-                element_pointer(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]]), i64)
+            pointer = builder.ptrtoint(element_pointer(context, builder, sig.args[0], args[0], [args[1]],
+                                                       [sig.args[1]]), i64)
+            # numba hands shared arrays over as generic pointers: cp.async takes a shared-window address, which
+            # fits 32 bits, so that a slice's addresses are 32-bit sums
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i64]),
+                               "{ .reg .u64 s; cvta.to.shared.u64 s, $1; cvt.u32.u64 $0, s; }", "=r,l")
+            return builder.call(asm, [pointer])
+
+        return signature, codegen
+
+    @intrinsic
+    def copy16_to(typingctx, address, shared, array, offset, valid):
+        signature = types.void(address, shared, array, offset, valid)
+
+        def codegen(context, builder, sig, args):
+            destination = context.cast(builder, args[0], sig.args[0], types.uint32)
             data = context.make_array(sig.args[2])(context, builder, args[2]).data
             source = builder.add(builder.ptrtoint(data, i64), context.cast(builder, args[3], sig.args[3], types.int64))
             bytes_read = builder.select(context.cast(builder, args[4], sig.args[4], types.boolean),
                                         ir.Constant(i32, 16), ir.Constant(i32, 0))
-            # numba hands shared arrays over as generic pointers: cp.async takes a shared-window address
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
-                               "{ .reg .u64 s; cvta.to.shared.u64 s, $0; cp.async.cg.shared.global [s], [$1], 16, $2; }",
-                               "l,l,r,~{memory}", side_effect=True)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32]),
+                               "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", side_effect=True)
             builder.call(asm, [destination, source, bytes_read])
             return context.get_dummy_value()
 
@@ -93,7 +113,7 @@ def _inline():
     def waiting(n):
         return statement(f"cp.async.wait_group {int(n)};")
 
-    return copy16_at, commit, waiting
+    return copy16_to, shared_address, commit, waiting
 
 
 @functools.cache
@@ -110,10 +130,11 @@ def _deferred(which, *args):
     return Deferred(_part, (which, *args)) if DEFERRED else _part(which, *args)
 
 
-copy16_at = _deferred(0)
-commit = _deferred(1)
+copy16_to = _deferred(0)
+shared_address = _deferred(1)
+commit = _deferred(2)
 
 
 def wait_all_but(n: int):
     """The device function that waits until at most `n` of the calling thread's committed groups are in flight."""
-    return _deferred(2, n)
+    return _deferred(3, n)

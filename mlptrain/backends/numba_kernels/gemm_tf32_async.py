@@ -3,7 +3,7 @@ backend): gemm_tf32's arithmetic, in its order, without the registers and the ba
 
 gemm_tf32 stages a slice through registers, one slice ahead: its loads' latency outlasts a 16-deep slice's
 products, and the SMs wait (24 TFLOP/s for 16 lanes' GEMMs; benchmarks/NOTES.md, issue 30 step 13). Here each
-thread issues 16-byte copies of the slice STAGES - 1 ahead (async_copy.copy16_at) straight into a ring of STAGES
+thread issues 16-byte copies of the slice STAGES - 1 ahead (async_copy.copy16_to) straight into a ring of STAGES
 buffers, so several slices' loads overlap the products. The copies cannot transpose, so an operand keeps its
 memory layout in shared memory: a k-contiguous one as [row, k] with a pitch of BK + 4 words (a fragment load, 8
 rows x 4 k, touches banks 4 row + k: all 32 distinct), a row-contiguous one as [k, row] with a pitch of ROWS + 8
@@ -15,9 +15,9 @@ fragment, k ascending), so the bits are its bits.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64, uint64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64, uint32, uint64
 from mlptrain.backends.numba_kernels import tiles
-from mlptrain.backends.numba_kernels.async_copy import commit, copy16_at, wait_all_but
+from mlptrain.backends.numba_kernels.async_copy import commit, copy16_to, shared_address, wait_all_but
 from mlptrain.backends.numba_kernels.gemm_tf32 import make_multiply_slice, tile_shape
 
 
@@ -30,47 +30,51 @@ def _shared_layout(operand, ROWS, BK):
 
 
 def _make_copy(operand, ROWS, BK, THREADS):
-    """(plan, copy, COPIES): thread t's copies of a BK x ROWS slice of the operand into shared memory, a quad (four
-    elements along its contiguous axis) a copy, COPIES a thread; quads past I or K zero-filled.
+    """(plan, copy, COPIES): thread t's copies of a BK x ROWS slice of the operand into a ring of buffers in shared
+    memory, a quad (four elements along its contiguous axis) a copy, COPIES a thread; quads past I or K
+    zero-filled.
 
-        plan(array, i0, I, k_begin, K, t, offsets, ks, words)
+        plan(array, shared, i0, I, k_begin, K, t, offsets, ks, addresses)
                 once a tile (rows i0.., k from k_begin): copy c's quad in the first slice is `offsets[c]` bytes
-                into the array and `words[c]` into a slice's buffer; `ks[c]`: its k, or K where its row is past I
-        copy(shared, base, array, offsets, ks, words, s, K)
-                slice s of the tile into the buffer `base` words into `shared`
+                into the array and goes to `addresses[c]` (async_copy.shared_address) in the ring's first buffer;
+                `ks[c]`: its k, or K where its row is past I
+        copy(shared, buffer, array, offsets, ks, addresses, s, K)
+                slice s of the tile into the ring's buffer `buffer`
 
-    The addresses are worked out once a tile, and a slice's copy adds s slices' bytes to them: numba's indexing
-    took ~27 instructions a copy in the slice loop's SASS (benchmarks/NOTES.md, issue 30 step 15)."""
+    The addresses are worked out once a tile, and a slice's copy adds s slices' bytes to the array's and the
+    buffer's bytes to the ring's: numba's indexing took ~27 instructions a copy in the slice loop's SASS
+    (benchmarks/NOTES.md, issue 30 step 15)."""
     along_k = operand.k_contiguous
-    ROW, K_STEP, _ = _shared_layout(operand, ROWS, BK)
+    ROW, K_STEP, WORDS = _shared_layout(operand, ROWS, BK)
     QUADS = ROWS * BK // 4
     COPIES = QUADS // THREADS
     if QUADS % THREADS:
         raise ValueError(f"{QUADS} quads of a {ROWS} x {BK} slice do not split over {THREADS} threads")
 
     @kernel_cache.device
-    def plan(array, i0, I, k_begin, K, t, offsets, ks, words):
+    def plan(array, shared, i0, I, k_begin, K, t, offsets, ks, addresses):
         row_step, k_step = (array.strides[0], array.strides[1]) if along_k else (array.strides[1], array.strides[0])
         for c in range(COPIES):
             e = t + c * THREADS
             if along_k:  # a row's BK / 4 quads side by side: its bytes in order
                 r, k = e // (BK // 4), (e % (BK // 4)) * 4
-                words[c] = r * ROW + k
+                addresses[c] = shared_address(shared, r * ROW + k)
             else:
                 r, k = (e % (ROWS // 4)) * 4, e // (ROWS // 4)
-                words[c] = k * K_STEP + r
+                addresses[c] = shared_address(shared, k * K_STEP + r)
             offsets[c] = (i0 + r) * row_step + (k_begin + k) * k_step
             # I a multiple of four for a row-contiguous operand: a quad is whole or past the end
             ks[c] = k_begin + k if i0 + r < I else K
 
     @kernel_cache.device
-    def copy(shared, base, array, offsets, ks, words, s, K):
+    def copy(shared, buffer, array, offsets, ks, addresses, s, K):
         step = s * (BK * (array.strides[1] if along_k else array.strides[0]))
+        k0, there = int32(s * BK), uint32(buffer * (WORDS * 4))
         for c in range(COPIES):
-            valid = ks[c] + int32(s * BK) < K  # K a multiple of four: a quad is whole or past the end
+            valid = int32(ks[c] + k0) < K  # K a multiple of four: a quad is whole or past the end
             # a quad not read takes the array's first (cp.async reads none of its bytes; an address inside the
             # array all the same, as cp.async's specification does not promise that one outside it is never used)
-            copy16_at(shared, base + words[c], array, offsets[c] + step if valid else int64(0), valid)
+            copy16_to(uint32(addresses[c] + there), shared, array, offsets[c] + step if valid else int64(0), valid)
 
     return plan, copy, COPIES
 
@@ -104,14 +108,14 @@ def make_tile_product(tile, a_operand, b_operand, stages):
         count = int32((k_end - k_begin + BK - 1) // BK)
         a_offsets, b_offsets = cuda.local.array(A_COPIES, int64), cuda.local.array(B_COPIES, int64)
         a_ks, b_ks = cuda.local.array(A_COPIES, int32), cuda.local.array(B_COPIES, int32)
-        a_words, b_words = cuda.local.array(A_COPIES, int32), cuda.local.array(B_COPIES, int32)
+        a_addresses, b_addresses = cuda.local.array(A_COPIES, uint32), cuda.local.array(B_COPIES, uint32)
         K = int32(k_end)
-        plan_a(a, m0, M, k_begin, K, t, a_offsets, a_ks, a_words)
-        plan_b(b, n0, N, k_begin, K, t, b_offsets, b_ks, b_words)
+        plan_a(a, As, m0, M, k_begin, K, t, a_offsets, a_ks, a_addresses)
+        plan_b(b, Bs, n0, N, k_begin, K, t, b_offsets, b_ks, b_addresses)
         for s in range(stages - 1):  # the ring's first slices; a group for each, empty past the last
             if s < count:
-                copy_a(As, s * A_WORDS, a, a_offsets, a_ks, a_words, s, K)
-                copy_b(Bs, s * B_WORDS, b, b_offsets, b_ks, b_words, s, K)
+                copy_a(As, s, a, a_offsets, a_ks, a_addresses, s, K)
+                copy_b(Bs, s, b, b_offsets, b_ks, b_addresses, s, K)
             commit()
         here, there = int32(0), int32(stages - 1)  # the buffers of slice s and of slice s + stages - 1
         for s in range(count):
@@ -120,11 +124,11 @@ def make_tile_product(tile, a_operand, b_operand, stages):
             multiply_slice(As, Bs, a_first + uint64(here * A_WORDS), b_first + uint64(here * B_WORDS), acc)
             ahead = s + stages - 1
             if ahead < count:  # into the buffer slice s - 1 left
-                copy_a(As, there * A_WORDS, a, a_offsets, a_ks, a_words, ahead, K)
-                copy_b(Bs, there * B_WORDS, b, b_offsets, b_ks, b_words, ahead, K)
+                copy_a(As, there, a, a_offsets, a_ks, a_addresses, ahead, K)
+                copy_b(Bs, there, b, b_offsets, b_ks, b_addresses, ahead, K)
             commit()
-            here = here + 1 if here + 1 < stages else int32(0)
-            there = there + 1 if there + 1 < stages else int32(0)
+            here = int32(here + 1) if here < int32(stages - 1) else int32(0)
+            there = int32(there + 1) if there < int32(stages - 1) else int32(0)
         return True
 
     return tile_product
