@@ -26,7 +26,7 @@ import functools
 import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import current, gemm_tf32, gemm_tf32_async, streams, wide
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
@@ -239,10 +239,12 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
             for j in range(TN):
                 n = col_of(n0, j)
                 if k < K and n < N:
+                    # unsigned indices: numba adds no negative-index fix-up (a compare and two selects an index)
+                    r, c = uint64(k), uint64(n)
                     if beta == float32(0):
-                        dw[k, n] = acc[i, j]
+                        dw[r, c] = acc[i, j]
                     else:
-                        dw[k, n] = beta * dw[k, n] + acc[i, j]
+                        dw[r, c] = beta * dw[r, c] + acc[i, j]
 
     if trials:
         @kernel_cache.jit(**jit_options)

@@ -336,17 +336,19 @@ def make_epilogues(layout, load, store):
             for j in range(TN):
                 n = col_of(n0, j)
                 if m < M and n < N:
-                    z = acc[i, j] + load(b[n])
+                    r, c = uint64(m), uint64(n)  # unsigned: numba adds no negative-index fix-up
+                    z = acc[i, j] + load(b[c])
                     if activation == RELU and z < float32(0):  # NaN stays NaN, as in np.maximum
                         z = float32(0)
-                    y[m, n] = store(z)
+                    y[r, c] = store(z)
         if activation == TANH or activation == SIGMOID:
             for i in range(TM):
                 m = row_of(m0, i)
                 for j in range(TN):
                     n = col_of(n0, j)
                     if m < M and n < N:
-                        y[m, n] = store(squash(load(y[m, n]), activation))
+                        r, c = uint64(m), uint64(n)
+                        y[r, c] = store(squash(load(y[r, c]), activation))
 
     @kernel_cache.device
     def activation_grad(acc, h, dx, m0, n0, M, N, activation):
@@ -355,14 +357,15 @@ def make_epilogues(layout, load, store):
             for j in range(TN):
                 n = col_of(n0, j)
                 if m < M and n < N:
-                    dx[m, n] = store(acc[i, j])
+                    dx[uint64(m), uint64(n)] = store(acc[i, j])
         if activation != NONE:
             for i in range(TM):
                 m = row_of(m0, i)
                 for j in range(TN):
                     n = col_of(n0, j)
                     if m < M and n < N:
-                        dx[m, n] = store(load(dx[m, n]) * activation_grad_of(load(h[m, n]), activation))
+                        r, c = uint64(m), uint64(n)
+                        dx[r, c] = store(load(dx[r, c]) * activation_grad_of(load(h[r, c]), activation))
 
     return bias_activation, activation_grad
 
