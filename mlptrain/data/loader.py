@@ -10,6 +10,8 @@ the loop.
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,5 +109,34 @@ def whole_split(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSpli
 
 def epoch_order(split: ResidentSplit, seed: int, epoch: int) -> np.ndarray:
     """The training order of one epoch: a function of (seed, epoch) only, so the
-    order never depends on the batch size and a resumed run sees the same data."""
-    return np.random.default_rng([seed, epoch]).permutation(split.index).astype(np.int32)
+    order never depends on the batch size and a resumed run sees the same data. Read-only where the split's
+    index is (held_out_index's, shared by the runs of a seed): kept for the other runs of the seed (`_ORDERS`)."""
+    index = split.index
+    if index.flags.writeable:  # an index its owner may change: nothing to share
+        return _permuted(index, seed, epoch)
+    with _ORDERS_LOCK:  # a sweep's worker threads start their epochs at once
+        orders = _ORDERS.get(id(index))
+        if orders is None:  # dropped with the index (an ndarray is not hashable: by its id while it lives)
+            orders = _ORDERS[id(index)] = {}
+            weakref.finalize(index, _ORDERS.pop, id(index), None)
+        order = orders.get((seed, epoch))
+    if order is None:
+        order = _permuted(index, seed, epoch)
+        order.flags.writeable = False
+        with _ORDERS_LOCK:
+            if len(orders) >= ORDERS_KEPT:  # the oldest epochs' first: runs of a seed train their epochs together
+                del orders[min(orders, key=lambda key: key[1])]
+            orders[(seed, epoch)] = order
+    return order
+
+
+def _permuted(index: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(index).astype(np.int32)
+
+
+# the epoch orders of each shared read-only index (dropped with it), by (seed, epoch): the 16 lanes of a packed
+# sweep start each epoch together while the GPU waits, and each lane's permutation of MNIST's rows took ~1.4 ms
+# there, of a ~50 ms epoch end (benchmarks/NOTES.md, issue 30 step 16); a sweep's trials share a few seeds
+_ORDERS: dict[int, dict[tuple[int, int], np.ndarray]] = {}
+_ORDERS_LOCK = threading.Lock()
+ORDERS_KEPT = 8  # orders of one index: a few seeds' current epochs (~0.2 MB each for MNIST)

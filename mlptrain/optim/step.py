@@ -44,10 +44,6 @@ class OptimizerStep:
         self.partials = backend.zeros((backend.kernels.reduce.PARTIALS,))
         self.lr_table = backend.to_device(np.asarray(lr_table, np.float64))
         self.grad_norms = backend.zeros((max(total_windows, 1),), np.float64)
-        # the state as `keep` found it, in two slots that it takes in turn: a read is reported before the read
-        # after the next is queued (a packed lane's queued epoch end reports its last two after it)
-        self.state_kept = (backend.zeros((slots.SIZE,), np.float64), backend.zeros((slots.SIZE,), np.float64))
-        self.next_kept = 0
 
     def __call__(self, params, grads, compute) -> None:
         """Update `params` (and their `compute` copy) from the window's summed gradient `grads`."""
@@ -68,20 +64,9 @@ class OptimizerStep:
         return np.array([self.clip_grad_norm, beta1, beta2, self.loss_scaling is not None, scaling.growth_factor,
                          scaling.backoff_factor, scaling.growth_interval], np.float64)
 
-    def keep(self) -> int:
-        """Queue a copy of the step state as the steps queued so far leave it, for `read_kept`; returns its slot."""
-        slot, self.next_kept = self.next_kept, 1 - self.next_kept
-        self.backend.copy(self.state_kept[slot], self.state)
-        return slot
-
     def read(self) -> dict:
         """The step state on the host (a synchronisation): steps, windows, skipped, loss_scale, lr, grad_norm."""
         return _decode(self.backend.to_host(self.state))
-
-    def read_kept(self, mark, slot: int) -> dict:
-        """`read` of the copy `keep` queued in `slot`, once `mark` (the backend's, recorded after it; None where
-        it gives none) is done, not waiting for the steps queued since."""
-        return _decode(self.backend.to_host_after(self.state_kept[slot], mark))
 
     @staticmethod
     def decoded(state: np.ndarray) -> dict:

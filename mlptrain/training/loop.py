@@ -35,7 +35,7 @@ from mlptrain.training.hparams import hparam_values, write_session
 from mlptrain.training.monitor import TrainingMonitor
 from mlptrain.training.queued_end import QueuedEnd, ends_later, logs_later, queue_end, queued_copies, queues_ends
 from mlptrain.training.queued_end import record as queued_record
-from mlptrain.training.reads import queue_read, report, report_late
+from mlptrain.training.reads import queue_read, read_state, report, report_late
 from mlptrain.training.steps import Period, finish
 from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, device_arrays, restore
 from mlptrain.training.session import Session
@@ -143,7 +143,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                     means = s.evaluator.train_means(s.window.row_loss, s.window.row_correct, s.train.size,
                                                     s.window.rows_known, end.mark)
                     last = yield from s.evaluator.epoch_record_steps(
-                        s.val, _test_split(s, epoch), epoch, lambda: s.step.read_kept(end.mark, end.slot)["steps"],
+                        s.val, _test_split(s, epoch), epoch, lambda: read_state(s, end)["steps"],
                         logger, means, logged=not later)
                 s.window.rows_known = True  # the next epoch runs whole in this process
                 if later:

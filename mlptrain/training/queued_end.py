@@ -8,8 +8,8 @@ lane) kept the GPU idle at each epoch's end, ~0.1 s of a 16-lane sweep's epoch e
 (`ends_later`), a lane instead queues only its epoch end's device work (`queue_end`: host copies of the epoch's
 per-sample rows and of the step state, the evaluation and host copies of its rows, host copies of the
 checkpoint's arrays) and hands in the next epoch's windows at once, waiting for none of its epoch's reads. The
-host's part comes during the next epoch: the epoch's last two reads are reported at its first read (`late_rows`;
-their step state from OptimizerStep.keep's two slots), then the record (`record`), its logs, the best checkpoint
+host's part comes during the next epoch: the epoch's last two reads are reported at its first read (from their
+own host copies: mlptrain.training.reads), then the record (`record`), its logs, the best checkpoint
 held or dropped and the caller's on_evaluation, each lane at another read. The copies are queued before the next
 epoch's steps on the lanes' stream, so they hold what the epoch's end left: the records, checkpoints and bits of
 an epoch end done at once.
@@ -92,13 +92,6 @@ def queue_end(s, epoch: int, reads: tuple, since: float, test) -> QueuedEnd:
     splits = s.evaluator.queue_record(s.val, test)
     checkpoint = s.backend.to_host_later(device_arrays(s.model, s.step))
     return QueuedEnd(epoch, reads, since, rows, ready, test, splits, checkpoint)
-
-
-def late_rows(s, end: QueuedEnd, read) -> tuple[float, float]:
-    """One of the epoch's last reads: the mean loss and accuracy of its rows [read.lo, read.hi)."""
-    losses, outcomes, _ = end.rows.take()
-    loss, acc, _ = s.evaluator.row_metrics(losses[read.lo:read.hi], outcomes[read.lo:read.hi])
-    return loss, acc
 
 
 def record(s, end: QueuedEnd) -> dict:

@@ -1,54 +1,72 @@
-"""An epoch's metric reads (training.loop.epoch_steps): each queued after a period's steps (a copy of the step
-state and a backend mark), and reported a period later to the loop's `on_read` (mlptrain.training.monitor), so
-that the host reads one period's results while the next period's steps are queued."""
+"""An epoch's metric reads (training.loop.epoch_steps): each queued after a period's steps (host copies of the
+period's per-sample rows and of the step state, on their way, and a backend mark), and reported a period later to
+the loop's `on_read` (mlptrain.training.monitor), so that the host reads one period's results while the next
+period's steps are queued.
+
+The copies are queued with the read (Backend.to_host_later), not made when it is reported: a report then waits
+for no copy. Made at the report, each lane of a packed group waited for three copies in turn while the GPU ran
+out of queued steps (~10 ms of a 16-lane sweep's ~25 ms of host work at each read; benchmarks/NOTES.md, issue
+30 step 16)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 
-from mlptrain.training.queued_end import QueuedEnd, late_rows
+from mlptrain.training.queued_end import QueuedEnd
 
 
 @dataclasses.dataclass(frozen=True)
 class QueuedRead:
-    """A read queued after the steps of samples [lo, hi) of the epoch: their rows stay as they are until the
-    epoch ends, the step state is copied (OptimizerStep.keep), and `mark` says when both are ready."""
+    """A read queued after the steps of samples [lo, hi) of the epoch: host copies of their per-sample losses
+    (and outcomes) and of the step state are on their way (`copies`), and `mark` says when the steps are done."""
 
     epoch: int
     step_in_epoch: int
     lo: int
     hi: int
     mark: object
-    slot: int  # the step state's copy (OptimizerStep.read_kept)
+    copies: object  # Backend.to_host_later's: the rows' losses, their outcomes (a classifier's), the step state
 
 
 def queue_read(s, epoch: int, i: int, lo: int, hi: int) -> QueuedRead:
-    slot = s.step.keep()
-    return QueuedRead(epoch, i + 1, lo, hi, s.backend.mark(), slot)
+    window = s.window
+    rows = [window.row_loss[lo:hi], *([window.row_correct[lo:hi]] if s.evaluator.classifies else [])]
+    copies = s.backend.to_host_later([*rows, s.step.state])
+    return QueuedRead(epoch, i + 1, lo, hi, s.backend.mark(), copies)
+
+
+def read_state(s, read: QueuedRead) -> dict:
+    """The step state as the read's steps left it (OptimizerStep.read's keys)."""
+    return s.step.decoded(read.copies.take()[-1])
 
 
 def report(s, read: QueuedRead, reported: float, on_read) -> float:
-    """Hand `on_read` the metrics of a queued read (waiting for its mark where it is not done yet); returns the
-    time of this report, from which the next one's seconds count."""
-    loss, acc, _ = s.evaluator.read_rows(s.window.row_loss, s.window.row_correct, read.lo, read.hi, read.mark)
-    state = s.step.read_kept(read.mark, read.slot)
+    """Hand `on_read` the metrics of a queued read (waiting for its copies where they are not done yet); returns
+    the time of this report, from which the next one's seconds count."""
+    loss, acc = _rows_read(s, read)
     now = time.perf_counter()
-    _hand(read, loss, acc, state, now - reported, on_read)
+    _hand(read, loss, acc, read_state(s, read), now - reported, on_read)
     return now
 
 
 def report_late(s, end: QueuedEnd, on_read) -> float:
-    """`report` of a queued epoch end's last reads (mlptrain.training.queued_end), their rows from its host
-    copies. The seconds from the epoch's report before them to now, a period into the next epoch (so the epoch's
-    end and that period too), are shared by their samples; the next report's seconds count from now."""
+    """`report` of a queued epoch end's last reads (mlptrain.training.queued_end). The seconds from the epoch's
+    report before them to now, a period into the next epoch (so the epoch's end and that period too), are shared
+    by their samples; the next report's seconds count from now."""
     now = time.perf_counter()
     samples = sum(read.hi - read.lo for read in end.reads)
     for read in end.reads:
-        loss, acc = late_rows(s, end, read)
+        loss, acc = _rows_read(s, read)
         seconds = (now - end.since) * (read.hi - read.lo) / samples
-        _hand(read, loss, acc, s.step.read_kept(read.mark, read.slot), seconds, on_read)
+        _hand(read, loss, acc, read_state(s, read), seconds, on_read)
     return now
+
+
+def _rows_read(s, read: QueuedRead) -> tuple[float, float]:
+    *rows, _ = read.copies.take()
+    loss, acc, _ = s.evaluator.row_metrics(*rows)
+    return loss, acc
 
 
 def _hand(read: QueuedRead, loss: float, acc: float, state: dict, seconds: float, on_read) -> None:
