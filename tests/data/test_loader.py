@@ -5,7 +5,8 @@ import pytest
 
 from mlptrain.backends.cpu import CpuBackend
 from mlptrain.data.dataset import ImageDataset
-from mlptrain.data.loader import check_val_size, held_out_index, resident_splits
+from mlptrain.data.loader import (ORDERS_KEPT, ResidentSplit, check_val_size, epoch_order, held_out_index,
+                                  resident_splits)
 from tests import kernel_cases as cases
 
 
@@ -99,3 +100,23 @@ def test_a_seeds_held_out_split_is_made_once_and_never_changed(rng):
     assert train is first.index and val.size == 30 and not val.flags.writeable
     with pytest.raises(ValueError):
         first.index[0] = 0
+
+
+def test_a_seeds_runs_share_each_epochs_order(rng):
+    """A packed sweep's lanes start each epoch together: runs of one seed get the one order of each epoch, the
+    permutation of (seed, epoch) made once, read-only; another seed or epoch gets its own; an index its owner may
+    change is permuted each time."""
+    ds = held_out_dataset(rng)
+    first, _, _ = resident_splits(ds, CpuBackend(), 30, seed=7)
+    again, _, _ = resident_splits(ds, CpuBackend(), 30, seed=7)
+    order = epoch_order(first, 3, 2)
+    np.testing.assert_array_equal(order, np.random.default_rng([3, 2]).permutation(first.index))
+    assert epoch_order(again, 3, 2) is order and not order.flags.writeable
+    assert epoch_order(first, 3, 3) is not order and epoch_order(first, 4, 2) is not order
+    for epoch in range(4, 4 + 2 * ORDERS_KEPT):  # a long run keeps only a few epochs' orders
+        epoch_order(first, 3, epoch)
+    assert epoch_order(first, 3, 2) is not order
+    np.testing.assert_array_equal(epoch_order(first, 3, 2), order)
+    mine = ResidentSplit(None, None, np.arange(50, dtype=np.int32), None)
+    assert epoch_order(mine, 3, 2) is not epoch_order(mine, 3, 2)
+    np.testing.assert_array_equal(epoch_order(mine, 3, 2), np.random.default_rng([3, 2]).permutation(mine.index))
