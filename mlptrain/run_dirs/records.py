@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlptrain.config.safe_yaml import brief_text
+from mlptrain.run_dirs.drawing import Drawing, png
 from mlptrain.errors import UserError
 from mlptrain.util.atomic import write_text
 from mlptrain.util.console import warn
@@ -77,9 +78,12 @@ def event_suffix(suffix: str = "") -> str:
 class RunLogger:
     """TensorBoard events and metrics.jsonl under the run directory; with `mlflow` (an
     mlptrain.run_dirs.mlflow_log.MlflowLog), the same scalars to MLflow, sent at each evaluation. `named`: the
-    run's console lines start with its folder's name (`line`), as where several runs print at once."""
+    run's console lines start with its folder's name (`line`), as where several runs print at once.
+    `draw_apart`: `image_later`'s images are drawn in a process of their own (mlptrain.run_dirs.drawing);
+    `on_fallback` gets the warning line if they cannot be."""
 
-    def __init__(self, run_dir: Path, mlflow=None, named: bool = False):
+    def __init__(self, run_dir: Path, mlflow=None, named: bool = False, draw_apart: bool = False,
+                 on_fallback=None):
         SummaryWriter = summary_writer_class()
         self.run_dir, self.mlflow, self.named = run_dir, mlflow, named
         path = run_dir / "metrics.jsonl"
@@ -96,6 +100,7 @@ class RunLogger:
         self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10, filename_suffix=event_suffix())
         self._summary = summary_class()
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
+        self.drawing = Drawing(draw_apart, on_fallback)
 
     def line(self, text: str) -> str:
         """A console line of the run's: `text`, after the run's name where it is `named`."""
@@ -122,13 +127,23 @@ class RunLogger:
 
     def image(self, tag: str, image, step: int) -> None:
         """An (H, W, C) image: floats in [0, 1], or uint8."""
-        self.writer.add_image(tag, image, step, dataformats="HWC")
+        self._image(tag, png(lambda: image), step)
 
     def image_later(self, tag: str, draw, step: int) -> None:
         """`image(tag, draw(), step)` on a thread of the logger's own, in order: drawing and compressing an image
         takes milliseconds that the training loop, which mostly waits on the device or on NumPy, need not
-        spend; `close` waits for them."""
-        self._later(lambda: self.image(tag, draw(), step))
+        spend; `close` waits for them. Drawn apart (`draw_apart`), `draw` is pickled to a drawing process: a
+        function of its module's with its arguments (functools.partial), not a lambda."""
+        made = self.drawing.png_later(draw)
+        self._later(lambda: self._image(tag, self.drawing.png_of(made, draw), step))
+
+    def _image(self, tag: str, made: tuple, step: int) -> None:
+        """The event of an image made PNG (drawing.png), as tensorboardX's add_image writes it."""
+        height, width, channels, data = made
+        image = self._summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=data)
+        # the writer's event file, as its add_* methods reach it (tensorboardX has no public name for it)
+        self.writer._get_file_writer().add_summary(self._summary(value=[self._summary.Value(tag=tag, image=image)]),
+                                                   step)
 
     def _later(self, job) -> None:
         """`job()` on the logger's own thread, after the jobs given before it; `close` waits for them all and

@@ -4,6 +4,7 @@ reconstruction grid and mean-image baseline."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,7 +246,7 @@ class Evaluator:
         for name in ("val", "test"):
             if f"{name}_acc" in record and name in self.confusion:  # drawn beside the training that follows
                 matrix = self.confusion.pop(name)
-                logger.image_later(f"confusion/{name}", lambda matrix=matrix: confusion_image(matrix), record["step"])
+                logger.image_later(f"confusion/{name}", functools.partial(confusion_image, matrix), record["step"])
         # plain text, coloured on a terminal only, not wrapped (a terminal wraps it): rich's markup, highlighting and
         # wrapping cost ~1 ms a line on the GPU machine, which the lanes of a packed sweep paid in turn at every
         # epoch's end

@@ -39,7 +39,7 @@ from mlptrain.training.reads import queue_read, read_state, report, report_late
 from mlptrain.training.steps import Period, finish
 from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, device_arrays, restore
 from mlptrain.training.session import Session
-from mlptrain.training.summary import GRAD_NORMS, run_summary
+from mlptrain.training.summary import GRAD_NORMS, fallbacks, run_summary
 from mlptrain.util.atomic import atomic_write, link_whole
 from mlptrain.util.background import Waitable, pool
 from mlptrain.util.console import console
@@ -94,7 +94,8 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
     """train()'s epochs, evaluations, checkpoints and summary, from `start`, logged by a RunLogger (and to
     `mlflow`, an mlptrain.run_dirs.mlflow_log.MlflowLog, when given); `queues`: epoch ends may be queued
     (queued_end.ends_later)."""
-    logger = RunLogger(run_dir, mlflow, named=not progress)  # no bar: other runs print beside this one
+    logger = RunLogger(run_dir, mlflow, named=not progress, draw_apart=draws_apart(s, progress),
+                       on_fallback=s.notes.append)  # no bar: other runs print beside this one
     logger.chart_layout(s.classifies)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window,
@@ -185,8 +186,15 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
         if s.writing is not None:  # the run failed: the checkpoint on its way is still written whole
             s.writing.exception()
     save_grad_norms(run_dir / GRAD_NORMS, s.step)
+    summary["fallbacks"] = fallbacks(s)  # with one the logger's close met (its images drawn here after all)
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def draws_apart(s: Session, progress: bool) -> bool:
+    """Whether the run's TensorBoard images are drawn in processes of their own (mlptrain.run_dirs.drawing):
+    where several runs train at once (no bar) on a GPU, whose thread that feeds it needs the interpreter."""
+    return not progress and s.backend.name != "cpu"
 
 
 def start_mlflow(s: Session, run_dir: Path):

@@ -188,6 +188,26 @@ def test_packed_trials_name_themselves_in_their_epoch_lines(tmp_path, tiny_mnist
     assert sorted(line.split()[0] for line in lines) == ["trial-0000", "trial-0001"], lines
 
 
+def test_a_packed_trial_whose_images_cannot_be_drawn_apart_records_the_fallback(tmp_path, tiny_mnist, monkeypatch):
+    """Drawn apart (as packed trials on a GPU are: training.loop.draws_apart), a drawing process that cannot start
+    is each trial's recorded fallback, and its confusion images are drawn beside the training after all."""
+    from mlptrain.run_dirs import drawing
+    from mlptrain.training import loop
+
+    def no_process():
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(loop, "draws_apart", lambda s, progress: True)
+    monkeypatch.setattr(drawing, "_processes", no_process)
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002]})
+    run_sweep(path, tmp_path / "runs", overrides=["train.epochs=1"], pack=2)
+    for trial in ("trial-0000", "trial-0001"):
+        run_dir = tmp_path / "runs" / "s" / trial
+        fallbacks = json.loads((run_dir / "summary.json").read_text())["fallbacks"]
+        assert [line for line in fallbacks if "not in a process of their own (OSError: no processes here)" in line]
+        assert any(b"confusion/val" in events.read_bytes() for events in run_dir.glob("events.out.tfevents.*"))
+
+
 def test_ctrl_c_queues_every_packed_trial_again_and_a_rerun_finishes_them(tmp_path, tiny_mnist, trains, monkeypatch):
     real, steps = engine.training, []
 
