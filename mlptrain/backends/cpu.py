@@ -27,6 +27,9 @@ class CpuBackend:
     def zeros(self, shape, dtype=np.float32):
         return np.zeros(shape, dtype)
 
+    def zero(self, array) -> None:
+        array[...] = 0
+
     def to_device(self, array):
         return np.ascontiguousarray(array).copy()
 

@@ -59,6 +59,9 @@ class CudaBackend:
         with gpu_memory_errors(math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize):
             return self._device.zeros(shape, dtype)
 
+    def zero(self, array) -> None:
+        self._device.zero(array, self.stream)
+
     def to_device(self, array):
         array = np.ascontiguousarray(array)
         with gpu_memory_errors(array.nbytes):

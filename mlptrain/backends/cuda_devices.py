@@ -34,8 +34,14 @@ class DriverDevice:
 
     def zeros(self, shape, dtype):
         array = self._array.allocate(shape, dtype)
-        self._api.zero(array.pointer, array.nbytes, self.stream)
+        self.zero(array, self.stream)
         return array
+
+    def zero(self, array, stream) -> None:
+        """A memset of the array's bytes (a packed lane's row: one slab row, contiguous)."""
+        if not array.contiguous:
+            raise ValueError(f"zeroing a strided {array.shape} device array")
+        self._api.zero(array.pointer, array.nbytes, stream)
 
     def to_device(self, host):
         array = self._array.allocate(host.shape, host.dtype)
@@ -136,6 +142,9 @@ class NumbaDevice:
 
     def copy(self, dst, src, stream):
         dst.copy_to_device(src, stream=stream)
+
+    def zero(self, array, stream) -> None:
+        array.copy_to_device(np.zeros(array.shape, array.dtype), stream=stream)
 
     def to_host_later(self, arrays, stream):
         return None  # copied at once (CudaBackend.to_host): numba's pinned arrays are not worth its path

@@ -28,6 +28,9 @@ class Backend(Protocol):
     def zeros(self, shape, dtype=...) -> Any:
         """A zeroed array on the device."""
 
+    def zero(self, array) -> None:
+        """Set a (C-contiguous) device array to zero, queued after the launches so far."""
+
     def to_device(self, array) -> Any:
         """A device copy of a host array."""
 

@@ -156,7 +156,9 @@ class LaneBackend:
         if not self._building:
             return self._backend.zeros(shape, dtype)
         view = self._row(shape, dtype)
-        self._backend.copy_from_host(view, np.zeros(tuple(view.shape), view.dtype))  # a lane used before
+        # a lane used before; set on the device: copied from the host, a lane's zeroed buffers (its gradients,
+        # Adam's moments: ~11 MB for adam_mnist) took ~6 ms a lane of a packed sweep's start on an H100
+        self._backend.zero(view)
         return view
 
     def to_device(self, array):

@@ -207,6 +207,30 @@ def test_a_float32_vectors_lanes_start_16_bytes_apart_on_the_gpu(kind):
         assert slabs.arrays[index].flags.c_contiguous  # already whole 16 bytes, or not a float32 vector
 
 
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_lanes_zeroed_buffers_are_zero_where_a_lane_was_used_before(kind):
+    """A session built again in a lane (its next trial) gets zeroed rows, set on the device, the other lanes'
+    rows untouched (padded float32 vectors on CUDA, other buffers too)."""
+    from mlptrain.backends.cpu import CpuBackend
+    from mlptrain.backends.cuda import CudaBackend
+    from mlptrain.packing.lane_slabs import LaneBackend, Slabs
+
+    shared = CpuBackend() if kind == "cpu" else CudaBackend()
+    slabs = Slabs(shared, 3)
+    lanes = [LaneBackend(shared, slabs, lane) for lane in range(3)]
+    shapes = [((10,), np.float32), ((2, 5), np.float32), ((7,), np.float64)]
+    for round_ in range(2):
+        for lane in lanes:
+            with lane.building():
+                rows = [lane.zeros(shape, dtype) for shape, dtype in shapes]
+            for row, (shape, dtype) in zip(rows, shapes):
+                np.testing.assert_array_equal(shared.to_host(row), np.zeros(shape, dtype))
+                shared.copy_from_host(row, np.full(shape, lane.lane + 1 + round_, dtype))
+    for index, (shape, dtype) in enumerate(shapes):
+        for lane in range(3):
+            np.testing.assert_array_equal(shared.to_host(slabs.arrays[index][lane]), np.full(shape, lane + 2, dtype))
+
+
 def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
     """A lane's `urgent` block (its evaluation, which yields to the other lanes inside it) must not switch the
     stream the lanes share: the backend's own `urgent` would, for every lane at once."""
