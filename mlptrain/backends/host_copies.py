@@ -24,6 +24,11 @@ import numpy as np
 PINNED_MOST = 256 * 2**20  # one set of copies: adam_mnist's checkpoint is 8 MB
 PINNED_LIMIT = 2**30  # pinned in all: memory the system cannot page out
 ALIGN = 256  # each copy's start in a buffer
+# A buffer up to CARVED_MOST is cut from a CHUNK pinned at once: a period's read (its rows and the step state,
+# ~32 KB for adam_mnist) takes one, and pinning cost ~1.5 ms an allocation however small on the GPU machine, ~96 of
+# them on the thread that feeds a 16-lane group in its first epoch (benchmarks/NOTES.md, issue 30 step 16)
+CARVED_MOST = 64 * 2**10
+CHUNK = 2**20
 
 
 class Ready:
@@ -80,6 +85,8 @@ class PinnedPool:
         self._pinned = 0
         self._lock = threading.Lock()  # a sweep's worker threads copy at once
         self._reserving: list[threading.Thread] = []
+        self._chunk, self._cut = None, 0  # the chunk small buffers are cut from, and how much of it is cut
+        self._cutting = threading.Lock()  # one chunk pinned at a time
 
     def take(self, nbytes: int) -> np.ndarray | None:
         """A buffer of at least `nbytes` (uint8), or None past the limits."""
@@ -90,7 +97,8 @@ class PinnedPool:
                     buffer = min(fits, key=lambda b: b.nbytes)
                     del self._free[next(i for i, b in enumerate(self._free) if b is buffer)]  # not ==: elementwise
                     return buffer
-                waiting = self._reserving[:1]
+                # a small buffer is no reservation's (those hold an epoch end's copies): cut at once
+                waiting = self._reserving[:1] if nbytes > CARVED_MOST else []
             if not waiting:
                 return self._new(nbytes, self._allocate)
             waiting[0].join()  # a buffer on its way may be this one's
@@ -99,6 +107,22 @@ class PinnedPool:
                     self._reserving.remove(waiting[0])
 
     def _new(self, nbytes: int, allocate) -> np.ndarray | None:
+        return self._cut_out(nbytes, allocate) if nbytes <= CARVED_MOST else self._pin(nbytes, allocate)
+
+    def _cut_out(self, nbytes: int, allocate) -> np.ndarray | None:
+        """A buffer of `nbytes` cut from the current chunk, or from a new one; pinned alone where the limits leave
+        no chunk."""
+        with self._cutting:
+            if self._chunk is None or self._cut + nbytes > self._chunk.nbytes:
+                chunk = self._pin(CHUNK, allocate)
+                if chunk is None:
+                    return self._pin(nbytes, allocate)
+                self._chunk, self._cut = chunk, 0
+            buffer = self._chunk[self._cut:self._cut + nbytes]
+            self._cut += -(-nbytes // ALIGN) * ALIGN
+            return buffer
+
+    def _pin(self, nbytes: int, allocate) -> np.ndarray | None:
         with self._lock:
             if nbytes > PINNED_MOST or self._pinned + nbytes > PINNED_LIMIT:
                 return None

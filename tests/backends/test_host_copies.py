@@ -137,7 +137,8 @@ def test_a_gpu_backend_copies_behind_the_host():
     np.testing.assert_array_equal(copies.take()[0], np.arange(600, 900, dtype=np.float32))
 
 
-def test_a_reserved_buffer_serves_the_first_copies_and_a_failed_reservation_leaves_them_to_allocate():
+def test_a_reserved_buffer_serves_the_first_copies_and_a_failed_reservation_leaves_them_to_allocate(monkeypatch):
+    monkeypatch.setattr(host_copies, "CARVED_MOST", 0)  # buffers pinned each alone, as an epoch end's are
     own, reserving = _Allocations(), _Allocations()
     pool = PinnedPool(own)
     pool.reserve([1000, 3000], reserving)
@@ -151,3 +152,37 @@ def test_a_reserved_buffer_serves_the_first_copies_and_a_failed_reservation_leav
     pool.reserve([1000], failing)
     assert pool.take(1000).nbytes == 1000 and len(own.blocks) == 1
     assert pool._pinned == 5000  # the failed reservation's bytes are not counted
+
+
+def test_small_buffers_are_cut_from_one_pinned_chunk_without_waiting_for_a_reservation(monkeypatch):
+    """A period's read takes a small buffer: cut from a chunk pinned once (pinning costs the same however small),
+    each cut aligned and apart from the others, reused once given back; a new chunk when one is used up, a buffer
+    pinned alone where the limits leave no chunk; never waiting for a reservation of an epoch end's buffers."""
+    allocations = _Allocations()
+    pool = PinnedPool(allocations)
+    first, second = pool.take(1000), pool.take(3000)
+    assert (first.nbytes, second.nbytes) == (1000, 3000) and len(allocations.blocks) == 1
+    assert not np.shares_memory(first, second) and second.ctypes.data - first.ctypes.data == 1024
+    assert pool._pinned == host_copies.CHUNK
+    pool.give_back(first)
+    assert pool.take(900) is first
+    pool.take(host_copies.CHUNK - 4096 - 100)  # past CARVED_MOST: pinned alone
+    for _ in range(host_copies.CHUNK // host_copies.CARVED_MOST):  # the chunk used up: a second one
+        pool.take(host_copies.CARVED_MOST)
+    assert len(allocations.blocks) == 3  # the first chunk, the buffer pinned alone, the second chunk
+    monkeypatch.setattr(host_copies, "PINNED_LIMIT", 4096)  # no room for a chunk
+    tight = _Allocations()
+    alone = PinnedPool(tight).take(1000)
+    assert alone.nbytes == 1000 and [len(block) for block in tight.blocks] == [1000]
+    import threading
+
+    released = threading.Event()
+
+    def slow(nbytes):  # a reservation still pinning an epoch end's buffers
+        released.wait(5)
+        return allocations(nbytes)
+
+    fresh = PinnedPool(_Allocations())
+    fresh.reserve([2 * host_copies.CARVED_MOST], slow)
+    assert fresh.take(2000).nbytes == 2000 and not released.is_set()  # cut at once, the reservation under way
+    released.set()
