@@ -156,8 +156,8 @@ class LaneBackend:
         if not self._building:
             return self._backend.zeros(shape, dtype)
         view = self._row(shape, dtype)
-        # a lane used before; set on the device: copied from the host, a lane's zeroed buffers (its gradients,
-        # Adam's moments: ~11 MB for adam_mnist) took ~6 ms a lane of a packed sweep's start on an H100
+        # a lane used before; set on the device, not copied from a host array of zeros (a lane's gradients and
+        # Adam's moments are ~11 MB for adam_mnist)
         self._backend.zero(view)
         return view
 

@@ -4,9 +4,10 @@ the loop's `on_read` (mlptrain.training.monitor), so that the host reads one per
 period's steps are queued.
 
 The copies are queued with the read (Backend.to_host_later), not made when it is reported: a report then waits
-for no copy. Made at the report, each lane of a packed group waited for three copies in turn while the GPU ran
-out of queued steps (~10 ms of a 16-lane sweep's ~25 ms of host work at each read; benchmarks/NOTES.md, issue
-30 step 16)."""
+for no copy. Made at the report, each lane of a packed group waited for three copies in turn, and the device copy
+of the step state that queued each read took more: in a 16-lane sweep's flush gaps over 5 ms (the GPU out of
+queued steps), the thread feeding it was in those copies in 615 of 1,462 samples (benchmarks/NOTES.md, issue 30
+step 16)."""
 
 from __future__ import annotations
 
