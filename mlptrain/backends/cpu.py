@@ -15,6 +15,7 @@ class CpuBackend:
     """Satisfies `mlptrain.backends.protocol.Backend` with NumPy arrays; its device is the host."""
 
     name = "cpu"
+    copies_lane_views = True  # NumPy views
 
     def __init__(self, fallback: str | None = None):
         self.kernels = numpy_kernels

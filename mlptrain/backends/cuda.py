@@ -62,6 +62,11 @@ class CudaBackend:
     def zero(self, array) -> None:
         self._device.zero(array, self.stream)
 
+    @property
+    def copies_lane_views(self) -> bool:
+        """On the driver's path (a copy of rows apart); numba's copies only contiguous arrays."""
+        return self._device.copies_lane_views
+
     def to_device(self, array):
         array = np.ascontiguousarray(array)
         with gpu_memory_errors(array.nbytes):

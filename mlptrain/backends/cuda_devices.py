@@ -13,6 +13,8 @@ from mlptrain.errors import UserError
 class DriverDevice:
     """A CudaBackend's GPU, arrays and stream through the driver (no numba)."""
 
+    copies_lane_views = True  # DeviceArray.copy_into
+
     def __init__(self, device: int | None, own_stream: bool):
         # imported here, not at the top: the CPU path never loads the driver's bindings
         from mlptrain.backends.driver import api
@@ -106,6 +108,8 @@ class DriverDevice:
 
 class NumbaDevice:
     """A CudaBackend's GPU, arrays and stream through numba (the simulator, MLPTRAIN_CUDA_LAUNCH=numba)."""
+
+    copies_lane_views = False
 
     def __init__(self, device: int | None, own_stream: bool):
         # here, not at the top: the CPU path and `backend: auto` without a GPU never import numba (seconds)

@@ -21,6 +21,7 @@ class Backend(Protocol):
     device_name: str  # what summary.json records as the device
     kernels: ModuleType  # the kernel set: a module per name in FAMILIES
     fallbacks: list[str]  # why this backend runs instead of the one asked for (one line each)
+    copies_lane_views: bool  # whether to_host_later takes a lane view of one axis (mlptrain.backends.lanes)
 
     def empty(self, shape, dtype=...) -> Any:
         """An uninitialised array on the device."""

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from mlptrain.backends.lanes import lane_view
 from mlptrain.backends.thread_stream import use_launch_stream
 from mlptrain.errors import UserError
 from mlptrain.nn import model_dataset
@@ -70,6 +71,9 @@ class LaneWindow(TrainingWindow):
         self.group.plan(rows)
         super().plan(rows)
 
+    def read_copies(self, lo: int, hi: int, outcomes: bool):
+        return self.group.read_copies(self, lo, hi, outcomes)
+
     def graphs_record(self) -> dict:
         """The group's graph record, and summary.json's `lanes`: how many lanes the run's group had, its own, and
         how the lanes' GEMMs summed (their engine)."""
@@ -95,6 +99,8 @@ class LaneGroup:
         self.graphs, self.graph_rows, self.graph_tried = {}, None, not cuda_graphs  # a graph per lanes launched
         self.graphs_off = None if cuda_graphs else "train.cuda_graphs is false"
         self.active = None  # the lanes the device's mask holds
+        self.flushes = 0  # flushes so far: a read's copies are the group's for the lanes reading after one flush
+        self._read = None  # (flushes, lo, hi, outcomes), and the copies of every lane's rows and step state
 
     def accepts(self, config) -> bool:
         """Whether `config` makes the group's slabs (the first config asked sets them)."""
@@ -166,6 +172,23 @@ class LaneGroup:
             if window.cursor_at >= window.split.size:  # its epoch's last window: its epoch's end comes next
                 self.due.discard(lane)
         self.pending.clear()
+        self.flushes += 1
+
+    def read_copies(self, window: LaneWindow, lo: int, hi: int, outcomes: bool):
+        """A lane's read copies (TrainingWindow.read_copies), made for every lane at once where the backend
+        copies lane views: the lanes of a lockstep group read after the same flush, the same rows, and a read's
+        three copies a lane were ~0.4 ms of host time each at each read, 16 lanes in turn while the GPU ran out
+        of queued steps (benchmarks/NOTES.md, issue 30 step 16). Nothing is launched between the lanes' reads of
+        one flush but their own epoch ends' work, which writes no row or state of another lane's."""
+        if not self.backend.copies_lane_views or self.step is None or self.stagger:  # staggered: apart
+            return TrainingWindow.read_copies(window, lo, hi, outcomes)
+        key = (self.flushes, lo, hi, outcomes)
+        if self._read is None or self._read[0] != key:
+            slabs = self.step.slabs
+            rows = [lane_view(slabs["row_loss"], lo, (hi - lo,)),
+                    *([lane_view(slabs["row_correct"], lo, (hi - lo,))] if outcomes else [])]
+            self._read = (key, self.backend.to_host_later([*rows, slabs["state"]]))
+        return LaneCopies(self._read[1], window.lane)
 
     def _launch(self, rows: int, lanes: int) -> None:
         """As a lane's own window runs: the first full window launch by launch (compiling), then captured as a
@@ -206,6 +229,18 @@ class LaneGroup:
         if not self.graphs and off is None:
             off = "no full window (train.batch_size x train.grad_accum_steps samples) ran"
         return {"cuda_graphs": bool(self.graphs), "cuda_graphs_off": off}
+
+
+class LaneCopies:
+    """One lane's share of host copies of every lane's arrays (a lane axis first): `take` gives its rows."""
+
+    __slots__ = ("copies", "lane")
+
+    def __init__(self, copies, lane: int):
+        self.copies, self.lane = copies, lane
+
+    def take(self) -> list[np.ndarray]:
+        return [array[self.lane] for array in self.copies.take()]
 
 
 class LaneResources:

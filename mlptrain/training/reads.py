@@ -31,9 +31,7 @@ class QueuedRead:
 
 
 def queue_read(s, epoch: int, i: int, lo: int, hi: int) -> QueuedRead:
-    window = s.window
-    rows = [window.row_loss[lo:hi], *([window.row_correct[lo:hi]] if s.evaluator.classifies else [])]
-    copies = s.backend.to_host_later([*rows, s.step.state])
+    copies = s.window.read_copies(lo, hi, s.evaluator.classifies)
     return QueuedRead(epoch, i + 1, lo, hi, s.backend.mark(), copies)
 
 

@@ -46,6 +46,12 @@ class TrainingWindow:
         self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and kept step state
         self.unreported = None  # a queued epoch end's reads not reported yet, and their seconds' start (training.loop)
 
+    def read_copies(self, lo: int, hi: int, outcomes: bool):
+        """Host copies, queued now (Backend.to_host_later), of the per-sample losses of rows [lo, hi), their
+        outcomes where `outcomes`, and the step state: a period's read (mlptrain.training.reads)."""
+        rows = [self.row_loss[lo:hi], *([self.row_correct[lo:hi]] if outcomes else [])]
+        return self.backend.to_host_later([*rows, self.step.state])
+
     def start_epoch(self, order: np.ndarray) -> None:
         """Load the epoch's order: a copy queued after the last epoch's steps, which read the order before it
         (nothing waits for the device here: a packed group's lanes share a stream, and a synchronisation at each

@@ -135,6 +135,17 @@ def test_a_gpu_backend_copies_behind_the_host():
     copies = backend.to_host_later([rows[2]])
     backend.copy_from_host(rows, np.zeros((4, 300), np.float32))
     np.testing.assert_array_equal(copies.take()[0], np.arange(600, 900, dtype=np.float32))
+    if backend.copies_lane_views:  # the driver's path: a lane view's rows, apart on the device, in one copy
+        from mlptrain.backends.lanes import lane_view
+
+        backend.copy_from_host(rows, np.arange(1200, dtype=np.float32).reshape(4, 300))
+        copies = backend.to_host_later([lane_view(rows, 100, (37,))])
+        backend.copy_from_host(rows, np.zeros((4, 300), np.float32))
+        np.testing.assert_array_equal(copies.take()[0], np.arange(1200, dtype=np.float32).reshape(4, 300)[:, 100:137])
+    else:  # numba's path (the simulator, or MLPTRAIN_CUDA_LAUNCH=numba): no lane view is given it to copy
+        import os
+
+        assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("MLPTRAIN_CUDA_LAUNCH") == "numba"
 
 
 def test_a_reserved_buffer_serves_the_first_copies_and_a_failed_reservation_leaves_them_to_allocate(monkeypatch):

@@ -24,7 +24,7 @@ def parameters(function) -> list[str]:
 
 def test_the_protocol_names_what_the_loop_uses():
     assert {"empty", "zeros", "to_device", "to_host", "copy_from_host", "synchronize", "capture"} <= set(METHODS)
-    assert ATTRIBUTES == ["device_name", "fallbacks", "kernels", "name"]
+    assert ATTRIBUTES == ["copies_lane_views", "device_name", "fallbacks", "kernels", "name"]
 
 
 @pytest.mark.parametrize("backend", [CpuBackend, CudaBackend], ids=["cpu", "cuda"])

@@ -21,6 +21,7 @@ from mlptrain.training.experiment import Resources
 from mlptrain.packing import lane_group
 from mlptrain.packing.lane_group import LaneWindow, slots
 from mlptrain.packing.lane_slabs import lane_signature
+from mlptrain.training.window import TrainingWindow
 from tests.sweep.conftest import tiny_mnist  # noqa: F401 (a fixture: a small banded MNIST in place of the real one)
 
 TINY = {"backend": "cpu", "model": {"hidden": [16, 8]}, "data": {"val_size": 100},
@@ -100,6 +101,26 @@ def test_lanes_in_step_and_out_of_step_give_each_run_its_bits_alone(tiny_mnist):
         params, state = solo_windows(s.config, plan[lane])
         np.testing.assert_array_equal(s.model.params.flat, params)
         np.testing.assert_array_equal(s.step.state, state)
+
+
+def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_rows(tiny_mnist):
+    """A lockstep group's lanes read the same rows after the same flush: one set of copies of every lane's rows and
+    step state (the backend copies lane views), each lane given its own, as its window alone would copy them."""
+    group, sessions = build(tiny(), lanes=3)
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    for turn in range(2):
+        for s in sessions:
+            s.window.run(60 * turn, 60)
+        group.flush()
+        reads = [s.window.read_copies(60 * turn, 60 * turn + 60, True) for s in sessions]
+        assert len({id(read.copies) for read in reads}) == 1
+        for s, read in zip(sessions, reads):
+            alone = TrainingWindow.read_copies(s.window, 60 * turn, 60 * turn + 60, True).take()
+            for got, want in zip(read.take(), alone):
+                np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(reads[0].take()[0], reads[1].take()[0])  # each lane its own losses
+    assert sessions[0].window.read_copies(0, 60, False).copies is not reads[0].copies  # another read: its own
 
 
 def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):

@@ -219,6 +219,16 @@ def to_host(host_address: int, pointer: int, nbytes: int, stream) -> None:
         check(cu.cuMemcpyDtoHAsync(host_address, pointer, nbytes, handle(stream)), "cuMemcpyDtoHAsync")
 
 
+def rows_to_host(host_address: int, pointer: int, row_bytes: int, rows: int, pitch: int, stream) -> None:
+    """`rows` rows of `row_bytes` bytes each, `pitch` bytes apart on the device, packed into host memory."""
+    if row_bytes and rows:
+        copy = cu.CUDA_MEMCPY2D()
+        copy.srcMemoryType, copy.srcDevice, copy.srcPitch = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE, pointer, pitch
+        copy.dstMemoryType, copy.dstHost, copy.dstPitch = cu.CUmemorytype.CU_MEMORYTYPE_HOST, host_address, row_bytes
+        copy.WidthInBytes, copy.Height = row_bytes, rows
+        check(cu.cuMemcpy2DAsync(copy, handle(stream)), "cuMemcpy2DAsync")
+
+
 def pinned(nbytes: int) -> tuple[int, int]:
     """(address, nbytes) of page-locked host memory, which a copy from the device fills while the host goes on
     (into ordinary memory, cuMemcpyDtoHAsync returns once it is done); portable: any context may copy into it.

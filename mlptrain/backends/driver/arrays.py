@@ -124,10 +124,15 @@ class DeviceArray:
 
     def copy_into(self, host: np.ndarray, stream=0) -> None:
         """Queue a copy into `host` (C-contiguous, of this array's shape and dtype: page-locked memory, for the
-        copy to run behind the host's back; mlptrain.backends.host_copies)."""
-        self._contiguous("copied")
+        copy to run behind the host's back; mlptrain.backends.host_copies). A lane view of one axis (its lanes'
+        rows apart, each contiguous: mlptrain.backends.lanes) is copied row by row, in one copy."""
         if host.shape != self.shape or host.dtype != self.dtype or not host.flags.c_contiguous:
             raise ValueError(f"copying a {self.shape} {self.dtype} device array into a {host.shape} {host.dtype} one")
+        if not self.is_c_contiguous() and len(self.shape) == 2 and self.strides[1] == self.dtype.itemsize:
+            api.rows_to_host(host.ctypes.data, self.pointer, self.shape[1] * self.dtype.itemsize, self.shape[0],
+                             self.strides[0], stream)
+            return
+        self._contiguous("copied")
         api.to_host(host.ctypes.data, self.pointer, self.nbytes, stream)
 
     def copy_to_device(self, host, stream=0) -> None:
