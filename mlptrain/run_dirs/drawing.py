@@ -22,8 +22,6 @@ import signal
 import threading
 from concurrent.futures import Future
 
-import numpy as np
-
 from mlptrain.util.console import warn
 
 DRAWING_PROCESSES = 2  # a 16-lane sweep makes ~25 images an epoch of ~0.17 s, ~6 ms each
@@ -32,7 +30,9 @@ DRAWING_PROCESSES = 2  # a 16-lane sweep makes ~25 images an epoch of ~0.17 s, ~
 def png(draw) -> tuple[int, int, int, bytes]:
     """`draw()`'s (H, W, C) image (uint8, or floats in [0, 1], as tensorboardX's add_image takes them) as PNG:
     its height, width, channels and bytes."""
-    # imported on first use: only a run that logs an image needs Pillow
+    # imported on first use: only a run that logs an image needs Pillow, and the sweep command forks its
+    # processes before anything imports NumPy (mlptrain.sweep.prefork)
+    import numpy as np
     from PIL import Image
 
     image = np.asarray(draw())
@@ -86,6 +86,7 @@ class Drawing:
 
 
 def _process_failure(err: BaseException) -> bool:
+    # imported on first use, as the pool itself (_processes): only runs drawn apart need it
     from concurrent.futures.process import BrokenProcessPool
 
     return isinstance(err, (BrokenProcessPool, OSError, EOFError))
