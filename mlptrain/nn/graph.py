@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlptrain.nn.init import init_layers
+from mlptrain.nn.init import init_layers, seeded_layers
 
 
 class StaticGraph:
@@ -14,9 +14,17 @@ class StaticGraph:
     def init_parameters(self, rng: np.random.Generator, weights: str, biases: str) -> None:
         """Draw every layer's weight and bias from the `model.init` schemes (mlptrain.nn.init), in layout
         order: the same seed gives the same parameters."""
-        layers = [(name.removesuffix(".weight"), shape) for name, shape in zip(self.layout.names, self.layout.shapes)
-                  if name.endswith(".weight")]
-        self.load_parameters(init_layers(rng, layers, weights, biases))
+        self.load_parameters(init_layers(rng, self._weight_layers(), weights, biases))
+
+    def init_seeded(self, seed: int, weights: str, biases: str) -> None:
+        """`init_parameters` with the generator of `seed` (np.random.default_rng(seed)), its draws kept for the
+        next model of the seed (mlptrain.nn.init.seeded_layers)."""
+        self.load_parameters(seeded_layers(seed, tuple(self._weight_layers()), weights, biases))
+
+    def _weight_layers(self) -> list[tuple[str, tuple]]:
+        return [(name.removesuffix(".weight"), tuple(shape)) for name, shape in zip(self.layout.names,
+                                                                                    self.layout.shapes)
+                if name.endswith(".weight")]
 
     def load_parameters(self, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
         """Set the float32 parameters (and refresh their compute copy) from host arrays by name."""

@@ -20,6 +20,7 @@ The names and the defaults per model are mlptrain.config.schema's (model.init).
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -50,6 +51,32 @@ def bias_init(rng: np.random.Generator, scheme: str, size: int, fan_in: int) -> 
         return np.zeros(size, np.float32)
     bound = 1.0 / math.sqrt(fan_in)
     return rng.uniform(-bound, bound, size).astype(np.float32)
+
+
+def seeded_layers(seed: int, layers: tuple, weights: str, biases: str) -> dict[str, np.ndarray]:
+    """`init_layers` with the generator of `seed`, read-only: kept for the next model of the seed, layers and
+    schemes (a sweep's trials share a few seeds: a packed sweep's 16 lanes of two seeds drew adam_mnist's 670 K
+    parameters 16 times over, ~10 ms each, before the first step; benchmarks/NOTES.md, issue 30 step 16)."""
+    key = (seed, tuple(layers), weights, biases)
+    with _KEPT_LOCK:
+        found = _KEPT.pop(key, None)
+        if found is not None:
+            _KEPT[key] = found  # the most recent last
+            return found
+    drawn = init_layers(np.random.default_rng(seed), layers, weights, biases)
+    for array in drawn.values():
+        array.flags.writeable = False
+    if sum(array.size for array in drawn.values()) <= KEPT_MOST:
+        with _KEPT_LOCK:
+            _KEPT[key] = drawn
+            while len(_KEPT) > KEPT:
+                del _KEPT[next(iter(_KEPT))]
+    return drawn
+
+
+KEPT, KEPT_MOST = 4, 4 * 2**20  # models' draws kept (a few seeds'), of at most 4 M parameters (16 MB) each
+_KEPT: dict[tuple, dict[str, np.ndarray]] = {}
+_KEPT_LOCK = threading.Lock()  # a sweep's worker threads build their sessions at once
 
 
 def init_layers(rng: np.random.Generator, layers, weights: str, biases: str) -> dict[str, np.ndarray]:

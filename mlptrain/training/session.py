@@ -11,8 +11,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from mlptrain.config.schema import Config, init_scheme, steps_per_epoch
 from mlptrain.data.loader import ResidentSplit, check_trainable, resident_splits, val_size_note
 from mlptrain.nn import check_trainable_labels, input_scale_shift, make_model, model_dataset
@@ -101,7 +99,7 @@ def build_session(config: Config, backend, dataset) -> Session:
     train, val, test = resident_splits(dataset, backend, config.data.val_size, config.seed)
     rows = buffer_rows(config, train.size, max(val.size, test.size))
     model = make_model(config, backend, dataset, rows)
-    model.init_parameters(np.random.default_rng(config.seed), *init_scheme(config.model))
+    model.init_seeded(config.seed, *init_scheme(config.model))
     per_epoch = steps_per_epoch(train.size, config.train)
     total_steps = config.train.epochs * per_epoch
     schedule = make_schedule(config.schedule, config.optim.lr, total_steps, per_epoch)

@@ -133,3 +133,26 @@ def test_a_section_given_a_plain_value_names_its_keys(tmp_path):
     assert str(err.value) == ("override model.init=pytorch: model.init is a section; set one of its keys "
                               "(model.init.weights, model.init.biases)")
     assert load_config(path, ["model.init={weights: he_normal}"]).model.init.biases == "zeros"
+
+
+def test_a_seeds_draws_are_made_once_for_the_models_that_share_them(monkeypatch):
+    """A sweep's trials share a few seeds: a model of a seed, layers and schemes drawn before gets the same
+    read-only draws, equal to drawing afresh from default_rng(seed); another seed, layer shape or scheme draws its
+    own; a model over KEPT_MOST parameters is drawn each time; at most KEPT draws are kept."""
+    from mlptrain.nn import init
+
+    layers = (("fc1", (6, 4)), ("fc2", (4, 3)))
+    first = init.seeded_layers(11, layers, "pytorch", "pytorch")
+    assert init.seeded_layers(11, layers, "pytorch", "pytorch") is first
+    fresh = init_layers(np.random.default_rng(11), layers, "pytorch", "pytorch")
+    assert list(first) == list(fresh) and all(np.array_equal(first[k], fresh[k]) for k in fresh)
+    assert not first["fc1.weight"].flags.writeable
+    assert init.seeded_layers(12, layers, "pytorch", "pytorch") is not first
+    assert init.seeded_layers(11, (("fc1", (6, 5)), ("fc2", (5, 3))), "pytorch", "pytorch") is not first
+    assert init.seeded_layers(11, layers, "he_uniform", "pytorch") is not first
+    for seed in range(100, 100 + init.KEPT):  # the oldest draws go first
+        init.seeded_layers(seed, layers, "pytorch", "pytorch")
+    assert init.seeded_layers(11, layers, "pytorch", "pytorch") is not first
+    monkeypatch.setattr(init, "KEPT_MOST", 10)
+    big = init.seeded_layers(13, layers, "pytorch", "pytorch")
+    assert init.seeded_layers(13, layers, "pytorch", "pytorch") is not big
