@@ -53,9 +53,10 @@ class FlatBuffer:
         return self.split(self.backend.to_host(self.flat), prefix)
 
     def split(self, host: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
-        """A host copy of `flat` as one array per tensor, by name."""
+        """`host`, a host copy of `flat` that the caller hands over, as one array per tensor (views of it), by
+        name: not copied again (16 lanes' checkpoints of 670 K parameters each at a packed sweep's epoch end)."""
         return {
-            prefix + name: host[offset:offset + math.prod(shape)].reshape(shape).copy()
+            prefix + name: host[offset:offset + math.prod(shape)].reshape(shape)
             for name, shape, offset in zip(self.layout.names, self.layout.shapes, self.layout.offsets)
         }
 
