@@ -55,6 +55,24 @@ def split(x):
     return big, float_bits(x - bits_float(big))
 
 
+def make_first_reads(shape, a_steps, b_steps):
+    """Device function (t) -> (a_first, b_first): the words where thread t's first fragment reads start in a
+    slice, for a tile of (BM, BN, WM, WN) = `shape` whose operands' words are `steps` (one row, one k) apart: row g
+    = lane // 4 of its warp's first fragment, at k lane % 4 (make_multiply_slice reads from there), whichever
+    staging filled the slice."""
+    BM, BN, WM, WN = shape
+    A_ROW, A_K = a_steps
+    B_ROW, B_K = b_steps
+
+    @kernel_cache.device
+    def first_reads(t):
+        warp, lane = t // 32, t % 32
+        return (uint64(((warp // WN) * (BM // WM) + lane // 4) * A_ROW + (lane % 4) * A_K),
+                uint64(((warp % WN) * (BN // WN) + lane // 4) * B_ROW + (lane % 4) * B_K))
+
+    return first_reads
+
+
 def make_multiply_slice(FM, FN, BK, a_steps, b_steps):
     """Device function (As, Bs, a_first, b_first, acc): acc += one BK-deep slice's 3xTF32 products for a warp's
     FM x FN fragments, from the slices in shared memory, each operand's words `steps` (one row, one k) apart and
@@ -203,12 +221,7 @@ def make_tile_product(tile, a_operand, b_operand, wide=(False, False)):
     slices = tiles.shared_slices(A_WORDS, B_WORDS, float32, 16)
 
     multiply_slice = make_multiply_slice(FM, FN, BK, (1, A_PITCH), (1, B_PITCH))
-
-    @kernel_cache.device
-    def first_reads(t):  # row g of the warp's first fragment at k t
-        warp, lane = t // 32, t % 32
-        return (uint64((lane % 4) * A_PITCH + (warp // WN) * (BM // WM) + lane // 4),
-                uint64((lane % 4) * B_PITCH + (warp % WN) * (BN // WN) + lane // 4))
+    first_reads = make_first_reads((BM, BN, WM, WN), (1, A_PITCH), (1, B_PITCH))
 
     return gemm_mma.pipelined_product((rows_a, load_a, store_a, A_LOADS), (rows_b, load_b, store_b, B_LOADS),
                                       (prepare_a, prepare_b), slices, multiply_slice, first_reads, BK, float32,

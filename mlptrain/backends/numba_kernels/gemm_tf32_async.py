@@ -18,7 +18,7 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64, uint32, uint64
 from mlptrain.backends.numba_kernels import tiles
 from mlptrain.backends.numba_kernels.async_copy import commit, copy16_to, shared_address, wait_all_but
-from mlptrain.backends.numba_kernels.gemm_tf32 import make_multiply_slice, tile_shape
+from mlptrain.backends.numba_kernels.gemm_tf32 import make_first_reads, make_multiply_slice, tile_shape
 
 
 def _shared_layout(operand, ROWS, BK):
@@ -94,14 +94,13 @@ def make_tile_product(tile, a_operand, b_operand, stages):
     slices = tiles.shared_slices(stages * A_WORDS, stages * B_WORDS, float32, 16)
 
     multiply_slice = make_multiply_slice(FM, FN, BK, (A_ROW, A_K), (B_ROW, B_K))
+    first_reads = make_first_reads((BM, BN, WM, WN), (A_ROW, A_K), (B_ROW, B_K))
 
     @kernel_cache.device
     def tile_product(a, b, acc, m0, n0, M, N, k_begin, k_end):
         As, Bs = slices()
         t = cuda.threadIdx.x
-        warp, lane = t // 32, t % 32
-        a_first = uint64(((warp // WN) * (BM // WM) + lane // 4) * A_ROW + (lane % 4) * A_K)
-        b_first = uint64(((warp % WN) * (BN // WN) + lane // 4) * B_ROW + (lane % 4) * B_K)
+        a_first, b_first = first_reads(t)
         for i in range(2 * FM):
             for j in range(2 * FN):
                 acc[i, j] = float32(0)
