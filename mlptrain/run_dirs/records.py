@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlptrain.config.safe_yaml import brief_text
-from mlptrain.run_dirs.drawing import Drawing, png
 from mlptrain.errors import UserError
+from mlptrain.run_dirs.drawing import Drawing, png
 from mlptrain.util.atomic import write_text
 from mlptrain.util.console import warn
 from mlptrain.util.read_numbers import finite_float
