@@ -19,7 +19,7 @@ class StaticGraph:
     def init_seeded(self, seed: int, weights: str, biases: str) -> None:
         """`init_parameters` with the generator of `seed` (np.random.default_rng(seed)), its draws kept for the
         next model of the seed (mlptrain.nn.init.seeded_layers)."""
-        self.load_parameters(seeded_layers(seed, tuple(self._weight_layers()), weights, biases))
+        self.load_parameters(seeded_layers(seed, self._weight_layers(), weights, biases))
 
     def _weight_layers(self) -> list[tuple[str, tuple]]:
         return [(name.removesuffix(".weight"), tuple(shape)) for name, shape in zip(self.layout.names,

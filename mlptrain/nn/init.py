@@ -53,7 +53,7 @@ def bias_init(rng: np.random.Generator, scheme: str, size: int, fan_in: int) -> 
     return rng.uniform(-bound, bound, size).astype(np.float32)
 
 
-def seeded_layers(seed: int, layers: tuple, weights: str, biases: str) -> dict[str, np.ndarray]:
+def seeded_layers(seed: int, layers, weights: str, biases: str) -> dict[str, np.ndarray]:
     """`init_layers` with the generator of `seed`, read-only: kept for the next model of the seed, layers and
     schemes (a sweep's trials share a few seeds: a packed sweep's 16 lanes of two seeds drew adam_mnist's 670 K
     parameters 16 times over, ~10 ms each, before the first step; benchmarks/NOTES.md, issue 30 step 16)."""

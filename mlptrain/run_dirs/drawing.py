@@ -54,27 +54,26 @@ class Drawing:
         self.apart, self.on_fallback = apart, on_fallback
         self.fallback: str | None = None  # the line saying why images are drawn here after all
 
-    def png_later(self, draw) -> Future:
+    def png_later(self, draw) -> Future | None:
+        """None: drawn by `png_of`, on the logger's thread."""
         if self.apart and self.fallback is None:
             try:
                 return _processes().submit(png, draw)
             except Exception as err:  # no process could start (or it died): drawn here, said once
                 self._fall_back(err)
-        done = Future()
-        done.set_result(None)  # None: `png_of` draws it on the logger's thread
-        return done
+        return None
 
-    def png_of(self, later: Future, draw) -> tuple[int, int, int, bytes]:
+    def png_of(self, later: Future | None, draw) -> tuple[int, int, int, bytes]:
         """The PNG `png_later(draw)` made, or `png(draw)` made now where it made none (here, or its process
         failed)."""
-        try:
-            made = later.result()
-        except Exception as err:  # the process died or could not run it: a drawing error itself raises here
-            if not _process_failure(err):
-                raise
-            self._fall_back(err)
-            made = None
-        return made if made is not None else png(draw)
+        if later is not None:
+            try:
+                return later.result()
+            except Exception as err:  # the process died or could not run it: a drawing error itself raises here
+                if not _process_failure(err):
+                    raise
+                self._fall_back(err)
+        return png(draw)
 
     def _fall_back(self, err: BaseException) -> None:
         with _POOL_LOCK:  # the logger's thread and the training's may both meet a dead process

@@ -111,10 +111,7 @@ class RunLogger:
         packed group's 16 lanes log at every read from the one thread that feeds the GPU, where add_scalar's
         checks and event a value took ~70 µs each (5 values: 365 µs a read against 56 as one event, on the
         2-core dev machine; benchmarks/NOTES.md, issue 30 step 15)."""
-        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))
-                                       for tag, value in values.items()])
-        # the writer's event file, as its add_* methods reach it (tensorboardX has no public name for it)
-        self.writer._get_file_writer().add_summary(summary, step)
+        self._add([self._summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items()], step)
         if self.mlflow is not None:
             self.mlflow.add(step, values)
 
@@ -141,9 +138,12 @@ class RunLogger:
         """The event of an image made PNG (drawing.png), as tensorboardX's add_image writes it."""
         height, width, channels, data = made
         image = self._summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=data)
+        self._add([self._summary.Value(tag=tag, image=image)], step)
+
+    def _add(self, values: list, step: int) -> None:
+        """One event of Summary `values` at `step`, written as the writer's add_* methods write theirs."""
         # the writer's event file, as its add_* methods reach it (tensorboardX has no public name for it)
-        self.writer._get_file_writer().add_summary(self._summary(value=[self._summary.Value(tag=tag, image=image)]),
-                                                   step)
+        self.writer._get_file_writer().add_summary(self._summary(value=values), step)
 
     def _later(self, job) -> None:
         """`job()` on the logger's own thread, after the jobs given before it; `close` waits for them all and
