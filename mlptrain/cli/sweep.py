@@ -214,7 +214,7 @@ def serve_planned(waiting) -> NoReturn:
     try:
         import_module("mlptrain.training.experiment")
         import_module("mlptrain.sweep.engine")
-        import_module("mlptrain.run_dirs.records").summary_writer_class()  # tensorboardX, without torch
+        import_module("mlptrain.run_dirs.event_files").import_tensorboardx()  # tensorboardX, without torch
     except Exception:  # imported again where it is used, which reports the failure in the worker's log
         pass
     call = waiting.call()

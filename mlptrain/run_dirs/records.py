@@ -8,14 +8,13 @@ import io
 import json
 import math
 import os
-import secrets
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
 from mlptrain.run_dirs.drawing import Drawing, png
+from mlptrain.run_dirs.event_files import EventFile, event_suffix, summary_class
 from mlptrain.util.atomic import write_text
 from mlptrain.util.console import warn
 from mlptrain.util.read_numbers import finite_float
@@ -26,32 +25,6 @@ def _json_value(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def summary_writer_class():
-    """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch whenever it is
-    installed, only to accept torch tensors (4.1 of a warm MNIST run's 9 s on the GPU machine), and we
-    hand it NumPy. torch is hidden during that one import, unless something already imported it."""
-    if "torch" in sys.modules:
-        # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
-    try:
-        # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]
-    return SummaryWriter
-
-
-def summary_class():
-    """tensorboardX's Summary protobuf class (imported when a run writes its events, as summary_writer_class's)."""
-    # tensorboardX only once a run writes its events; summary_writer_class has imported it without torch
-    from tensorboardX.proto.summary_pb2 import Summary
-
-    return Summary
 
 
 SPLITS = ("train", "val", "test")
@@ -68,13 +41,6 @@ def metric_tag(key: str) -> str:
     return f"{METRIC_NAMES[metric]}/{split}"
 
 
-def event_suffix(suffix: str = "") -> str:
-    """The end of a new TensorBoard event file's name. tensorboardX names the file by the second and the host
-    and opens it with open(name, "wb"), which follows a link: random digits make the name one nobody could
-    have put a link at beforehand, so the events are never written through one."""
-    return f".{secrets.token_hex(4)}{suffix}"
-
-
 class RunLogger:
     """TensorBoard events and metrics.jsonl under the run directory; with `mlflow` (an
     mlptrain.run_dirs.mlflow_log.MlflowLog), the same scalars to MLflow, sent at each evaluation. `named`: the
@@ -84,7 +50,6 @@ class RunLogger:
 
     def __init__(self, run_dir: Path, mlflow=None, named: bool = False, draw_apart: bool = False,
                  on_fallback=None):
-        SummaryWriter = summary_writer_class()
         self.run_dir, self.mlflow, self.named = run_dir, mlflow, named
         path = run_dir / "metrics.jsonl"
         try:  # before the writer, so a refusal leaves no new event file behind
@@ -97,7 +62,11 @@ class RunLogger:
         except BaseException:
             self._metrics.close()
             raise
-        self.writer = SummaryWriter(logdir=str(run_dir), flush_secs=10, filename_suffix=event_suffix())
+        try:
+            self.events = EventFile(run_dir, event_suffix())
+        except BaseException:
+            self._metrics.close()
+            raise
         self._summary = summary_class()
         self._drawing, self._drawn = None, []  # images drawn off the training loop (image_later)
         self.drawing = Drawing(draw_apart, on_fallback)
@@ -120,7 +89,10 @@ class RunLogger:
         curves together (the Scalars tab draws each tag alone, grouped by the metric: see metric_tag)."""
         metrics = ("loss", "accuracy") if classifies else ("mse",)
         charts = {metric: ["Multiline", [f"{metric}/{split}" for split in SPLITS]] for metric in metrics}
-        self.writer.add_custom_scalars({"train, val and test": charts})
+        # tensorboardX only once a run writes its events; EventFile has imported it without torch
+        from tensorboardX.summary import custom_scalars
+
+        self.events.add(custom_scalars({"train, val and test": charts}))
 
     def image(self, tag: str, image, step: int) -> None:
         """An (H, W, C) image: floats in [0, 1], or uint8."""
@@ -142,8 +114,7 @@ class RunLogger:
 
     def _add(self, values: list, step: int) -> None:
         """One event of Summary `values` at `step`, written as the writer's add_* methods write theirs."""
-        # the writer's event file, as its add_* methods reach it (tensorboardX has no public name for it)
-        self.writer._get_file_writer().add_summary(self._summary(value=values), step)
+        self.events.add(self._summary(value=values), step)
 
     def _later(self, job) -> None:
         """`job()` on the logger's own thread, after the jobs given before it; `close` waits for them all and
@@ -173,7 +144,7 @@ class RunLogger:
                     for image in self._drawn:
                         image.result()  # its exception, if drawing failed
             finally:
-                self.writer.close()
+                self.events.close()
                 self._metrics.close()
                 if self.mlflow is not None:
                     self.mlflow.flush()

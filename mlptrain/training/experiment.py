@@ -23,9 +23,9 @@ from mlptrain.data import dataset_record, default_data_root, load_dataset
 from mlptrain.data.loader import check_trainable, check_val_size
 from mlptrain.errors import OutputClosed, TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.nn import check_model_input
+from mlptrain.run_dirs.event_files import import_tensorboardx
 from mlptrain.run_dirs.folders import create_run_dir, write_yaml
 from mlptrain.run_dirs.lock import LOCK_NAME, lock_run, release_run
-from mlptrain.run_dirs.records import summary_writer_class
 from mlptrain.training.session import Session, build_session
 from mlptrain.util.host_memory import is_out_of_memory, out_of_memory
 from mlptrain.util.user_paths import expand_user
@@ -96,7 +96,7 @@ class Resources:
         if config.backend not in self._backends:
             if (start_compilers if logs is None else logs) and config.backend != "cpu":
                 make_context_early(self._gpu[0])  # the GPU's context made from now on, in a thread of its own
-                summary_writer_class()  # tensorboardX, which the run's writer imports anyway, meanwhile (0.1 s)
+                import_tensorboardx()  # tensorboardX, which the run's event file imports anyway, meanwhile (0.1 s)
                 # the kernel cache's key of this package, which the first session's kernel lookup needs: a GPU run's
                 from mlptrain.backends.kernel_cache.cubins import fingerprint_early
 

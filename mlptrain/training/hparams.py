@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mlptrain.config.load import resolved_dict
 from mlptrain.config.schema import Config
-from mlptrain.run_dirs.records import event_suffix
+from mlptrain.run_dirs.event_files import EventFile, event_suffix
 from mlptrain.util.user_paths import readable
 
 
@@ -46,22 +46,22 @@ def _cell(value):
     return readable(value) if isinstance(value, str) else value
 
 
-def write_session(writer, values: dict) -> None:
-    """The session start and end infos of `values` into a tensorboardX SummaryWriter's own event file."""
-    # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
+def write_session(events, values: dict) -> None:
+    """The session start and end infos of `values` into an event file (mlptrain.run_dirs.event_files.EventFile)."""
+    # tensorboardX only once a run writes its events; EventFile has imported it without torch
     from tensorboardX.summary import hparams
 
     _, start, end = hparams(values, {})
-    writer.file_writer.add_summary(start)
-    writer.file_writer.add_summary(end)
+    events.add(start)
+    events.add(end)
 
 
 def log_session(run_dir, values: dict) -> None:
-    """`write_session` for a run whose writer is closed (a sweep trial that was pruned or failed): a new
+    """`write_session` for a run whose event file is closed (a sweep trial that was pruned or failed): a new
     event file in the run's own directory, which TensorBoard reads as the same run."""
-    # tensorboardX only once a run writes its events (it may import torch: see summary_writer_class)
-    from tensorboardX import SummaryWriter
-
     # the suffix keeps it apart from the run's own file, whose name may carry the same second
-    with SummaryWriter(logdir=str(run_dir), filename_suffix=event_suffix(".hparams")) as writer:
-        write_session(writer, values)
+    events = EventFile(run_dir, event_suffix(".hparams"))
+    try:
+        write_session(events, values)
+    finally:
+        events.close()

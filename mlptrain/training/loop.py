@@ -177,7 +177,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
         if note:  # named where other runs print beside this one; recorded as it is
             warn(logger.line(note))
         summary["warnings"] = [note] if note else []
-        write_session(logger.writer, hparam_values(s.config, s.backend.name, data_root(s.config)))
+        write_session(logger.events, hparam_values(s.config, s.backend.name, data_root(s.config)))
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
                         "intact") from None
@@ -404,20 +404,27 @@ def _write_checkpoints(s: Session, run_dir: Path, last: HeldCheckpoint) -> None:
     first: its files are written in order, and a write that failed ends the run at its next checkpoint (or
     before its summary), the file it was to replace intact."""
     _written(s)
-    writes = [(checkpoint_file(run_dir, "last"), last.arrays())]
+    held, writes = [last], [(checkpoint_file(run_dir, "last"), last.arrays())]
     if s.unsaved_best is not None:  # kept until `last` is written: best.npz never runs ahead of it
-        writes.append((checkpoint_file(run_dir, "best"), None if s.unsaved_best is last else s.unsaved_best.arrays()))
-        s.unsaved_best = None
-    s.writing = pool("checkpoints", CHECKPOINT_WRITERS).submit(_write_files, writes)
+        best, s.unsaved_best = s.unsaved_best, None
+        if best is not last:
+            held.append(best)
+        writes.append((checkpoint_file(run_dir, "best"), None if best is last else best.arrays()))
+    s.writing = pool("checkpoints", CHECKPOINT_WRITERS).submit(_write_files, writes, held)
 
 
-def _write_files(writes: list[tuple[Path, dict | None]]) -> None:
-    """Each checkpoint in turn; None: a second name of the first (link_whole)."""
-    for path, arrays in writes:
-        if arrays is None:
-            link_whole(writes[0][0], path)
-        else:
-            save_checkpoint(path, arrays)
+def _write_files(writes: list[tuple[Path, dict | None]], held: list[HeldCheckpoint]) -> None:
+    """Each checkpoint in turn (None: a second name of the first, link_whole), then `held`, whose arrays they are,
+    dropped: their memory (pinned, on a GPU) goes back for later copies, written or not."""
+    try:
+        for path, arrays in writes:
+            if arrays is None:
+                link_whole(writes[0][0], path)
+            else:
+                save_checkpoint(path, arrays)
+    finally:
+        for checkpoint in held:
+            checkpoint.drop()
 
 
 def _written(s: Session) -> None:

@@ -87,8 +87,9 @@ def _saved_config(arrays: dict) -> dict | None:
 
 class HeldCheckpoint:
     """A checkpoint as it was at its position: the device's arrays on their way to the host (Backend.to_host_later)
-    and the rest on the host already. `arrays` waits for them and returns what the file holds; `drop` gives them
-    up unwritten (a held best that a better epoch replaced)."""
+    and the rest on the host already. `arrays` waits for them and returns what the file holds, the device's arrays
+    where the copies landed (pinned memory on a GPU: no copy of them is made); `drop` gives them up, written or
+    not (a held best that a better epoch replaced), after which `arrays` is not to be used."""
 
     def __init__(self, model, step, config: Config, copies, keys: list[str], host: dict[str, np.ndarray]):
         self._model, self._step, self._config = model, step, config
@@ -99,7 +100,7 @@ class HeldCheckpoint:
         """The checkpoint's arrays (see checkpoint_later); raises TrainingDiverged rather than give non-finite
         parameters, so the last good checkpoint on disk is never replaced by a diverged one."""
         if self._arrays is None:
-            params, *state = self._copies.take()
+            params, *state = self._copies.views()
             arrays = self._model.params.split(params, prefix="params/")
             if not np.isfinite(params).all():
                 now = self._step.read()
@@ -109,6 +110,7 @@ class HeldCheckpoint:
         return self._arrays
 
     def drop(self) -> None:
+        self._arrays = None
         self._copies.drop()
 
 

@@ -58,6 +58,23 @@ def test_staged_copies_are_taken_once_and_their_buffer_goes_back():
     assert len(pool._free) == 1
 
 
+def test_staged_copies_lent_as_views_are_the_pinned_buffer_until_dropped():
+    """`views`: the arrays in the pool's buffer itself (a checkpoint written from them), no copy; `drop` gives the
+    buffer back, from any thread: the copies were waited for when lent, so no driver call is made there."""
+    pool, event = PinnedPool(_Allocations()), _Event()
+    arrays = [_DeviceArray(np.arange(7, dtype=np.float32)), _DeviceArray(np.full((2, 3), 5.0))]
+    staged = stage(pool, arrays, 0, lambda stream: event)
+    views = staged.views()
+    for got, array in zip(views, arrays):
+        np.testing.assert_array_equal(got, array.values)
+        assert got.dtype == array.dtype and not got.flags.owndata  # the buffer's memory
+    assert staged.views() is views and event.waits == 1 and not pool._free
+    staged.drop()
+    assert event.waits == 1 and len(pool._free) == 1  # not waited for again
+    with pytest.raises(RuntimeError, match="dropped"):
+        staged.views()
+
+
 def test_a_dropped_or_forgotten_copy_waits_for_its_copy_before_its_buffer_is_reused():
     pool, event = PinnedPool(_Allocations()), _Event()
     staged = stage(pool, [_DeviceArray(np.ones(64, np.float32))], 0, lambda stream: event)

@@ -32,15 +32,17 @@ def test_a_classifier_charts_loss_and_accuracy_with_train_val_and_test_together(
 def test_a_read_logs_its_scalars_as_one_event_tensorboard_reads_as_scalars(tmp_path):
     """RunLogger.scalars writes a read's values as one event (not one a value: the packed lanes' host time), each
     a scalar as add_scalar's would be read, non-finite values kept."""
+    from mlptrain.run_dirs.event_files import import_tensorboardx
     from mlptrain.run_dirs.records import RunLogger
 
     logger = RunLogger(tmp_path)
     logger.scalars(7, {"loss/train": 0.25, "opt/grad_norm": float("inf"), "opt/lr": 1e-3})
-    logger.writer.add_scalar("loss/val", 0.5, 7)  # tensorboardX's own, for comparison
     logger.close()
-    events = [event for path in tmp_path.glob("events.out.tfevents.*") for event in EventFileLoader(str(path)).Load()
-              if event.summary.value]
-    ours, theirs = events[-2], events[-1]
+    theirs_dir = tmp_path / "theirs"
+    with import_tensorboardx().SummaryWriter(logdir=str(theirs_dir)) as writer:
+        writer.add_scalar("loss/val", 0.5, 7)  # tensorboardX's own, for comparison
+    ours, theirs = [[event for path in folder.glob("events.out.tfevents.*") for event in EventFileLoader(str(path)).Load()
+                     if event.summary.value][-1] for folder in (tmp_path, theirs_dir)]
     assert ours.step == theirs.step == 7
     assert [(v.tag, v.tensor.float_val[0]) for v in ours.summary.value] == [
         ("loss/train", 0.25), ("opt/grad_norm", float("inf")), ("opt/lr", float(np.float32(1e-3)))]

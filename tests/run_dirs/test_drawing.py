@@ -12,7 +12,8 @@ import pytest
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 from mlptrain.run_dirs import drawing
-from mlptrain.run_dirs.records import RunLogger, summary_writer_class
+from mlptrain.run_dirs.event_files import import_tensorboardx
+from mlptrain.run_dirs.records import RunLogger
 from mlptrain.training.confusion import confusion_image
 
 MATRIX = np.random.default_rng(0).integers(0, 1000, (10, 10))
@@ -42,7 +43,7 @@ def test_images_drawn_apart_are_add_images_bytes_in_order(tmp_path):
                                                             ("confusion/val", 2), ("reconstructions", 3)]
     assert [step for tag, step, _ in apart if tag == "confusion/val"] == [0, 1, 2]  # in the order given
     (tmp_path / "theirs").mkdir()
-    writer = summary_writer_class()(logdir=str(tmp_path / "theirs"))
+    writer = import_tensorboardx().SummaryWriter(logdir=str(tmp_path / "theirs"))
     writer.add_image("confusion/val", confusion_image(MATRIX + 2), 2, dataformats="HWC")
     writer.add_image("reconstructions", np.random.default_rng(1).random((6, 5, 1)), 3, dataformats="HWC")
     writer.close()

@@ -28,12 +28,16 @@ def dashboard(logdir):
 def test_a_sweeps_varied_keys_lead_and_each_run_appears_once(tmp_path):
     from tensorboardX import SummaryWriter
 
+    from mlptrain.run_dirs.event_files import EventFile
+
     for i, (lr, hidden) in enumerate([(1e-3, [16]), (1e-2, [16]), (1e-2, [32])]):
         config = config_from_dict({"optim": {"lr": lr}, "model": {"hidden": hidden}})
         with SummaryWriter(str(tmp_path / f"trial-{i}")) as writer:
             writer.add_scalar("val/acc", 0.9, 1)
             writer.add_scalar("train/loss", 0.3, 1)
-            write_session(writer, hparam_values(config, backend="cpu", data_root="/data"))
+        events = EventFile(tmp_path / f"trial-{i}", ".session")  # the run's own: a second file of its folder
+        write_session(events, hparam_values(config, backend="cpu", data_root="/data"))
+        events.close()
     infos, metrics, runs = dashboard(tmp_path)
     assert runs == ["trial-0", "trial-1", "trial-2"]  # no trial-0/hparams beside each run
     assert [name for name, differs in infos if differs] == ["model.hidden", "optim.lr"]
