@@ -40,6 +40,7 @@ from mlptrain.packing.auto import resolve
 from mlptrain.packing.lane_group import slots
 from mlptrain.packing.side_by_side import NoRoom, room_for, side_by_side
 from mlptrain.training.steps import finish
+from mlptrain.util.background import Waitable, pool
 from mlptrain.util.console import console
 
 POLL_S = 0.5  # how often a worker with nothing to take looks again: its command ends this soon after the last trial
@@ -216,7 +217,12 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
         else:
             value = summary[sweep.metric]
             console.print(f"trial {trial.number}: {sweep.metric} {format_metric(value)}")
-            _tell(study, trial, TrialState.COMPLETE, attempt, summary, value=value)
+            # on the reports' thread, after the trial's reports: a packed group's lanes end together, and each
+            # tell's journal writes (the lock, the write and its fsync, for the metrics and then the outcome)
+            # held up the ends of the lanes after it
+            told = pool("reports", 1).submit(_tell, study, trial, TrialState.COMPLETE, attempt, summary, value)
+            yield Waitable(told)
+            told.result()
 
 
 def _train(trial, attempt: _Attempt, sweep: Sweep, sweep_dir: Path, resources: Resources, stop,
