@@ -125,16 +125,27 @@ class Stream:
         check(cu.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
 
+# A context's events whose objects are gone, for its next ones: a packed sweep's feeding thread makes an event
+# for every read's copies and every epoch end's marks, and on some of the GPU machine's hosts cuEventCreate and
+# cuEventDestroy (its context pushed and popped) were a tenth of that thread's samples in the GPU's idle gaps
+# (benchmarks/NOTES.md, issue 30 step 17). The process's contexts are primary contexts, retained for its life.
+_SPARE_EVENTS: dict[int, list] = {}
+
+
 class Event:
-    """A point in a stream's work (`record`), which the host can ask about without waiting (`done`); destroyed
-    with its context current when the last reference goes."""
+    """A point in a stream's work (`record`, which every maker calls first), which the host can ask about without
+    waiting (`done`); when the last reference goes, kept for the context's next event."""
 
     __slots__ = ("handle", "__weakref__")
 
     def __init__(self):
-        self.handle = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-        # no destroy at exit: the driver frees a process's events with its context, as its memory
-        weakref.finalize(self, _destroy_event, self.handle, current_context()).atexit = False
+        context = current_context()
+        try:
+            self.handle = _SPARE_EVENTS[int(context)].pop()
+        except (KeyError, IndexError):
+            self.handle = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        # none kept at exit: the driver frees a process's events with its context, as its memory
+        weakref.finalize(self, _spare_event, self.handle, int(context)).atexit = False
 
     def record(self, stream) -> "Event":
         check(cu.cuEventRecord(self.handle, handle(stream)), "cuEventRecord")
@@ -152,9 +163,9 @@ class Event:
         check(cu.cuEventSynchronize(self.handle), "cuEventSynchronize")
 
 
-def _destroy_event(event, context) -> None:
-    """As `free`: from any thread, with the event's context."""
-    _in_context(context, cu.cuEventDestroy, event)
+def _spare_event(event, context: int) -> None:
+    """From any thread (a garbage collection): a list's append needs no context."""
+    _SPARE_EVENTS.setdefault(context, []).append(event)
 
 
 def highest_priority() -> int:
