@@ -116,9 +116,10 @@ def row_slices_of_a_larger_buffer(be, rng, activation):
     assert np.isnan(y[6:]).all()  # rows past the slice untouched
 
 
-def layer_trials(be, rng, trials, shape, activation, beta, dtype=np.float32):
-    """One launch per pass of a layer's three GEMMs over a leading trial axis: each trial's outputs against
-    the float64 references of its own operands; returns (inputs, outputs) as host arrays, per trial."""
+def layer_trials(be, rng, trials, shape, activation, beta, dtype=np.float32, engine="fma"):
+    """One launch per pass of a layer's three GEMMs over a leading trial axis, summed by `engine`: each trial's
+    outputs against the float64 references of its own operands; returns (inputs, outputs) as host arrays, per
+    trial."""
     m, k, n = shape
     (x, xv), (w, wv), (b, bv), (dy, dyv) = (stored(random(rng, trials, *s), dtype)
                                             for s in ((m, k), (k, n), (n,), (m, n)))
@@ -127,9 +128,9 @@ def layer_trials(be, rng, trials, shape, activation, beta, dtype=np.float32):
     y, dx = be.poisoned((trials, m, n), dtype=dtype), be.poisoned((trials, m, k), dtype=dtype)
     dw = be.poisoned((trials, k, n)) if beta == 0.0 else be.to_device(old)
     gemm = be.kernels.gemm
-    gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation)
-    gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
-    gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta)
+    gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation, engine)
+    gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation, engine)
+    gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta, engine=engine)
     outputs = [to_float32(be.to_host(a)) for a in (y, dx)] + [be.to_host(dw)]
     for t in range(trials):
         rounding = 2 * ref.rounding_tolerance(dtype, np.abs(xv[t].astype(np.float64)) @ np.abs(wv[t]) + np.abs(bv[t]))

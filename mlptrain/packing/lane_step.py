@@ -10,7 +10,8 @@ The lanes' activations live in buffers of their own here, one set per micro-batc
 A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: their tile is chosen for
 the launched lanes' blocks together (for all K with `tiles_for`, as a staggered group needs: mlptrain.packing.
 lane_group), the weight gradient is summed inside its blocks (no K split), and a float32 group of TF32_LANES or
-more sums them on the tf32x3 engine, so on a GPU a lane's bits differ from its run alone by float32 rounding;
+more sums them on the tf32x3 engine (a layer of 16 outputs or fewer on the narrow one), so on a GPU a lane's bits
+differ from its run alone by float32 rounding;
 on the CPU (BLAS either way) they are its run's bits alone.
 `active` (K,) says which lanes step: the others' cursors, step state and parameters are not touched, and their
 GEMM blocks return at once (a lane between epochs costs the others almost nothing).
@@ -142,9 +143,15 @@ class LaneStep:
         self._update(o)
         k.data.advance_lanes(o.cursor, rows, o.active)
 
-    def _pass_engine(self, M: int, N: int) -> str:
-        """The engine of a pass with M x N outputs a lane: the group's, except that tf32x3 gives the passes its
-        tile would cover with too few blocks (`tf32x3_fills`, for all K lanes) to "fma"."""
+    def _pass_engine(self, M: int, N: int, narrow: int) -> str:
+        """The engine of a pass with M x N outputs a lane, of a layer of `narrow` outputs: the group's, except
+        that where it is tf32x3 a layer of the gemm's NARROW_MOST outputs or fewer takes "narrow", and a pass its
+        tile would cover with too few blocks (`tf32x3_fills`, for all K lanes) "fma"."""
+        # a classifier's output layer: its three passes for 16 lanes of adam_mnist took 54 µs of a ~370 µs step
+        # on the tile engines (ncu, H100; benchmarks/NOTES.md, issue 30 step 18); where the group's engine is
+        # tf32x3, a lane's bits differ from its run alone anyway
+        if self.engine == "tf32x3" and narrow <= self.backend.kernels.gemm.NARROW_MOST:
+            return "narrow"
         if self.engine == "tf32x3" and not tf32x3_fills(M, N, self.lanes, self.backend.kernels.gemm.TF32_TILE):
             return "fma"
         return self.engine
@@ -154,20 +161,21 @@ class LaneStep:
         for i, (w, b) in enumerate(o.weights):
             rows, width = tuple(h[i + 1].shape)[1:]
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation,
-                                self._pass_engine(rows, width), tiles_for=self.tiles_for, active=o.active)
+                                self._pass_engine(rows, width, width), tiles_for=self.tiles_for, active=o.active)
 
     def _backward(self, o, h, grad, beta: float) -> None:
         k = self.backend.kernels
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
             fan_in, fan_out = tuple(dw.shape)[1:]
-            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta, engine=self._pass_engine(fan_in, fan_out),
+            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta,
+                                          engine=self._pass_engine(fan_in, fan_out, fan_out),
                                           tiles_for=self.tiles_for, active=o.active)
             k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
             if i > 0:
                 rows = tuple(grad[i].shape)[1]
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
-                                             self._pass_engine(rows, fan_in), tiles_for=self.tiles_for,
+                                             self._pass_engine(rows, fan_in, fan_out), tiles_for=self.tiles_for,
                                              active=o.active)
 
     def _update(self, o) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
-from mlptrain.backends.numba_kernels import current, gemm_tf32, gemm_tf32_async, streams, wide
+from mlptrain.backends.numba_kernels import current, gemm_narrow, gemm_tf32, gemm_tf32_async, streams, wide
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -43,8 +43,10 @@ from mlptrain.backends.numba_kernels.tiles import (
 )
 
 # The engines a launch can sum its products with: "fma", float32 FMAs on CUDA cores (every storage format;
-# tiles.py), or "tf32x3", float32 operands on tensor cores at float32 accuracy (gemm_tf32.py), one tile.
-ENGINES = ("fma", "tf32x3")
+# tiles.py), "tf32x3", float32 operands on tensor cores at float32 accuracy (gemm_tf32.py), one tile, or
+# "narrow", float32 FMAs shaped by a layer's narrow side, N at most gemm_narrow.NARROW_MOST (every format).
+ENGINES = ("fma", "tf32x3", "narrow")
+NARROW_MOST = gemm_narrow.NARROW_MOST
 TF32_TILE = (64, 64, 2, 2, 16)
 # tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
 # through registers: 16 lanes' eight GEMMs 274 -> 238 µs at 4, 244 at 3, 297 at 2 (benchmarks/trial_gemms.py
@@ -83,11 +85,20 @@ def _engine_launch(engine, M, N, trials, lead, tiles_for=None):
     return (tile, *launch_grid(M, N, tile, trials if lead else None))
 
 
-def _check_engine(engine, dtype):
+def _check_engine(engine, dtype, narrow_side=None):
+    """`narrow_side`: the pass's N, which the narrow engine takes up to gemm_narrow.NARROW_MOST."""
     if engine not in ENGINES:
         raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
     if engine == "tf32x3" and str(dtype) != "float32":
         raise ValueError(f"the tf32x3 engine takes float32 operands, got {dtype}")
+    if engine == "narrow" and narrow_side > gemm_narrow.NARROW_MOST:
+        raise ValueError(f"the narrow engine takes layers of at most {gemm_narrow.NARROW_MOST} outputs, got "
+                         f"{narrow_side}")
+
+
+def _with_trial_axis(lead, *arrays):
+    """`arrays` as they are where they carry a trial axis, else each as one trial's (a leading axis of 1)."""
+    return arrays if lead else tuple(array.reshape(1, *tuple(array.shape)) for array in arrays)
 
 # --- forward y = act(x @ w + b) and backward input dx = (dy @ w.T) * act'(h) --------
 
@@ -161,7 +172,13 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
     _checks(lead)("b", b, x.dtype, (*lead, N))
     _checks(lead)("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
-    _check_engine(engine, x.dtype)
+    _check_engine(engine, x.dtype, N)
+    if engine == "narrow":
+        if M and N and (not lead or lead[0]):
+            grid, threads = gemm_narrow.forward_grid(M, lead[0] if lead else 1)
+            gemm_narrow.make_narrow_forward(N, x.dtype)[grid, threads, streams.current()](
+                *_with_trial_axis(lead, x, w, b, y), activation, *_trial_mask(lead or (1,), active))
+        return
     _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for, active)
 
 
@@ -180,7 +197,13 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     _checks(lead)("h", h, dy.dtype, (*lead, M, K))
     _checks(lead)("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
-    _check_engine(engine, dy.dtype)
+    _check_engine(engine, dy.dtype, N)
+    if engine == "narrow":
+        if M and K and (not lead or lead[0]):
+            grid, threads = gemm_narrow.elementwise_grid(M * K, lead[0] if lead else 1)
+            gemm_narrow.make_narrow_backward_input(N, dy.dtype)[grid, threads, streams.current()](
+                *_with_trial_axis(lead, dy, w, h, dx), activation, *_trial_mask(lead or (1,), active))
+        return
     _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for, active)
 
 
@@ -312,8 +335,13 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
     _checks(lead)("dw", dw, "float32", (*lead, K, N))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    _check_engine(engine, x.dtype)
+    _check_engine(engine, x.dtype, N)
     if K == 0 or N == 0 or (lead and lead[0] == 0):
+        return
+    if engine == "narrow":
+        grid, threads = gemm_narrow.elementwise_grid(K * N, lead[0] if lead else 1)
+        gemm_narrow.make_narrow_backward_weight(x.dtype)[grid, threads, streams.current()](
+            *_with_trial_axis(lead, x, dy, dw), float32(beta), *_trial_mask(lead or (1,), active))
         return
     if lead or engine != "fma":
         tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead, tiles_for)

@@ -51,15 +51,19 @@ def _activation_grad(h, activation):
     raise ValueError(f"unknown activation code {activation}")
 
 
-ENGINES = ("fma", "tf32x3")  # the CUDA launchers' ways of summing; here BLAS sums every one in float32
+ENGINES = ("fma", "tf32x3", "narrow")  # the CUDA launchers' ways of summing; here BLAS sums every one in float32
+NARROW_MOST = 16  # the CUDA narrow engine's widest layer (numba_kernels.gemm_narrow)
 
 
-def _check_engine(engine, dtype):
-    """The CUDA launchers' refusals, so that a call refused there is refused here too."""
+def _check_engine(engine, dtype, narrow_side):
+    """The CUDA launchers' refusals, so that a call refused there is refused here too (`narrow_side`: the pass's
+    N, which the narrow engine takes up to NARROW_MOST)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
     if engine == "tf32x3" and np.dtype(dtype) != np.float32:
         raise ValueError(f"the tf32x3 engine takes float32 operands, got {np.dtype(dtype)}")
+    if engine == "narrow" and narrow_side > NARROW_MOST:
+        raise ValueError(f"the narrow engine takes layers of at most {NARROW_MOST} outputs, got {narrow_side}")
 
 
 def _active_trials(active):
@@ -69,7 +73,7 @@ def _active_trials(active):
 
 def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None):
     """y = act(x @ w + b); `engine`, `tiles_for` and `active` as the CUDA launcher's (BLAS sums either way)."""
-    _check_engine(engine, x.dtype)
+    _check_engine(engine, x.dtype, w.shape[-1])
     if active is not None:  # each active trial as a launch of its own (the rest untouched)
         for z in _active_trials(active):
             linear_forward(x[z], w[z], b[z], y[z], activation, engine)
@@ -90,7 +94,7 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
-    _check_engine(engine, dy.dtype)
+    _check_engine(engine, dy.dtype, dy.shape[-1])
     if active is not None:
         for z in _active_trials(active):
             linear_backward_input(dy[z], w[z], h[z], dx[z], activation, engine)
@@ -119,7 +123,7 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
 
 def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None, active=None):
     """dw = beta * dw + x.T @ dy (beta 0 overwrites, 1 accumulates); dw float32; workspace is not used."""
-    _check_engine(engine, x.dtype)
+    _check_engine(engine, x.dtype, dy.shape[-1])
     if active is not None:
         for z in _active_trials(active):
             linear_backward_weight(x[z], dy[z], dw[z], beta, engine=engine)

@@ -256,8 +256,8 @@ def mini_tf32_tile(monkeypatch):
     monkeypatch.setattr(gemm, "TF32_TILE", MINI_TF32_TILE)
 
 
-def tf32x3_layer(rng, trials, shape, activation, beta):
-    """A layer's three passes on the tf32x3 engine (with or without a trial axis) against float64."""
+def tf32x3_layer(rng, trials, shape, activation, beta, engine="tf32x3"):
+    """A layer's three passes on the tf32x3 engine, or `engine` (with or without a trial axis), against float64."""
     m, k, n = shape
     lead = () if trials is None else (trials,)
     x, w, b, dy, old = (random(rng, *lead, *s) for s in ((m, k), (k, n), (n,), (m, n), (k, n)))
@@ -265,9 +265,9 @@ def tf32x3_layer(rng, trials, shape, activation, beta):
     y, dx = poisoned((*lead, m, n)), poisoned((*lead, m, k))
     dw = poisoned((*lead, k, n)) if beta == 0.0 else current.to_device(old)
     d = {name: current.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
-    gemm.linear_forward(d["x"], d["w"], d["b"], y, activation, engine="tf32x3")
-    gemm.linear_backward_input(d["dy"], d["w"], d["h"], dx, activation, engine="tf32x3")
-    gemm.linear_backward_weight(d["x"], d["dy"], dw, beta, engine="tf32x3")
+    gemm.linear_forward(d["x"], d["w"], d["b"], y, activation, engine=engine)
+    gemm.linear_backward_input(d["dy"], d["w"], d["h"], dx, activation, engine=engine)
+    gemm.linear_backward_weight(d["x"], d["dy"], dw, beta, engine=engine)
     outputs = [a.copy_to_host() for a in (y, dx, dw)]
     for t in range(1 if trials is None else trials):
         pick = (lambda a: a) if trials is None else (lambda a: a[t])
@@ -361,3 +361,61 @@ def test_tf32x3_engine_refuses_16_bit_operands(rng):
     w, b = current.to_device(random(rng, 4, 5).astype(np.float16)), current.to_device(random(rng, 5).astype(np.float16))
     with pytest.raises(ValueError, match="tf32x3 engine takes float32"):
         gemm.linear_forward(x, w, b, BACKEND.poisoned((3, 5), dtype=np.float16), RELU, engine="tf32x3")
+
+
+# --- the narrow engine: layers of at most gemm_narrow.NARROW_MOST outputs (a classifier's last) ------------
+
+@pytest.mark.parametrize("trials, shape, activation, beta, dtype", [
+    (2, (9, 70, 10), RELU, 0.0, np.float32),  # two forward blocks of rows; K past two warps' worth
+    (3, (5, 37, 3), TANH, 1.0, np.float32), (2, (4, 33, 16), SIGMOID, 0.0, np.uint16),
+    (1, (3, 5, 1), NONE, 1.0, np.float16)])
+def test_narrow_engine(rng, trials, shape, activation, beta, dtype):
+    cases.layer_trials(BACKEND, rng, trials, shape, activation, beta, dtype, engine="narrow")
+
+
+def test_narrow_engine_without_a_trial_axis(rng):
+    tf32x3_layer(rng, None, (11, 40, 7), RELU, 1.0, engine="narrow")
+
+
+def test_narrow_engine_leaves_masked_trials_and_takes_lane_views(rng):
+    """`active` and lane views as the tile engines take them: a masked trial's outputs keep what they held; a
+    layer's weights and weight gradient as columns of wider rows give the bits of contiguous operands."""
+    from mlptrain.backends.lanes import lane_view
+
+    (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 3, (6, 20, 5), RELU, 1.0, engine="narrow")
+    k, n = w.shape[1:]
+    params = np.zeros((3, 3 + k * n + n), np.float32)
+    params[:, 3:3 + k * n], params[:, 3 + k * n:] = w.reshape(3, -1), b
+    grads = np.full((3, 1 + k * n + 2), np.nan, np.float32)
+    grads[:, 1:1 + k * n] = old.reshape(3, -1)
+    params, grads = current.to_device(params), current.to_device(grads)
+    wl, bl, dwl = lane_view(params, 3, (k, n)), lane_view(params, 3 + k * n, (n,)), lane_view(grads, 1, (k, n))
+    active = current.to_device(np.array([1, 0, 1], np.int32))
+    y, dx = poisoned(packed[0].shape), poisoned(packed[1].shape)
+    before = [a.copy_to_host()[1] for a in (y, dx)]
+    gemm.linear_forward(current.to_device(x), wl, bl, y, RELU, "narrow", active=active)
+    gemm.linear_backward_input(current.to_device(dy), wl, current.to_device(h), dx, RELU, "narrow", active=active)
+    gemm.linear_backward_weight(current.to_device(x), current.to_device(dy), dwl, 1.0, engine="narrow",
+                                active=active)
+    got = grads.copy_to_host()
+    for mine, theirs, untouched in ((y.copy_to_host(), packed[0], before[0]), (dx.copy_to_host(), packed[1], before[1])):
+        np.testing.assert_array_equal(mine[[0, 2]].view(np.uint32), theirs[[0, 2]].view(np.uint32))
+        np.testing.assert_array_equal(mine[1].view(np.uint32), untouched.view(np.uint32))
+    np.testing.assert_array_equal(got[[0, 2], 1:1 + k * n].reshape(2, k, n), packed[2][[0, 2]])
+    np.testing.assert_array_equal(got[1, 1:1 + k * n].reshape(k, n), old[1])
+    assert np.isnan(got[:, :1]).all() and np.isnan(got[:, 1 + k * n:]).all()  # nothing outside the views
+
+
+def test_narrow_engine_refuses_wide_layers(rng):
+    x, w = current.to_device(random(rng, 2, 3, 4)), current.to_device(random(rng, 2, 4, 17))
+    with pytest.raises(ValueError, match="at most 16 outputs, got 17"):
+        gemm.linear_forward(x, w, current.to_device(random(rng, 2, 17)), poisoned((2, 3, 17)), RELU, "narrow")
+    with pytest.raises(ValueError, match="at most 16 outputs, got 17"):
+        gemm.linear_backward_weight(x, current.to_device(random(rng, 2, 3, 17)), poisoned((2, 4, 17)), 0.0,
+                                    engine="narrow")
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("trials, shape", [(16, (128, 512, 10)), (3, (257, 1000, 13)), (None, (130, 784, 10))])
+def test_narrow_engine_production_sizes(rng, trials, shape):
+    tf32x3_layer(rng, trials, shape, RELU, 1.0, engine="narrow")

@@ -1,0 +1,153 @@
+"""Dense layers with a narrow side (a classifier's output layer of ten classes), CUDA backend: the "narrow"
+engine of gemm.py's launchers, for passes whose N (the forward's and the weight gradient's output columns, the
+input gradient's summed width) is at most NARROW_MOST.
+
+The tile engines spend such a pass's time on columns that are not there: 16 lanes of adam_mnist's 512 -> 10
+layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tiles), 19.6 for the input gradient
+(K = 10 on tf32x3's 64 x 64 tiles) and 14.8 for the weight gradient, against ~3 µs of their memory traffic
+(ncu, one H100; benchmarks/NOTES.md, issue 30 step 18). Here each pass is shaped by its narrow side:
+
+- forward, y = act(x @ w + b): a warp per output row; its thread t sums k = t, t + 32, ... for each of the N
+  columns, then the warp's 32 partials of a column are added in shared memory by a fixed tree (offsets 16, 8,
+  4, 2, 1) and thread n writes column n;
+- input gradient, dx = (dy @ w.T) * act'(h): a thread per output element, summing its N products in order;
+- weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order.
+
+Every output is summed by one thread or one block in a fixed order: no atomics, the same bits on every run. The
+order differs from the tile engines', so a layer's outputs differ from theirs by float32 rounding. Operands carry
+a leading trial axis (packed trials; a lane view, mlptrain.backends.lanes, where a layer's weights sit among each
+trial's flat parameters); grid row z is trial z's, skipped where `active[z]` is 0.
+"""
+
+import functools
+
+from mlptrain.activation import NONE, RELU
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
+from mlptrain.backends.numba_kernels.codecs import codec
+from mlptrain.backends.numba_kernels.tiles import activation_grad_of, squash
+
+NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
+ROWS = 8  # output rows of a forward block, a warp each
+WARP = 32
+THREADS = 256  # of the input and weight gradients' blocks
+
+
+@functools.cache
+def make_narrow_forward(N, dtype):
+    """The forward kernel (x, w, b, y, activation, active) of layers of N output columns stored as `dtype`."""
+    load, store = codec(dtype)
+
+    # Block (bx, z): rows bx*ROWS:+ROWS of trial z, a warp a row. Thread t of a warp sums k = t, t + WARP, ...
+    # into one partial a column; the tree then adds partial c + width into partial c, width 16 down to 1, and
+    # thread n of the warp writes column n: no atomics.
+    @kernel_cache.jit
+    def narrow_forward_kernel(x, w, b, y, activation, active):
+        partials = cuda.shared.array((ROWS, N, WARP), float32)
+        z = cuda.blockIdx.y
+        if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
+            return
+        a, weights, bias, out = x[z], w[z], b[z], y[z]
+        M, K = a.shape
+        row, t = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        m = cuda.blockIdx.x * ROWS + row
+        acc = cuda.local.array(N, float32)
+        for n in range(N):
+            acc[n] = float32(0)
+        if m < M:
+            r = uint64(m)
+            k = t
+            while k < K:
+                c = uint64(k)
+                value = load(a[r, c])
+                for n in range(N):
+                    acc[n] += value * load(weights[c, uint64(n)])
+                k += WARP
+        for n in range(N):
+            partials[row, n, t] = acc[n]
+        cuda.syncthreads()
+        width = WARP // 2
+        while width > 0:
+            if t < width:
+                for n in range(N):
+                    partials[row, n, t] += partials[row, n, t + width]
+            cuda.syncthreads()
+            width //= 2
+        if m < M and t < N:
+            r, c = uint64(m), uint64(t)
+            value = partials[row, t, 0] + load(bias[c])
+            if activation == RELU and value < float32(0):  # NaN stays NaN, as in np.maximum
+                value = float32(0)
+            stored = store(value)
+            if activation != NONE and activation != RELU:
+                stored = store(squash(load(stored), activation))
+            out[r, c] = stored
+
+    return narrow_forward_kernel
+
+
+@functools.cache
+def make_narrow_backward_input(N, dtype):
+    """The input-gradient kernel (dy, w, h, dx, activation, active) of layers of N output columns."""
+    load, store = codec(dtype)
+
+    # Thread i of grid row z owns dx[z] element i (row-major): its N products summed in order. No atomics.
+    @kernel_cache.jit
+    def narrow_backward_input_kernel(dy, w, h, dx, activation, active):
+        z = cuda.blockIdx.y
+        if active[z] == 0:
+            return
+        grad, weights, kept, out = dy[z], w[z], h[z], dx[z]
+        M, K = out.shape
+        i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+        if i >= M * K:
+            return
+        r, c = uint64(i // K), uint64(i % K)
+        total = float32(0)
+        for n in range(N):
+            total += load(grad[r, uint64(n)]) * load(weights[c, uint64(n)])
+        stored = store(total)
+        if activation != NONE:
+            stored = store(load(stored) * activation_grad_of(load(kept[r, c]), activation))
+        out[r, c] = stored
+
+    return narrow_backward_input_kernel
+
+
+@functools.cache
+def make_narrow_backward_weight(dtype):
+    """The weight-gradient kernel (x, dy, dw, beta, active) of narrow layers (dw float32)."""
+    load, _ = codec(dtype)
+
+    # Thread i of grid row z owns dw[z][i % K, i // K] (column-major, so a warp reads consecutive inputs of
+    # x's rows): its rows' products summed in order, then beta * dw added. No atomics.
+    @kernel_cache.jit
+    def narrow_backward_weight_kernel(x, dy, dw, beta, active):
+        z = cuda.blockIdx.y
+        if active[z] == 0:
+            return
+        a, grad, out = x[z], dy[z], dw[z]
+        B, K = a.shape
+        N = out.shape[1]
+        i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+        if i >= K * N:
+            return
+        c, n = uint64(i % K), uint64(i // K)
+        total = float32(0)
+        for m in range(B):
+            r = uint64(m)
+            total += load(a[r, c]) * load(grad[r, n])
+        if beta == float32(0):  # never reads dw (it may hold garbage)
+            out[c, n] = total
+        else:
+            out[c, n] = beta * out[c, n] + total
+
+    return narrow_backward_weight_kernel
+
+
+def forward_grid(M, trials):
+    return (-(-M // ROWS), trials), ROWS * WARP
+
+
+def elementwise_grid(count, trials):
+    return (max(-(-count // THREADS), 1), trials), THREADS
