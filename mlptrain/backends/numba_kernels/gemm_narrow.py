@@ -31,6 +31,7 @@ NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
 ROWS = 8  # output rows of a forward block, a warp each
 WARP = 32
 THREADS = 256  # of the input and weight gradients' blocks
+ROWS_IN_FLIGHT = 8  # rows a weight-gradient thread loads before adding them
 
 
 @functools.cache
@@ -57,12 +58,20 @@ def make_narrow_forward(N, dtype):
         if m < M:
             r = uint64(m)
             k = t
-            while k < K:
+            # two k a step, both loaded before either is added (in the order one at a time would add them): a
+            # step's loads wait on the memory once, not twice
+            while k + WARP < K:
+                c, d = uint64(k), uint64(k + WARP)
+                first, second = load(a[r, c]), load(a[r, d])
+                for n in range(N):
+                    acc[n] += first * load(weights[c, uint64(n)])
+                    acc[n] += second * load(weights[d, uint64(n)])
+                k += 2 * WARP
+            if k < K:
                 c = uint64(k)
                 value = load(a[r, c])
                 for n in range(N):
                     acc[n] += value * load(weights[c, uint64(n)])
-                k += WARP
         for n in range(N):
             partials[row, n, t] = acc[n]
         cuda.syncthreads()
@@ -134,9 +143,21 @@ def make_narrow_backward_weight(dtype):
             return
         c, n = uint64(i % K), uint64(i // K)
         total = float32(0)
-        for m in range(B):
+        # rows ROWS_IN_FLIGHT at a time, all loaded before any is added (in row order, as one at a time would):
+        # a batch's loads wait on the memory once
+        products = cuda.local.array(ROWS_IN_FLIGHT, float32)
+        m = 0
+        while m + ROWS_IN_FLIGHT <= B:
+            for j in range(ROWS_IN_FLIGHT):
+                r = uint64(m + j)
+                products[j] = load(a[r, c]) * load(grad[r, n])
+            for j in range(ROWS_IN_FLIGHT):
+                total += products[j]
+            m += ROWS_IN_FLIGHT
+        while m < B:
             r = uint64(m)
             total += load(a[r, c]) * load(grad[r, n])
+            m += 1
         if beta == float32(0):  # never reads dw (it may hold garbage)
             out[c, n] = total
         else:
