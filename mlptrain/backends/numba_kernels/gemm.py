@@ -200,7 +200,7 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     _check_engine(engine, dy.dtype, N)
     if engine == "narrow":
         if M and K and (not lead or lead[0]):
-            grid, threads = gemm_narrow.elementwise_grid(M * K, lead[0] if lead else 1)
+            grid, threads = gemm_narrow.input_grid(M, K, lead[0] if lead else 1)
             gemm_narrow.make_narrow_backward_input(N, dy.dtype)[grid, threads, streams.current()](
                 *_with_trial_axis(lead, dy, w, h, dx), activation, *_trial_mask(lead or (1,), active))
         return
@@ -339,7 +339,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
     if K == 0 or N == 0 or (lead and lead[0] == 0):
         return
     if engine == "narrow":
-        grid, threads = gemm_narrow.elementwise_grid(K * N, lead[0] if lead else 1)
+        grid, threads = gemm_narrow.weight_grid(K, N, lead[0] if lead else 1)
         gemm_narrow.make_narrow_backward_weight(x.dtype)[grid, threads, streams.current()](
             *_with_trial_axis(lead, x, dy, dw), float32(beta), *_trial_mask(lead or (1,), active))
         return

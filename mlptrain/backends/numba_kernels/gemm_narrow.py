@@ -10,13 +10,14 @@ layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tile
 - forward, y = act(x @ w + b): a warp per output row; its thread t sums k = t, t + 32, ... for each of the N
   columns, then the warp's 32 partials of a column are added in shared memory by a fixed tree (offsets 16, 8,
   4, 2, 1) and thread n writes column n;
-- input gradient, dx = (dy @ w.T) * act'(h): a thread per output element, summing its N products in order;
+- input gradient, dx = (dy @ w.T) * act'(h): a thread per output column of a few rows, its N weights in
+  registers, summing each row's N products in order;
 - weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order.
 
 Every output is summed by one thread or one block in a fixed order: no atomics, the same bits on every run. The
 order differs from the tile engines', so a layer's outputs differ from theirs by float32 rounding. Operands carry
 a leading trial axis (packed trials; a lane view, mlptrain.backends.lanes, where a layer's weights sit among each
-trial's flat parameters); grid row z is trial z's, skipped where `active[z]` is 0.
+trial's flat parameters); the grid's last axis is the trials', trial z's blocks skipped where `active[z]` is 0.
 """
 
 import functools
@@ -32,6 +33,7 @@ ROWS = 8  # output rows of a forward block, a warp each
 WARP = 32
 THREADS = 256  # of the input and weight gradients' blocks
 ROWS_IN_FLIGHT = 8  # rows a weight-gradient thread loads before adding them
+INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in turn
 
 
 @functools.cache
@@ -100,25 +102,32 @@ def make_narrow_backward_input(N, dtype):
     """The input-gradient kernel (dy, w, h, dx, activation, active) of layers of N output columns."""
     load, store = codec(dtype)
 
-    # Thread i of grid row z owns dx[z] element i (row-major): its N products summed in order. No atomics.
+    # Block (bx, by, z): columns bx*THREADS:+THREADS of rows by*INPUT_ROWS:+INPUT_ROWS of trial z, a thread a
+    # column, its N weights held in registers: each row's N products summed in order. No atomics.
     @kernel_cache.jit
     def narrow_backward_input_kernel(dy, w, h, dx, activation, active):
-        z = cuda.blockIdx.y
+        z = cuda.blockIdx.z
         if active[z] == 0:
             return
         grad, weights, kept, out = dy[z], w[z], h[z], dx[z]
         M, K = out.shape
-        i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
-        if i >= M * K:
+        k = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+        if k >= K:
             return
-        r, c = uint64(i // K), uint64(i % K)
-        total = float32(0)
+        c = uint64(k)
+        column = cuda.local.array(N, float32)
         for n in range(N):
-            total += load(grad[r, uint64(n)]) * load(weights[c, uint64(n)])
-        stored = store(total)
-        if activation != NONE:
-            stored = store(load(stored) * activation_grad_of(load(kept[r, c]), activation))
-        out[r, c] = stored
+            column[n] = load(weights[c, uint64(n)])
+        first = cuda.blockIdx.y * INPUT_ROWS
+        for m in range(first, min(first + INPUT_ROWS, M)):
+            r = uint64(m)
+            total = float32(0)
+            for n in range(N):
+                total += load(grad[r, uint64(n)]) * column[n]
+            stored = store(total)
+            if activation != NONE:
+                stored = store(load(stored) * activation_grad_of(load(kept[r, c]), activation))
+            out[r, c] = stored
 
     return narrow_backward_input_kernel
 
@@ -128,20 +137,19 @@ def make_narrow_backward_weight(dtype):
     """The weight-gradient kernel (x, dy, dw, beta, active) of narrow layers (dw float32)."""
     load, _ = codec(dtype)
 
-    # Thread i of grid row z owns dw[z][i % K, i // K] (column-major, so a warp reads consecutive inputs of
+    # Block (bx, n, z): dw[z][bx*THREADS:+THREADS, n], a thread an element (a warp reads consecutive inputs of
     # x's rows): its rows' products summed in order, then beta * dw added. No atomics.
     @kernel_cache.jit
     def narrow_backward_weight_kernel(x, dy, dw, beta, active):
-        z = cuda.blockIdx.y
+        z = cuda.blockIdx.z
         if active[z] == 0:
             return
         a, grad, out = x[z], dy[z], dw[z]
         B, K = a.shape
-        N = out.shape[1]
-        i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
-        if i >= K * N:
+        k = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+        if k >= K:
             return
-        c, n = uint64(i % K), uint64(i // K)
+        c, n = uint64(k), uint64(cuda.blockIdx.y)
         total = float32(0)
         # rows ROWS_IN_FLIGHT at a time, all loaded before any is added (in row order, as one at a time would):
         # a batch's loads wait on the memory once
@@ -170,5 +178,9 @@ def forward_grid(M, trials):
     return (-(-M // ROWS), trials), ROWS * WARP
 
 
-def elementwise_grid(count, trials):
-    return (max(-(-count // THREADS), 1), trials), THREADS
+def input_grid(M, K, trials):
+    return (-(-K // THREADS), -(-M // INPUT_ROWS), trials), THREADS
+
+
+def weight_grid(K, N, trials):
+    return (-(-K // THREADS), N, trials), THREADS
