@@ -162,7 +162,8 @@ class CudaBackend:
 
     def to_host_later(self, arrays):
         """Host copies of `arrays` as they are after the launches queued so far, queued now and taken later
-        (mlptrain.backends.host_copies): `.take()` returns them, `.drop()` gives them up untaken."""
+        (mlptrain.backends.host_copies): `.take()` returns them, `.views()` lends them in their pinned memory
+        until `.drop()`, which gives them up."""
         # imported on first use: the CPU path never needs it
         from mlptrain.backends.host_copies import Ready
 

@@ -58,8 +58,8 @@ def summary_class():
 
 def event_suffix(suffix: str = "") -> str:
     """The end of a new TensorBoard event file's name. Its name is otherwise the second and the host, as
-    tensorboardX's, which two writers in a run's folder can share: random digits keep them apart (and the file is
-    made new, mlptrain.run_dirs.event_files, never through a link put at its name beforehand)."""
+    tensorboardX's, which two writers in a run's folder can share: random digits keep them apart (and EventFile
+    makes the file new, never through a link put at its name beforehand)."""
     return f".{secrets.token_hex(4)}{suffix}"
 
 
@@ -84,13 +84,14 @@ class EventFile:
     name); an OSError making it propagates."""
 
     def __init__(self, logdir: Path, suffix: str = ""):
+        writer = _writer()  # first: tensorboardX's protobuf classes, which a file is no use without
         self.path = Path(logdir) / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{suffix}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self.file = os.fdopen(os.open(self.path, flags, 0o666), "wb")
         self.error: BaseException | None = None  # the first error the writing thread met with this file
         self.closed = threading.Event()  # set by the writing thread once the file is closed
         self.closing = False
-        _writer().put((self, time.time(), None, None, FILE_VERSION))
+        writer.put((self, time.time(), None, None, FILE_VERSION))
 
     def add(self, summary, step: int | None = None, walltime: float | None = None) -> None:
         """An event of `summary` at `step` (None: the event has no step, as a layout's), stamped now."""
