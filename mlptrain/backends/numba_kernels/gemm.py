@@ -100,6 +100,7 @@ def _with_trial_axis(lead, *arrays):
     """`arrays` as they are where they carry a trial axis, else each as one trial's (a leading axis of 1)."""
     return arrays if lead else tuple(array.reshape(1, *tuple(array.shape)) for array in arrays)
 
+
 # --- forward y = act(x @ w + b) and backward input dx = (dy @ w.T) * act'(h) --------
 
 @functools.cache
