@@ -13,7 +13,6 @@ Ctrl-C or SIGTERM (after the step in flight) resumes bitwise where it stopped: s
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -26,7 +25,8 @@ from mlptrain.run_dirs.folders import write_yaml
 from mlptrain.run_dirs.links import checkpoint_file
 from mlptrain.run_dirs.lock import check_space
 from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics, write_json
-from mlptrain.training.checkpoint import load_checkpoint, save_checkpoint
+from mlptrain.training.checkpoint import load_checkpoint
+from mlptrain.training.checkpoint_writes import checkpoint_at, write_checkpoints, written
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.diagnosis import learning_warning, likely_cause
 from mlptrain.training.experiment import data_root, run_config
@@ -37,15 +37,12 @@ from mlptrain.training.queued_end import QueuedEnd, ends_later, logs_later, queu
 from mlptrain.training.queued_end import record as queued_record
 from mlptrain.training.reads import queue_read, read_state, report, report_late
 from mlptrain.training.steps import Period, finish
-from mlptrain.training.resume import HeldCheckpoint, Position, Resume, checkpoint_later, device_arrays, restore
+from mlptrain.training.resume import Position, Resume, device_arrays, restore
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, fallbacks, run_summary
-from mlptrain.util.atomic import atomic_write, link_whole
-from mlptrain.util.background import Waitable, pool
+from mlptrain.util.atomic import atomic_write
+from mlptrain.util.background import Waitable
 from mlptrain.util.console import console
-
-
-CHECKPOINT_WRITERS = 4  # threads writing checkpoints: a packed group's lanes end their runs together
 
 
 def train(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | None = None, stop=None,
@@ -165,7 +162,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                     _stop(s, run_dir, Position(epoch, 0, best.best, best.best_epoch))
         if s.writing is not None:  # packed runs go on while this one's last files are written
             yield Waitable(s.writing)
-        _written(s)
+        written(s)
         trained, last = last["epoch"], _restore_best(s, run_dir, last, best)
         last = s.evaluator.test_at_end(s.test, last, logger)  # train.eval_test end, and a run that stopped early
         records = {"epochs": trained, "best_epoch": best.best_epoch, "stopped_early": stopped,
@@ -355,11 +352,11 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position, c
         s.unsaved_best.drop()  # first, so that the checkpoint below reuses its memory
         s.unsaved_best = None
     if save_last or best.best_epoch == epoch:
-        held = _checkpoint(s, Position(epoch, 0, best.best, best.best_epoch), copies)
+        held = checkpoint_at(s, Position(epoch, 0, best.best, best.best_epoch), copies)
         if best.best_epoch == epoch:  # kept until `last` is written: best.npz never runs ahead of it
             s.unsaved_best = held
         if save_last:
-            _write_checkpoints(s, run_dir, held)
+            write_checkpoints(s, run_dir, held)
     elif copies is not None:
         copies.drop()
     if stopped:
@@ -385,8 +382,8 @@ def _restore_best(s: Session, run_dir: Path, last: dict, best: Position) -> dict
 def _stop(s: Session, run_dir: Path, position: Position) -> None:
     """Write `last` at `position` (after the optimizer step just finished), and `best` when it is pending, and
     raise TrainingInterrupted."""
-    _write_checkpoints(s, run_dir, _checkpoint(s, position))
-    _written(s)  # the files whole before the stop is said
+    write_checkpoints(s, run_dir, checkpoint_at(s, position))
+    written(s)  # the files whole before the stop is said
     # counted as the progress line counts: this epoch's optimizer steps, then the run's in all (fp16's
     # skipped steps included, as the bar counts them)
     steps = position.epoch * s.steps_per_epoch + position.window
@@ -394,54 +391,6 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
         if position.window else f"after epoch {position.epoch}"
     raise TrainingInterrupted(f"interrupted {where} ({steps} optimizer steps in all); "
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
-
-
-def _write_checkpoints(s: Session, run_dir: Path, last: HeldCheckpoint) -> None:
-    """`last`, then `best` where one is held (a second name of `last` where it is that one), written by a thread
-    behind the training (mlptrain.util.background): ~17 ms each, the npz and its fsync, on the GPU machine,
-    which a packed sweep's lanes paid in turn at their last epoch's end while the GPU idled. The arrays are
-    taken here, so a diverged checkpoint is refused here as before. The run's earlier writes are waited for
-    first: its files are written in order, and a write that failed ends the run at its next checkpoint (or
-    before its summary), the file it was to replace intact."""
-    _written(s)
-    held, writes = [last], [(checkpoint_file(run_dir, "last"), last.arrays())]
-    if s.unsaved_best is not None:  # kept until `last` is written: best.npz never runs ahead of it
-        best, s.unsaved_best = s.unsaved_best, None
-        if best is not last:
-            held.append(best)
-        writes.append((checkpoint_file(run_dir, "best"), None if best is last else best.arrays()))
-    s.writing = pool("checkpoints", CHECKPOINT_WRITERS).submit(_write_files, writes, held)
-
-
-def _write_files(writes: list[tuple[Path, dict | None]], held: list[HeldCheckpoint]) -> None:
-    """Each checkpoint in turn (None: a second name of the first, link_whole), then `held`, whose arrays they are,
-    dropped: their memory (pinned, on a GPU) goes back for later copies, written or not."""
-    try:
-        for path, arrays in writes:
-            if arrays is None:
-                link_whole(writes[0][0], path)
-            else:
-                save_checkpoint(path, arrays)
-    finally:
-        for checkpoint in held:
-            checkpoint.drop()
-
-
-def _written(s: Session) -> None:
-    """Once the run's checkpoint files are written (the error a write met raised here)."""
-    writing, s.writing = s.writing, None
-    if writing is not None:
-        writing.result()
-
-
-def _checkpoint(s: Session, position: Position, copies=None) -> HeldCheckpoint:
-    """A checkpoint of `s` at `position` (see mlptrain.training.resume.checkpoint_later), with the run's seconds
-    so far: its device arrays copied behind the host's back (a sweep's trial holds its best epoch's for epochs,
-    writing it at its end), taken when written; `copies`: those copied already, at `position`."""
-    position = dataclasses.replace(position, wall_s=s.wall_before + time.perf_counter() - s.started)
-    # inside an epoch: its samples' losses so far, for the epoch's training means
-    extra = s.window.rows_done(position.window) if position.window else None
-    return checkpoint_later(s.model, s.step, s.plateau, position, s.config, s.selection[0], extra, copies)
 
 
 def save_grad_norms(path: Path, step) -> None:

@@ -42,7 +42,7 @@ class Session:
     notes: list = field(default_factory=list)  # fallbacks found after building (kernels: mlptrain.training.compilation)
     wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
     unsaved_best: HeldCheckpoint | None = None  # the best epoch's checkpoint, written with the next `last`
-    writing: Future | None = None  # the run's checkpoint files on their way to the disk (training.loop)
+    writing: Future | None = None  # the run's checkpoint files on their way to the disk (training.checkpoint_writes)
 
     @property
     def fallbacks(self) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 
 from mlptrain.backends.cpu import CpuBackend
 from mlptrain.errors import TrainingInterrupted, UserError
-from mlptrain.training import loop
+from mlptrain.training import checkpoint_writes
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
@@ -113,7 +113,7 @@ def test_a_checkpoint_write_that_fails_ends_the_run_in_one_line_and_keeps_the_pr
     by its next checkpoint with the write's one line, the file it was to replace intact, and no summary."""
     config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=1)
     run = new_run(tmp_path, "run", config)
-    real, calls = loop.save_checkpoint, []
+    real, calls = checkpoint_writes.save_checkpoint, []
 
     def failing(path, arrays):
         calls.append(path.name)
@@ -121,7 +121,7 @@ def test_a_checkpoint_write_that_fails_ends_the_run_in_one_line_and_keeps_the_pr
             raise UserError(f"{path}: cannot write it (No space left on device); the previous file, if any, is intact")
         real(path, arrays)
 
-    monkeypatch.setattr(loop, "save_checkpoint", failing)
+    monkeypatch.setattr(checkpoint_writes, "save_checkpoint", failing)
     with pytest.raises(UserError, match="last.npz: cannot write it \\(No space left on device\\)"):
         train(build_session(config, CpuBackend(), synthetic_dataset()), run)
     assert calls[2] == "last.npz" and 3 <= len(calls) <= 4  # at most one epoch's end went on before it was seen
@@ -161,7 +161,7 @@ def test_a_checkpoint_is_written_from_its_copies_then_gives_them_back(tmp_path, 
 
     config = make_config(64, 4, ADAM, None, epochs=3, checkpoint_every_epochs=1)
     run = new_run(tmp_path, "run", config)
-    real, written = loop.save_checkpoint, []
+    real, written = checkpoint_writes.save_checkpoint, []
 
     def save(path, arrays):
         params = next(array for key, array in arrays.items() if key.startswith("params/"))
@@ -172,7 +172,7 @@ def test_a_checkpoint_is_written_from_its_copies_then_gives_them_back(tmp_path, 
         written.append(path.name)
         real(path, arrays)
 
-    monkeypatch.setattr(loop, "save_checkpoint", save)
+    monkeypatch.setattr(checkpoint_writes, "save_checkpoint", save)
     session = build_session(config, Backend(), synthetic_dataset())
     if fails:
         with pytest.raises(UserError, match="No space left"):
