@@ -43,7 +43,7 @@ class TrainingWindow:
         self.fallback: str | None = None  # the warning line when a CUDA backend runs without a graph
         self.first_step_at: float | None = None  # time.time() when the first step was queued (summary.json)
         self.rows_known = True  # whether row_loss holds every trained row of this epoch (see restore_rows)
-        self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and kept step state
+        self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and host copies
         self.unreported = None  # a queued epoch end's reads not reported yet, and their seconds' start (training.loop)
 
     def read_copies(self, lo: int, hi: int, outcomes: bool):
