@@ -95,8 +95,13 @@ class RunLogger:
         self.events.add(custom_scalars({"train, val and test": charts}))
 
     def image(self, tag: str, image, step: int) -> None:
-        """An (H, W, C) image: floats in [0, 1], or uint8."""
-        self._image(tag, png(lambda: image), step)
+        """An (H, W, C) image: floats in [0, 1], or uint8; made PNG here, and written after the images given to
+        `image_later` before it (the event file holds the images in the order given)."""
+        made = png(lambda: image)
+        if self._drawing is None:
+            self._image(tag, made, step)
+        else:
+            self._later(lambda: self._image(tag, made, step))
 
     def image_later(self, tag: str, draw, step: int) -> None:
         """`image(tag, draw(), step)` on a thread of the logger's own, in order: drawing and compressing an image
