@@ -321,6 +321,52 @@ def skipped_update_touches_nothing(be, rng, size, dtype):
         np.testing.assert_array_equal(be.to_host(got).view(np.uint8), np.asarray(want).view(np.uint8))
 
 
+def adam_sums_the_gradient(be, rng, size, dtype=np.float32, apply=True):
+    """adam_update given `partials`: the bits reduce.sum_of_squares writes for the gradient there, and the
+    update's own bits in every buffer (a skipped window's untouched), its buffers aligned (quads) or one element
+    into wider ones (an element an access) alike."""
+    param, grad, m = buffers(rng, size, 3)
+    v = np.abs(m)
+    count = be.kernels.reduce.PARTIALS
+    want = be.poisoned(count)
+    be.kernels.reduce.sum_of_squares(be.to_device(grad), want)
+    state = state_for(be, 1e-3, 3, apply=apply)
+    rules = (0.9, 0.999, 1e-8, 0.1, True)
+    results = []
+    for offset, partials in ((0, None), (0, be.poisoned(count)), (1, be.poisoned(count))):
+        d = [be.to_device(np.concatenate([np.zeros(offset, np.float32), a]))[offset:] for a in (param, grad, m, v)]
+        compute = compute_copy(be, d[0], size, dtype)
+        be.kernels.optim.adam_update(*d, compute, state, *rules, partials=partials)
+        if partials is not None:
+            np.testing.assert_array_equal(be.to_host(partials).view(np.uint32), be.to_host(want).view(np.uint32))
+        results.append([be.to_host(a).view(np.uint8) for a in (d[0], d[2], d[3], compute)])
+    for plain, summed, shifted in zip(*results):
+        np.testing.assert_array_equal(summed, plain)
+        np.testing.assert_array_equal(shifted, plain)
+    if not apply:
+        np.testing.assert_array_equal(results[0][0], param.view(np.uint8))
+    total = np.sum(grad.astype(np.float64) ** 2)
+    ref.assert_within(be.to_host(want).astype(np.float64).sum(), total, 2e-6 * np.sqrt(size) * total + 1e-7)
+
+
+def norm_later_is_finish_step(be, rng):
+    """Under step_state.norm_later (no clipping, no loss scaling), prepare_step before the update and
+    record_norm after it leave finish_step's state and grad-norm record, window after window."""
+    table = np.linspace(1e-3, 1e-4, 3)  # held past its end at the fourth window
+    host = np.zeros(step_state.SIZE)
+    host[step_state.LOSS_SCALE], host[step_state.LR_FACTOR] = 1.0, 0.5
+    states, norms = [be.to_device(host) for _ in range(2)], [be.to_device(np.zeros(3)) for _ in range(2)]
+    rules = be.kernels.step_rules
+    for _ in range(4):  # the fourth window's norm finds no room in the record: counted, not written
+        partials = be.to_device(rng.uniform(0.0, 2.0, be.kernels.reduce.PARTIALS).astype(np.float32))
+        rules.finish_step(partials, states[0], be.to_device(table), norms[0], 0.0, 0.9, 0.99, False, 2.0, 0.5, 5)
+        rules.prepare_step(states[1], be.to_device(table), 0.9, 0.99)
+        rules.record_norm(partials, states[1], norms[1])
+    for a, b in (states, norms):
+        np.testing.assert_array_equal(be.to_host(b).view(np.uint64), be.to_host(a).view(np.uint64))
+    assert be.to_host(states[1])[step_state.WINDOWS] == 4
+
+
 # data
 
 

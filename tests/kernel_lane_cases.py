@@ -180,15 +180,50 @@ def finish_step_lanes(be, rng):
     for partial_sum in (4.0 * 1024**2, 900.0 * 1024**2, np.inf):
         partials = rng.uniform(0.0, 1.0, (LANES, count)).astype(np.float32)
         partials[:, 0] = partial_sum
-        be.kernels.optim.finish_step_lanes(be.to_device(partials), d_state, d_table, norms.view,
+        be.kernels.step_rules.finish_step_lanes(be.to_device(partials), d_state, d_table, norms.view,
                                            be.to_device(FINISH_RULES), d_active)
         for z in np.flatnonzero(ACTIVE):
             max_norm, beta1, beta2, scaling, growth, backoff, interval = FINISH_RULES[z]
             solo_state, solo_norms = solo[z]
-            be.kernels.optim.finish_step(be.to_device(partials[z]), solo_state, be.to_device(table[z]), solo_norms,
+            be.kernels.step_rules.finish_step(be.to_device(partials[z]), solo_state, be.to_device(table[z]), solo_norms,
                                          max_norm, beta1, beta2, bool(scaling), growth, backoff, interval)
     check_lanes(be.to_host(d_state), [be.to_host(s[0]) for s in solo], state)
     check_lanes(norms.after(), [be.to_host(s[1]) for s in solo], norms.host[:, 3:7])
+
+
+# lane 0 clips (its norm read first), lane 1 sits out, lane 2 neither clips nor scales: its norm comes later
+LATER_RULES = np.array([[0.5, 0.9, 0.999, 0.0, 2.0, 0.5, 1.0],
+                        [0.0, 0.8, 0.99, 0.0, 2.0, 0.5, 1.0],
+                        [0.0, 0.8, 0.99, 0.0, 2.0, 0.5, 1.0]])
+
+
+def norm_later_lanes(be, rng):
+    """finish_step_lanes(norm_later=True) then record_norm_lanes against each lane's own path: finish_step for
+    the lane whose norm is read first, prepare_step then record_norm for the lane under step_state.norm_later;
+    the inactive lane untouched."""
+    count = be.kernels.reduce.PARTIALS
+    table = np.stack([np.linspace(1e-3, 1e-4, 5) * (z + 1) for z in range(LANES)])
+    state = np.zeros((LANES, step_state.SIZE))
+    state[:, step_state.LOSS_SCALE], state[:, step_state.LR_FACTOR] = 1.0, 1.0
+    state[1] = np.nan
+    norms = poison((LANES, 4), np.float64)
+    norms[np.flatnonzero(ACTIVE)] = 0.0
+    d_state, d_table, d_norms, d_active = (be.to_device(a) for a in (state, table, norms, ACTIVE))
+    d_rules = be.to_device(LATER_RULES)
+    solo = [(be.to_device(state[z]), be.to_device(norms[z])) for z in range(LANES)]
+    rules = be.kernels.step_rules
+    for _ in range(3):
+        partials = be.to_device(rng.uniform(0.0, 1.0, (LANES, count)).astype(np.float32))
+        rules.finish_step_lanes(partials, d_state, d_table, d_norms, d_rules, d_active, norm_later=True)
+        rules.record_norm_lanes(partials, d_state, d_norms, d_rules, d_active)
+        lane = be.to_host(partials)
+        solo_state, solo_norms = solo[0]
+        rules.finish_step(be.to_device(lane[0]), solo_state, be.to_device(table[0]), solo_norms, *LATER_RULES[0])
+        solo_state, solo_norms = solo[2]
+        rules.prepare_step(solo_state, be.to_device(table[2]), *LATER_RULES[2, 1:3])
+        rules.record_norm(be.to_device(lane[2]), solo_state, solo_norms)
+    check_lanes(be.to_host(d_state), [be.to_host(s[0]) for s in solo], state)
+    check_lanes(be.to_host(d_norms), [be.to_host(s[1]) for s in solo], norms)
 
 
 # each lane's solo hyperparameters, and the float32 row its lane update reads (as optimizers.py builds it)
@@ -202,10 +237,11 @@ def adam_row(beta1, beta2, eps, weight_decay, decoupled):
     return [beta1, beta2, 1.0 - beta1, 1.0 - beta2, eps, weight_decay, float(bool(decoupled) and bool(weight_decay))]
 
 
-def update_lanes(be, rng, rule, dtype=np.float32, size=37):
+def update_lanes(be, rng, rule, dtype=np.float32, size=37, sums=False):
     """One `<rule>_update_lanes` against `<rule>_update` lane by lane: param a lane view of the lanes' flat
     slab (K, size + 20), the compute copy param itself in fp32, a (K, size) array in fp16 / bf16; the
-    inactive lane's state is NaN and every buffer of it must keep its bits."""
+    inactive lane's state is NaN and every buffer of it must keep its bits. With `sums` (Adam), both given
+    `partials`: every active lane's sum of squares the solo update's bits, the inactive lane's row untouched."""
     param = Slab(be, rng.standard_normal((LANES, size + 20)).astype(np.float32), 13, (size,))
     grad = rng.standard_normal((LANES, size)).astype(np.float32)
     extra = [rng.standard_normal((LANES, size)).astype(np.float32) for _ in range(STATE_BUFFERS[rule])]
@@ -223,16 +259,24 @@ def update_lanes(be, rng, rule, dtype=np.float32, size=37):
     d_extra = [be.to_device(a) for a in extra]
     compute = param.view if fp32 else be.to_device(compute_host)
     update = getattr(be.kernels.optim, f"{rule}_update")
+    count = be.kernels.reduce.PARTIALS
+    sums_host = poison((LANES, count))
+    summed = {"partials": be.to_device(sums_host)} if sums else {}
     getattr(be.kernels.optim, f"{rule}_update_lanes")(param.view, be.to_device(grad), *d_extra, compute,
                                                       be.to_device(state), be.to_device(np.float32(rows)),
-                                                      be.to_device(ACTIVE))
-    solo = []
+                                                      be.to_device(ACTIVE), **summed)
+    solo, solo_sums = [], []
     for z in range(LANES):
         buffers = [be.to_device(param.lane(z).copy())] + [be.to_device(a[z]) for a in extra]
         solo_compute = buffers[0] if fp32 else be.to_device(compute_host[z])
+        solo_summed = {"partials": be.to_device(poison(count))} if sums else {}
         if ACTIVE[z]:
-            update(buffers[0], be.to_device(grad[z]), *buffers[1:], solo_compute, be.to_device(state[z]), *rules[z])
+            update(buffers[0], be.to_device(grad[z]), *buffers[1:], solo_compute, be.to_device(state[z]), *rules[z],
+                   **solo_summed)
         solo.append([be.to_host(a) for a in buffers + ([] if fp32 else [solo_compute])])
+        solo_sums.extend(be.to_host(a) for a in solo_summed.values())
+    if sums:
+        check_lanes(be.to_host(summed["partials"]), solo_sums, sums_host)
     check_lanes(param.after(), [s[0] for s in solo], lane_view(param.host, 13, (size,)))
     for k, (device, host) in enumerate(zip(d_extra, extra)):
         check_lanes(be.to_host(device), [s[1 + k] for s in solo], host)

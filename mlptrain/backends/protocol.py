@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Callable, Protocol, runtime_checkable
 
-FAMILIES = ("conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce")
+FAMILIES = ("conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce", "step_rules")
 
 
 @runtime_checkable

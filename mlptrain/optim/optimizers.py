@@ -60,13 +60,21 @@ class Optimizer:
         self.backend = backend
         self.state = {name: backend.zeros((params.layout.size,)) for name in hparams.state_names}
 
-    def update(self, params, grads, compute, step_state) -> None:
+    @property
+    def sums_norm(self) -> bool:
+        """Whether `update` can also sum the gradient's squares (its `partials`): Adam's and AdamW's."""
+        return isinstance(self.hparams, Adam)
+
+    def update(self, params, grads, compute, step_state, partials=None) -> None:
         """One fused update of every parameter from the summed gradient; the learning rate, the gradient
         multiplier (unscale x clip), the bias corrections and whether to apply at all come from the
         device-side step state. `compute` receives the updated weights in the compute format (pass
-        `params` itself in fp32)."""
+        `params` itself in fp32). Given `partials` (where `sums_norm`), the update also writes the gradient's
+        sum of squares there, as `reduce.sum_of_squares` does."""
         optim = self.backend.kernels.optim
         h = self.hparams
+        if partials is not None and not self.sums_norm:
+            raise ValueError(f"{type(h).__name__}'s update does not sum the gradient's squares")
         if isinstance(h, SGD):
             optim.sgd_update(params, grads, compute, step_state, h.weight_decay)
         elif isinstance(h, Momentum):
@@ -74,7 +82,7 @@ class Optimizer:
                                   h.weight_decay, h.nesterov)
         else:
             optim.adam_update(params, grads, self.state["m"], self.state["v"], compute, step_state, h.betas[0],
-                              h.betas[1], h.eps, h.weight_decay, h.decoupled)
+                              h.betas[1], h.eps, h.weight_decay, h.decoupled, partials)
 
     def lane_hypers(self) -> np.ndarray:
         """This optimizer's row of a packed group's hyperparameters (mlptrain.packing.lane_step): the float32

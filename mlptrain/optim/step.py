@@ -5,6 +5,9 @@ skipping, clipping, the schedule's lr, bias corrections: see
 `mlptrain.optim.step_state.finish_step`) and the optimizer's fused update. Their
 scalars travel through the step state on the device, so the loop never
 waits for the host; the host reads the state where it synchronises anyway.
+Where the update never reads the norm (`step_state.norm_later`) and can sum the
+gradient's squares itself (Adam's), they are `prepare_step`, the update and
+`record_norm`: the same state and record, one pass over the gradient fewer.
 """
 
 from __future__ import annotations
@@ -44,16 +47,23 @@ class OptimizerStep:
         self.partials = backend.zeros((backend.kernels.reduce.PARTIALS,))
         self.lr_table = backend.to_device(np.asarray(lr_table, np.float64))
         self.grad_norms = backend.zeros((max(total_windows, 1),), np.float64)
+        # the norm summed by the update and recorded after it (fixed for the run: a graph captures the launches)
+        self.norm_later = optimizer.sums_norm and slots.norm_later(self.clip_grad_norm, loss_scaling is not None)
 
     def __call__(self, params, grads, compute) -> None:
         """Update `params` (and their `compute` copy) from the window's summed gradient `grads`."""
         k = self.backend.kernels
+        beta1, beta2 = self.optimizer.bias_betas
+        if self.norm_later:
+            k.step_rules.prepare_step(self.state, self.lr_table, beta1, beta2)
+            self.optimizer.update(params, grads, compute, self.state, self.partials)
+            k.step_rules.record_norm(self.partials, self.state, self.grad_norms)
+            return
         scaling = self.loss_scaling or LossScaling()
         k.reduce.sum_of_squares(grads, self.partials)
-        beta1, beta2 = self.optimizer.bias_betas
-        k.optim.finish_step(self.partials, self.state, self.lr_table, self.grad_norms, self.clip_grad_norm,
-                            beta1, beta2, self.loss_scaling is not None, scaling.growth_factor,
-                            scaling.backoff_factor, scaling.growth_interval)
+        k.step_rules.finish_step(self.partials, self.state, self.lr_table, self.grad_norms, self.clip_grad_norm,
+                                 beta1, beta2, self.loss_scaling is not None, scaling.growth_factor,
+                                 scaling.backoff_factor, scaling.growth_interval)
         self.optimizer.update(params, grads, compute, self.state)
 
     def lane_hypers(self) -> np.ndarray:

@@ -34,10 +34,46 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
 
     Written once, in the subset of Python that Numba compiles: the NumPy backend
     calls it as it is, the CUDA backend as a one-thread kernel, so both follow
-    the same rules:
+    the same rules: `record_norm`, then `apply_rules` on its norm.
+    """
+    norm = record_norm(partials, state, grad_norms)
+    apply_rules(norm, state, lr_schedule, max_norm, beta1, beta2, dynamic_scaling, growth_factor, backoff_factor,
+                growth_interval)
 
-    - norm = ||g|| / loss_scale, the pre-clip global norm of the unscaled
-      gradient, recorded in grad_norms[window];
+
+def record_norm(partials, state, grad_norms):
+    """norm = ||g|| / loss_scale, the pre-clip global norm of the unscaled
+    gradient from its sum of squares' partials (added in order, in float64),
+    recorded in grad_norms[window] and the state's GRAD_NORM; the window is
+    counted. Returns the norm."""
+    total = 0.0
+    for b in range(partials.shape[0]):
+        total += float(partials[b])
+    norm = math.sqrt(total) / state[LOSS_SCALE]
+    window = int(state[WINDOWS])
+    if window < grad_norms.shape[0]:
+        grad_norms[window] = norm
+    state[WINDOWS] = window + 1
+    state[GRAD_NORM] = norm
+    return norm
+
+
+def norm_later(max_norm, dynamic_scaling):
+    """Whether a window's update does not read its gradient's norm (no clipping, no loss scaling): then
+    `prepare_step` may run before the update and `record_norm` after it, on partials the update summed as it
+    read the gradient (one pass over it fewer). The same state and record as `finish_step`."""
+    return max_norm <= 0.0 and not dynamic_scaling
+
+
+def prepare_step(state, lr_schedule, beta1, beta2):
+    """`apply_rules` of a window under `norm_later`: they never read its norm."""
+    apply_rules(0.0, state, lr_schedule, 0.0, beta1, beta2, False, 1.0, 1.0, 1.0)
+
+
+def apply_rules(norm, state, lr_schedule, max_norm, beta1, beta2, dynamic_scaling, growth_factor, backoff_factor,
+                growth_interval):
+    """The window's decisions from its gradient's norm (`record_norm`):
+
     - fp16 (dynamic_scaling): a non-finite norm skips the update (APPLY = 0,
       the step count and so the schedule do not advance), multiplies the scale
       by backoff_factor and resets the growth tracker; growth_interval finite
@@ -48,19 +84,9 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
       step, its last entry held beyond its end), and Adam's bias corrections
       for step t = step + 1.
     """
-    total = 0.0
-    for b in range(partials.shape[0]):
-        total += float(partials[b])
     scale = state[LOSS_SCALE]
-    norm = math.sqrt(total) / scale
-    finite = math.isfinite(norm)
-    window = int(state[WINDOWS])
-    if window < grad_norms.shape[0]:
-        grad_norms[window] = norm
-    state[WINDOWS] = window + 1
-    state[GRAD_NORM] = norm
     if dynamic_scaling:
-        if finite:
+        if math.isfinite(norm):
             good = state[GOOD_STEPS] + 1
             if good >= growth_interval:
                 state[LOSS_SCALE] = scale * growth_factor

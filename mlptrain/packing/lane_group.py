@@ -96,7 +96,8 @@ class LaneGroup:
         self.pending: dict[int, tuple[int, int]] = {}  # lane -> (start, rows) handed in, not launched yet
         self.due: set[int] = set()  # lanes inside an epoch: the next flush waits for their windows
         self.step: LaneStep | None = None
-        self.graphs, self.graph_rows, self.graph_tried = {}, None, not cuda_graphs  # a graph per lanes launched
+        # a graph per lanes launched and step plan (LaneStep.plan: a trial joining may change it)
+        self.graphs, self.graph_rows, self.graph_tried = {}, None, not cuda_graphs
         self.graphs_off = None if cuda_graphs else "train.cuda_graphs is false"
         self.active = None  # the lanes the device's mask holds
         self.flushes = 0  # flushes so far: a read's copies are the group's for the lanes reading after one flush
@@ -126,6 +127,8 @@ class LaneGroup:
 
     def leave(self, lane: int) -> None:
         """Lane `lane` trains nothing more (its slot ended, or trains a run of its own)."""
+        if self.step is not None:
+            self.step.clear_lane(lane)
         self.windows[lane] = None
         self.pending.pop(lane, None)
         self.due.discard(lane)
@@ -194,7 +197,7 @@ class LaneGroup:
         """As a lane's own window runs: the first full window launch by launch (compiling), then captured as a
         graph that every later full window replays; other windows launch by launch. Lanes [0, `lanes`) are
         launched: past the last that steps, none."""
-        graph = self.graphs.get(lanes) if rows == self.graph_rows else None
+        graph = self.graphs.get((lanes, self.step.plan)) if rows == self.graph_rows else None
         if graph is not None:
             graph.replay()
             return
@@ -217,7 +220,7 @@ class LaneGroup:
         if graph is None:
             self.graphs_off, self.graph_tried = self.backend.graphs_unavailable(), True
             return
-        self.graphs[lanes] = graph
+        self.graphs[(lanes, self.step.plan)] = graph
 
     def plan(self, rows: int) -> None:
         """The group's launches of a window of `rows`, for kernel_cache.planning to record."""

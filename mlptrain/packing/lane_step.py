@@ -2,7 +2,8 @@
 
 A lane's own window (mlptrain.training.window) launches, per micro-batch, a gather, each layer's forward GEMM,
 the softmax cross-entropy, each layer's weight gradient, bias gradient and input gradient; then the gradient's
-sum of squares, `finish_step`, the fused update and the cursor's advance. Here each of these is one launch for
+sum of squares, `finish_step`, the fused update and the cursor's advance (Adam's without clipping or loss
+scaling: `prepare_step`, the update summing the squares, `record_norm`). Here each of these is one launch for
 all K lanes: every operand carries the lane axis (a slab of mlptrain.packing.lane_slabs, or a lane view of one
 for a layer's weights), and each lane reads its own order, cursor, step state, lr table and hyperparameters.
 The lanes' activations live in buffers of their own here, one set per micro-batch size.
@@ -84,11 +85,30 @@ class LaneStep:
         # follows the host's timing (a staggered group), so that a lane's sums never depend on it
         self.tiles_for = None
         self._buffers, self._prefixes = {}, {}
+        # Adam's update sums the gradient's squares as it reads it (the lanes whose norm nothing reads before the
+        # update record it after: step_state.norm_later, decided on the device lane by lane); the sum of squares
+        # of its own runs only while a lane here reads its norm first (clipping, loss scaling)
+        self.update_sums_norm = step.optimizer.sums_norm
+        self._norm_first = set()
+
+    @property
+    def plan(self) -> bool:
+        """What decides which kernels a step launches (a captured graph holds one plan's): whether the sum of
+        squares runs before the update."""
+        return bool(self._norm_first) or not self.update_sums_norm
 
     def set_lane(self, lane: int, session) -> None:
         """Lane `lane`'s hyperparameters, from its session (a copy from the host: when a trial joins)."""
         self.backend.copy_from_host(self.slabs["step_hypers"][lane], session.step.lane_hypers())
         self.backend.copy_from_host(self.slabs["optimizer_hypers"][lane], session.step.optimizer.lane_hypers())
+        if session.step.norm_later:
+            self._norm_first.discard(lane)
+        else:
+            self._norm_first.add(lane)
+
+    def clear_lane(self, lane: int) -> None:
+        """Lane `lane` holds no run any more: its rules no longer decide the plan."""
+        self._norm_first.discard(lane)
 
     def set_active(self, active: np.ndarray) -> None:
         self.backend.copy_from_host(self.slabs["active"], np.asarray(active, np.int32))
@@ -138,9 +158,14 @@ class LaneStep:
             k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
                                                1.0 / rows, o.loss_scale, o.cursor, o.active)
             self._backward(o, h, grad, 0.0 if offset == 0 else 1.0)
-        k.reduce.sum_of_squares_lanes(o.grads, o.partials)
-        k.optim.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active)
+        if self.plan:
+            k.reduce.sum_of_squares_lanes(o.grads, o.partials)
+        later = self.update_sums_norm
+        k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
+                                       norm_later=later)
         self._update(o)
+        if later:
+            k.step_rules.record_norm_lanes(o.partials, o.state, o.grad_norms, o.step_hypers, o.active)
         k.data.advance_lanes(o.cursor, rows, o.active)
 
     def _pass_engine(self, M: int, N: int, narrow: int) -> str:
@@ -185,5 +210,6 @@ class LaneStep:
             optim.sgd_update_lanes(o.params, o.grads, *args)
         elif isinstance(self.optimizer, Momentum):
             optim.momentum_update_lanes(o.params, o.grads, o.optim_velocity, *args)
-        else:
-            optim.adam_update_lanes(o.params, o.grads, o.optim_m, o.optim_v, *args)
+        else:  # every active lane's squares summed too (a lane whose norm came first finds its partials rewritten
+            # with the same bits)
+            optim.adam_update_lanes(o.params, o.grads, o.optim_m, o.optim_v, *args, partials=o.partials)

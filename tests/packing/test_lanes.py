@@ -103,6 +103,31 @@ def test_lanes_in_step_and_out_of_step_give_each_run_its_bits_alone(tiny_mnist):
         np.testing.assert_array_equal(s.step.state, state)
 
 
+def test_lanes_that_clip_beside_lanes_that_do_not_each_get_their_bits_alone(tiny_mnist):
+    """Adam's update sums the squares of the lanes whose norm nothing reads first; a lane that clips has its norm
+    before: while one does, the group runs the sum of squares first (its plan) and each lane keeps its own path."""
+    configs = [tiny(optim__lr=0.003, train__clip_grad_norm=0.05), tiny(optim__lr=0.01, seed=1)]
+    resources = Resources()
+    group, views = slots(configs[0], resources, 2)
+    sessions = [view.session(config) for view, config in zip(views, configs)]
+    assert [s.step.norm_later for s in sessions] == [False, True]
+    assert group.step.plan  # lane 0 reads its norm before its update
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    windows = [(0, 60), (60, 60)]
+    for start, rows in windows:
+        for s in sessions:
+            s.window.run(start, rows)
+        group.flush()
+    for s in sessions:
+        params, state = solo_windows(s.config, windows)
+        np.testing.assert_array_equal(s.model.params.flat, params)
+        np.testing.assert_array_equal(s.step.state, state)
+        assert s.step.read()["grad_norm"] > 0.05  # the clipping lane's norm was above its max_norm
+    group.leave(0)
+    assert not group.step.plan  # no lane left that reads its norm first
+
+
 def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_rows(tiny_mnist):
     """A lockstep group's lanes read the same rows after the same flush: one set of copies of every lane's rows and
     step state (the backend copies lane views), each lane given its own, as its window alone would copy them."""

@@ -11,7 +11,7 @@ are bitwise reproducible run to run on the same GPU.
 
 import importlib
 
-__all__ = ["conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce"]
+__all__ = ["conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce", "step_rules"]
 
 
 def __getattr__(name: str):

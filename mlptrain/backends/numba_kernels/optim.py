@@ -1,11 +1,12 @@
-"""The optimizer step over the flat buffers (CUDA backend): three launches.
+"""The fused updates of the optimizer step over the flat buffers (CUDA backend).
 
-`reduce.sum_of_squares` (the gradient's norm, deterministic), `finish_step`
-(one thread: loss scaling, skip, clipping, schedule, bias corrections, all
-written to the step state) and one fused update over every parameter, which
-reads its scalars from the step state, so nothing here waits for the host.
-The update formulas are documented in `mlptrain.optim.optimizers`; a skipped
-window returns before touching any buffer.
+A step is `reduce.sum_of_squares` (the gradient's norm, deterministic), `step_rules.finish_step` (one thread:
+loss scaling, skip, clipping, schedule, bias corrections, all written to the step state) and one fused update
+over every parameter, which reads its scalars from the step state, so nothing here waits for the host. Adam's
+update can also sum the gradient's squares as it reads it (`partials`, in sum_of_squares's partition): a step
+without clipping or loss scaling then needs no pass of its own over the gradient (`step_rules.record_norm`).
+The update formulas are documented in `mlptrain.optim.optimizers`; a skipped window returns before touching any
+buffer.
 """
 
 import functools
@@ -14,94 +15,16 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 from mlptrain.backends.numba_kernels import streams, wide
+from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
-from mlptrain.backends.numba_kernels.wide import load4_flat, store4
+from mlptrain.backends.numba_kernels.wide import load_quad, store_quad
 from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
 THREADS = 256
 MAX_BLOCKS = 2048  # grid-stride beyond this: enough to fill any current GPU
-
-_finish_step_device = cuda.jit(device=True)(step_state.finish_step)
-STAGED = PARTIALS  # the partials a finish_step launch stages in shared memory: sum_of_squares writes as many
-
-
-# One block: its threads copy the partials into shared memory at once, then one thread sums them there in
-# order and takes the decisions (a handful of scalars; a launch is cheaper than a round-trip). Its serial sum
-# read them from global memory one by one, each load waiting on the last: ~20-35 us of the step (ncu).
-@kernel_cache.jit
-def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                       dynamic_scaling, growth_factor, backoff_factor, growth_interval):
-    staged = cuda.shared.array(STAGED, float32)
-    t, n = cuda.threadIdx.x, partials.shape[0]
-    if t < n:
-        staged[t] = partials[t]
-    cuda.syncthreads()
-    if t == 0:
-        _finish_step_device(staged[:n], state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                            dynamic_scaling, growth_factor, backoff_factor, growth_interval)
-
-
-def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
-    """See `mlptrain.optim.step_state.finish_step`; partials float32 (at most STAGED), the rest float64 device
-    arrays."""
-    require("partials", partials, "float32", (None,))
-    require("state", state, "float64", (step_state.SIZE,))
-    require("lr_schedule", lr_schedule, "float64", (None,))
-    require("grad_norms", grad_norms, "float64", (None,))
-    _check_partials(partials.shape[0], lr_schedule.shape[0])
-    finish_step_kernel[1, STAGED, streams.current()](
-        partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
-        bool(dynamic_scaling), float(growth_factor), float(backoff_factor), float(growth_interval))
-
-
-def _check_partials(count: int, steps: int) -> None:
-    if count > STAGED:
-        raise ValueError(f"partials hold {count} values; finish_step takes at most {STAGED} (sum_of_squares's)")
-    if steps == 0:
-        raise ValueError("lr_schedule must hold at least one step")
-
-
-# Block z owns lane z's step state and grad-norm record: no atomics. Its threads stage lane z's partials, then
-# one thread applies the same device function the solo kernel runs to lane z's rows; hypers[z] is in
-# step_state.LANE_HYPERS order.
-@kernel_cache.jit
-def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, active):
-    staged = cuda.shared.array(STAGED, float32)
-    z, t, n = cuda.blockIdx.x, cuda.threadIdx.x, partials.shape[1]
-    if active[z] == 0:
-        return
-    if t < n:
-        staged[t] = partials[z, t]
-    cuda.syncthreads()
-    if t == 0:
-        rules = hypers[z]
-        _finish_step_device(staged[:n], state[z], lr_schedule[z], grad_norms[z], rules[0], rules[1], rules[2],
-                            rules[3] != 0.0, rules[4], rules[5], rules[6])
-
-
-def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active):
-    """`finish_step` for every active lane z (active[z] != 0) in one launch, on lane z's rows: partials
-    (K, PARTIALS) float32, state (K, step_state.SIZE), lr_schedule (K, T), grad_norms (K, W) and hypers
-    (K, 7) float64, active (K,) int32. hypers[z] holds lane z's rules in `step_state.LANE_HYPERS` order:
-    [max_norm, beta1, beta2, dynamic_scaling (0 or 1), growth_factor, backoff_factor, growth_interval].
-    Lane operands may be lane views (`mlptrain.backends.lanes.lane_view`); an inactive lane is not touched.
-    """
-    require("active", active, "int32", (None,))
-    lanes = active.shape[0]
-    require_lanes("partials", partials, "float32", (lanes, None))
-    require_lanes("state", state, "float64", (lanes, step_state.SIZE))
-    require_lanes("lr_schedule", lr_schedule, "float64", (lanes, None))
-    require_lanes("grad_norms", grad_norms, "float64", (lanes, None))
-    require_lanes("hypers", hypers, "float64", (lanes, len(step_state.LANE_HYPERS)))
-    _check_partials(partials.shape[1], lr_schedule.shape[1])
-    if lanes == 0:
-        return
-    finish_step_lanes_kernel[lanes, STAGED, streams.current()](partials, state, lr_schedule, grad_norms, hypers, active)
-
 
 def _grid(size):
     return max(1, min(MAX_BLOCKS, math.ceil(size / THREADS)))
@@ -176,9 +99,9 @@ def _adam_value(p, g, m_i, v_i, scalars, beta1, beta2, one_minus_beta1, one_minu
     return p, m_i, v_i
 
 
-def _quad_grid(size, quads):
-    """The blocks of an update over `size` elements: a thread a quad of four (`quads`) or an element."""
-    return _grid(-(-size // 4) if quads else size)
+def _quad_grid(size):
+    """The blocks of an update over `size` elements, a thread a quad of four."""
+    return _grid(-(-size // 4))
 
 
 @functools.cache
@@ -210,38 +133,48 @@ def _make_updates(dtype):
             if write_compute:
                 compute[i] = store(p)
 
-    # With `quads` (param, grad, m and v 16-byte aligned: wide.aligned_quads) thread t owns quads t, t + stride,
-    # ... (elements 4q..4q+3, each buffer's four read and written in one access), then the last size % 4 elements
-    # one each; else elements t, t + stride, ... No atomics; each element's arithmetic is _adam_value either way.
+    # Thread t owns quads t, t + stride, ... (elements 4q..4q+3; with `quads`, param, grad, m and v 16-byte
+    # aligned (wide.aligned_quads), each buffer's four read and written in one access), then the last size % 4
+    # elements one each: reduce.sum_of_squares's partition. No atomics; each element's arithmetic is _adam_value.
+    # Updates only where `apply`; returns the sum of the raw gradient's squares it read, in sum_of_squares's order
+    # (an update that ignores it compiles without it).
     @kernel_cache.device
     def adam_span(param, grad, m, v, compute, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
-                  write_compute, quads):
+                  write_compute, quads, apply):
         size, first, stride = param.shape[0], cuda.grid(1), cuda.gridsize(1)
         rules = (scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps)
-        done = 0
-        if quads:
-            done = size - size % 4
-            for q in range(first, size // 4, stride):
-                i = 4 * q
-                p0, p1, p2, p3 = load4_flat(param, i)
-                g0, g1, g2, g3 = load4_flat(grad, i)
-                a0, a1, a2, a3 = load4_flat(m, i)
-                b0, b1, b2, b3 = load4_flat(v, i)
+        squares = float32(0)
+        count = size // 4
+        for q in range(first, count, stride):
+            i = 4 * q
+            p0, p1, p2, p3 = load_quad(param, i, quads)
+            g0, g1, g2, g3 = load_quad(grad, i, quads)
+            a0, a1, a2, a3 = load_quad(m, i, quads)
+            b0, b1, b2, b3 = load_quad(v, i, quads)
+            squares += g0 * g0
+            squares += g1 * g1
+            squares += g2 * g2
+            squares += g3 * g3
+            if apply:
                 p0, a0, b0 = _adam_value(p0, g0, a0, b0, *rules)
                 p1, a1, b1 = _adam_value(p1, g1, a1, b1, *rules)
                 p2, a2, b2 = _adam_value(p2, g2, a2, b2, *rules)
                 p3, a3, b3 = _adam_value(p3, g3, a3, b3, *rules)
-                store4(m, i, a0, a1, a2, a3)
-                store4(v, i, b0, b1, b2, b3)
-                store4(param, i, p0, p1, p2, p3)
+                store_quad(m, i, a0, a1, a2, a3, quads)
+                store_quad(v, i, b0, b1, b2, b3, quads)
+                store_quad(param, i, p0, p1, p2, p3, quads)
                 if write_compute:
                     compute[i], compute[i + 1] = store(p0), store(p1)
                     compute[i + 2], compute[i + 3] = store(p2), store(p3)
-        for i in range(done + first, size, stride):
-            p, m[i], v[i] = _adam_value(param[i], grad[i], m[i], v[i], *rules)
-            param[i] = p
-            if write_compute:
-                compute[i] = store(p)
+        for i in range(4 * count + first, size, stride):
+            g = grad[i]
+            squares += g * g
+            if apply:
+                p, m[i], v[i] = _adam_value(param[i], g, m[i], v[i], *rules)
+                param[i] = p
+                if write_compute:
+                    compute[i] = store(p)
+        return squares
 
     @kernel_cache.jit
     def adam_update_kernel(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
@@ -249,9 +182,20 @@ def _make_updates(dtype):
         if state[APPLY] == 0:
             return
         adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
-                  one_minus_beta1, one_minus_beta2, eps, write_compute, quads)
+                  one_minus_beta1, one_minus_beta2, eps, write_compute, quads, True)
 
-    return sgd_update_kernel, momentum_update_kernel, adam_update_kernel, adam_span
+    # adam_update_kernel on reduce's fixed grid, also writing the gradient's sum of squares: thread 0 of block b
+    # writes partials[b], as reduce.sum_of_squares would. No atomics.
+    @kernel_cache.jit
+    def adam_norm_update_kernel(param, grad, m, v, compute, state, partials, beta1, beta2, one_minus_beta1,
+                                one_minus_beta2, eps, weight_decay, decoupled, write_compute, quads):
+        squares = adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
+                            one_minus_beta1, one_minus_beta2, eps, write_compute, quads, state[APPLY] != 0)
+        total = block_sum(squares)
+        if cuda.threadIdx.x == 0:
+            partials[cuda.blockIdx.x] = total
+
+    return sgd_update_kernel, momentum_update_kernel, adam_update_kernel, adam_span, adam_norm_update_kernel
 
 
 def sgd_update(param, grad, compute, state, weight_decay):
@@ -271,17 +215,22 @@ def momentum_update(param, grad, velocity, compute, state, momentum, weight_deca
         compute is not param)
 
 
-def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled):
+def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled, partials=None):
     """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
-    come from the step state."""
+    come from the step state. Given `partials` (float32, (PARTIALS,)), also writes the gradient's sum of squares
+    there, the bits `reduce.sum_of_squares(grad, partials)` writes, from the same reads (even where the window
+    is skipped)."""
     _check_buffers(param, state, compute, grad=grad, m=m, v=v)
-    kernel = _make_updates(compute.dtype)[2]
+    kernels = _make_updates(compute.dtype)
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
-    kernel[_quad_grid(param.shape[0], quads), THREADS, streams.current()](
-        param, grad, m, v, compute, state, float32(beta1), float32(beta2), float32(1.0 - beta1),
-        float32(1.0 - beta2), float32(eps), float32(weight_decay), bool(decoupled) and bool(weight_decay),
-        compute is not param, quads)
+    rules = (float32(beta1), float32(beta2), float32(1.0 - beta1), float32(1.0 - beta2), float32(eps),
+             float32(weight_decay), bool(decoupled) and bool(weight_decay), compute is not param, quads)
+    if partials is not None:
+        require("partials", partials, "float32", (PARTIALS,))
+        kernels[4][PARTIALS, BLOCK_THREADS, streams.current()](param, grad, m, v, compute, state, partials, *rules)
+        return
+    kernels[2][_quad_grid(param.shape[0]), THREADS, streams.current()](param, grad, m, v, compute, state, *rules)
 
 
 # --- lanes: one launch updates the packed trials' buffers (K, P), lane z in grid row z -------------------
@@ -332,9 +281,26 @@ def _make_lane_updates(dtype):
             return
         rules = hypers[z]
         adam_span(param[z], grad[z], m[z], v[z], compute[z], _adam_scalars(state[z], rules[5], rules[6] != float32(0)),
-                  rules[0], rules[1], rules[2], rules[3], rules[4], write_compute, quads)
+                  rules[0], rules[1], rules[2], rules[3], rules[4], write_compute, quads, True)
 
-    return sgd_update_lanes_kernel, momentum_update_lanes_kernel, adam_update_lanes_kernel
+    # adam_update_lanes_kernel on reduce's fixed grid in x, also writing each lane's sum of squares: thread 0 of
+    # block (b, z) writes partials[z, b], as reduce.sum_of_squares_lanes would. No atomics.
+    @kernel_cache.jit
+    def adam_norm_update_lanes_kernel(param, grad, m, v, compute, state, partials, hypers, active, write_compute,
+                                      quads):
+        z = cuda.blockIdx.y
+        if active[z] == 0:  # the whole block, uniformly: none of block_sum's barriers is left waiting
+            return
+        rules = hypers[z]
+        squares = adam_span(param[z], grad[z], m[z], v[z], compute[z],
+                            _adam_scalars(state[z], rules[5], rules[6] != float32(0)), rules[0], rules[1], rules[2],
+                            rules[3], rules[4], write_compute, quads, state[z, APPLY] != 0)
+        total = block_sum(squares)
+        if cuda.threadIdx.x == 0:
+            partials[z, cuda.blockIdx.x] = total
+
+    return (sgd_update_lanes_kernel, momentum_update_lanes_kernel, adam_update_lanes_kernel,
+            adam_norm_update_lanes_kernel)
 
 
 def _check_lane_buffers(param, state, compute, hypers, rules, active, **like_param):
@@ -376,13 +342,21 @@ def momentum_update_lanes(param, grad, velocity, compute, state, hypers, active)
                                                           compute is not param)
 
 
-def adam_update_lanes(param, grad, m, v, compute, state, hypers, active):
+def adam_update_lanes(param, grad, m, v, compute, state, hypers, active, partials=None):
     """`adam_update` for every active lane z, as `sgd_update_lanes`; hypers (K, 7) float32 holds lane z's
     [beta1, beta2, 1 - beta1, 1 - beta2, eps, weight_decay, decoupled (0 or 1)], each the float32 the solo
-    launcher passes (1 - beta rounded from the float64 beta; decoupled 0 without weight decay)."""
-    if _check_lane_buffers(param, state, compute, hypers, 7, active, grad=grad, m=m, v=v) == 0:
+    launcher passes (1 - beta rounded from the float64 beta; decoupled 0 without weight decay). Given `partials`
+    (K, PARTIALS) float32, also writes every active lane's sum of squares there, as `adam_update` does."""
+    lanes = _check_lane_buffers(param, state, compute, hypers, 7, active, grad=grad, m=m, v=v)
+    if partials is not None:
+        require_lanes("partials", partials, "float32", (lanes, PARTIALS))
+    if lanes == 0:
         return
-    kernel = _make_lane_updates(compute.dtype)[2]
+    kernels = _make_lane_updates(compute.dtype)
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
-    kernel[(_quad_grid(param.shape[1], quads), param.shape[0]), THREADS, streams.current()](
-        param, grad, m, v, compute, state, hypers, active, compute is not param, quads)
+    args = (compute, state, hypers, active, compute is not param, quads)
+    if partials is not None:
+        kernels[3][(PARTIALS, lanes), BLOCK_THREADS, streams.current()](param, grad, m, v, compute, state, partials,
+                                                                          *args[2:])
+        return
+    kernels[2][(_quad_grid(param.shape[1]), lanes), THREADS, streams.current()](param, grad, m, v, *args)

@@ -5,10 +5,12 @@ import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, streams
+from mlptrain.backends.numba_kernels import chunks, streams, wide
+from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.wide import load_quad
 
 BIAS_THREADS = 256
 # bias_backward: rows are cut into chunks of CHUNK_ROWS, each summed by its own blocks; with a
@@ -21,7 +23,7 @@ CHUNK_ROWS = 1024
 # and hence the result are the same on every device. The simulator runs every
 # thread in Python: there a small grid keeps a training step to seconds.
 PARTIALS = 4 if config.ENABLE_CUDASIM else 256
-SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 256
+SQUARES_THREADS = BLOCK_THREADS  # block_sum adds a block's sums
 
 
 @functools.cache
@@ -147,42 +149,44 @@ def bias_backward_lanes(dy, db, beta):
     _make_bias_backward(dy.dtype, width)[1][grid, threads, streams.current()](dy, db, float32(beta))
 
 
-# Thread t of block b sums the squares of elements t', t' + stride, ... of x (t' = b * blockDim + t, stride
-# the fixed grid's size along x) in order, then a shared-memory tree adds the block's sums in a fixed pairing;
-# thread 0's return value is block b's partial. The same order on every run and every GPU.
+# The partition of a gradient's sum of squares, which `optim.adam_update` follows too as it reads the gradient
+# (its `partials`): thread t of block b, t' = b * blockDim + t and stride the fixed grid's size along x, sums the
+# quads q = t', t' + stride, ... (elements 4q..4q+3 in order), then the last size % 4 elements e = size - size % 4
+# + t', + stride, ...; `block_sum` then adds the block's sums in a fixed pairing. The same order on every run and
+# every GPU, and wherever x lies: `quads` (x 16-byte aligned, wide.aligned_quads) only reads a quad in one access.
 @kernel_cache.device
-def _block_sum_of_squares(x):
-    cache = cuda.shared.array(SQUARES_THREADS, float32)
-    t = cuda.threadIdx.x
+def _thread_sum_of_squares(x, quads):
     total = float32(0)
-    i, stride, n = cuda.grid(1), cuda.gridsize(1), x.shape[0]
-    # four loads in flight a thread, then their squares added in the order one at a time would: the same bits,
-    # 26.5 -> 21.9 µs for 16 lanes of adam_mnist (ncu, H200; benchmarks/NOTES.md, issue 30 step 15)
-    while i + 3 * stride < n:
-        a, b, c, d = x[i], x[i + stride], x[i + 2 * stride], x[i + 3 * stride]
-        total += a * a
-        total += b * b
-        total += c * c
-        total += d * d
-        i += 4 * stride
-    while i < n:
+    first, stride, n = cuda.grid(1), cuda.gridsize(1), x.shape[0]
+    q, count = first, n // 4
+    # two quads in flight, their squares added in the order one at a time would: the same bits
+    while q + stride < count:
+        a0, a1, a2, a3 = load_quad(x, 4 * q, quads)
+        b0, b1, b2, b3 = load_quad(x, 4 * (q + stride), quads)
+        total += a0 * a0
+        total += a1 * a1
+        total += a2 * a2
+        total += a3 * a3
+        total += b0 * b0
+        total += b1 * b1
+        total += b2 * b2
+        total += b3 * b3
+        q += 2 * stride
+    if q < count:
+        a0, a1, a2, a3 = load_quad(x, 4 * q, quads)
+        total += a0 * a0
+        total += a1 * a1
+        total += a2 * a2
+        total += a3 * a3
+    for i in range(4 * count + first, n, stride):
         total += x[i] * x[i]
-        i += stride
-    cache[t] = total
-    cuda.syncthreads()
-    width = SQUARES_THREADS // 2
-    while width > 0:
-        if t < width:
-            cache[t] += cache[t + width]
-        cuda.syncthreads()
-        width //= 2
-    return cache[0]
+    return total
 
 
 # Thread 0 of block b writes partials[b]: no atomics.
 @kernel_cache.jit
-def sum_of_squares_kernel(x, partials):
-    total = _block_sum_of_squares(x)
+def sum_of_squares_kernel(x, partials, quads):
+    total = block_sum(_thread_sum_of_squares(x, quads))
     if cuda.threadIdx.x == 0:
         partials[cuda.blockIdx.x] = total
 
@@ -194,15 +198,15 @@ def sum_of_squares(x, partials):
     """
     require("x", x, "float32", (None,))
     require("partials", partials, "float32", (PARTIALS,))
-    sum_of_squares_kernel[PARTIALS, SQUARES_THREADS, streams.current()](x, partials)
+    sum_of_squares_kernel[PARTIALS, SQUARES_THREADS, streams.current()](x, partials, wide.aligned_quads(x))
 
 
 # Block (b, z) is block b of lane z's solo grid (cuda.grid(1) and gridsize(1) count along x only), and its
 # thread 0 writes partials[z, b]: no atomics.
 @kernel_cache.jit
-def sum_of_squares_lanes_kernel(x, partials):
+def sum_of_squares_lanes_kernel(x, partials, quads):
     z = cuda.blockIdx.y
-    total = _block_sum_of_squares(x[z])
+    total = block_sum(_thread_sum_of_squares(x[z], quads))
     if cuda.threadIdx.x == 0:
         partials[z, cuda.blockIdx.x] = total
 
@@ -215,4 +219,5 @@ def sum_of_squares_lanes(x, partials):
     require_lanes("partials", partials, "float32", (lanes, PARTIALS))
     if lanes == 0:
         return
-    sum_of_squares_lanes_kernel[(PARTIALS, lanes), SQUARES_THREADS, streams.current()](x, partials)
+    sum_of_squares_lanes_kernel[(PARTIALS, lanes), SQUARES_THREADS, streams.current()](x, partials,
+                                                                                       wide.aligned_quads(x))

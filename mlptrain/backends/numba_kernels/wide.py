@@ -7,6 +7,8 @@ staging then issued more instructions than its tensor-core products (benchmarks/
     v0, v1, v2, v3 = load4_flat(array, e)    array[e:e + 4] of a 1-D float32 array, the same
     store4(array, e, v0, v1, v2, v3)         array[e:e + 4] = v0..v3 of a 1-D float32 array, shared or global
                                              memory (a generic-address st.v4)
+    v0, v1, v2, v3 = load_quad(array, e, quads)  array[e:e + 4]: load4_flat with `quads`, else four accesses
+    store_quad(array, e, v0, v1, v2, v3, quads)   store4 with `quads`, else four accesses
 
 All need the four elements' first byte 16-byte aligned (`aligned_rows` and `aligned_quads` check an operand on the
 host) and the four inside the array: nothing is checked on the device. On the CUDA simulator they are four element
@@ -15,6 +17,7 @@ accesses.
 
 import functools
 
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import DEFERRED, Deferred, config, cuda
 
 ALIGN = 16  # bytes of one access
@@ -138,3 +141,21 @@ def accessor(which: int):
 load4 = accessor(0)
 store4 = accessor(1)
 load4_flat = accessor(2)
+
+
+@kernel_cache.device
+def load_quad(array, e, quads):
+    """array[e:e + 4] of a 1-D float32 array: one 16-byte access (load4_flat) with `quads` (the array aligned:
+    `aligned_quads`), else four; the same values either way."""
+    if quads:
+        return load4_flat(array, e)
+    return array[e], array[e + 1], array[e + 2], array[e + 3]
+
+
+@kernel_cache.device
+def store_quad(array, e, v0, v1, v2, v3, quads):
+    """array[e:e + 4] = v0..v3 of a 1-D float32 array: one 16-byte access (store4) with `quads`, else four."""
+    if quads:
+        store4(array, e, v0, v1, v2, v3)
+    else:
+        array[e], array[e + 1], array[e + 2], array[e + 3] = v0, v1, v2, v3

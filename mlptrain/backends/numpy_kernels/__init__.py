@@ -6,9 +6,9 @@ the static graph in `mlptrain.nn` drives both backends with one code path.
 
 import warnings
 
-from mlptrain.backends.numpy_kernels import conv, data, gemm, loss, optim, pool, precision, reduce
+from mlptrain.backends.numpy_kernels import conv, data, gemm, loss, optim, pool, precision, reduce, step_rules
 
-__all__ = ["conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce"]
+__all__ = ["conv", "data", "gemm", "loss", "optim", "pool", "precision", "reduce", "step_rules"]
 
 # A diverging run overflows here first: NumPy's RuntimeWarning (overflow, invalid value, with this
 # package's file paths) would print before the loop's own one line, which names the step and the lr

@@ -1,24 +1,14 @@
-"""The optimizer step over the flat buffers (NumPy backend).
+"""The fused updates of the optimizer step over the flat buffers (NumPy backend).
 
-The same three calls as the CUDA backend: `reduce.sum_of_squares`,
-`finish_step` (the very rules the CUDA kernel compiles, from
-`mlptrain.optim.step_state`) and one in-place update that reads its scalars from the
-step state. The formulas are documented in `mlptrain.optim.optimizers`.
+The CUDA backend's updates: each in place, reading its scalars from the step state (`step_rules` writes
+it). The formulas are documented in `mlptrain.optim.optimizers`.
 """
 
 import numpy as np
 
+from mlptrain.backends.numpy_kernels import reduce
 from mlptrain.dtypes import from_float32
-from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
-
-
-def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
-    """See `mlptrain.optim.step_state.finish_step`."""
-    step_state.finish_step(partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
-                           bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
-                           float(growth_interval))
 
 
 def _scalars(state):
@@ -57,9 +47,12 @@ def momentum_update(param, grad, velocity, compute, state, momentum, weight_deca
     _write_compute(param, compute)
 
 
-def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled):
+def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled, partials=None):
     """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
-    come from the step state."""
+    come from the step state. Given `partials`, also writes the gradient's sum of squares there, as
+    `reduce.sum_of_squares` does (even where the window is skipped)."""
+    if partials is not None:
+        reduce.sum_of_squares(grad, partials)
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
     _adam(param, grad, m, v, compute, state, np.float32(beta1), np.float32(beta2), np.float32(1.0 - beta1),
           np.float32(1.0 - beta2), np.float32(eps), np.float32(weight_decay), bool(decoupled) and bool(weight_decay))
@@ -89,14 +82,6 @@ def _adam(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_
 # --- lanes: the packed trials' buffers (K, ...), lane z's rows updated as the solo call would --------------
 
 
-def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active):
-    """`finish_step` for every active lane z (active[z] != 0) on lane z's rows; hypers[z] holds lane z's
-    rules in `step_state.LANE_HYPERS` order: [max_norm, beta1, beta2, dynamic_scaling (0 or 1),
-    growth_factor, backoff_factor, growth_interval]."""
-    for z in np.flatnonzero(active):
-        finish_step(partials[z], state[z], lr_schedule[z], grad_norms[z], *hypers[z])
-
-
 def _active_lanes(param, compute, active):
     """(z, param[z], lane z's compute copy) for every active lane z: the copy is param[z] itself where compute
     is param (fp32), so that the solo update sees one array and rewrites nothing."""
@@ -120,11 +105,14 @@ def momentum_update_lanes(param, grad, velocity, compute, state, hypers, active)
         momentum_update(lane, grad[z], velocity[z], lane_compute, state[z], momentum, weight_decay, nesterov != 0)
 
 
-def adam_update_lanes(param, grad, m, v, compute, state, hypers, active):
+def adam_update_lanes(param, grad, m, v, compute, state, hypers, active, partials=None):
     """`adam_update` for every active lane z; hypers (K, 7) float32 holds lane z's [beta1, beta2, 1 - beta1,
     1 - beta2, eps, weight_decay, decoupled (0 or 1)], each the float32 the solo update computes (1 - beta
-    rounded from the float64 beta; decoupled 0 without weight decay)."""
+    rounded from the float64 beta; decoupled 0 without weight decay). Given `partials` (K, PARTIALS), also
+    writes every active lane's sum of squares there."""
     for z, lane, lane_compute in _active_lanes(param, compute, active):
+        if partials is not None:
+            reduce.sum_of_squares(grad[z], partials[z])
         beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, decoupled = hypers[z]
         _adam(lane, grad[z], m[z], v[z], lane_compute, state[z], beta1, beta2, one_minus_beta1, one_minus_beta2,
               eps, weight_decay, decoupled != 0)

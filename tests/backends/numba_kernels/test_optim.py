@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mlptrain.backends import numpy_kernels
-from mlptrain.backends.numba_kernels import current, optim, reduce, wide
+from mlptrain.backends.numba_kernels import current, optim, reduce, step_rules, wide
 from mlptrain.optim.step_state import LOSS_SCALE, LR_FACTOR, SIZE
 from tests import kernel_cases as cases
 from tests import kernel_lane_cases as lane_cases
@@ -107,6 +107,16 @@ def test_skipped_update_touches_nothing(rng, dtype):
     cases.skipped_update_touches_nothing(BACKEND, rng, 300, dtype)
 
 
+@pytest.mark.parametrize("size, apply", [(1, True), (300, True), (1030, False), pytest.param(669_706, True, marks=pytest.mark.real_gpu)])
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_sums_the_gradient_as_sum_of_squares(rng, size, apply, dtype):
+    cases.adam_sums_the_gradient(BACKEND, rng, size, dtype, apply)
+
+
+def test_prepare_then_record_is_finish_step(rng):
+    cases.norm_later_is_finish_step(BACKEND, rng)
+
+
 def test_finish_step_kernel_follows_the_shared_rules(rng):
     """The one-thread kernel and the NumPy backend run `step_state.finish_step`: same state after a
     finite window, a clipped one and an inf one."""
@@ -118,8 +128,8 @@ def test_finish_step_kernel_follows_the_shared_rules(rng):
         partials = np.zeros(reduce.PARTIALS, np.float32)
         partials[3] = partial_sum
         rules = (2.0, 0.9, 0.999, True, 2.0, 0.5, 2)  # max_norm, betas, fp16 scaling: growth, backoff, interval
-        numpy_kernels.optim.finish_step(partials, host["state"], table, host["norms"], *rules)
-        optim.finish_step(current.to_device(partials), device["state"], current.to_device(table), device["norms"],
+        numpy_kernels.step_rules.finish_step(partials, host["state"], table, host["norms"], *rules)
+        step_rules.finish_step(current.to_device(partials), device["state"], current.to_device(table), device["norms"],
                           *rules)
         np.testing.assert_array_equal(device["state"].copy_to_host(), host["state"])
     np.testing.assert_array_equal(device["norms"].copy_to_host(), host["norms"])
@@ -139,6 +149,15 @@ def test_finish_step_lanes_is_finish_step_lane_by_lane(rng):
     lane_cases.finish_step_lanes(BACKEND, rng)
 
 
+def test_norm_later_lanes_follow_each_lanes_own_path(rng):
+    lane_cases.norm_later_lanes(BACKEND, rng)
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_lanes_sum_the_gradient_as_the_solo_update(rng, dtype):
+    lane_cases.update_lanes(BACKEND, rng, "adam", dtype, sums=True)
+
+
 def test_lane_launchers_reject_bad_arguments():
     param, active = current.to_device(np.zeros((2, 5), np.float32)), current.to_device(np.ones(2, np.int32))
     state = current.to_device(np.zeros((2, SIZE)))
@@ -150,4 +169,4 @@ def test_lane_launchers_reject_bad_arguments():
         optim.adam_update_lanes(param, param, param, param, param, state[:1],
                                 current.to_device(np.zeros((2, 7), np.float32)), active)
     with pytest.raises(ValueError, match="hypers has shape"):
-        optim.finish_step_lanes(param, state, state, state, current.to_device(np.zeros((2, 6))), active)
+        step_rules.finish_step_lanes(param, state, state, state, current.to_device(np.zeros((2, 6))), active)

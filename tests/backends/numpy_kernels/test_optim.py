@@ -44,6 +44,16 @@ def test_skipped_update_touches_nothing(rng, dtype):
     cases.skipped_update_touches_nothing(BACKEND, rng, 300, dtype)
 
 
+@pytest.mark.parametrize("size, apply", [(1, True), (300, True), (1030, False)])
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_sums_the_gradient_as_sum_of_squares(rng, size, apply, dtype):
+    cases.adam_sums_the_gradient(BACKEND, rng, size, dtype, apply)
+
+
+def test_prepare_then_record_is_finish_step(rng):
+    cases.norm_later_is_finish_step(BACKEND, rng)
+
+
 # lanes: packed trials, one launch for K lanes
 
 
@@ -55,3 +65,12 @@ def test_lane_updates_are_the_solo_updates_lane_by_lane(rng, rule, dtype):
 
 def test_finish_step_lanes_is_finish_step_lane_by_lane(rng):
     lane_cases.finish_step_lanes(BACKEND, rng)
+
+
+def test_norm_later_lanes_follow_each_lanes_own_path(rng):
+    lane_cases.norm_later_lanes(BACKEND, rng)
+
+
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_lanes_sum_the_gradient_as_the_solo_update(rng, dtype):
+    lane_cases.update_lanes(BACKEND, rng, "adam", dtype, sums=True)

@@ -1,0 +1,47 @@
+"""The step state's rules (NumPy backend): the very functions the CUDA kernels compile, from
+`mlptrain.optim.step_state`, called as they are."""
+
+import numpy as np
+
+from mlptrain.optim import step_state
+
+
+def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
+                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
+    """See `mlptrain.optim.step_state.finish_step`."""
+    step_state.finish_step(partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
+                           bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
+                           float(growth_interval))
+
+
+def prepare_step(state, lr_schedule, beta1, beta2):
+    """See `mlptrain.optim.step_state.prepare_step`."""
+    step_state.prepare_step(state, lr_schedule, float(beta1), float(beta2))
+
+
+def record_norm(partials, state, grad_norms):
+    """See `mlptrain.optim.step_state.record_norm`."""
+    step_state.record_norm(partials, state, grad_norms)
+
+
+def _norm_later(rules) -> bool:
+    return step_state.norm_later(float(rules[0]), rules[3] != 0)
+
+
+def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, norm_later=False):
+    """`finish_step` for every active lane z (active[z] != 0) on lane z's rows; hypers[z] holds lane z's
+    rules in `step_state.LANE_HYPERS` order: [max_norm, beta1, beta2, dynamic_scaling (0 or 1),
+    growth_factor, backoff_factor, growth_interval]. With `norm_later`, a lane under `step_state.norm_later`
+    gets `prepare_step` instead (`record_norm_lanes` records its norm after the update)."""
+    for z in np.flatnonzero(active):
+        if norm_later and _norm_later(hypers[z]):
+            prepare_step(state[z], lr_schedule[z], hypers[z][1], hypers[z][2])
+        else:
+            finish_step(partials[z], state[z], lr_schedule[z], grad_norms[z], *hypers[z])
+
+
+def record_norm_lanes(partials, state, grad_norms, hypers, active):
+    """`record_norm` for every active lane z whose rules are under `step_state.norm_later`."""
+    for z in np.flatnonzero(active):
+        if _norm_later(hypers[z]):
+            record_norm(partials[z], state[z], grad_norms[z])
