@@ -74,6 +74,9 @@ class LaneWindow(TrainingWindow):
     def read_copies(self, lo: int, hi: int, outcomes: bool):
         return self.group.read_copies(self, lo, hi, outcomes)
 
+    def kernels_made_ready(self, make) -> list[str]:
+        return self.group.kernels_made_ready(make)
+
     def graphs_record(self) -> dict:
         """The group's graph record, and summary.json's `lanes`: how many lanes the run's group had, its own, and
         how the lanes' GEMMs summed (their engine)."""
@@ -102,6 +105,17 @@ class LaneGroup:
         self.active = None  # the lanes the device's mask holds
         self.flushes = 0  # flushes so far: a read's copies are the group's for the lanes reading after one flush
         self._read = None  # (flushes, lo, hi, outcomes), and the copies of every lane's rows and step state
+        self._kernel_notes = {}  # LaneStep.plan -> the notes of making its kernels ready (kernels_made_ready)
+
+    def kernels_made_ready(self, make) -> list[str]:
+        """The fallback notes of making the lanes' kernels ready: `make()` (training.compilation) for the first
+        run that asks under each step plan (LaneStep.plan), the same notes for the others. Every lane launches
+        the group's steps and evaluates batches of the same shapes: planning them again for each of 16 packed
+        trials took ~6 ms and printed a line each."""
+        key = self.step.plan if self.step is not None else None
+        if key not in self._kernel_notes:
+            self._kernel_notes[key] = make()
+        return self._kernel_notes[key]
 
     def accepts(self, config) -> bool:
         """Whether `config` makes the group's slabs (the first config asked sets them)."""

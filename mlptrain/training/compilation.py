@@ -37,10 +37,17 @@ def plan_launches(s: Session):
 def compile_kernels(s: Session) -> dict:
     """On a GPU, make every kernel of the run ready before the first step, with one status line; returns
     the summary fields of startup (`startup_s`: from the process's start to here, imports, CUDA context and
-    data included). Nothing to do on the CPU."""
+    data included). Nothing to do on the CPU. The runs of a lane group plan the same launches: the first
+    makes them ready for all (TrainingWindow.kernels_made_ready)."""
     records = {"startup_s": round(time.time() - STARTED, 3)}
     if s.backend.name != "cuda":
         return records
+    s.notes.extend(s.window.kernels_made_ready(lambda: _make_ready(s)))
+    return records
+
+
+def _make_ready(s: Session) -> list[str]:
+    """compile_kernels's work: the plan, its kernels compiled or loaded, one line; returns the fallback notes."""
     from mlptrain.backends.kernel_cache import cache as kernel_cache, kernels  # GPU runs only
 
     started = time.perf_counter()
@@ -56,14 +63,15 @@ def compile_kernels(s: Session) -> dict:
     console.print(f"{len(plan)} kernels ready in {time.perf_counter() - started:.1f} s: {compiled} compiled"
                   f"{f' by {stats.workers} processes' if stats.workers else ''}, "
                   f"{stats.from_cache + stats.from_index - stats.compiled_ahead} from the cache")
+    notes = []
     if stats.parallel_error:  # kernel_cache printed the line
-        s.notes.append(f"compiling kernels in parallel failed ({stats.parallel_error}); compiled one by one")
+        notes.append(f"compiling kernels in parallel failed ({stats.parallel_error}); compiled one by one")
     if not kernel_cache.store().writable:
-        s.notes.append("the kernel cache is off or cannot be written: kernels compiled in memory for this run")
+        notes.append("the kernel cache is off or cannot be written: kernels compiled in memory for this run")
     note = tensor_core_note(s)
     if note:
-        s.notes.append(warn(note))
-    return records
+        notes.append(warn(note))
+    return notes
 
 
 def tensor_core_note(s: Session) -> str | None:
@@ -80,10 +88,10 @@ def tensor_core_note(s: Session) -> str | None:
             "they need compute capability 8.0 and an even channel count")
 
 
-def kernel_records(s: Session, run: str) -> dict:
+def kernel_records(s: Session) -> dict:
     """summary.json's kernel fields: compile_s, kernels_compiled, kernels_from_cache (this process, ahead and
-    during the run), first_step_s, the kernel cache's own counts, and `kernel_plan`: the variant each layer's
-    passes ran. The cache also keeps these counts for `mlptrain cache info`."""
+    during the run), first_step_s, the kernel cache's own counts (`kernel_cache`, which `write_last_run` records
+    for `mlptrain cache info`), and `kernel_plan`: the variant each layer's passes ran."""
     first = s.window.first_step_at
     records = {"first_step_s": None if first is None else round(first - STARTED, 3),
                "kernel_plan": s.model.kernel_plan(s.config.train.batch_size)}
@@ -92,8 +100,17 @@ def kernel_records(s: Session, run: str) -> dict:
     from mlptrain.backends.kernel_cache import cache as kernel_cache  # GPU runs only
 
     stats = kernel_cache.STATS.as_dict()
-    kernel_cache.store().write_last_run({"run": run, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **stats})
     return {**records, "compile_s": round(stats["compile_s"] + stats["ahead_s"], 3),
             "kernels_compiled": stats["compiled"] + stats["compiled_ahead"],
             "kernels_from_cache": stats["from_cache"] + stats["from_index"] - stats["compiled_ahead"],
             "kernel_cache": stats}
+
+
+def write_last_run(records: dict, run: str) -> None:
+    """The kernel cache's counts of `kernel_records` (a GPU run's), kept by the cache as this process's last run."""
+    if "kernel_cache" not in records:
+        return
+    from mlptrain.backends.kernel_cache import cache as kernel_cache  # GPU runs only
+
+    kernel_cache.store().write_last_run({"run": run, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                         **records["kernel_cache"]})

@@ -24,7 +24,7 @@ from mlptrain.errors import TrainingDiverged, TrainingInterrupted, UserError
 from mlptrain.run_dirs.folders import write_yaml
 from mlptrain.run_dirs.links import checkpoint_file
 from mlptrain.run_dirs.lock import check_space
-from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics, write_json
+from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics
 from mlptrain.training.checkpoint import load_checkpoint
 from mlptrain.training.checkpoint_writes import checkpoint_at, write_checkpoints, written
 from mlptrain.training.compilation import compile_kernels, kernel_records
@@ -39,8 +39,8 @@ from mlptrain.training.reads import queue_read, read_state, report, report_late
 from mlptrain.training.steps import Period, finish
 from mlptrain.training.resume import Position, Resume, device_arrays, restore
 from mlptrain.training.session import Session
-from mlptrain.training.summary import GRAD_NORMS, fallbacks, run_summary
-from mlptrain.util.atomic import atomic_write
+from mlptrain.training.run_end import close_run
+from mlptrain.training.summary import run_summary
 from mlptrain.util.background import Waitable
 from mlptrain.util.console import console
 
@@ -94,6 +94,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
     logger = RunLogger(run_dir, mlflow, named=not progress, draw_apart=draws_apart(s, progress),
                        on_fallback=s.notes.append)  # no bar: other runs print beside this one
     logger.chart_layout(s.classifies)
+    closing = None  # the run's last files on their way (run_end.close_run)
     try:
         with TrainingMonitor(logger, s.config, s.steps_per_epoch, s.classifies, start.epoch, start.window,
                              progress) as monitor:
@@ -167,7 +168,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
         last = s.evaluator.test_at_end(s.test, last, logger)  # train.eval_test end, and a run that stopped early
         records = {"epochs": trained, "best_epoch": best.best_epoch, "stopped_early": stopped,
                    "restored_best": last["epoch"] != trained, "resumed": resume is not None, **records,
-                   **kernel_records(s, run_dir.name)}
+                   **kernel_records(s)}
         summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
         # said once the run is over (not per epoch: an early epoch may still be at chance), and recorded
         note = learning_warning(s.config, last, s.dataset, summary.get("mean_image_mse"), s.step.read())
@@ -175,17 +176,17 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
             warn(logger.line(note))
         summary["warnings"] = [note] if note else []
         write_session(logger.events, hparam_values(s.config, s.backend.name, data_root(s.config)))
+        closing = close_run(s, logger, run_dir, summary)
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
                         "intact") from None
     finally:
-        logger.close()
-        if s.writing is not None:  # the run failed: the checkpoint on its way is still written whole
-            s.writing.exception()
-    save_grad_norms(run_dir / GRAD_NORMS, s.step)
-    summary["fallbacks"] = fallbacks(s)  # with one the logger's close met (its images drawn here after all)
-    write_json(run_dir / "summary.json", summary)
-    return summary
+        if closing is None:  # the run failed: its logger closed here, the checkpoint on its way still written
+            logger.close()
+            if s.writing is not None:
+                s.writing.exception()
+    yield Waitable(closing)  # packed runs go on while this one's last files are written
+    return closing.result()
 
 
 def draws_apart(s: Session, progress: bool) -> bool:
@@ -391,10 +392,3 @@ def _stop(s: Session, run_dir: Path, position: Position) -> None:
         if position.window else f"after epoch {position.epoch}"
     raise TrainingInterrupted(f"interrupted {where} ({steps} optimizer steps in all); "
                               f"resume with: mlptrain run --resume {run_dir}", s.stop.signum)
-
-
-def save_grad_norms(path: Path, step) -> None:
-    """The pre-clip gradient norm of every optimizer step (float32, .npy), written atomically."""
-    history = np.asarray(step.grad_norm_history(0, step.read()["windows"]), np.float32)
-    with atomic_write(path, binary=True) as file:
-        np.save(file, history)

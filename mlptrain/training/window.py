@@ -46,6 +46,11 @@ class TrainingWindow:
         self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and host copies
         self.unreported = None  # a queued epoch end's reads not reported yet, and their seconds' start (training.loop)
 
+    def kernels_made_ready(self, make) -> list[str]:
+        """The fallback notes of making this window's (and the run's evaluation) kernels ready: `make()`
+        (training.compilation), here for this run alone."""
+        return make()
+
     def read_copies(self, lo: int, hi: int, outcomes: bool):
         """Host copies, queued now (Backend.to_host_later), of the per-sample losses of rows [lo, hi), their
         outcomes where `outcomes`, and the step state: a period's read (mlptrain.training.reads)."""

@@ -128,6 +128,24 @@ def test_lanes_that_clip_beside_lanes_that_do_not_each_get_their_bits_alone(tiny
     assert not group.step.plan  # no lane left that reads its norm first
 
 
+def test_a_groups_kernels_are_made_ready_once_for_each_step_plan(tiny_mnist):
+    """compile_kernels's work (`make`) runs for the first lane that asks, and again only when the group's step
+    launches other kernels (a lane that clips joins); every lane gets the notes of the plan it launches."""
+    configs = [tiny(optim__lr=0.003), tiny(optim__lr=0.01, seed=1), tiny(train__clip_grad_norm=1.0, seed=2)]
+    group, views = slots(configs[0], Resources(), 3)
+    made = []
+
+    def make():
+        made.append(group.step.plan)
+        return [f"note {len(made)}"]
+
+    sessions = [views[0].session(configs[0]), views[1].session(configs[1])]
+    assert [s.window.kernels_made_ready(make) for s in sessions] == [["note 1"]] * 2 and made == [False]
+    sessions.append(views[2].session(configs[2]))
+    assert sessions[2].window.kernels_made_ready(make) == ["note 2"] and made == [False, True]
+    assert sessions[0].window.kernels_made_ready(make) == ["note 2"]  # the plan the group now launches
+
+
 def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_rows(tiny_mnist):
     """A lockstep group's lanes read the same rows after the same flush: one set of copies of every lane's rows and
     step state (the backend copies lane views), each lane given its own, as its window alone would copy them."""

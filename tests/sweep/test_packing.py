@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -359,3 +360,24 @@ def test_a_seed_without_room_waits_for_a_slot_and_every_seed_runs(tmp_path, tiny
     assert record["seeds"] == [0, 1, 2, 3] and built == [0, 1, 2, 2, 3]  # seed 2 again, in a slot that stayed
     assert sorted(p.name for p in group.glob("seed-*")) == ["seed-0", "seed-1", "seed-2", "seed-3"]
     assert "seed 2 does not fit beside the seeds training already" in capsys.readouterr().err
+
+
+def test_packed_trials_last_files_are_written_behind_the_training_thread(tmp_path, tiny_mnist, monkeypatch):
+    """A run's last files (training.run_end) are written by the run-ends threads while the training thread goes
+    on (its generator yields a Waitable for them), and each trial's folder ends whole with its summary."""
+    from mlptrain.training import run_end
+
+    real, writers = run_end._close, []
+
+    def closing(s, logger, run_dir, norms, summary):
+        writers.append(threading.current_thread().name)
+        return real(s, logger, run_dir, norms, summary)
+
+    monkeypatch.setattr(run_end, "_close", closing)
+    path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002]})
+    results = run_sweep(path, tmp_path / "runs", overrides=["train.epochs=1"], pack=2)
+    assert [t["state"] for t in results["trials"]] == ["complete"] * 2
+    assert len(writers) == 2 and all(name.startswith("mlptrain-run-ends") for name in writers), writers
+    for run_dir in (tmp_path / "runs").glob("*/trial-*"):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert "fallbacks" in summary and len(np.load(run_dir / "grad_norms.npy")) == summary["optimizer_steps"]
