@@ -17,7 +17,7 @@ from mlptrain.config.builtins import builtin_configs
 from mlptrain.config.rules import MODEL_KEYS, check_combinations, check_model_keys
 from mlptrain.config.safe_yaml import brief, brief_text, load_yaml_text
 from mlptrain.config.safe_yaml import read_yaml as read_yaml_file
-from mlptrain.config.schema import INT64_MAX, Config, init_scheme, valid_keys, valid_sections
+from mlptrain.config.schema import INT64_MAX, Config, init_scheme, type_hints, valid_keys, valid_sections
 from mlptrain.config.suggestions import suggest_key, suggest_value
 from mlptrain.errors import UserError, problems_error
 
@@ -93,7 +93,7 @@ def _build(cls, raw, source, prefix="", problems: list | None = None):
         keys = f" (its keys: {', '.join(f.name for f in dataclasses.fields(cls))})" if prefix else ""
         problems.append(f"{source}: {where} must be a mapping of keys to values{keys}, got {brief(raw)}")
     else:
-        hints = typing.get_type_hints(cls)
+        hints = type_hints(cls)
         names = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in raw.items():
             if name not in names:
@@ -159,10 +159,10 @@ def _check_override(text: str, dotted: str, value) -> None:
     cls = Config
     *parents, leaf = dotted.split(".")
     for part in parents:
-        cls = typing.get_type_hints(cls)[part]
+        cls = type_hints(cls)[part]
     f = {f.name: f for f in dataclasses.fields(cls)}[leaf]
     where = f"override {dotted}={brief_text(text.partition('=')[2].strip())}"
-    _field_value(f, typing.get_type_hints(cls)[leaf], value, where)
+    _field_value(f, type_hints(cls)[leaf], value, where)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

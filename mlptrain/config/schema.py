@@ -7,6 +7,7 @@ config from YAML and overrides; the rules that span several keys are in rules.py
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 
@@ -228,10 +229,18 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
+@functools.cache
+def type_hints(cls) -> dict:
+    """`typing.get_type_hints` of a schema class, evaluated once: the annotations are strings (postponed), and
+    evaluating them took ~3 ms of each packed trial's config checks (benchmarks/NOTES.md, issue 30 step 20).
+    The dict is shared: read it, do not change it."""
+    return typing.get_type_hints(cls)
+
+
 def valid_keys(cls=Config, prefix="") -> list[str]:
     """Every dotted key of the schema, e.g. `optim.lr`."""
     keys = []
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             keys += valid_keys(hints[f.name], f"{prefix}{f.name}.")
@@ -243,7 +252,7 @@ def valid_keys(cls=Config, prefix="") -> list[str]:
 def valid_sections(cls=Config, prefix="") -> list[str]:
     """Every dotted section of the schema, e.g. `train.early_stopping`."""
     sections = []
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             sections += [prefix + f.name, *valid_sections(hints[f.name], f"{prefix}{f.name}.")]

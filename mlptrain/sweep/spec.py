@@ -30,7 +30,7 @@ from mlptrain.config.load import (apply_overrides, base_config, config_from_dict
                                   read_config, read_yaml)
 from mlptrain.config.rules import check_model_keys
 from mlptrain.config.safe_yaml import brief
-from mlptrain.config.schema import Config, valid_keys
+from mlptrain.config.schema import Config, type_hints, valid_keys
 from mlptrain.config.suggestions import suggest_key, suggest_value
 from mlptrain.errors import UserError, problems_error
 
@@ -193,8 +193,8 @@ def _field_type(dotted: str):
     cls = Config
     *sections, leaf = dotted.split(".")
     for section in sections:
-        cls = typing.get_type_hints(cls)[section]
-    return typing.get_type_hints(cls)[leaf]
+        cls = type_hints(cls)[section]
+    return type_hints(cls)[leaf]
 
 
 def _number_type(dotted: str):
