@@ -34,15 +34,19 @@ class Evaluator:
 
     A split's pass runs launch by launch the first time; the second is captured as one CUDA graph that it and
     every later pass replay (`graphs`, train.cuda_graphs; a split evaluated once, like the test split at a
-    run's end, is never captured): ~6 launches a batch cost ~0.36 ms of host time each, which
-    the lanes of a packed sweep (mlptrain.packing.lane_group) paid in turn at every epoch's end while the GPU
-    idled. A replay runs the same kernels with the same arguments (every buffer stays where it is), so the
+    run's end, is never captured; one of `every_epoch` is captured at its first): ~6 launches a batch cost ~0.36
+    ms of host time each, which the lanes of a packed sweep (mlptrain.packing.lane_group) paid in turn at every
+    epoch's end while the GPU idled. A replay runs the same kernels with the same arguments (every buffer stays where it is), so the
     results are bitwise those of the launches."""
 
     def __init__(self, backend, model, eval_batch_size: int, rows: int, scale: float, shift: float,
-                 graphs: bool = True):
+                 graphs: bool = True, every_epoch: tuple = ()):
         self.backend, self.model, self.batch_size = backend, model, eval_batch_size
         self.scale, self.shift = scale, shift
+        # splits evaluated at every epoch's end (val; test with train.eval_test every_epoch): their first pass is
+        # captured, not launched one by one and then captured at the second (16 packed lanes' captures at their
+        # second epoch's end left the GPU idle ~70 ms longer than at the others: benchmarks/NOTES.md, issue 30)
+        self.every_epoch = every_epoch
         # (id(split), id(launch stream)) -> its _SplitGraph; None: no graphs
         self.graphs: dict[tuple[int, int], _SplitGraph] | None = {} if graphs else None
         self.fallback: str | None = None  # the warning line when the driver refused a capture
@@ -86,7 +90,9 @@ class Evaluator:
         stream = launch_stream()
         entry = self.graphs.setdefault((id(split), id(stream)), _SplitGraph(split, stream))
         entry.passes += 1
-        if entry.passes == 2:  # the first pass launched one by one (as compile_kernels loaded the kernels)
+        # a split evaluated once (the test split at a run's end) launched one by one: a graph would cost its
+        # capture; another's first pass launched so too where it may not come again, and captured at its second
+        if entry.passes == (1 if any(split is every for every in self.every_epoch) else 2):
             entry.graph = self._capture(split)
         if entry.graph is not None:
             entry.graph.replay()

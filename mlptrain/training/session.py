@@ -114,6 +114,7 @@ def build_session(config: Config, backend, dataset) -> Session:
         train=train, val=val, test=test,
         window=TrainingWindow(backend, model, step, train, scale, shift, config.train),
         evaluator=Evaluator(backend, model, config.train.eval_batch_size, max(val.size, test.size), scale, shift,
-                            config.train.cuda_graphs),
+                            config.train.cuda_graphs,
+                            every_epoch=(val, test) if config.train.eval_test == "every_epoch" else (val,)),
         started=started,
     )

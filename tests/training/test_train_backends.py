@@ -109,8 +109,8 @@ GRAPH_CASES = {
 def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
     """Two epochs with full windows replayed from one CUDA graph against the same two epochs launched one
     by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used.
-    The validation passes after each epoch too: launched after the first, captured and replayed after the
-    second and third, every row's result equal to the launches'."""
+    The validation passes after each epoch too: captured at the first (val is evaluated every epoch) and
+    replayed, every row's result equal to the launches'."""
     options, features = GRAPH_CASES[case]
     if features is None:
         dataset = ImageDataset(name="tiny-rgb", train_images=rng.integers(0, 256, (90, 8 * 8 * 3), dtype=np.uint8),
@@ -169,7 +169,8 @@ def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
 
 
 def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, monkeypatch):
-    """The evaluation's graph (captured at a split's second pass) refused by the driver: one warning line,
+    """The evaluation's graph (captured at val's first pass, another split's second) refused by the driver: one
+    warning line,
     recorded for summary.json, and every pass launched one by one with the results of a session without
     graphs."""
     dataset = tiny_dataset(rng)
@@ -191,15 +192,16 @@ def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, mon
     with console.capture() as printed:
         results = [session.evaluator.evaluate(split) for split in (session.val, session.test) * 3]
     assert printed.get().count("no CUDA graph for the evaluation (cuStreamBeginCapture failed") == 1
-    assert len(refused) == 2  # at each split's second pass, never again
+    assert len(refused) == 2  # at val's first pass and test's second, never again
     assert session.evaluator.fallback.startswith("no CUDA graph for the evaluation")
     assert results == [plain.evaluator.evaluate(split) for split in (plain.val, plain.test) * 3]
 
 
-def test_a_splits_second_pass_is_captured_and_every_later_one_replayed(rng, monkeypatch):
-    """A split evaluated once (the test split at a run's end) is never captured; the second pass of another
-    captures its launches and replays them, as does every pass after it, on the launch stream it was captured
-    on (a replay stands in for the launches here: the CPU has no graphs)."""
+def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_it_else_at_its_second(rng, monkeypatch):
+    """val, evaluated at every epoch's end, is captured at its first pass; test (train.eval_test end: evaluated
+    once, at a run's end) is launched one by one, and captured only should a second pass come; every later pass
+    replays its graph, on the launch stream it was captured on (a replay stands in for the launches here: the
+    CPU has no graphs)."""
     dataset = tiny_dataset(rng)
     config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
                                "train": {"batch_size": 8, "eval_batch_size": 3}})
@@ -222,12 +224,15 @@ def test_a_splits_second_pass_is_captured_and_every_later_one_replayed(rng, monk
     launch_batch = session.evaluator.launch_batch
     monkeypatch.setattr(session.evaluator, "launch_batch", lambda *a: (events.append("launch"), launch_batch(*a)))
     first = [session.evaluator.evaluate(session.val)]
-    assert events == ["launch"] * 3  # 7 rows in batches of 3
-    session.evaluator.evaluate(session.test)
+    assert events == ["capture", "replay", *["launch"] * 3]  # 7 rows in batches of 3
+    events.clear()
+    tested = [session.evaluator.evaluate(session.test) for _ in range(2)]
+    batches = -(-session.test.size // 3)
+    assert events == [*["launch"] * batches, "capture", "replay", *["launch"] * batches]
     events.clear()
     first += [session.evaluator.evaluate(session.val) for _ in range(2)]
-    assert events == ["capture", "replay", *["launch"] * 3, "replay", *["launch"] * 3]
-    assert first[0] == first[1] == first[2]
+    assert events == ["replay", *["launch"] * 3] * 2
+    assert first[0] == first[1] == first[2] and tested[0] == tested[1]
 
 
 def test_an_epochs_start_queues_its_order_without_waiting_for_the_device(rng, monkeypatch):
