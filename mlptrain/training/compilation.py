@@ -43,6 +43,7 @@ def compile_kernels(s: Session) -> dict:
     if s.backend.name != "cuda":
         return records
     s.notes.extend(s.window.kernels_made_ready(lambda: _make_ready(s)))
+    s.evaluator.kernels_ready = True  # its passes were planned (plan_launches): capturing one loads nothing
     return records
 
 

@@ -34,7 +34,7 @@ class Evaluator:
 
     A split's pass runs launch by launch the first time; the second is captured as one CUDA graph that it and
     every later pass replay (`graphs`, train.cuda_graphs; a split evaluated once, like the test split at a
-    run's end, is never captured; one of `every_epoch` is captured at its first): ~6 launches a batch cost ~0.36
+    run's end, is never captured; one of `every_epoch` at its first, once `kernels_ready`): ~6 launches a batch cost ~0.36
     ms of host time each, which the lanes of a packed sweep (mlptrain.packing.lane_group) paid in turn at every
     epoch's end while the GPU idled. A replay runs the same kernels with the same arguments (every buffer stays where it is), so the
     results are bitwise those of the launches."""
@@ -47,6 +47,9 @@ class Evaluator:
         # captured, not launched one by one and then captured at the second (16 packed lanes' captures at their
         # second epoch's end left the GPU idle ~70 ms longer than at the others: benchmarks/NOTES.md, issue 30)
         self.every_epoch = every_epoch
+        # compile_kernels has loaded every kernel of this evaluator's passes: a first pass's capture then compiles
+        # and loads nothing (a capture that must is refused by the driver)
+        self.kernels_ready = False
         # (id(split), id(launch stream)) -> its _SplitGraph; None: no graphs
         self.graphs: dict[tuple[int, int], _SplitGraph] | None = {} if graphs else None
         self.fallback: str | None = None  # the warning line when the driver refused a capture
@@ -92,7 +95,8 @@ class Evaluator:
         entry.passes += 1
         # a split evaluated once (the test split at a run's end) launched one by one: a graph would cost its
         # capture; another's first pass launched so too where it may not come again, and captured at its second
-        if entry.passes == (1 if any(split is every for every in self.every_epoch) else 2):
+        first = self.kernels_ready and any(split is every for every in self.every_epoch)
+        if entry.passes == (1 if first else 2):
             entry.graph = self._capture(split)
         if entry.graph is not None:
             entry.graph.replay()

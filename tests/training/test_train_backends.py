@@ -8,6 +8,7 @@ from mlptrain.backends.cpu import CpuBackend
 from mlptrain.backends.cuda import CudaBackend
 from mlptrain.config.load import config_from_dict
 from mlptrain.data.dataset import ImageDataset
+from mlptrain.training.compilation import compile_kernels
 from mlptrain.training.loop import train_epoch
 from mlptrain.training.session import build_session
 from mlptrain.util.console import console
@@ -109,8 +110,9 @@ GRAPH_CASES = {
 def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
     """Two epochs with full windows replayed from one CUDA graph against the same two epochs launched one
     by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used.
-    The validation passes after each epoch too: captured at the first (val is evaluated every epoch) and
-    replayed, every row's result equal to the launches'."""
+    The validation passes after each epoch too: launched after the first (no compile_kernels here: a capture then
+    would load kernels), captured and replayed after the second and third, every row's result equal to the
+    launches'."""
     options, features = GRAPH_CASES[case]
     if features is None:
         dataset = ImageDataset(name="tiny-rgb", train_images=rng.integers(0, 256, (90, 8 * 8 * 3), dtype=np.uint8),
@@ -145,6 +147,27 @@ def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
             np.testing.assert_array_equal(rows, eager_rows)
 
 
+@pytest.mark.real_gpu
+def test_after_compile_kernels_val_is_captured_at_its_first_pass_with_the_launches_bits(rng):
+    """compile_kernels loads the evaluation's kernels, so val's first pass is captured (a capture that had to
+    load one would be refused): its rows the bits of a session that launches them one by one."""
+    dataset = tiny_dataset(rng, features=64, classes=10, train=300, test=50)
+    runs = []
+    for graphs in (True, False):
+        config = config_from_dict({"seed": 7, "data": {"val_size": 50}, "model": {"hidden": [64]},
+                                   "train": {"batch_size": 32, "eval_batch_size": 16, "cuda_graphs": graphs}})
+        session = build_session(config, CudaBackend(), dataset)
+        compile_kernels(session)
+        runs.append([session.evaluator.evaluate_rows(session.val)])
+        if graphs:
+            assert [(e.graph is not None, e.passes) for e in session.evaluator.graphs.values()] == [(True, 1)]
+            assert session.evaluator.fallback is None
+        runs[-1].append(session.evaluator.evaluate_rows(session.val))
+    for (loss, acc, rows), (eager_loss, eager_acc, eager_rows) in zip(*runs):
+        assert (loss, acc) == (eager_loss, eager_acc)
+        np.testing.assert_array_equal(rows, eager_rows)
+
+
 def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
     """A driver that refuses the graph capture costs speed, not the run: a warning, then the same
     results as without graphs."""
@@ -169,8 +192,7 @@ def test_a_refused_capture_falls_back_to_launching_one_by_one(rng, monkeypatch):
 
 
 def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, monkeypatch):
-    """The evaluation's graph (captured at val's first pass, another split's second) refused by the driver: one
-    warning line,
+    """The evaluation's graph (captured at a split's second pass) refused by the driver: one warning line,
     recorded for summary.json, and every pass launched one by one with the results of a session without
     graphs."""
     dataset = tiny_dataset(rng)
@@ -192,16 +214,19 @@ def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, mon
     with console.capture() as printed:
         results = [session.evaluator.evaluate(split) for split in (session.val, session.test) * 3]
     assert printed.get().count("no CUDA graph for the evaluation (cuStreamBeginCapture failed") == 1
-    assert len(refused) == 2  # at val's first pass and test's second, never again
+    assert len(refused) == 2  # at each split's second pass, never again
     assert session.evaluator.fallback.startswith("no CUDA graph for the evaluation")
     assert results == [plain.evaluator.evaluate(split) for split in (plain.val, plain.test) * 3]
 
 
-def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_it_else_at_its_second(rng, monkeypatch):
-    """val, evaluated at every epoch's end, is captured at its first pass; test (train.eval_test end: evaluated
-    once, at a run's end) is launched one by one, and captured only should a second pass come; every later pass
-    replays its graph, on the launch stream it was captured on (a replay stands in for the launches here: the
-    CPU has no graphs)."""
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_it_else_at_its_second(rng, monkeypatch,
+                                                                                                  ready):
+    """Once compile_kernels has loaded the evaluation's kernels (`kernels_ready`), val, evaluated at every epoch's
+    end, is captured at its first pass; before (a capture must not load kernels), and for test (train.eval_test
+    end: evaluated once, at a run's end), a split's first pass is launched one by one and its second captured;
+    every later pass replays its graph, on the launch stream it was captured on (a replay stands in for the
+    launches here: the CPU has no graphs)."""
     dataset = tiny_dataset(rng)
     config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
                                "train": {"batch_size": 8, "eval_batch_size": 3}})
@@ -221,17 +246,20 @@ def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_i
 
     monkeypatch.setattr(backend, "capture", capture)
     session = build_session(config, backend, dataset)
+    session.evaluator.kernels_ready = ready
     launch_batch = session.evaluator.launch_batch
     monkeypatch.setattr(session.evaluator, "launch_batch", lambda *a: (events.append("launch"), launch_batch(*a)))
+    launches = ["launch"] * 3  # 7 rows in batches of 3
+    captured = ["capture", "replay", *launches]
     first = [session.evaluator.evaluate(session.val)]
-    assert events == ["capture", "replay", *["launch"] * 3]  # 7 rows in batches of 3
+    assert events == (captured if ready else launches)
     events.clear()
     tested = [session.evaluator.evaluate(session.test) for _ in range(2)]
-    batches = -(-session.test.size // 3)
-    assert events == [*["launch"] * batches, "capture", "replay", *["launch"] * batches]
+    batches = ["launch"] * -(-session.test.size // 3)
+    assert events == [*batches, "capture", "replay", *batches]
     events.clear()
     first += [session.evaluator.evaluate(session.val) for _ in range(2)]
-    assert events == ["replay", *["launch"] * 3] * 2
+    assert events == (["replay", *launches] * 2 if ready else [*captured, "replay", *launches])
     assert first[0] == first[1] == first[2] and tested[0] == tested[1]
 
 
