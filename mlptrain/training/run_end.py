@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mlptrain.run_dirs.records import write_json
 from mlptrain.training.compilation import write_last_run
 from mlptrain.training.session import Session
 from mlptrain.training.summary import GRAD_NORMS, fallbacks
-from mlptrain.run_dirs.records import write_json
 from mlptrain.util.atomic import atomic_write
 from mlptrain.util.background import pool
 
