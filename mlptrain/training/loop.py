@@ -171,12 +171,13 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                    **kernel_records(s)}
         summary = run_summary(s, run_dir.name, last, best.best, monitor.throughput(), records)
         # said once the run is over (not per epoch: an early epoch may still be at chance), and recorded
-        note = learning_warning(s.config, last, s.dataset, summary.get("mean_image_mse"), s.step.read())
+        state = s.step.read()  # one read of the step state for the warning and the grad-norm record
+        note = learning_warning(s.config, last, s.dataset, summary.get("mean_image_mse"), state)
         if note:  # named where other runs print beside this one; recorded as it is
             warn(logger.line(note))
         summary["warnings"] = [note] if note else []
         write_session(logger.events, hparam_values(s.config, s.backend.name, data_root(s.config)))
-        closing = close_run(s, logger, run_dir, summary)
+        closing = close_run(s, logger, run_dir, summary, state["windows"])
     except OSError as err:  # metrics.jsonl or TensorBoard's events on a full or read-only disk
         raise UserError(f"{run_dir}: cannot write to it ({err.strerror or err}); its last checkpoint is "
                         "intact") from None

@@ -24,17 +24,13 @@ from mlptrain.util.background import pool
 RUN_END_WRITERS = 4  # threads: the fsyncs of several runs' files overlap
 
 
-def close_run(s: Session, logger, run_dir: Path, summary: dict) -> Future:
+def close_run(s: Session, logger, run_dir: Path, summary: dict, windows: int) -> Future:
     """A Future of `summary` (its `fallbacks` added), once the run's last files are written: `logger` closed,
-    then the grad-norm record, the kernel cache's last-run record and summary.json. Its error (a UserError
-    naming the file) is raised where its result is taken."""
-    norms = grad_norms(s.step)
+    then the grad-norm record of its `windows` accumulation windows (the step state's count), the kernel cache's
+    last-run record and summary.json. Its error (a UserError naming the file) is raised where its result is
+    taken."""
+    norms = np.asarray(s.step.grad_norm_history(0, windows), np.float32)  # read from the device here
     return pool("run-ends", RUN_END_WRITERS).submit(_close, s, logger, run_dir, norms, summary)
-
-
-def grad_norms(step) -> np.ndarray:
-    """The pre-clip gradient norm of every optimizer step so far (float32), read from the device."""
-    return np.asarray(step.grad_norm_history(0, step.read()["windows"]), np.float32)
 
 
 def save_grad_norms(path: Path, norms: np.ndarray) -> None:

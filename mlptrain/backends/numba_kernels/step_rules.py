@@ -34,24 +34,31 @@ def _finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta
 
 
 @kernel_cache.device
+def _stage(partials, staged):
+    """partials (at most STAGED) copied into the shared array `staged`, a value a thread at once, then a barrier:
+    one thread's serial sum of them read global memory one by one, each load waiting on the last (~20-35 us of a
+    step, ncu). Every thread of the block calls it together."""
+    t = cuda.threadIdx.x
+    if t < partials.shape[0]:
+        staged[t] = partials[t]
+    cuda.syncthreads()
+
+
+@kernel_cache.device
 def _prepare_step(state, lr_schedule, beta1, beta2):
     """step_state.prepare_step, on the compiled rules."""
     _apply_rules(0.0, state, lr_schedule, 0.0, beta1, beta2, False, 1.0, 1.0, 1.0)
 
 
-# One block: its threads copy the partials into shared memory at once, then one thread sums them there in
-# order and takes the decisions (a handful of scalars; a launch is cheaper than a round-trip). Its serial sum
-# read them from global memory one by one, each load waiting on the last: ~20-35 us of the step (ncu).
+# One block: its threads stage the partials (_stage), then one thread sums them there in order and takes the
+# decisions (a handful of scalars; a launch is cheaper than a round-trip).
 @kernel_cache.jit
 def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                        dynamic_scaling, growth_factor, backoff_factor, growth_interval):
     staged = cuda.shared.array(STAGED, float32)
-    t, n = cuda.threadIdx.x, partials.shape[0]
-    if t < n:
-        staged[t] = partials[t]
-    cuda.syncthreads()
-    if t == 0:
-        _finish_step(staged[:n], state, lr_schedule, grad_norms, max_norm, beta1, beta2,
+    _stage(partials, staged)
+    if cuda.threadIdx.x == 0:
+        _finish_step(staged[:partials.shape[0]], state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                      dynamic_scaling, growth_factor, backoff_factor, growth_interval)
 
 
@@ -83,12 +90,9 @@ def prepare_step(state, lr_schedule, beta1, beta2):
 @kernel_cache.jit
 def record_norm_kernel(partials, state, grad_norms):
     staged = cuda.shared.array(STAGED, float32)
-    t, n = cuda.threadIdx.x, partials.shape[0]
-    if t < n:
-        staged[t] = partials[t]
-    cuda.syncthreads()
-    if t == 0:
-        _record_norm(staged[:n], state, grad_norms)
+    _stage(partials, staged)
+    if cuda.threadIdx.x == 0:
+        _record_norm(staged[:partials.shape[0]], state, grad_norms)
 
 
 def record_norm(partials, state, grad_norms):
@@ -143,9 +147,7 @@ def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, a
         if t == 0:
             _prepare_step(state[z], lr_schedule[z], rules[1], rules[2])
         return
-    if t < n:
-        staged[t] = partials[z, t]
-    cuda.syncthreads()
+    _stage(partials[z], staged)
     if t == 0:
         _finish_step(staged[:n], state[z], lr_schedule[z], grad_norms[z], rules[0], rules[1], rules[2],
                      rules[3] != 0.0, rules[4], rules[5], rules[6])
@@ -177,9 +179,7 @@ def record_norm_lanes_kernel(partials, state, grad_norms, hypers, active):
     rules = hypers[z]
     if active[z] == 0 or not _norm_later(rules[0], rules[3] != 0.0):
         return
-    if t < n:
-        staged[t] = partials[z, t]
-    cuda.syncthreads()
+    _stage(partials[z], staged)
     if t == 0:
         _record_norm(staged[:n], state[z], grad_norms[z])
 
