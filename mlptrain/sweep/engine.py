@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +29,8 @@ from mlptrain.config.load import config_from_dict
 from mlptrain.errors import TrainingInterrupted, UserError
 from mlptrain.run_dirs.lock import release_run
 from mlptrain.sweep import claims
-from mlptrain.sweep.liveness import GRACE_S, HEARTBEAT_S
+from mlptrain.sweep.heartbeats import HEARTBEATS
+from mlptrain.sweep.liveness import GRACE_S
 from mlptrain.sweep.report import format_metric, format_params, log_hparams
 from mlptrain.sweep.reports import Reports
 from mlptrain.sweep.spec import METRICS, Sweep
@@ -53,32 +53,6 @@ def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         return
     params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
     study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
-
-
-class _Heartbeat:
-    """Records the trial's heartbeat every HEARTBEAT_S from a thread while it trains."""
-
-    def __init__(self, storage, trial_id: int):
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id), daemon=True)
-
-    def _beat(self, storage, trial_id: int) -> None:
-        warned = False
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                claims.beat(storage, trial_id)
-            except Exception as err:  # a busy database: a missed beat matters only after GRACE_S of them
-                if not warned:
-                    console.print(f"[yellow]warning:[/] the trial's heartbeat failed ({type(err).__name__}: "
-                                  f"{err}); after {GRACE_S} s without one, other workers take the trial over")
-                    warned = True
-
-    def __enter__(self):
-        self._thread.start()
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def claim_next(study, storage, study_id: int):
@@ -186,7 +160,7 @@ def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Pa
 
 def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_dir: Path, resources, stop,
              progress: bool, give_way: bool = False) -> None:
-    with _Heartbeat(storage, trial_id):
+    with HEARTBEATS.beating(storage, trial_id):
         try:
             summary = yield from _train(trial, attempt, sweep, sweep_dir, resources, stop, progress, give_way)
         except optuna.TrialPruned as pruned:

@@ -143,6 +143,21 @@ def test_lr_table_tabulates_every_step_in_float64():
     assert lr_table(lr, 0).shape == (1,)  # the device always has a step to read
 
 
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("base, min_lr, total, per_epoch, warmup", [
+    (1e-3, 0.0, 4300, 430, 0), (3e-4, 1e-6, 4300, 430, 430), (0.1, 1e-4, 7, 3, 12), (2.5e-2, 0.0, 1, 1, 1),
+    (1, 0, 97, 13, 5), (7.3e-5, 3e-7, 1001, 77, 1000)])
+def test_lr_table_is_the_schedule_at_every_step_bit_for_bit(name, base, min_lr, total, per_epoch, warmup):
+    """A schedule's own table (cosine, warmup, linear, constant: NumPy's elementwise operations) holds the bits
+    of calling it at each step, short runs, warmups longer than the run and integer rates included."""
+    lr = make_schedule(ScheduleConfig(name=name, min_lr=min_lr, warmup_steps=warmup), base, total, per_epoch)
+    for steps in (total, max(total - 3, 1), total + 5):
+        table = lr_table(lr, steps)
+        assert table.dtype == np.float64 and table.flags.c_contiguous
+        expected = np.array([lr(t) for t in range(steps)], np.float64)
+        np.testing.assert_array_equal(table.view(np.uint64), expected.view(np.uint64))
+
+
 class TestPlateau:
     """PyTorch's ReduceLROnPlateau counting: strictly better resets, more than `patience` bad
     evaluations in a row multiply by `factor`, and the count starts anew."""
