@@ -28,6 +28,31 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, classes: int) ->
     return np.bincount(flat, minlength=classes * classes).reshape(classes, classes)
 
 
+class OutcomeCounts:
+    """confusion_matrix of a split's rows from the loss kernel's outcomes (1 for a hit, else -1 - the predicted
+    class), the labels' part done once: a split is counted at every epoch's end, and each NumPy call there is
+    one more wait for the interpreter for a packed sweep's feeding thread while its other threads write (12
+    calls took 0.7-1.4 ms a matrix on the GPU machine's host, 6 take a third: benchmarks/NOTES.md, issue 30 step
+    22)."""
+
+    def __init__(self, labels: np.ndarray, classes: int):
+        self.labels, self.classes = np.asarray(labels).astype(np.int64), classes
+        self.offsets = self.labels * classes  # the first cell of each row's true class
+        self.in_range = bool(((self.labels >= 0) & (self.labels < classes)).all())
+
+    def matrix(self, outcomes: np.ndarray) -> np.ndarray:
+        """(classes, classes) counts, those of confusion_matrix(labels, predicted, classes)."""
+        predicted = np.where(outcomes == 1, self.labels, -1 - outcomes.astype(np.int64))
+        if self.in_range and predicted.size:
+            try:
+                counts = np.bincount(self.offsets + predicted, minlength=self.classes ** 2)
+            except ValueError:  # a predicted class below 0: left out, as confusion_matrix leaves it
+                counts = None
+            if counts is not None and counts.size == self.classes ** 2 and predicted.max() < self.classes:
+                return counts.reshape(self.classes, self.classes)
+        return confusion_matrix(self.labels, predicted, self.classes)
+
+
 def confusion_image(matrix: np.ndarray) -> np.ndarray:
     """The matrix drawn as an (H, W, 3) uint8 image, class numbers along the top and left."""
     classes = len(matrix)

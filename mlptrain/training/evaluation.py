@@ -12,7 +12,7 @@ import numpy as np
 from mlptrain.backends.thread_stream import launch_stream
 from mlptrain.dtypes import to_float32
 from mlptrain.run_dirs.records import metric_tag
-from mlptrain.training.confusion import confusion_image, confusion_matrix
+from mlptrain.training.confusion import OutcomeCounts, confusion_image
 from mlptrain.training.steps import finish
 from mlptrain.util.console import console, warn
 
@@ -57,7 +57,7 @@ class Evaluator:
         self.row_loss = backend.empty((max(rows, 1),))
         self.row_correct = backend.empty((max(rows, 1),), np.int32)
         self.unit_scale = backend.to_device(np.ones(1, np.float64))  # a loss scale of 1: the gradient is discarded
-        self.labels, self.confusion = {}, {}  # a split's labels on the host; the matrices not yet drawn
+        self.counts, self.confusion = {}, {}  # a split's OutcomeCounts (its labels); the matrices not yet drawn
 
     def evaluate(self, split) -> tuple[float, float]:
         """(mean loss, accuracy) over a whole split, in eval-sized batches; for the autoencoder the loss
@@ -166,12 +166,10 @@ class Evaluator:
         """`metrics` of a split whose rows are read (evaluate_rows)."""
         if outcomes is None:
             return {f"{name}_loss": loss, f"{name}_acc": acc} if self.classifies else {f"{name}_mse": loss}
-        if id(split) not in self.labels:  # the split's labels in its row order, read once
+        if id(split) not in self.counts:  # the split's labels in its row order, read once
             labels = split.host_labels if split.host_labels is not None else self.backend.to_host(split.labels)
-            self.labels[id(split)] = np.asarray(labels)[split.index]
-        labels = self.labels[id(split)]
-        predicted = np.where(outcomes == 1, labels, -1 - outcomes.astype(np.int64))
-        self.confusion[name] = confusion_matrix(labels, predicted, self.model.widths[-1])
+            self.counts[id(split)] = OutcomeCounts(np.asarray(labels)[split.index], self.model.widths[-1])
+        self.confusion[name] = self.counts[id(split)].matrix(outcomes)
         return {f"{name}_loss": loss, f"{name}_acc": acc}
 
     def train_means(self, row_loss, row_correct, rows: int, known: bool = True, after=None) -> dict:

@@ -7,7 +7,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mlptrain.backends.cpu import CpuBackend
 from mlptrain.training import confusion
-from mlptrain.training.confusion import BLUE, MAX_SIDE, WHITE, confusion_image, confusion_matrix
+from mlptrain.training.confusion import BLUE, MAX_SIDE, WHITE, OutcomeCounts, confusion_image, confusion_matrix
 from mlptrain.training.loop import train
 from mlptrain.training.session import build_session
 from tests.training.test_accumulation import make_config, synthetic_dataset
@@ -18,6 +18,23 @@ def test_the_matrix_counts_true_rows_and_predicted_columns():
     labels, predicted = np.array([0, 0, 1, 2, 2, 2, 7]), np.array([0, 1, 1, 2, 0, 2, 1])
     matrix = confusion_matrix(labels, predicted, 3)  # label 7 is no class: left out
     np.testing.assert_array_equal(matrix, [[1, 1, 0], [0, 1, 0], [1, 0, 2]])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_from_outcomes_are_confusion_matrix_s(seed):
+    """OutcomeCounts (the labels' part done once) counts what confusion_matrix counts, labels and outcomes out of
+    range left out alike: a label that is no class, a predicted class past the last or below 0, no rows."""
+    rng = np.random.default_rng(seed)
+    classes, rows = int(rng.integers(1, 12)), int(rng.integers(0, 400))
+    labels = rng.integers(-1 if seed % 2 else 0, classes + (seed % 3 == 0), rows)
+    outcomes = np.where(rng.random(rows) < 0.6, 1, -1 - rng.integers(0, classes + (seed % 4 == 1), rows))
+    if seed == 5 and rows:
+        outcomes[0] = 0  # -1 - 0: a predicted class of -1
+    outcomes = outcomes.astype(np.int32)
+    counts = OutcomeCounts(labels, classes)
+    for _ in range(2):  # its labels' part reused
+        predicted = np.where(outcomes == 1, labels, -1 - outcomes.astype(np.int64))
+        np.testing.assert_array_equal(counts.matrix(outcomes), confusion_matrix(labels, predicted, classes))
 
 
 def test_the_image_shades_each_cell_by_its_share_of_the_row():
