@@ -96,7 +96,7 @@ class CudaBackend:
         return host
 
     def copy_from_host(self, dst, src):
-        self._device.copy_from_host(dst, np.ascontiguousarray(src, dtype=dst.dtype), self.stream)
+        dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype), stream=self.stream)
 
     def synchronize(self):
         if self.stream:

@@ -20,10 +20,7 @@ class DriverDevice:
         from mlptrain.backends.driver import api
         from mlptrain.backends.driver.arrays import DeviceArray
 
-        from mlptrain.backends.uploads import Uploads
-
         self._api, self._array = api, DeviceArray
-        self._uploads = Uploads(api)
         try:
             device = (api.current_device() or 0) if device is None else device
             api.use_device(device)
@@ -50,12 +47,8 @@ class DriverDevice:
 
     def to_device(self, host):
         array = self._array.allocate(host.shape, host.dtype)
-        array.copy_to_device(host, stream=self.stream, uploads=self._uploads)
+        array.copy_to_device(host, stream=self.stream)
         return array
-
-    def copy_from_host(self, dst, host, stream) -> None:
-        """dst = host, queued on `stream` (through a pinned buffer where it would wait for the stream: uploads)."""
-        dst.copy_to_device(host, stream=stream, uploads=self._uploads)
 
     def synchronize(self):
         """Every queued launch of the context (a stream's own wait is the backend's)."""
@@ -140,9 +133,6 @@ class NumbaDevice:
 
     def to_device(self, host):
         return self._cuda.to_device(host, stream=self.stream)
-
-    def copy_from_host(self, dst, host, stream) -> None:
-        dst.copy_to_device(host, stream=stream)
 
     def synchronize(self):
         """Every queued launch of the context (a stream's own wait is the backend's)."""

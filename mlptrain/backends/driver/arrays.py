@@ -135,16 +135,12 @@ class DeviceArray:
         self._contiguous("copied")
         api.to_host(host.ctypes.data, self.pointer, self.nbytes, stream)
 
-    def copy_to_device(self, host, stream=0, uploads=None) -> None:
-        """`host` copied in, queued on `stream`; through `uploads` (mlptrain.backends.uploads.Uploads) where given."""
+    def copy_to_device(self, host, stream=0) -> None:
         self._contiguous("copied")
         host = np.ascontiguousarray(host, dtype=self.dtype)
         if host.size != self.size:
             raise ValueError(f"copying {host.size} elements into a device array of {self.size}")
-        if uploads is not None:
-            uploads.copy(self.pointer, host, stream)
-        else:
-            api.to_device(self.pointer, host.ctypes.data, self.nbytes, stream)
+        api.to_device(self.pointer, host.ctypes.data, self.nbytes, stream)
 
     @property
     def __cuda_array_interface__(self) -> dict:
