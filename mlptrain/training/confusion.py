@@ -32,7 +32,7 @@ class OutcomeCounts:
     """confusion_matrix of a split's rows from the loss kernel's outcomes (1 for a hit, else -1 - the predicted
     class), the labels' part done once: a split is counted at every epoch's end, and each NumPy call there is
     one more wait for the interpreter for a packed sweep's feeding thread while its other threads write (12
-    calls took 0.7-1.4 ms a matrix on the GPU machine's host, 6 take a third: benchmarks/NOTES.md, issue 30 step
+    calls took 0.7-1.4 ms a matrix on the GPU machine's host, 8 took 0.5 ms: benchmarks/NOTES.md, issue 30 step
     22)."""
 
     def __init__(self, labels: np.ndarray, classes: int):
@@ -43,13 +43,8 @@ class OutcomeCounts:
     def matrix(self, outcomes: np.ndarray) -> np.ndarray:
         """(classes, classes) counts, those of confusion_matrix(labels, predicted, classes)."""
         predicted = np.where(outcomes == 1, self.labels, -1 - outcomes.astype(np.int64))
-        if self.in_range and predicted.size:
-            try:
-                counts = np.bincount(self.offsets + predicted, minlength=self.classes ** 2)
-            except ValueError:  # a predicted class below 0: left out, as confusion_matrix leaves it
-                counts = None
-            if counts is not None and counts.size == self.classes ** 2 and predicted.max() < self.classes:
-                return counts.reshape(self.classes, self.classes)
+        if self.in_range and predicted.size and predicted.min() >= 0 and predicted.max() < self.classes:
+            return np.bincount(self.offsets + predicted, minlength=self.classes ** 2).reshape(self.classes, self.classes)
         return confusion_matrix(self.labels, predicted, self.classes)
 
 

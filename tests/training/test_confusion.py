@@ -20,7 +20,7 @@ def test_the_matrix_counts_true_rows_and_predicted_columns():
     np.testing.assert_array_equal(matrix, [[1, 1, 0], [0, 1, 0], [1, 0, 2]])
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_counts_from_outcomes_are_confusion_matrix_s(seed):
     """OutcomeCounts (the labels' part done once) counts what confusion_matrix counts, labels and outcomes out of
     range left out alike: a label that is no class, a predicted class past the last or below 0, no rows."""
@@ -28,8 +28,8 @@ def test_counts_from_outcomes_are_confusion_matrix_s(seed):
     classes, rows = int(rng.integers(1, 12)), int(rng.integers(0, 400))
     labels = rng.integers(-1 if seed % 2 else 0, classes + (seed % 3 == 0), rows)
     outcomes = np.where(rng.random(rows) < 0.6, 1, -1 - rng.integers(0, classes + (seed % 4 == 1), rows))
-    if seed == 5 and rows:
-        outcomes[0] = 0  # -1 - 0: a predicted class of -1
+    if seed >= 4 and rows:
+        outcomes[rng.integers(0, rows, 3)] = 0  # -1 - 0: a predicted class of -1, on rows of any label
     outcomes = outcomes.astype(np.int32)
     counts = OutcomeCounts(labels, classes)
     for _ in range(2):  # its labels' part reused
