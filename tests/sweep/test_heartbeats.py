@@ -26,11 +26,14 @@ def test_every_trial_beats_on_its_schedule_from_one_thread_and_never_after_it_le
     beats = Recording()
     monkeypatch.setattr(claims, "beat", beats)
     hearts = Heartbeats(every=0.05)
-    before = threading.active_count()
+    def beating_threads():  # those of other Heartbeats (earlier tests') run on: they never end
+        return sum(thread.name == "mlptrain-heartbeats" for thread in threading.enumerate())
+
+    before = beating_threads()
     with hearts.beating("storage", 1):
         time.sleep(0.02)
         with hearts.beating("storage", 2), hearts.beating("storage", 3):
-            assert threading.active_count() == before + 1  # one thread for the three of them
+            assert beating_threads() == before + 1  # one thread for the three of them
             time.sleep(0.28)
         left = time.monotonic()
         time.sleep(0.12)
