@@ -49,10 +49,22 @@ def _progress(steps: np.ndarray, start: int, total: int) -> np.ndarray:
     return np.minimum(np.maximum(steps - start, 0), total - start) / max(total - start, 1)
 
 
-@functools.lru_cache(maxsize=16)
+CACHED_TERMS_MOST = 2**20  # steps: a longer run's terms (8 bytes a step) are not kept after its table is made
+
+
 def _cosine_terms(start: int, total: int, n: int) -> np.ndarray:
     """1 + cos(pi progress) of steps 0 .. n - 1 (read-only), by math.cos as the schedule itself computes it
-    (NumPy's cos may differ in the last bit): the trials of a sweep share their run's horizon."""
+    (NumPy's cos may differ in the last bit); kept for the next run of the same horizon (a sweep's trials share
+    theirs) up to CACHED_TERMS_MOST steps."""
+    return _kept_terms(start, total, n) if n <= CACHED_TERMS_MOST else _terms(start, total, n)
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_terms(start: int, total: int, n: int) -> np.ndarray:
+    return _terms(start, total, n)
+
+
+def _terms(start: int, total: int, n: int) -> np.ndarray:
     terms = np.array([1.0 + math.cos(math.pi * p) for p in _progress(np.arange(n), start, total).tolist()])
     terms.flags.writeable = False
     return terms
