@@ -43,8 +43,9 @@ class OutcomeCounts:
     def matrix(self, outcomes: np.ndarray) -> np.ndarray:
         """(classes, classes) counts, those of confusion_matrix(labels, predicted, classes)."""
         predicted = np.where(outcomes == 1, self.labels, -1 - outcomes.astype(np.int64))
-        if self.in_range and predicted.size and predicted.min() >= 0 and predicted.max() < self.classes:
-            return np.bincount(self.offsets + predicted, minlength=self.classes ** 2).reshape(self.classes, self.classes)
+        c = self.classes
+        if self.in_range and predicted.size and predicted.min() >= 0 and predicted.max() < c:
+            return np.bincount(self.offsets + predicted, minlength=c * c).reshape(c, c)
         return confusion_matrix(self.labels, predicted, self.classes)
 
 

@@ -151,7 +151,8 @@ def test_libyaml_s_emitter_writes_what_reads_back_the_same(text, string):
     except UserError:
         value = text
     # copies: an object written twice becomes an alias, which the reader refuses (either emitter)
-    document = {"key": value, "list": [copy.deepcopy(value), {"inner": string}], string or "k": [string, -0.0, float("nan")]}
+    document = {"key": value, "list": [copy.deepcopy(value), {"inner": string}],
+                string or "k": [string, -0.0, float("nan")]}
     assert _same(load_yaml_text(yaml.dump(document, Dumper=DUMPERS["libyaml"], sort_keys=False), "again"), document)
 
 
