@@ -4,6 +4,7 @@ holds a NaN, stops the script with exit code 1 before anything is timed; benchma
 and autoencoder_cifar10.py report no speed of a model whose loss did not fall."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -84,3 +85,23 @@ def test_the_packed_trials_benchmark_reads_a_sessions_training_loss(rng):
     train_epoch(session, 1, reads.append)
     mean = sum(r["loss"] * r["samples"] for r in reads) / sum(r["samples"] for r in reads)
     assert abs(module.last_loss(session) - mean) < 1e-9
+
+
+def test_the_sweep_host_table_counts_each_phases_calls_on_the_cpu(data_dir, tmp_path):
+    """benchmarks/sweep_host.py on a tiny packed CPU sweep: it completes the sweep, then puts the sessions in the
+    start, the lane group's flushes in the training and the last evaluations in the end, on the feeding thread."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_host.py"), "--trials", "2", "--epochs", "1",
+                           "--flags", "--pack 2", "--set", "backend=cpu", "--set", "model.hidden=[8]",
+                           "--set", "train.batch_size=2048", "--json", str(tmp_path / "host.json")],
+                          capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| start") or
+            line.startswith("| training") or line.startswith("| end")]
+    found = {(row[0].strip("| "), row[1], row[2]) for row in rows}
+    assert ("start", "session.build_session", "feeding") in found
+    assert ("training", "LaneGroup.flush", "feeding") in found
+    assert ("end", "Evaluator.epoch_record_steps", "feeding") in found
+    flushes = next(int(row[3]) for row in rows if row[1] == "LaneGroup.flush")
+    assert flushes >= -(-50000 // 2048)  # the epoch's 25 steps (55,000 images less adam_mnist's 5,000 held out)

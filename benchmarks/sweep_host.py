@@ -1,0 +1,223 @@
+"""Where a sweep's host time goes: its start, its training and its end, by the functions the host calls.
+
+    python benchmarks/sweep_host.py [--trials 16] [--epochs 10] [--flags "--pack 16"] [--repeats 1]
+                                    [--top 15] [--set KEY=VALUE ...] [--json FILE]
+
+Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's learning rates x as many seeds as
+needed) in a child process whose chosen functions are wrapped by timers, as benchmarks/startup.py does for a run.
+Each call is counted in the phase it starts in: the start (before the first optimizer step is launched: a packed
+group's first flush, else a run's first window), the training, and the end (after the last step's launch), and
+by its thread: the one that feeds the steps ("feeding") or any other ("others": the writers, the reports, the
+pinned memory). A generator (a run's training, an epoch's evaluation) counts each stretch it runs in the phase of
+that stretch, not the time it waits for the others (its call in the phase it began). The sweep must complete every trial before anything is printed.
+
+The table: per phase, the functions with the most milliseconds (the median over --repeats of their sums), their
+calls and milliseconds a call; the driver's copies are split at 64 KB (larger ones from pageable memory wait in the
+driver's staging for the copies queued before them). Wrapping costs ~1 us a call: compare figures of this script
+with each other, not with a sweep's wall time. Not wrapped: what a drawing process unpickles (confusion images),
+whose wrapper the process could not load.
+
+`--set backend=cpu --set model.hidden=[16]` checks it on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LEARNING_RATES = [1e-4, 2e-4, 3e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3]  # packed_trials.py's MNIST job's
+
+# module:function or module:Class.method, timed where called (every module holding the name gets the wrapper)
+TARGETS = """
+mlptrain.sweep.study:open_study mlptrain.packing.lane_group:slots
+mlptrain.sweep.engine:requeue_stale mlptrain.sweep.engine:claim_next mlptrain.sweep.engine:_tell
+mlptrain.sweep.spec:Sweep.suggest mlptrain.sweep.spec:Sweep.trial_config
+mlptrain.training.experiment:Resources.prepare mlptrain.training.experiment:create_run
+mlptrain.training.session:build_session mlptrain.training.memory_plan:check_fits mlptrain.data.loader:resident_splits
+mlptrain.nn.graph:StaticGraph.init_seeded mlptrain.optim.schedules:lr_table
+mlptrain.run_dirs.folders:write_yaml mlptrain.run_dirs.lock:lock_run mlptrain.run_dirs.lock:release_run
+mlptrain.run_dirs.records:RunLogger.__init__ mlptrain.training.compilation:compile_kernels
+mlptrain.training.loop:training mlptrain.training.loop:_after_evaluation
+mlptrain.training.evaluation:Evaluator.epoch_record_steps mlptrain.training.evaluation:Evaluator.launch_split
+mlptrain.training.evaluation:Evaluator.read_rows mlptrain.training.evaluation:Evaluator.split_metrics
+mlptrain.training.evaluation:Evaluator.log mlptrain.training.checkpoint_writes:write_checkpoints
+mlptrain.training.checkpoint:save_checkpoint mlptrain.training.run_end:close_run
+mlptrain.training.diagnosis:learning_warning
+mlptrain.packing.lane_group:LaneGroup.flush mlptrain.training.window:TrainingWindow.run
+mlptrain.backends.driver.api:to_device mlptrain.backends.driver.api:to_host mlptrain.backends.driver.api:pinned
+mlptrain.backends.driver.api:memory_info mlptrain.backends.driver.api:launch
+optuna.storages.journal._file:JournalFileBackend.append_logs optuna.trial._trial:Trial.report
+optuna.trial._trial:Trial.set_user_attr optuna.study.study:Study.tell
+"""
+STEPS = ("LaneGroup.flush", "TrainingWindow.run")  # what launches the optimizer steps: the phases' edges
+SIZED = ("to_device", "to_host")  # the driver's copies, split by size (their third argument)
+
+# The child: wraps TARGETS, runs the command, writes [(label, thread, start s, seconds, a new call?)] and the end.
+CHILD = r"""
+import atexit, importlib, inspect, json, os, sys, threading, time
+T0 = time.perf_counter()
+calls, out = [], os.environ["SWEEP_HOST_OUT"]
+
+def record(label, start, seconds, new=True):
+    calls.append((label, threading.get_ident(), start - T0, seconds, new))
+
+def timed(fn, label):
+    sized = label.endswith(SIZED)
+    if inspect.isgeneratorfunction(fn):
+        def generator(*args, **kwargs):  # each stretch it runs, in its own phase; not while it is suspended
+            gen, value, error, new = fn(*args, **kwargs), None, None, True
+            while True:
+                start = time.perf_counter()
+                try:
+                    yielded = gen.send(value) if error is None else gen.throw(error)
+                except StopIteration as stop:
+                    record(label, start, time.perf_counter() - start, new)
+                    return stop.value
+                record(label, start, time.perf_counter() - start, new)
+                new = False
+                try:
+                    value, error = (yield yielded), None
+                except BaseException as err:
+                    value, error = None, err
+        return generator
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            name = label
+            if sized and len(args) > 2:
+                name += " >=64K" if args[2] >= 65536 else " <64K"
+            record(name, start, time.perf_counter() - start)
+    return wrapper
+
+wrapped = {}
+for target in TARGETS.split():
+    module_name, attr = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+        owner, name = (getattr(module, attr.split(".")[0]), attr.split(".")[1]) if "." in attr else (module, attr)
+        fn = getattr(owner, name)
+    except (ImportError, AttributeError) as err:
+        print(f"sweep_host: cannot time {target}: {err}", file=sys.stderr)
+        continue
+    label = attr if "." in attr else f"{module_name.rsplit('.', 1)[-1]}.{attr}"
+    replacement = timed(fn, label)
+    setattr(owner, name, replacement)
+    wrapped[id(fn)] = (fn, replacement)
+for module_name, module in list(sys.modules.items()):  # names imported before the wrapping: the wrapper too
+    if module_name.startswith(("mlptrain", "optuna")):
+        for key, value in list(vars(module).items()):
+            if id(value) in wrapped and wrapped[id(value)][0] is value:
+                setattr(module, key, wrapped[id(value)][1])
+
+def dump():
+    if calls is None or getattr(dump, "done", False):
+        return
+    dump.done = True
+    with open(out, "w") as file:
+        json.dump({"calls": calls, "end": time.perf_counter() - T0}, file)
+
+atexit.register(dump)
+_exit = os._exit
+def exiting(code):  # the command ends by os._exit: the record first
+    dump()
+    _exit(code)
+os._exit = exiting
+import mlptrain.cli
+sys.argv = ["mlptrain"] + sys.argv[1:]
+mlptrain.cli.main()
+"""
+
+
+def child_code() -> str:
+    return f"TARGETS = {TARGETS!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD
+
+
+def sweep_file(folder: Path, trials: int) -> Path:
+    seeds, per_seed = -(-trials // len(LEARNING_RATES)), min(len(LEARNING_RATES), trials)
+    path = folder / f"sweep-{trials}.yaml"
+    path.write_text(yaml.safe_dump({"base": str(ROOT / "configs" / "adam_mnist.yaml"), "method": "grid",
+                                    "metric": "val_acc", "direction": "maximize",
+                                    "parameters": {"optim.lr": LEARNING_RATES[:per_seed], "seed": list(range(seeds))}}))
+    return path
+
+
+def one_sweep(args, folder: Path, name: str) -> dict:
+    """One sweep in a child: its calls by phase and thread, and its wall time; exits on a failed or incomplete
+    sweep."""
+    record = folder / f"{name}.json"
+    command = [sys.executable, "-c", child_code(), "sweep", str(sweep_file(folder, args.trials)),
+               f"train.epochs={args.epochs}", *args.set, "--runs-dir", str(folder / "runs"), "--name", name,
+               *args.flags.split()]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "SWEEP_HOST_OUT": str(record)})
+    wall = time.perf_counter() - began
+    if done.returncode:
+        sys.exit(f"FAILED ({done.returncode}): {' '.join(command[3:])}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    trials = json.loads((folder / "runs" / name / "results.json").read_text())["trials"]
+    if len(trials) != args.trials or any(t["state"] != "complete" for t in trials):
+        sys.exit(f"WRONG RESULT: {[(t['params'], t['state']) for t in trials]}")
+    data = json.loads(record.read_text())
+    steps = [(start, thread) for label, thread, start, _, _ in data["calls"] if label.endswith(STEPS)]
+    if not steps:
+        sys.exit("WRONG RESULT: no optimizer step was timed")
+    first, last, feeding = min(steps)[0], max(steps)[0], {thread for _, thread in steps}
+    sums: dict[tuple, list] = {}
+    for label, thread, start, seconds, new in data["calls"]:
+        phase = "start" if start < first else "end" if start > last else "training"
+        entry = sums.setdefault((phase, label, "feeding" if thread in feeding else "others"), [0, 0.0])
+        entry[0] += new  # a generator's stretches count as one call, in the phase it began
+        entry[1] += seconds
+    return {"wall_s": wall, "first_step_s": first, "last_step_s": last, "end_s": data["end"],
+            "sums": {" | ".join(key): value for key, value in sums.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--flags", default="--pack 16", help="the sweep's flags, e.g. '--pack 16' or ''")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--top", type=int, default=15, help="rows per phase")
+    parser.add_argument("--set", action="append", default=[], help="a config override, e.g. backend=cpu")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sweep-host-") as scratch:
+        folder = Path(scratch)
+        untimed = argparse.Namespace(**{**vars(args), "epochs": 1})
+        one_sweep(untimed, folder, "warm")  # the kernels in the cache, as for a user's second sweep
+        runs = [one_sweep(args, folder, f"timed-{i}") for i in range(args.repeats)]
+    median = {key: statistics.median(run[key] for run in runs) for key in ("wall_s", "first_step_s", "last_step_s",
+                                                                           "end_s")}
+    print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}; median of "
+          f"{args.repeats}: wall {median['wall_s']:.2f} s; in the process, the first step at {median['first_step_s']:.3f}"
+          f" s, the last at {median['last_step_s']:.3f} s, the end at {median['end_s']:.3f} s")
+    keys = sorted({key for run in runs for key in run["sums"]})
+    rows = []
+    for key in keys:
+        calls = statistics.median(run["sums"].get(key, [0, 0.0])[0] for run in runs)
+        ms = statistics.median(run["sums"].get(key, [0, 0.0])[1] for run in runs) * 1e3
+        rows.append((*key.split(" | "), calls, ms))
+    print("| phase | function | thread | calls | ms | ms a call |\n| --- | --- | --- | --- | --- | --- |")
+    for phase in ("start", "training", "end"):
+        ranked = sorted((row for row in rows if row[0] == phase), key=lambda row: -row[4])[:args.top]
+        for _, label, thread, calls, ms in ranked:
+            each = f"{ms / calls:.2f}" if calls else "-"  # a generator begun in an earlier phase
+            print(f"| {phase} | {label} | {thread} | {calls:g} | {ms:.1f} | {each} |")
+    if args.json:
+        args.json.write_text(json.dumps({"median": median, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
