@@ -264,4 +264,9 @@ if getattr(yaml, "__with_libyaml__", False):
 
 
 def dump_yaml(data) -> str:
-    return yaml.dump(data, Dumper=DUMPERS.get("libyaml", DUMPERS["python"]), sort_keys=False)
+    if "libyaml" in DUMPERS:
+        try:
+            return yaml.dump(data, Dumper=DUMPERS["libyaml"], sort_keys=False)
+        except UnicodeEncodeError:  # a non-UTF-8 path's surrogate escapes, which libyaml cannot encode: Python's
+            pass  # emitter writes them (escaped), and the file keeps the path's bytes
+    return yaml.dump(data, Dumper=DUMPERS["python"], sort_keys=False)

@@ -168,6 +168,13 @@ def test_the_emitters_write_every_recipes_run_record_alike():
         assert libyaml == python and dump_yaml(document) == libyaml
 
 
+def test_a_path_of_non_utf8_bytes_is_written_by_python_s_emitter():
+    """libyaml encodes UTF-8 only: a path's surrogate escapes (bytes that are no UTF-8, as Python reads them from
+    the file system) are written as Python's emitter writes them, not refused."""
+    document = {"data": {"root": "/data/caf\udce9/mnist", "path": "x\udcff.npz"}}
+    assert dump_yaml(document) == yaml.dump(document, Dumper=DUMPERS["python"], sort_keys=False)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["seed", "train.epochs", "train.batch_size", "model.hidden", "optim.lr", "optim.betas",
                         "train.loss_scale.init", "schedule.warmup_epochs", "description", "data.root"]), _node(3))
