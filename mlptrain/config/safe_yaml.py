@@ -256,8 +256,9 @@ def _dumper(base):
     return dumper
 
 
-# safe_dump with _represent_str, by libyaml's emitter where PyYAML has it (the same text, ~4x faster: a packed
-# sweep writes a config.yaml a trial, 4.8 ms each on the GPU machine's host by Python's) and by Python's
+# safe_dump with _represent_str, by libyaml's emitter where PyYAML has it (~4x faster: a packed sweep writes a
+# config.yaml a trial, 4.8 ms each on the GPU machine's host by Python's; a config's text is the same, a long
+# escaped string may fold at another column and reads back the same) and by Python's
 DUMPERS = {"python": _dumper(yaml.SafeDumper)}
 if getattr(yaml, "__with_libyaml__", False):
     DUMPERS["libyaml"] = _dumper(yaml.CSafeDumper)
@@ -267,6 +268,6 @@ def dump_yaml(data) -> str:
     if "libyaml" in DUMPERS:
         try:
             return yaml.dump(data, Dumper=DUMPERS["libyaml"], sort_keys=False)
-        except UnicodeEncodeError:  # a non-UTF-8 path's surrogate escapes, which libyaml cannot encode: Python's
-            pass  # emitter writes them (escaped), and the file keeps the path's bytes
+        except UnicodeEncodeError:
+            pass  # a non-UTF-8 path's surrogate escapes, which libyaml cannot encode and Python's emitter writes
     return yaml.dump(data, Dumper=DUMPERS["python"], sort_keys=False)
