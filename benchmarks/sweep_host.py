@@ -122,7 +122,7 @@ for module_name, module in list(sys.modules.items()):  # names imported before t
                 setattr(module, key, wrapped[id(value)][1])
 
 def dump():
-    if calls is None or getattr(dump, "done", False):
+    if getattr(dump, "done", False):
         return
     dump.done = True
     with open(out, "w") as file:
