@@ -298,20 +298,26 @@ SWEEP_BASE = {"mnist": "adam_mnist", "ae": "autoencoder_cifar10"}
 LEARNED = ("val_acc", "val_loss", "val_mse", "test_acc", "test_loss", "test_mse")
 
 
+def sweep_file(job: str, trials: int, folder: Path) -> tuple[Path, int, int]:
+    """(the sweep file of the job's `trials` trials: its learning rates x as many seeds as needed, written in
+    `folder`; its seeds; its learning rates per seed)."""
+    import yaml
+
+    lrs = JOBS[job][1]
+    folder.mkdir(parents=True, exist_ok=True)
+    seeds, per_seed = -(-trials // len(lrs)), min(len(lrs), trials)
+    path = folder / f"{job}-{trials}.yaml"
+    path.write_text(yaml.safe_dump({"base": SWEEP_BASE[job], "method": "grid",
+                                    "metric": "val_acc" if job == "mnist" else "val_mse",
+                                    "direction": "maximize" if job == "mnist" else "minimize",
+                                    "parameters": {"optim.lr": lrs[:per_seed], "seed": list(range(seeds))}}))
+    return path, seeds, per_seed
+
+
 def sweep_wall(args, flags: list[str], folder: Path, epochs: int | None = None) -> dict:
     """`mlptrain sweep` of the job's K trials (the learning rates x seeds above, `--epochs` each, or `epochs`)
     with `flags`, timed as a whole process; every trial must complete, once."""
-    import yaml
-
-    base, lrs, _ = JOBS[args.job]
-    folder.mkdir(parents=True, exist_ok=True)
-    seeds = -(-args.trials // len(lrs))
-    per_seed = min(len(lrs), args.trials)
-    path = folder / f"{args.job}-{args.trials}.yaml"
-    path.write_text(yaml.safe_dump({"base": SWEEP_BASE[args.job], "method": "grid",
-                                    "metric": "val_acc" if args.job == "mnist" else "val_mse",
-                                    "direction": "maximize" if args.job == "mnist" else "minimize",
-                                    "parameters": {"optim.lr": lrs[:per_seed], "seed": list(range(seeds))}}))
+    path, seeds, per_seed = sweep_file(args.job, args.trials, folder)
     name = f"{args.job}-{len(list(folder.glob('*.log')))}"  # one per sweep of the call
     command = [sys.executable, "-m", "mlptrain", "sweep", str(path), f"train.epochs={epochs or args.epochs}", "--runs-dir",
                str(folder / "runs"), "--name", name, *flags]

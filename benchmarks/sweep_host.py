@@ -3,8 +3,8 @@
     python benchmarks/sweep_host.py [--trials 16] [--epochs 10] [--flags "--pack 16"] [--repeats 1]
                                     [--top 15] [--set KEY=VALUE ...] [--json FILE]
 
-Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's learning rates x as many seeds as
-needed) in a child process whose chosen functions are wrapped by timers, as benchmarks/startup.py does for a run.
+Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's sweep file: its learning rates x as
+many seeds as needed) in a child process whose chosen functions are wrapped by timers, as benchmarks/startup.py does for a run.
 Each call is counted in the phase it starts in: the start (before the first optimizer step is launched: a packed
 group's first flush, else a run's first window), the training, and the end (after the last step's launch), and
 by its thread: the one that feeds the steps ("feeding") or any other ("others": the writers, the reports, the
@@ -32,10 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from packed_trials import sweep_file  # its neighbour: the script's folder is on the path
 
-ROOT = Path(__file__).resolve().parents[1]
-LEARNING_RATES = [1e-4, 2e-4, 3e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3]  # packed_trials.py's MNIST job's
 
 # module:function or module:Class.method, timed where called (every module holding the name gets the wrapper)
 TARGETS = """
@@ -144,20 +142,11 @@ def child_code() -> str:
     return f"TARGETS = {TARGETS!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD
 
 
-def sweep_file(folder: Path, trials: int) -> Path:
-    seeds, per_seed = -(-trials // len(LEARNING_RATES)), min(len(LEARNING_RATES), trials)
-    path = folder / f"sweep-{trials}.yaml"
-    path.write_text(yaml.safe_dump({"base": str(ROOT / "configs" / "adam_mnist.yaml"), "method": "grid",
-                                    "metric": "val_acc", "direction": "maximize",
-                                    "parameters": {"optim.lr": LEARNING_RATES[:per_seed], "seed": list(range(seeds))}}))
-    return path
-
-
 def one_sweep(args, folder: Path, name: str) -> dict:
     """One sweep in a child: its calls by phase and thread, and its wall time; exits on a failed or incomplete
     sweep."""
     record = folder / f"{name}.json"
-    command = [sys.executable, "-c", child_code(), "sweep", str(sweep_file(folder, args.trials)),
+    command = [sys.executable, "-c", child_code(), "sweep", str(sweep_file("mnist", args.trials, folder)[0]),
                f"train.epochs={args.epochs}", *args.set, "--runs-dir", str(folder / "runs"), "--name", name,
                *args.flags.split()]
     began = time.perf_counter()

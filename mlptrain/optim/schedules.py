@@ -52,19 +52,11 @@ def _progress(steps: np.ndarray, start: int, total: int) -> np.ndarray:
 CACHED_TERMS_MOST = 2**20  # steps: a longer run's terms (8 bytes a step) are not kept after its table is made
 
 
+@functools.lru_cache(maxsize=8)
 def _cosine_terms(start: int, total: int, n: int) -> np.ndarray:
     """1 + cos(pi progress) of steps 0 .. n - 1 (read-only), by math.cos as the schedule itself computes it
     (NumPy's cos may differ in the last bit); kept for the next run of the same horizon (a sweep's trials share
-    theirs) up to CACHED_TERMS_MOST steps."""
-    return _kept_terms(start, total, n) if n <= CACHED_TERMS_MOST else _terms(start, total, n)
-
-
-@functools.lru_cache(maxsize=8)
-def _kept_terms(start: int, total: int, n: int) -> np.ndarray:
-    return _terms(start, total, n)
-
-
-def _terms(start: int, total: int, n: int) -> np.ndarray:
+    theirs), up to CACHED_TERMS_MOST steps (`_cosine_from` calls `__wrapped__` past that)."""
     terms = np.array([1.0 + math.cos(math.pi * p) for p in _progress(np.arange(n), start, total).tolist()])
     terms.flags.writeable = False
     return terms
@@ -76,7 +68,11 @@ def _cosine_from(base_lr: float, min_lr: float, start: int, total: int) -> Sched
         progress = min(max(step - start, 0), total - start) / max(total - start, 1)
         return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    return _tabled(lr, lambda n: min_lr + (base_lr - min_lr) * 0.5 * _cosine_terms(start, total, n))
+    def table(n: int) -> np.ndarray:
+        terms = _cosine_terms if n <= CACHED_TERMS_MOST else _cosine_terms.__wrapped__
+        return min_lr + (base_lr - min_lr) * 0.5 * terms(start, total, n)
+
+    return _tabled(lr, table)
 
 
 def _with_warmup(base_lr: float, warmup: int, after: Schedule) -> Schedule:

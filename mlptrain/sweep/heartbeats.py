@@ -40,15 +40,14 @@ class Heartbeats:
 
     def _reset(self) -> None:
         self._changed = threading.Condition()
-        self._trials: dict[int, _Trial] = {}  # by a key of its own: the same trial id may come from two storages
+        self._trials: dict[int, _Trial] = {}  # by id(): the same trial id may come from two storages
         self._thread: threading.Thread | None = None
-        self._keys = iter(range(1 << 62))
 
     @contextmanager
     def beating(self, storage, trial_id: int):
         trial = _Trial(storage, trial_id, time.monotonic() + self.every)
+        key = id(trial)  # held in the dict, so no other object takes its id while it is there
         with self._changed:
-            key = next(self._keys)
             self._trials[key] = trial
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="mlptrain-heartbeats")
