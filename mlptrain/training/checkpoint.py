@@ -13,19 +13,30 @@ import numpy as np
 
 from mlptrain.config.safe_yaml import brief_text
 from mlptrain.errors import UserError
-from mlptrain.util.atomic import atomic_write
+from mlptrain.util.atomic import atomic_write, write_ahead
 from mlptrain.util.npz_archive import open_npz
 
 
 def save_checkpoint(path: Path, arrays: dict[str, np.ndarray], overwrite: bool = True) -> None:
     """Written atomically (mlptrain.util.atomic, `overwrite` as there): a kill at any instant leaves the
     previous file intact."""
+    _folder(path)
+    with atomic_write(path, binary=True, overwrite=overwrite) as f:
+        np.savez(f, **arrays)
+
+
+def save_checkpoint_ahead(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """`path`'s checkpoint written to a hidden file beside it, which becomes `path` at util.atomic.commit_ahead
+    (write_ahead); returns that file."""
+    _folder(path)
+    return write_ahead(path, lambda f: np.savez(f, **arrays))
+
+
+def _folder(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"{path.parent}: cannot create it ({err.strerror or err})") from None
-    with atomic_write(path, binary=True, overwrite=overwrite) as f:
-        np.savez(f, **arrays)
 
 
 # Arrays whose every value must be finite: what training continues from. NaN is allowed where it means

@@ -1,6 +1,13 @@
 """A run's checkpoints on their way to the disk: `checkpoint_at` holds one as it is at a position (its device
 arrays copied behind the host's back), `write_checkpoints` hands `last` (and a held `best`) to threads that write
-them behind the training, and `written` waits for those writes, raising the error one met."""
+them behind the training, and `written` waits for those writes, raising the error one met.
+
+A run that writes `last` only every few epochs (a sweep's trial: once, at its end) holds its best epoch's
+checkpoint until then, since best.npz must never run ahead of last.npz. At a 16-lane sweep's end that was 14
+held bests beside the 16 lasts: 30 files of 8 MB written and fsynced while every run's summary and its trial's
+result waited for them (benchmarks/NOTES.md, issue 30 step 24). So a held best that a later evaluation did not
+beat is written ahead (`write_best_ahead`), while the GPU trains, to a hidden file that write_checkpoints renames
+to best.npz once `last` is written; one that a later epoch beats after all is discarded."""
 
 from __future__ import annotations
 
@@ -8,11 +15,12 @@ import dataclasses
 import time
 from pathlib import Path
 
+from mlptrain.errors import TrainingDiverged
 from mlptrain.run_dirs.links import checkpoint_file
-from mlptrain.training.checkpoint import save_checkpoint
+from mlptrain.training.checkpoint import save_checkpoint, save_checkpoint_ahead
 from mlptrain.training.resume import HeldCheckpoint, Position, checkpoint_later
 from mlptrain.training.session import Session
-from mlptrain.util.atomic import link_whole
+from mlptrain.util.atomic import commit_ahead, discard_ahead, link_whole
 from mlptrain.util.background import pool
 
 CHECKPOINT_WRITERS = 4  # threads writing checkpoints: a packed group's lanes end their runs together
@@ -25,25 +33,72 @@ def write_checkpoints(s: Session, run_dir: Path, last: HeldCheckpoint) -> None:
     taken here, so a diverged checkpoint is refused here as before. The run's earlier writes are waited for
     first: its files are written in order, and a write that failed ends the run at its next checkpoint (or
     before its summary), the file it was to replace intact."""
+    ahead = _take_ahead(s)  # first: a failed write ahead is not this run's error (best is written below instead)
     written(s)
     held, writes = [last], [(checkpoint_file(run_dir, "last"), last.arrays())]
     if s.unsaved_best is not None:  # kept until `last` is written: best.npz never runs ahead of it
         best, s.unsaved_best = s.unsaved_best, None
         if best is not last:
             held.append(best)
-        writes.append((checkpoint_file(run_dir, "best"), None if best is last else best.arrays()))
+        writes.append((checkpoint_file(run_dir, "best"), None if best is last else ahead or best.arrays()))
+    elif ahead is not None:
+        discard_ahead(ahead)
     s.writing = pool("checkpoints", CHECKPOINT_WRITERS).submit(_write_files, writes, held)
 
 
-def _write_files(writes: list[tuple[Path, dict | None]], held: list[HeldCheckpoint]) -> None:
-    """Each checkpoint in turn (None: a second name of the first, link_whole), then `held`, whose arrays they are,
-    dropped: their memory (pinned, on a GPU) goes back for later copies, written or not."""
+def write_best_ahead(s: Session, run_dir: Path) -> None:
+    """The held best (an earlier epoch's, which the latest evaluation did not beat) written now, behind the
+    training, to a hidden file beside best.npz (util.atomic.write_ahead), which write_checkpoints renames to
+    best.npz once `last` is written. Once a held best; not where its parameters are not finite (its refusal comes
+    where it would have been written, as before)."""
+    best = s.unsaved_best
+    if best is None or s.best_ahead is not None:
+        return
     try:
-        for path, arrays in writes:
-            if arrays is None:
-                link_whole(writes[0][0], path)
-            else:
-                save_checkpoint(path, arrays)
+        arrays = best.arrays()
+    except TrainingDiverged:
+        return
+    written(s)
+    s.writing = s.best_ahead = pool("checkpoints", CHECKPOINT_WRITERS).submit(
+        save_checkpoint_ahead, checkpoint_file(run_dir, "best"), arrays)
+
+
+def discard_best_ahead(s: Session) -> None:
+    """The held best's file written ahead, removed (a later epoch beat it, or the run failed)."""
+    ahead = _take_ahead(s)
+    if ahead is not None:
+        discard_ahead(ahead)
+
+
+def _take_ahead(s: Session) -> Path | None:
+    """The held best's file written ahead, once its write is done; None where none was, or where the write failed
+    (the best is then written with `last`, where a lasting fault is reported as before)."""
+    future, s.best_ahead = s.best_ahead, None
+    if future is None:
+        return None
+    if s.writing is future:
+        s.writing = None
+    return None if future.exception() is not None else future.result()
+
+
+def _write_files(writes: list[tuple[Path, dict | Path | None]], held: list[HeldCheckpoint]) -> None:
+    """Each checkpoint in turn (None: a second name of the first, link_whole; a Path: a file written ahead,
+    renamed), then `held`, whose arrays they are, dropped: their memory (pinned, on a GPU) goes back for later
+    copies, written or not. A file written ahead that an earlier write's failure leaves unrenamed is removed."""
+    try:
+        for i, (path, arrays) in enumerate(writes):
+            try:
+                if arrays is None:
+                    link_whole(writes[0][0], path)
+                elif isinstance(arrays, Path):
+                    commit_ahead(arrays, path)
+                else:
+                    save_checkpoint(path, arrays)
+            except BaseException:
+                for _, later in writes[i + 1:]:
+                    if isinstance(later, Path):
+                        discard_ahead(later)
+                raise
     finally:
         for checkpoint in held:
             checkpoint.drop()

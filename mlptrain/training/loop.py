@@ -26,7 +26,8 @@ from mlptrain.run_dirs.links import checkpoint_file
 from mlptrain.run_dirs.lock import check_space
 from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics
 from mlptrain.training.checkpoint import load_checkpoint
-from mlptrain.training.checkpoint_writes import checkpoint_at, write_checkpoints, written
+from mlptrain.training.checkpoint_writes import (checkpoint_at, discard_best_ahead, write_best_ahead, write_checkpoints,
+                                                written)
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.diagnosis import learning_warning, likely_cause
 from mlptrain.training.experiment import data_root, run_config
@@ -184,6 +185,7 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
     finally:
         if closing is None:  # the run failed: its logger closed here, the checkpoint on its way still written
             logger.close()
+            discard_best_ahead(s)
             if s.writing is not None:
                 s.writing.exception()
     yield Waitable(closing)  # packed runs go on while this one's last files are written
@@ -351,8 +353,11 @@ def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position, c
     stopped = s.stopping is not None and epoch - best.best_epoch >= s.stopping.patience and epoch < s.config.train.epochs
     save_last = epoch % s.config.train.checkpoint_every_epochs == 0 or epoch == s.config.train.epochs or stopped
     if best.best_epoch == epoch and s.unsaved_best is not None:  # an earlier epoch's, never written: given up
+        discard_best_ahead(s)
         s.unsaved_best.drop()  # first, so that the checkpoint below reuses its memory
         s.unsaved_best = None
+    elif s.unsaved_best is not None and not save_last:  # it outlived an evaluation: likely the run's best
+        write_best_ahead(s, run_dir)
     if save_last or best.best_epoch == epoch:
         held = checkpoint_at(s, Position(epoch, 0, best.best, best.best_epoch), copies)
         if best.best_epoch == epoch:  # kept until `last` is written: best.npz never runs ahead of it

@@ -43,6 +43,7 @@ class Session:
     wall_before: float = 0.0  # seconds a resumed run spent before this process (its checkpoint's meta/wall_s)
     unsaved_best: HeldCheckpoint | None = None  # the best epoch's checkpoint, written with the next `last`
     writing: Future | None = None  # the run's checkpoint files on their way to the disk (training.checkpoint_writes)
+    best_ahead: Future | None = None  # unsaved_best's file written ahead of `last` (training.checkpoint_writes)
 
     @property
     def fallbacks(self) -> list[str]:

@@ -1,7 +1,8 @@
 """Every file mlptrain writes whole goes through `replacing`: the run's files (config.yaml, summary.json,
 checkpoints, features, reports) through `atomic_write`, the caches (kernels, decoded datasets) and
 downloads directly. A kill, a crash or a full disk at any instant leaves the previous file or the new
-one, never part of one, and no temporary file outlives the call (also on Ctrl-C).
+one, never part of one, and no temporary file outlives the call (also on Ctrl-C), but `write_ahead`'s, which
+its owner holds until it commits or discards it.
 
 The bytes go to a hidden temporary file in the same directory (so the rename stays on one file system),
 named with random digits (several sweep workers, or threads, may write one file at once) and created
@@ -39,14 +40,7 @@ def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str
     OSError propagates (the caller decides what a failed write means); `prefix` names the temporary
     file (default `.NAME.`) for callers that sweep up their own interrupted writes."""
     path = Path(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    while True:
-        tmp = path.with_name(f"{prefix or '.' + path.name + '.'}{secrets.token_hex(4)}{TEMP_SUFFIX}")
-        try:
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:  # 2^32 names: another writer's, try the next
-            continue
+    tmp, fd = _temporary(path, prefix)
     try:
         # text as UTF-8 whatever the locale; a non-UTF-8 file name's bytes (Python's surrogate escapes, in a data
         # path a results table or a config echoes) written back as they are, not a UnicodeEncodeError
@@ -65,6 +59,57 @@ def replacing(path: Path, binary: bool = True, durable: bool = True, prefix: str
         if tmp is not None:
             with suppress(OSError):  # already failing: the error that matters is the one being raised
                 tmp.unlink()
+
+
+def _temporary(path: Path, prefix: str | None) -> tuple[Path, int]:
+    """A new hidden file beside `path` (named `prefix` or `.NAME.`, random digits, TEMP_SUFFIX) and its
+    descriptor, open for writing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f"{prefix or '.' + path.name + '.'}{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:  # 2^32 names: another writer's, try the next
+            continue
+
+
+def write_ahead(path: Path, write) -> Path:
+    """`path`'s next content, written by `write(file)` (binary) to a hidden temporary file beside it, flushed and
+    fsynced, whose name is returned: it becomes `path` at `commit_ahead`, once the files that must reach the
+    disk before it have, or goes at `discard_ahead`. For a file whose bytes are known long before it may
+    appear (a run's held `best` checkpoint, which must not run ahead of its `last`: written while the GPU
+    trains instead of at the run's end). An OSError becomes one UserError line naming `path`, the
+    temporary file removed."""
+    path = Path(path)
+    tmp = None
+    try:
+        tmp, fd = _temporary(path, None)
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        return tmp
+    except BaseException as err:
+        if tmp is not None:
+            discard_ahead(tmp)
+        if isinstance(err, OSError):
+            raise _cannot_write(path, err) from None
+        raise
+
+
+def commit_ahead(tmp: Path, path: Path) -> None:
+    """`write_ahead`'s file `tmp` renamed over `path`; an OSError becomes one UserError line, `tmp` removed."""
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        discard_ahead(tmp)
+        raise _cannot_write(path, err) from None
+
+
+def discard_ahead(tmp: Path) -> None:
+    """`write_ahead`'s file `tmp` removed, where it still is."""
+    with suppress(OSError):
+        tmp.unlink()
 
 
 def _link_new(tmp: Path, path: Path) -> None:

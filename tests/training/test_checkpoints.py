@@ -181,3 +181,136 @@ def test_a_checkpoint_is_written_from_its_copies_then_gives_them_back(tmp_path, 
         train(session, run)
     checkpoints = [copies for copies in lent if copies.viewed]
     assert len(checkpoints) >= 2 and all(copies.dropped for copies in checkpoints)
+
+
+def hidden(run) -> list[str]:
+    """The checkpoints folder's hidden files: a best written ahead of `last`, not yet renamed."""
+    return sorted(p.name for p in (run / "checkpoints").glob(".*")) if (run / "checkpoints").exists() else []
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """val_acc of each epoch as the test gives it (`scripted.accuracies`), and the writes ahead of `last` by the
+    epoch they held, the files discarded, in order."""
+    from mlptrain.training import loop
+
+    real_after, real_ahead, real_discard = loop._after_evaluation, checkpoint_writes.save_checkpoint_ahead, \
+        checkpoint_writes.discard_ahead
+    log = SimpleNamespace(accuracies=None, events=[])
+
+    def after(s, run_dir, record, best, *copies):
+        if log.accuracies is not None:
+            record = {**record, "val_acc": log.accuracies[record["epoch"] - 1]}
+        return real_after(s, run_dir, record, best, *copies)
+
+    def ahead(path, arrays):
+        log.events.append(("ahead", int(arrays["meta/epoch"])))
+        return real_ahead(path, arrays)
+
+    def discard(tmp):
+        log.events.append(("discard", tmp.name.startswith(".best.npz.")))
+        real_discard(tmp)
+
+    monkeypatch.setattr(loop, "_after_evaluation", after)
+    monkeypatch.setattr(checkpoint_writes, "save_checkpoint_ahead", ahead)
+    monkeypatch.setattr(checkpoint_writes, "discard_ahead", discard)
+    return log
+
+
+def test_a_held_best_that_outlives_an_evaluation_is_written_ahead_and_named_best_after_last(tmp_path, scripted):
+    """A run that writes `last` only at its end holds its best epoch's checkpoint until then: once a later
+    evaluation does not beat it, it is written to a hidden file while training goes on, renamed to best.npz only
+    once last.npz is written (never ahead of it), and holds the same arrays as one written at the end."""
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=5)
+    scripted.accuracies = [0.5, 0.9, 0.8, 0.7, 0.6]  # epoch 2 stays the best
+    run = new_run(tmp_path, "run", config)
+    session = build_session(config, CpuBackend(), synthetic_dataset())
+    seen = []
+
+    def on_evaluation(record):
+        if session.writing is not None:
+            session.writing.exception()
+        seen.append((record["epoch"], epochs_on_disk(run), hidden(run)))
+
+    train(session, run, on_evaluation=on_evaluation)
+    assert scripted.events == [("ahead", 2)]  # once, at epoch 3 (written again at no later epoch)
+    # nothing named before the last epoch's end, which renames it once last.npz is written
+    assert [state for _, state, _ in seen] == [{}] * 4 + [{"best": 2, "last": 5}]
+    assert [len(files) for _, _, files in seen] == [0, 0, 1, 1, 0]
+    assert epochs_on_disk(run) == {"best": 2, "last": 5} and hidden(run) == []
+
+    # the same files as a run that writes its held best at the end
+    scripted.events.clear()
+    again = new_run(tmp_path, "again", config)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoint_writes, "write_best_ahead", lambda s, run_dir: None)
+        from mlptrain.training import loop
+
+        patch.setattr(loop, "write_best_ahead", lambda s, run_dir: None)
+        train(build_session(config, CpuBackend(), synthetic_dataset()), again)
+    assert scripted.events == []
+    for name in ("best", "last"):
+        a, b = (load_checkpoint(r / "checkpoints" / f"{name}.npz") for r in (run, again))
+        assert sorted(a) == sorted(b)
+        for key in a:
+            if key != "meta/wall_s":
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name} {key}")
+
+
+def test_a_best_written_ahead_that_a_later_epoch_beats_is_discarded(tmp_path, scripted):
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=5)
+    scripted.accuracies = [0.6, 0.5, 0.9, 0.8, 0.95]  # epoch 1 outlives epoch 2; epoch 3 outlives 4; epoch 5 wins
+    run = new_run(tmp_path, "run", config)
+    train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert scripted.events == [("ahead", 1), ("discard", True), ("ahead", 3), ("discard", True)]
+    assert epochs_on_disk(run) == {"best": 5, "last": 5} and hidden(run) == []
+    assert (run / "checkpoints" / "best.npz").samefile(run / "checkpoints" / "last.npz")
+
+
+def test_a_stop_after_a_best_was_written_ahead_names_it_best_beside_last(tmp_path, scripted):
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=5)
+    scripted.accuracies = [0.9, 0.5, 0.5, 0.5, 0.5]
+    run = new_run(tmp_path, "run", config)
+    stop = SimpleNamespace(signum=None)
+
+    def stop_after_epoch_3(record):
+        if record["epoch"] == 3:
+            stop.signum = 2
+
+    with pytest.raises(TrainingInterrupted):
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run, on_evaluation=stop_after_epoch_3,
+              stop=stop)
+    assert scripted.events == [("ahead", 1)]
+    assert epochs_on_disk(run) == {"best": 1, "last": 3} and hidden(run) == []
+
+
+def test_a_run_that_fails_after_a_best_was_written_ahead_leaves_no_hidden_file(tmp_path, scripted):
+    config = make_config(64, 4, ADAM, None, epochs=5, checkpoint_every_epochs=5)
+    scripted.accuracies = [0.9, 0.5, 0.5, 0.5, 0.5]
+
+    def failing(record):
+        if record["epoch"] == 3:
+            raise UserError("a failure after epoch 3")
+
+    run = new_run(tmp_path, "run", config)
+    with pytest.raises(UserError, match="after epoch 3"):
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run, on_evaluation=failing)
+    assert scripted.events == [("ahead", 1), ("discard", True)]
+    assert epochs_on_disk(run) == {} and hidden(run) == []
+
+
+def test_a_best_whose_write_ahead_failed_is_written_with_last(tmp_path, scripted, monkeypatch):
+    """A write ahead that fails (a full disk then) is not the run's error: the best is written with `last`, where a
+    fault that lasts ends the run as before."""
+    config = make_config(64, 4, ADAM, None, epochs=4, checkpoint_every_epochs=4)
+    scripted.accuracies = [0.9, 0.5, 0.5, 0.5]
+
+    def full(path, arrays):
+        scripted.events.append(("ahead", int(arrays["meta/epoch"])))
+        raise UserError(f"{path}: cannot write it (No space left on device)")
+
+    monkeypatch.setattr(checkpoint_writes, "save_checkpoint_ahead", full)
+    run = new_run(tmp_path, "run", config)
+    train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert scripted.events == [("ahead", 1)]
+    assert epochs_on_disk(run) == {"best": 1, "last": 4} and hidden(run) == []

@@ -150,3 +150,53 @@ def test_a_second_name_that_cannot_be_made_is_one_line_and_leaves_the_old_file(t
         atomic.link_whole(last, best)
     assert list(load_checkpoint(best)["x"]) == [0, 0, 0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.npz", "last.npz"]
+
+
+def test_a_file_written_ahead_is_hidden_and_durable_until_committed_over_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "best.npz"
+    path.write_bytes(b"old")
+    events = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append("fsync") or real_fsync(fd))
+    tmp = atomic.write_ahead(path, lambda file: file.write(b"new"))
+    assert events == ["fsync"] and tmp.parent == tmp_path and tmp.name.startswith(".best.npz.")
+    assert path.read_bytes() == b"old" and tmp.read_bytes() == b"new"
+    atomic.commit_ahead(tmp, path)
+    assert path.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["best.npz"]
+
+
+def test_a_file_written_ahead_and_discarded_leaves_the_old_one(tmp_path):
+    path = tmp_path / "best.npz"
+    path.write_bytes(b"old")
+    tmp = atomic.write_ahead(path, lambda file: file.write(b"new"))
+    atomic.discard_ahead(tmp)
+    atomic.discard_ahead(tmp)  # gone already: nothing to do
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.npz"] and path.read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), ValueError("a bug")])
+def test_a_write_ahead_that_fails_leaves_no_temporary_and_names_the_file(tmp_path, error):
+    path = tmp_path / "best.npz"
+
+    def write(file):
+        file.write(b"part")
+        raise error
+
+    with pytest.raises(UserError if isinstance(error, OSError) else ValueError) as raised:
+        atomic.write_ahead(path, write)
+    if isinstance(error, OSError):
+        assert str(raised.value).startswith(f"{path}: cannot write it (No space left on device)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_commit_that_fails_is_one_line_and_removes_the_file_written_ahead(tmp_path, monkeypatch):
+    path = tmp_path / "best.npz"
+    tmp = atomic.write_ahead(path, lambda file: file.write(b"new"))
+
+    def refused(a, b):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(atomic.os, "replace", refused)
+    with pytest.raises(UserError, match="best.npz: cannot write it \\(Read-only file system\\)"):
+        atomic.commit_ahead(tmp, path)
+    assert list(tmp_path.iterdir()) == []
