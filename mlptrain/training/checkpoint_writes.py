@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 from mlptrain.errors import TrainingDiverged
-from mlptrain.run_dirs.links import checkpoint_file
+from mlptrain.run_dirs.links import CHECKPOINTS, checkpoint_file
 from mlptrain.training.checkpoint import save_checkpoint, save_checkpoint_ahead
 from mlptrain.training.resume import HeldCheckpoint, Position, checkpoint_later
 from mlptrain.training.session import Session
-from mlptrain.util.atomic import commit_ahead, discard_ahead, link_whole
+from mlptrain.util.atomic import TEMP_SUFFIX, commit_ahead, discard_ahead, link_whole
 from mlptrain.util.background import pool
 
 CHECKPOINT_WRITERS = 4  # threads writing checkpoints: a packed group's lanes end their runs together
@@ -68,6 +68,15 @@ def discard_best_ahead(s: Session) -> None:
     ahead = _take_ahead(s)
     if ahead is not None:
         discard_ahead(ahead)
+
+
+def discard_stale_ahead(run_dir: Path) -> None:
+    """Files a best written ahead left in `run_dir`'s checkpoints folder when its process was killed before it
+    renamed or discarded them (a run's folder is its process's alone: mlptrain.run_dirs.lock), removed at the
+    run's start."""
+    folder = run_dir / CHECKPOINTS
+    for stale in folder.glob(f".best.npz.*{TEMP_SUFFIX}") if folder.is_dir() else ():
+        discard_ahead(stale)
 
 
 def _take_ahead(s: Session) -> Path | None:

@@ -26,8 +26,8 @@ from mlptrain.run_dirs.links import checkpoint_file
 from mlptrain.run_dirs.lock import check_space
 from mlptrain.run_dirs.records import RunLogger, is_evaluation_record, read_metrics
 from mlptrain.training.checkpoint import load_checkpoint
-from mlptrain.training.checkpoint_writes import (checkpoint_at, discard_best_ahead, write_best_ahead, write_checkpoints,
-                                                written)
+from mlptrain.training.checkpoint_writes import (checkpoint_at, discard_best_ahead, discard_stale_ahead, write_best_ahead,
+                                                write_checkpoints, written)
 from mlptrain.training.compilation import compile_kernels, kernel_records
 from mlptrain.training.diagnosis import learning_warning, likely_cause
 from mlptrain.training.experiment import data_root, run_config
@@ -71,7 +71,10 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     with the best epoch's parameters restored. `progress`: the progress bar (a sweep training several
     trials at once shows none: a terminal holds one)."""
     s.stop = stop
-    check_space(run_dir, 3 * checkpoint_bytes(s) + 2**20, "its checkpoints")  # last, best and a temporary
+    # last, best and a temporary; and a best written ahead where `last` waits for epochs (checkpoint_writes)
+    held = s.config.train.checkpoint_every_epochs > 1
+    check_space(run_dir, (4 if held else 3) * checkpoint_bytes(s) + 2**20, "its checkpoints")
+    discard_stale_ahead(run_dir)
     start = _resume(s, resume, run_dir) if resume is not None else Position()
     _announce(s, run_dir)
     records = {**compile_kernels(s), **(records or {})}

@@ -314,3 +314,13 @@ def test_a_best_whose_write_ahead_failed_is_written_with_last(tmp_path, scripted
     train(build_session(config, CpuBackend(), synthetic_dataset()), run)
     assert scripted.events == [("ahead", 1)]
     assert epochs_on_disk(run) == {"best": 1, "last": 4} and hidden(run) == []
+
+
+def test_a_best_written_ahead_by_a_killed_process_is_removed_when_its_run_trains_again(tmp_path):
+    config = make_config(64, 4, ADAM, None, epochs=1, checkpoint_every_epochs=1)
+    run = new_run(tmp_path, "run", config)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / ".best.npz.0badf00d.tmp").write_bytes(b"a best written ahead, never renamed")
+    (run / "checkpoints" / ".notes").write_text("not a checkpoint's")
+    train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert hidden(run) == [".notes"] and epochs_on_disk(run) == {"best": 1, "last": 1}
