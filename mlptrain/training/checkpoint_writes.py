@@ -34,15 +34,20 @@ def write_checkpoints(s: Session, run_dir: Path, last: HeldCheckpoint) -> None:
     first: its files are written in order, and a write that failed ends the run at its next checkpoint (or
     before its summary), the file it was to replace intact."""
     ahead = _take_ahead(s)  # first: a failed write ahead is not this run's error (best is written below instead)
-    written(s)
-    held, writes = [last], [(checkpoint_file(run_dir, "last"), last.arrays())]
-    if s.unsaved_best is not None:  # kept until `last` is written: best.npz never runs ahead of it
-        best, s.unsaved_best = s.unsaved_best, None
-        if best is not last:
-            held.append(best)
-        writes.append((checkpoint_file(run_dir, "best"), None if best is last else ahead or best.arrays()))
-    elif ahead is not None:
-        discard_ahead(ahead)
+    try:
+        written(s)
+        held, writes = [last], [(checkpoint_file(run_dir, "last"), last.arrays())]
+        if s.unsaved_best is not None:  # kept until `last` is written: best.npz never runs ahead of it
+            best, s.unsaved_best = s.unsaved_best, None
+            if best is not last:
+                held.append(best)
+            writes.append((checkpoint_file(run_dir, "best"), None if best is last else ahead or best.arrays()))
+        if ahead is not None and all(arrays is not ahead for _, arrays in writes):  # its best is not written here
+            discard_ahead(ahead)
+    except BaseException:  # an earlier write's failure, a diverged `last`: nothing written ahead is left behind
+        if ahead is not None:
+            discard_ahead(ahead)
+        raise
     s.writing = pool("checkpoints", CHECKPOINT_WRITERS).submit(_write_files, writes, held)
 
 

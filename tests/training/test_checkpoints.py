@@ -324,3 +324,26 @@ def test_a_best_written_ahead_by_a_killed_process_is_removed_when_its_run_trains
     (run / "checkpoints" / ".notes").write_text("not a checkpoint's")
     train(build_session(config, CpuBackend(), synthetic_dataset()), run)
     assert hidden(run) == [".notes"] and epochs_on_disk(run) == {"best": 1, "last": 1}
+
+
+def test_a_last_checkpoint_refused_after_a_best_was_written_ahead_leaves_no_hidden_file(tmp_path, scripted,
+                                                                                         monkeypatch):
+    from mlptrain.errors import TrainingDiverged
+    from mlptrain.training.resume import HeldCheckpoint
+
+    config = make_config(64, 4, ADAM, None, epochs=4, checkpoint_every_epochs=4)
+    scripted.accuracies = [0.9, 0.5, 0.5, 0.5]
+    real = HeldCheckpoint.arrays
+
+    def arrays(self):
+        taken = real(self)
+        if int(taken["meta/epoch"]) == 4:
+            raise TrainingDiverged("the parameters became non-finite by optimizer step 16")
+        return taken
+
+    monkeypatch.setattr(HeldCheckpoint, "arrays", arrays)
+    run = new_run(tmp_path, "run", config)
+    with pytest.raises(TrainingDiverged):
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert scripted.events == [("ahead", 1), ("discard", True)]
+    assert epochs_on_disk(run) == {} and hidden(run) == []
