@@ -4,6 +4,7 @@ holds a NaN, stops the script with exit code 1 before anything is timed; benchma
 and autoencoder_cifar10.py report no speed of a model whose loss did not fall."""
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -105,3 +106,38 @@ def test_the_sweep_host_table_counts_each_phases_calls_on_the_cpu(data_dir, tmp_
     assert ("end", "Evaluator.epoch_record_steps", "feeding") in found
     flushes = next(int(row[3]) for row in rows if row[1] == "LaneGroup.flush")
     assert flushes >= -(-50000 // 2048)  # the epoch's 25 steps (55,000 images less adam_mnist's 5,000 held out)
+
+
+def test_the_sweep_timeline_counts_a_packed_sweeps_steps_and_epochs_on_the_cpu(data_dir, tmp_path):
+    """benchmarks/sweep_timeline.py on a tiny packed CPU sweep: it completes the sweep and counts every flush of
+    the lane group, its epochs and the host's stalls (no GPU events on the CPU: their columns are "-")."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_timeline.py"), "--trials", "2",
+                           "--epochs", "2", "--flags", "--pack 2", "--set", "backend=cpu", "--set", "model.hidden=[8]",
+                           "--set", "train.batch_size=2048", "--json", str(tmp_path / "timeline.json")],
+                          capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run,) = json.loads((tmp_path / "timeline.json").read_text())
+    assert run["epochs"] == 2 and run["flushes"] == 2 * -(-55000 // 2048)  # adam_mnist holds 5,000 of 60,000 out
+    assert 0 < run["first_flush_s"] < run["last_flush_s"] < run["wall_s"]
+    assert "gpu_span_ms" not in run and "| 1 |" in done.stdout
+
+
+def test_the_sweep_timeline_tells_an_epoch_end_gap_from_a_read_gap():
+    """summarise's kinds: a gap after a flush whose lanes ended an epoch, one at a read's step, the rest."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from sweep_timeline import summarise
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    # (host start, host end, lanes ending an epoch, GPU step ms, GPU gap ms before it): two epochs of 4 steps,
+    # reads every 2 steps
+    flushes = [[0.0, 0.001, 0, 1.0, 0.0], [0.002, 0.003, 0, 1.0, 0.5], [0.004, 0.005, 0, 1.0, 2.0],
+               [0.006, 0.007, 2, 1.0, 0.25], [0.050, 0.051, 0, 1.0, 8.0], [0.052, 0.053, 0, 1.0, 0.125],
+               [0.054, 0.055, 0, 1.0, 4.0], [0.056, 0.057, 2, 1.0, 1.0]]
+    found = summarise(flushes, log_every=2)
+    assert found["epochs"] == 2 and found["flushes"] == 8
+    assert found["gaps_epoch_ends_ms"] == 8.0 and found["gaps_reads_ms"] == 6.0 and found["gaps_other_ms"] == 1.875
+    assert found["steps_ms"] == 8.0 and found["gpu_span_ms"] == 8.0 + 15.875
+    assert found["host_stalls"] == 1 and abs(found["host_stall_s"] - 0.043) < 1e-9

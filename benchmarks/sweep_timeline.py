@@ -1,0 +1,188 @@
+"""The GPU's own timeline of a packed sweep: how long its optimizer steps ran, and where it waited between them.
+
+    python benchmarks/sweep_timeline.py [--trials 16] [--epochs 10] [--flags "--pack 16"] [--repeats 1]
+                                        [--set KEY=VALUE ...] [--json FILE]
+
+Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's sweep file) in a child process
+whose lane group (mlptrain.packing.lane_group) records a timing event on its stream before and after each flush
+(one optimizer step of every lane), from a pool made ahead so that no event is created between two steps. Once
+the sweep ends, the events give each step's GPU time and the gap before it: the GPU idle, or running other work
+queued on the lanes' stream (an epoch end's evaluations and copies). Gaps are counted where they fall: after an
+epoch's last step, after a read (every train.log_every steps), or elsewhere; the host's own intervals between two
+flushes over 20 ms are counted too. After an untimed one-epoch sweep (the kernels in the cache).
+
+The child is `python -c` code, not a script: a packed sweep draws its TensorBoard images in spawned processes,
+and a spawned child imports its parent's main script again, so a timing wrapper run by path would run a second
+sweep in each of them (their drawings then fall back to the loggers' threads: benchmarks/NOTES.md, issue 30 step
+24). On the CPU backend (`--set backend=cpu`) there are no events: the host's columns only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from packed_trials import sweep_file  # its neighbour: the script's folder is on the path
+
+HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
+
+# The child: records (host start s, host end s, its lanes ending an epoch, GPU ms of the step, GPU ms of the gap
+# before it) for each flush, then the file; its end is os._exit (mlptrain.__main__), wrapped to write first.
+CHILD = r"""
+import os, sys, time, json
+T0 = time.perf_counter()
+out = os.environ["SWEEP_TIMELINE_OUT"]
+import mlptrain.packing.lane_group as lane_group
+flushes, events, spare, context = [], [], [], []
+real = lane_group.LaneGroup.flush
+
+def refill():
+    from cuda.bindings import driver as cu
+    from mlptrain.backends.driver import api
+    spare.extend(api.check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(1024))
+
+def event(stream):
+    from cuda.bindings import driver as cu
+    from mlptrain.backends.driver import api
+    made = spare.pop()
+    api.check(cu.cuEventRecord(made, api.handle(0 if stream is None else stream)), "cuEventRecord")
+    return made
+
+def flush(self):
+    cuda = self.backend.name == "cuda"
+    stream = getattr(self.backend, "stream", None)
+    if cuda and not context:
+        from mlptrain.backends.driver import api
+        context.append(api.current_context())
+    ending = sum(1 for lane, (start, rows) in self.pending.items() if start + rows >= self.windows[lane].split.size)
+    if cuda and len(spare) < 2:
+        refill()  # in batches, between two flushes' timings: no event made inside one
+    began = time.perf_counter() - T0
+    pre = event(stream) if cuda else None
+    real(self)
+    post = event(stream) if cuda else None
+    flushes.append([began, time.perf_counter() - T0, ending])
+    events.append((pre, post))
+
+lane_group.LaneGroup.flush = flush
+
+def dump():
+    if getattr(dump, "done", False):
+        return
+    dump.done = True
+    if context:
+        from cuda.bindings import driver as cu
+        from mlptrain.backends.driver import api
+        api.set_current(context[0])  # the exiting thread may not be the one that fed the GPU
+        api.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        elapsed = lambda a, b: api.check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime")
+        for i, (pre, post) in enumerate(events):
+            flushes[i] += [elapsed(pre, post), elapsed(events[i - 1][1], pre) if i else 0.0]
+    with open(out, "w") as file:
+        json.dump({"flushes": flushes, "end": time.perf_counter() - T0}, file)
+
+_exit = os._exit
+def exiting(code):
+    try:
+        dump()
+    finally:
+        _exit(code)
+os._exit = exiting
+import atexit
+atexit.register(dump)
+import mlptrain.cli
+sys.argv = ["mlptrain"] + sys.argv[1:]
+mlptrain.cli.main()
+"""
+
+
+def summarise(flushes: list, log_every: int) -> dict:
+    """One sweep's figures from its flushes' records (CHILD's): GPU figures where the events gave them."""
+    starts, first = [], True  # the flush index each epoch of the group starts at
+    for i, record in enumerate(flushes):
+        if first:
+            starts.append(i)
+        first = record[2] > 0  # its lanes ended an epoch: the next flush starts the next one
+    epoch_of = {}
+    for epoch, start in enumerate(starts):
+        for i in range(start, starts[epoch + 1] if epoch + 1 < len(starts) else len(flushes)):
+            epoch_of[i] = start
+    host_gaps = [flushes[i][0] - flushes[i - 1][1] for i in range(1, len(flushes))]
+    found = {"flushes": len(flushes), "epochs": len(starts), "first_flush_s": flushes[0][0],
+             "last_flush_s": flushes[-1][1], "host_stalls": sum(1 for gap in host_gaps if gap > HOST_GAP_S),
+             "host_stall_s": sum(gap for gap in host_gaps if gap > HOST_GAP_S)}
+    if len(flushes[0]) < 5:
+        return found
+    steps = [record[3] for record in flushes]
+    gaps = {"epoch_ends": 0.0, "reads": 0.0, "other": 0.0}
+    for i in range(1, len(flushes)):
+        kind = ("epoch_ends" if flushes[i - 1][2] > 0 else
+                "reads" if (i - epoch_of[i]) % log_every == 0 else "other")
+        gaps[kind] += flushes[i][4]
+    return {**found, "gpu_span_ms": sum(steps) + sum(gaps.values()), "steps_ms": sum(steps),
+            "median_step_us": 1e3 * statistics.median(steps), **{f"gaps_{k}_ms": v for k, v in gaps.items()}}
+
+
+def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
+    """One sweep in a child, timed; exits on a failed or incomplete sweep, or one whose steps no lane group ran."""
+    record = folder / f"{name}.json"
+    command = [sys.executable, "-c", CHILD, "sweep", str(sweep_file("mnist", args.trials, folder)[0]),
+               f"train.epochs={epochs}", *args.set, "--runs-dir", str(folder / "runs"), "--name", name,
+               *args.flags.split()]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "SWEEP_TIMELINE_OUT": str(record)})
+    wall = time.perf_counter() - began
+    if done.returncode:
+        sys.exit(f"FAILED ({done.returncode}): {' '.join(command[3:])}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    trials = json.loads((folder / "runs" / name / "results.json").read_text())["trials"]
+    if len(trials) != args.trials or any(t["state"] != "complete" for t in trials):
+        sys.exit(f"WRONG RESULT: {[(t['params'], t['state']) for t in trials]}")
+    flushes = json.loads(record.read_text())["flushes"]
+    if not flushes:
+        sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
+    import yaml
+
+    config = yaml.safe_load((folder / "runs" / name / Path(trials[0]["run_dir"]).name / "config.yaml").read_text())
+    return {"wall_s": wall, **summarise(flushes, int(config["train"]["log_every"]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--flags", default="--pack 16", help="the sweep's flags (a packed one: --pack K, K >= 2)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], help="a config override, e.g. backend=cpu")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sweep-timeline-") as scratch:
+        folder = Path(scratch)
+        one_sweep(args, folder, "warm", 1)  # the kernels in the cache, as for a user's second sweep
+        runs = [one_sweep(args, folder, f"timed-{i}", args.epochs) for i in range(args.repeats)]
+    columns = [("wall_s", "wall s", "{:.2f}"), ("first_flush_s", "first step s", "{:.3f}"),
+               ("last_flush_s", "last step s", "{:.3f}"), ("gpu_span_ms", "GPU span ms", "{:.1f}"),
+               ("steps_ms", "steps ms", "{:.1f}"), ("median_step_us", "step µs", "{:.1f}"),
+               ("gaps_epoch_ends_ms", "gaps at epoch ends ms", "{:.1f}"), ("gaps_reads_ms", "at reads ms", "{:.1f}"),
+               ("gaps_other_ms", "elsewhere ms", "{:.1f}"), ("host_stalls", "host stalls > 20 ms", "{:d}"),
+               ("host_stall_s", "their s", "{:.3f}")]
+    print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}: "
+          f"{runs[0]['flushes']} flushes in {runs[0]['epochs']} epochs")
+    print("| sweep | " + " | ".join(title for _, title, _ in columns) + " |")
+    print("| --- " * (len(columns) + 1) + "|")
+    for i, run in enumerate(runs):
+        print(f"| {i + 1} | " + " | ".join(form.format(run[key]) if key in run else "-" for key, _, form in columns)
+              + " |")
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()
