@@ -80,7 +80,9 @@ def discard_stale_ahead(run_dir: Path) -> None:
     renamed or discarded them (a run's folder is its process's alone: mlptrain.run_dirs.lock), removed at the
     run's start."""
     folder = run_dir / CHECKPOINTS
-    for stale in folder.glob(f".best.npz.*{TEMP_SUFFIX}") if folder.is_dir() else ():
+    if folder.is_symlink() or not folder.is_dir():  # a link is refused where a checkpoint is written, not read here
+        return
+    for stale in folder.glob(f".best.npz.*{TEMP_SUFFIX}"):
         discard_ahead(stale)
 
 

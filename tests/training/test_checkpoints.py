@@ -347,3 +347,15 @@ def test_a_last_checkpoint_refused_after_a_best_was_written_ahead_leaves_no_hidd
         train(build_session(config, CpuBackend(), synthetic_dataset()), run)
     assert scripted.events == [("ahead", 1), ("discard", True)]
     assert epochs_on_disk(run) == {} and hidden(run) == []
+
+
+def test_a_checkpoints_link_is_not_cleaned_through_before_the_run_refuses_it(tmp_path):
+    config = make_config(64, 4, ADAM, None, epochs=1, checkpoint_every_epochs=1)
+    run = new_run(tmp_path, "run", config)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".best.npz.0badf00d.tmp").write_bytes(b"not this run's")
+    (run / "checkpoints").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="a symbolic link"):
+        train(build_session(config, CpuBackend(), synthetic_dataset()), run)
+    assert (elsewhere / ".best.npz.0badf00d.tmp").read_bytes() == b"not this run's"
