@@ -142,22 +142,31 @@ def child_code() -> str:
     return f"TARGETS = {TARGETS!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD
 
 
-def one_sweep(args, folder: Path, name: str) -> dict:
-    """One sweep in a child: its calls by phase and thread, and its wall time; exits on a failed or incomplete
-    sweep."""
-    record = folder / f"{name}.json"
-    command = [sys.executable, "-c", child_code(), "sweep", str(sweep_file("mnist", args.trials, folder)[0]),
-               f"train.epochs={args.epochs}", *args.set, "--runs-dir", str(folder / "runs"), "--name", name,
+def sweep_in_child(args, folder: Path, name: str, epochs: int, code: str, out_variable: str) -> tuple[float, list]:
+    """`mlptrain sweep` of adam_mnist's args.trials trials (`epochs` each, args.set, args.flags) run by `code` in a
+    `python -c` child (nothing for a spawned drawing process to import again), which writes its record where the
+    environment's `out_variable` says: (its wall seconds, the trials' results rows); exits on a failed sweep or one
+    whose every trial did not complete once."""
+    command = [sys.executable, "-c", code, "sweep", str(sweep_file("mnist", args.trials, folder)[0]),
+               f"train.epochs={epochs}", *args.set, "--runs-dir", str(folder / "runs"), "--name", name,
                *args.flags.split()]
     began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "SWEEP_HOST_OUT": str(record)})
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, out_variable: str(folder / f"{name}.json")})
     wall = time.perf_counter() - began
     if done.returncode:
         sys.exit(f"FAILED ({done.returncode}): {' '.join(command[3:])}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     trials = json.loads((folder / "runs" / name / "results.json").read_text())["trials"]
     if len(trials) != args.trials or any(t["state"] != "complete" for t in trials):
         sys.exit(f"WRONG RESULT: {[(t['params'], t['state']) for t in trials]}")
-    data = json.loads(record.read_text())
+    return wall, trials
+
+
+def one_sweep(args, folder: Path, name: str) -> dict:
+    """One sweep in a child: its calls by phase and thread, and its wall time; exits on a failed or incomplete
+    sweep."""
+    wall, _ = sweep_in_child(args, folder, name, args.epochs, child_code(), "SWEEP_HOST_OUT")
+    data = json.loads((folder / f"{name}.json").read_text())
     steps = [(start, thread) for label, thread, start, _, _ in data["calls"] if label.endswith(STEPS)]
     if not steps:
         sys.exit("WRONG RESULT: no optimizer step was timed")

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from packed_trials import sweep_file  # its neighbour: the script's folder is on the path
+from sweep_host import sweep_in_child  # its neighbour: the script's folder is on the path
 
 HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
 
@@ -42,15 +39,12 @@ out = os.environ["SWEEP_TIMELINE_OUT"]
 import mlptrain.packing.lane_group as lane_group
 flushes, events, spare, context = [], [], [], []
 real = lane_group.LaneGroup.flush
+cu = api = None  # the driver's calls, imported at a CUDA group's first flush
 
 def refill():
-    from cuda.bindings import driver as cu
-    from mlptrain.backends.driver import api
     spare.extend(api.check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(1024))
 
 def event(stream):
-    from cuda.bindings import driver as cu
-    from mlptrain.backends.driver import api
     made = spare.pop()
     api.check(cu.cuEventRecord(made, api.handle(0 if stream is None else stream)), "cuEventRecord")
     return made
@@ -59,6 +53,8 @@ def flush(self):
     cuda = self.backend.name == "cuda"
     stream = getattr(self.backend, "stream", None)
     if cuda and not context:
+        global cu, api
+        from cuda.bindings import driver as cu
         from mlptrain.backends.driver import api
         context.append(api.current_context())
     ending = sum(1 for lane, (start, rows) in self.pending.items() if start + rows >= self.windows[lane].split.size)
@@ -78,8 +74,6 @@ def dump():
         return
     dump.done = True
     if context:
-        from cuda.bindings import driver as cu
-        from mlptrain.backends.driver import api
         api.set_current(context[0])  # the exiting thread may not be the one that fed the GPU
         api.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         elapsed = lambda a, b: api.check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime")
@@ -132,24 +126,12 @@ def summarise(flushes: list, log_every: int) -> dict:
 
 def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
     """One sweep in a child, timed; exits on a failed or incomplete sweep, or one whose steps no lane group ran."""
-    record = folder / f"{name}.json"
-    command = [sys.executable, "-c", CHILD, "sweep", str(sweep_file("mnist", args.trials, folder)[0]),
-               f"train.epochs={epochs}", *args.set, "--runs-dir", str(folder / "runs"), "--name", name,
-               *args.flags.split()]
-    began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, "SWEEP_TIMELINE_OUT": str(record)})
-    wall = time.perf_counter() - began
-    if done.returncode:
-        sys.exit(f"FAILED ({done.returncode}): {' '.join(command[3:])}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    trials = json.loads((folder / "runs" / name / "results.json").read_text())["trials"]
-    if len(trials) != args.trials or any(t["state"] != "complete" for t in trials):
-        sys.exit(f"WRONG RESULT: {[(t['params'], t['state']) for t in trials]}")
-    flushes = json.loads(record.read_text())["flushes"]
-    if not flushes:
-        sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
     import yaml
 
+    wall, trials = sweep_in_child(args, folder, name, epochs, CHILD, "SWEEP_TIMELINE_OUT")
+    flushes = json.loads((folder / f"{name}.json").read_text())["flushes"]
+    if not flushes:
+        sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
     config = yaml.safe_load((folder / "runs" / name / Path(trials[0]["run_dir"]).name / "config.yaml").read_text())
     return {"wall_s": wall, **summarise(flushes, int(config["train"]["log_every"]))}
 
