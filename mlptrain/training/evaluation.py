@@ -96,12 +96,25 @@ class Evaluator:
         # a split evaluated once (the test split at a run's end) launched one by one: a graph would cost its
         # capture; another's first pass launched so too where it may not come again, and captured at its second
         first = self.kernels_ready and any(split is every for every in self.every_epoch)
-        if entry.passes == (1 if first else 2):
+        if entry.passes == (1 if first else 2) and entry.graph is None:  # none captured ahead
             entry.graph = self._capture(split)
         if entry.graph is not None:
             entry.graph.replay()
         else:
             self._launch_batches(split)
+
+    def capture_ahead(self, split) -> None:
+        """`split`'s graph captured now, before its first pass, which replays it: the test split of a run that
+        evaluates it once, at its end, captured while the run still trains. At a 16-lane sweep's end each lane's
+        test split was launched batch by batch, ~3 ms of host time a lane in turn (benchmarks/NOTES.md, issue
+        30 step 25), and a capture records launches without running them. Only where the split's first pass would
+        be launched on this launch stream with every kernel loaded (`kernels_ready`); else nothing."""
+        if self.graphs is None or split is None or split.size == 0 or not self.kernels_ready:
+            return
+        stream = launch_stream()
+        entry = self.graphs.setdefault((id(split), id(stream)), _SplitGraph(split, stream))
+        if entry.passes == 0 and entry.graph is None:
+            entry.graph = self._capture(split)
 
     def _capture(self, split):
         try:

@@ -115,6 +115,8 @@ def _train(s: Session, run_dir: Path, on_evaluation, resume: Resume | None, star
                 best, _ = _after_evaluation(s, run_dir, last, best, end.checkpoint)
                 if on_evaluation is not None:
                     on_evaluation(last)
+                if end.test is None:  # the test split's pass at the run's end replays a graph captured now, while
+                    s.evaluator.capture_ahead(s.test)  # the GPU trains, instead of launching it batch by batch
 
             # the last epoch's logging, or its whole queued end, done inside this one (logs_later, ends_later);
             # `late`: that queued end, whose last reads are not reported yet

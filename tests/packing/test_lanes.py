@@ -394,6 +394,39 @@ def test_staggered_lanes_on_the_gpu_give_the_bits_of_lockstep(tmp_path, data_dir
                     np.testing.assert_array_equal(checkpoints[0][key], other[key], err_msg=f"seed {seed} {key}")
 
 
+
+@pytest.mark.real_gpu
+def test_a_lanes_test_split_captured_ahead_gives_the_launches_bits_on_the_gpu(tmp_path, data_dir, monkeypatch):
+    """On the GPU each lane's test split, captured while the group trains (Evaluator.capture_ahead) and replayed
+    at the run's end, gives the test metrics of launching it batch by batch there, and the group's capture is
+    replayed, not launched."""
+    from mlptrain.config.load import load_config
+    from mlptrain.seeds.runner import run_seeds
+    from mlptrain.training.evaluation import Evaluator
+    from tests.cli.test_cli import REPO
+
+    monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
+    config = load_config(REPO / "configs" / "adam_mnist.yaml",
+                         ["backend=cuda", "train.epochs=2", "model.hidden=[64]", "data.val_size=1000",
+                          "train.batch_size=256", "train.checkpoint_every_epochs=2"])
+    replayed, launch_split = [], Evaluator.launch_split
+
+    def noting(self, split):
+        entry = (self.graphs or {}).get(next((key for key in (self.graphs or {}) if key[0] == id(split)), None))
+        replayed.append(entry is not None and entry.graph is not None and entry.passes == 0)
+        launch_split(self, split)
+
+    monkeypatch.setattr(Evaluator, "launch_split", noting)
+    ahead, _ = run_seeds(config, [0, 1, 2], tmp_path, "ahead", "adam_mnist", Resources(), pack=3)
+    assert replayed.count(True) == 3  # each lane's test pass, at its end
+    monkeypatch.setattr(Evaluator, "capture_ahead", lambda self, split: None)
+    launched, _ = run_seeds(config, [0, 1, 2], tmp_path, "launched", "adam_mnist", Resources(), pack=3)
+    for seed in (0, 1, 2):
+        runs = [json.loads((g / f"seed-{seed}" / "summary.json").read_text()) for g in (ahead, launched)]
+        assert {k: runs[0][k] for k in ("test_acc", "test_loss", "val_loss")} == \
+            {k: runs[1][k] for k in ("test_acc", "test_loss", "val_loss")}
+
+
 def test_a_lanes_deferred_epoch_record_is_written_before_a_later_error(tiny_mnist, tmp_path, monkeypatch):
     """A lane logs an epoch that is not its last during the next one's reads (training.queued_end.logs_later); a run
     that fails before that still has the epoch's record in metrics.jsonl, as when it was logged at once."""

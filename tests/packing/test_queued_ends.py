@@ -79,6 +79,28 @@ def test_a_lanes_queued_epoch_ends_give_the_runs_reads_records_and_bits_alone(ti
                     np.testing.assert_array_equal(a[key], p[key], err_msg=f"{run} {name} {key}")
 
 
+
+def test_a_lanes_test_split_is_captured_while_it_trains_for_its_pass_at_the_end(tiny_mnist, tmp_path, monkeypatch):
+    """A lane whose test split is evaluated once, at its run's end (train.eval_test end), asks for its graph at
+    each queued epoch end, while the group trains (the capture is made once, where the backend has graphs:
+    Evaluator.capture_ahead); a run alone, whose epochs end at once, does not."""
+    from mlptrain.training.evaluation import Evaluator
+
+    asked, real = [], Evaluator.capture_ahead
+
+    def recording(self, split):
+        asked.append(split.size)
+        real(self, split)
+
+    monkeypatch.setattr(Evaluator, "capture_ahead", recording)
+    config = tiny(optim__lr=0.004, **THREE_EPOCHS)
+    run_seeds(config, [0, 1], tmp_path, "alone", "tiny", Resources(), pack=1)
+    assert asked == []
+    packed, _ = run_seeds(config, [0, 1], tmp_path, "packed", "tiny", Resources(), pack=2)
+    assert len(asked) == 4 and len(set(asked)) == 1  # two lanes, two queued ends each, the test split each time
+    assert all("test_acc" in json.loads((packed / f"seed-{seed}" / "summary.json").read_text()) for seed in (0, 1))
+
+
 def test_a_best_epoch_whose_end_was_queued_is_the_checkpoint_held(tiny_mnist, tmp_path, queued, monkeypatch):
     """The best epoch (an earlier one than the last) is written from the copies queued at its end, not from the
     parameters of later steps."""

@@ -263,6 +263,42 @@ def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_i
     assert first[0] == first[1] == first[2] and tested[0] == tested[1]
 
 
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_split_captured_ahead_replays_at_its_first_pass(rng, monkeypatch, ready):
+    """capture_ahead records a split's graph before its first pass (the test split of a packed lane, while it
+    trains), which that pass and every later one replay, with the launches' results; before its kernels are
+    loaded it records nothing, and the split is launched, then captured at its second pass, as before."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "eval_batch_size": 3}})
+    backend, events = CpuBackend(), []
+
+    class Replay:
+        def __init__(self, record):
+            self.record = record
+
+        def replay(self):
+            events.append("replay")
+            self.record()
+
+    monkeypatch.setattr(backend, "capture", lambda record: (events.append("capture"), Replay(record))[1])
+    session = build_session(config, backend, dataset)
+    alone = build_session(config, CpuBackend(), dataset)
+    session.evaluator.kernels_ready = ready
+    launch_batch = session.evaluator.launch_batch
+    monkeypatch.setattr(session.evaluator, "launch_batch", lambda *a: (events.append("launch"), launch_batch(*a)))
+    session.evaluator.capture_ahead(session.test)
+    session.evaluator.capture_ahead(session.test)  # once
+    assert events == (["capture"] if ready else [])
+    events.clear()
+    tested = [session.evaluator.evaluate(session.test) for _ in range(2)]
+    batches = ["launch"] * -(-session.test.size // 3)
+    assert events == (["replay", *batches] * 2 if ready else [*batches, "capture", "replay", *batches])
+    assert tested == [alone.evaluator.evaluate(alone.test)] * 2
+    session.evaluator.capture_ahead(None)  # a run without a test split: nothing
+
+
 def test_an_epochs_start_queues_its_order_without_waiting_for_the_device(rng, monkeypatch):
     """The epoch's order is a copy queued behind the last epoch's steps, with no synchronisation: in a packed
     group, whose lanes share a stream, one at each lane's epoch start drained every other lane's queued steps."""
