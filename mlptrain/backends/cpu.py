@@ -40,6 +40,9 @@ class CpuBackend:
         view.flags.writeable = False
         return view
 
+    def resident_index(self, index):
+        return self.resident(index)
+
     def holds(self, array) -> bool:
         return True  # resident() reads the host's own array
 

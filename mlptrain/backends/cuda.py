@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import threading
+import weakref
 from copy import copy as shallow_copy
 
 import numpy as np
@@ -79,8 +80,14 @@ class CudaBackend:
         threads); at most RESIDENT_ARRAYS are kept, the least recently asked for given up first."""
         return self._resident.get(array, self._upload)
 
+    def resident_index(self, index):
+        """A split's row index on the device, uploaded once per GPU (ResidentCopies.get_while_alive): a packed
+        lane copied each of its three into its own rows, ~3.6 ms of a lane's ~18 ms start on the GPU machine,
+        and 16 lanes of two seeds hold five distinct ones (benchmarks/NOTES.md, issue 30 step 25)."""
+        return self._resident.get_while_alive(index, self._upload)
+
     def holds(self, array) -> bool:
-        """Whether `resident(array)` would reuse a copy already on the device."""
+        """Whether `resident(array)` (or `resident_index`) would reuse a copy already on the device."""
         return self._resident.holds(array)
 
     def _upload(self, array):
@@ -219,6 +226,7 @@ class ResidentCopies:
 
     def __init__(self):
         self._copies = {}  # id(host array) -> (host array, device copy)
+        self._alive = {}  # id(host array) -> (a weak reference to it, device copy): get_while_alive's
         self._lock = threading.Lock()
 
     def get(self, array, upload):
@@ -232,10 +240,23 @@ class ResidentCopies:
                 del self._copies[next(iter(self._copies))]
             return entry[1]
 
+    def get_while_alive(self, array, upload):
+        """The copy of `array` (read-only: a split's row index), made by `upload(array)` where none is kept, and
+        kept while `array` lives, apart from the latest few that `get` keeps (a sweep of 16 seeds would have
+        pushed its dataset out of those)."""
+        with self._lock:
+            entry = self._alive.get(id(array))
+            if entry is None or entry[0]() is not array:
+                entry = self._alive[id(array)] = (weakref.ref(array), upload(array))
+                # dropped with the host array, before its id can be another's (a dict's pop needs no lock)
+                weakref.finalize(array, self._alive.pop, id(array), None)
+            return entry[1]
+
     def holds(self, array) -> bool:
         with self._lock:
             entry = self._copies.get(id(array))
-            return entry is not None and entry[0] is array
+            alive = self._alive.get(id(array))
+            return (entry is not None and entry[0] is array) or (alive is not None and alive[0]() is array)
 
 
 _LEFT_TO_THE_DRIVER = []  # the deferrals leave_to_the_driver entered: held (never left) until the process ends

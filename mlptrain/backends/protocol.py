@@ -39,8 +39,13 @@ class Backend(Protocol):
         """The device copy of a host array that nothing writes (a dataset's images), made once per backend and
         reused while the same array comes back (a sweep's trials on one worker share their data)."""
 
+    def resident_index(self, index) -> Any:
+        """The device copy of a split's row index, a read-only host array (mlptrain.data.loader), made once per
+        GPU and kept while that host array lives: the runs of one seed, and every run's test split, share it."""
+
     def holds(self, array) -> bool:
-        """Whether `resident(array)` needs no new device memory (a copy kept, or the host's own array)."""
+        """Whether `resident(array)` (or `resident_index`) needs no new device memory (a copy kept, or the
+        host's own array)."""
 
     def to_host(self, array) -> Any:
         """A NumPy copy of a device array."""

@@ -75,17 +75,25 @@ def resident_splits(dataset, backend, val_size: int | float, seed: int):
     images, labels = dataset.train_images, dataset.train_labels
     if dataset.has_val_split:
         images, labels = np.concatenate([images, dataset.val_images]), np.concatenate([labels, dataset.val_labels])
-        train_index = np.arange(n, dtype=np.int32)
-        val_index = np.arange(n, len(images), dtype=np.int32)
+        train_index, val_index = rows(0, n), rows(n, len(images))
     else:
         val_index, train_index = held_out_index(n, val_size, seed)
     host = labels
     images, labels = backend.resident(images), backend.resident(labels)
     return (
-        ResidentSplit(images, labels, train_index, backend.to_device(train_index), host),
-        ResidentSplit(images, labels, val_index, backend.to_device(val_index), host),
+        ResidentSplit(images, labels, train_index, backend.resident_index(train_index), host),
+        ResidentSplit(images, labels, val_index, backend.resident_index(val_index), host),
         whole_split(backend, dataset.test_images, dataset.test_labels),
     )
+
+
+@functools.lru_cache(maxsize=16)
+def rows(start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) as a read-only int32 index, one array for every split that asks (a device copy each
+    GPU shares while it lives: Backend.resident_index)."""
+    index = np.arange(start, stop, dtype=np.int32)
+    index.flags.writeable = False
+    return index
 
 
 @functools.lru_cache(maxsize=16)
@@ -103,8 +111,9 @@ def held_out_index(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.nda
 
 def whole_split(backend, images: np.ndarray, labels: np.ndarray) -> ResidentSplit:
     """Every row of `images`, in order, resident on the device."""
-    index = np.arange(len(images), dtype=np.int32)
-    return ResidentSplit(backend.resident(images), backend.resident(labels), index, backend.to_device(index), labels)
+    index = rows(0, len(images))
+    return ResidentSplit(backend.resident(images), backend.resident(labels), index, backend.resident_index(index),
+                         labels)
 
 
 def epoch_order(split: ResidentSplit, seed: int, epoch: int) -> np.ndarray:

@@ -47,6 +47,31 @@ def test_a_second_session_shares_the_data_and_the_plan_counts_it_once(make):
     second = resident_splits(dataset, backend, 0.1, seed=1)
     same = np.shares_memory if backend.name == "cpu" else (lambda a, b: a is b)  # a view of the host's, or one copy
     assert same(second[0].images, first[0].images) and same(second[2].images, first[2].images)
-    # the cpu backend never copies the data; a GPU's copy is counted until it is there
-    assert first_plan - counting.bytes == (0 if backend.name == "cpu" else data_bytes)
+    # the cpu backend never copies the data; a GPU's copy is counted until it is there, the test split's row
+    # index with it (every seed's is one array)
+    assert first_plan - counting.bytes == (0 if backend.name == "cpu" else data_bytes + first[2].index.nbytes)
     assert not np.array_equal(first[1].index, second[1].index)  # each seed's own validation rows
+
+
+@pytest.mark.parametrize("make", [CpuBackend, pytest.param(CudaBackend, marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_the_runs_of_a_seed_share_their_row_indexes_on_the_device_while_the_host_keeps_them(make):
+    """A split's row index is put on a GPU once (Backend.resident_index): the sessions of one seed (packed lanes)
+    share their train and validation rows and every session the test split's, each kept apart from the few arrays
+    `resident` keeps (a sweep of many seeds never pushes its dataset out) and dropped with its host array."""
+    backend, dataset = make(), synthetic_dataset()
+    same = np.shares_memory if backend.name == "cpu" else (lambda a, b: a is b)
+    first, again, other = (resident_splits(dataset, backend, 0.1, seed=seed) for seed in (0, 0, 1))
+    for split in range(3):
+        assert same(again[split].device_index, first[split].device_index)
+        assert not first[split].index.flags.writeable
+        np.testing.assert_array_equal(backend.to_host(first[split].device_index), first[split].index)
+    assert not same(other[1].device_index, first[1].device_index) and same(other[2].device_index, first[2].device_index)
+    assert backend.holds(dataset.train_images)
+    for seed in range(RESIDENT_ARRAYS + 2):  # more seeds than `resident` keeps arrays: the data stays
+        resident_splits(dataset, backend, 0.1, seed=100 + seed)
+    assert backend.holds(dataset.train_images) and backend.holds(first[1].index)
+    index = np.arange(7, dtype=np.int32)
+    index.flags.writeable = False
+    copy = backend.resident_index(index)
+    assert backend.resident_index(index) is copy or backend.name == "cpu"
+    assert backend.holds(index) and not backend.holds(index.copy()) or backend.name == "cpu"
