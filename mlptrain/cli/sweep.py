@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import List, NoReturn, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 
 from mlptrain.cli.configs import unknown_builtin
 from mlptrain.config.builtins import builtin_sweeps
@@ -95,7 +93,7 @@ def sweep(
         pool, resources, shares = _start_here(base_config, workers, worker, forked)
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
         from mlptrain.sweep import engine, study as studies
-        from mlptrain.sweep.report import results_table, trial_rows, write_results
+        from mlptrain.sweep.report import trial_rows, write_results
         from mlptrain.sweep.workers import announce, blas_share, gpu_slots, start_workers
 
         gpus = len(pool.devices) if pool is not None else 0
@@ -151,7 +149,7 @@ def sweep(
     rows = trial_rows(study, spec)
     write_results(sweep_dir, spec, rows)
     studies.close_storage(study_storage)
-    _show(results_table(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})"))
+    _show(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})")
     for row in rows:
         if row["error"]:
             console.print(f"trial {row['number']} failed: {row['error']}", highlight=False)
@@ -417,13 +415,17 @@ def packed(pack) -> str:
     return f", each training {pack} trials at once" if pack > 1 else ""
 
 
-def _show(table) -> None:
-    """A terminal gets the table at its width; a log or a pipe gets it whole, not squeezed into 80 columns."""
+def _show(rows, spec, title: str) -> None:
+    """The ranked table: a terminal gets Rich's at its width (wrapped, the best row coloured); a log or a pipe gets
+    it whole, not squeezed into 80 columns, as plain text (mlptrain.sweep.report.results_text)."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.report import results_table, results_text
+
     if console.is_terminal:
-        console.print(table)
+        console.print(results_table(rows, spec, title))
     else:
-        Console(file=console.file, width=Measurement.get(console, console.options.update_width(1000), table).maximum
-                ).print(table)
+        console.file.write(results_text(rows, spec, title))
+        console.file.flush()
 
 
 def _make_folder(sweep_dir: Path) -> None:

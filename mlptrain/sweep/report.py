@@ -8,7 +8,11 @@ import json
 import math
 from pathlib import Path
 
+from rich.cells import cell_len
+from rich.console import Console
+from rich.segment import Segments
 from rich.table import Table
+from rich.text import Text
 
 from mlptrain.config.load import load_config
 from mlptrain.training.hparams import hparam_values, log_session
@@ -96,18 +100,51 @@ def format_params(params: dict) -> str:
 
 
 def results_table(rows: list[dict], sweep, title: str) -> Table:
-    """The trials ranked by the metric, the best marked (failed trials' messages are in results.json)."""
+    """The trials ranked by the metric, the best marked (failed trials' messages are in results.json), for a
+    terminal. Every text is literal, never rich markup (a parameter's value may hold brackets)."""
+    header, cells, top = _ranked_cells(rows, sweep)
+    table = Table(title=Text(title))
+    for name in header:
+        table.add_column(Text(name))
+    for i, row in enumerate(cells):
+        table.add_row(*(Text(cell) for cell in row), style="bold green" if i == top else None)
+    return table
+
+
+def results_text(rows: list[dict], sweep, title: str) -> str:
+    """results_table as the text Rich prints for it, whole, where nothing is styled (a log, a pipe): its rows
+    laid out here, ~1 ms where Rich's measuring and rendering of a 16-trial table took ~50 ms at a packed
+    sweep's end on the GPU machine (benchmarks/NOTES.md, issue 30 step 25). The same text, tested."""
+    header, cells, _ = _ranked_cells(rows, sweep)
+    widths = [max(cell_len(cell) for cell in column) for column in zip(header, *cells)]
+
+    def rule(left: str, middle: str, right: str, fill: str) -> str:
+        return left + middle.join(fill * (width + 2) for width in widths) + right
+
+    def line(edge: str, row: list[str]) -> str:
+        return edge + edge.join(f" {cell}{' ' * (width - cell_len(cell))} " for cell, width in zip(row, widths)) + edge
+
+    above = io.StringIO()  # the title centred (and wrapped) over the table's width, as Rich renders a table's title
+    out = Console(file=above, width=sum(widths) + 3 * len(widths) + 1)
+    out.print(Segments(out.render(Text(title), out.options.update(justify="center"))), end="")
+    return above.getvalue() + "\n".join([rule("┏", "┳", "┓", "━"), line("┃", header), rule("┡", "╇", "┩", "━"),
+                                         *(line("│", row) for row in cells), rule("└", "┴", "┘", "─")]) + "\n"
+
+
+def _ranked_cells(rows: list[dict], sweep) -> tuple[list[str], list[list[str]], int | None]:
+    """(the column names, each ranked trial's cells, the best trial's row or None)."""
     names = [p.name for p in sweep.parameters]
     top = best(rows, sweep.direction)
-    table = Table("rank", "trial", *names, sweep.metric, "state", "run", title=title)
+    cells, at = [], None
     for rank, row in enumerate(ranked(rows, sweep.direction), 1):
         value = "" if row["value"] is None else format_metric(row["value"])
         place = "-" if row["state"] != "complete" else f"{rank} best" if row is top else str(rank)
-        table.add_row(place, str(row["number"]),
+        if row is top:
+            at = rank - 1
+        cells.append([place, str(row["number"]),
                       *(format_value(row["params"][n]) if n in row["params"] else "" for n in names),
-                      value, row["state"], Path(row["run_dir"]).name if row["run_dir"] else "",
-                      style="bold green" if row is top else None)
-    return table
+                      value, row["state"], Path(row["run_dir"]).name if row["run_dir"] else ""])
+    return ["rank", "trial", *names, sweep.metric, "state", "run"], cells, at
 
 
 def log_hparams(run_dir: Path) -> None:
