@@ -24,6 +24,7 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+from rich.markup import escape
 
 from mlptrain.config.load import config_from_dict
 from mlptrain.errors import TrainingInterrupted, UserError
@@ -149,7 +150,9 @@ class _Attempt:
 def _run_trial(study, storage, trial, trial_id: int, sweep: Sweep, sweep_dir: Path, resources: Resources,
                stop=None, progress: bool = True, give_way: bool = False) -> None:
     attempt = _Attempt(sweep.suggest(trial))
-    console.print(f"[bold]trial {trial.number}[/]: {format_params(attempt.params)}")
+    # not highlighted (Rich's number colouring took ~1 ms a line on the GPU machine, 16 lanes in turn at a packed
+    # sweep's start: benchmarks/NOTES.md, issue 30 step 25); a value's brackets are its own, not markup
+    console.print(f"[bold]trial {trial.number}[/]: {escape(format_params(attempt.params))}", highlight=False)
     try:
         yield from _attempt(study, storage, trial, trial_id, attempt, sweep, sweep_dir, resources, stop, progress,
                             give_way)
@@ -190,7 +193,7 @@ def _attempt(study, storage, trial, trial_id: int, attempt, sweep: Sweep, sweep_
             _tell(study, trial, TrialState.FAIL, attempt, attempt.last, error=error)
         else:
             value = summary[sweep.metric]
-            console.print(f"trial {trial.number}: {sweep.metric} {format_metric(value)}")
+            console.print(f"trial {trial.number}: {sweep.metric} {format_metric(value)}", highlight=False)
             # on the reports' thread, after the trial's reports: a packed group's lanes end together, and each
             # tell's journal writes (the lock, the write and its fsync, for the metrics and then the outcome)
             # held up the ends of the lanes after it
