@@ -26,6 +26,7 @@ class _SplitGraph:
     stream: object
     graph: object = None
     passes: int = 0
+    ahead: bool = False  # a capture ahead was tried (Evaluator.capture_ahead): not again
 
 
 class Evaluator:
@@ -113,7 +114,8 @@ class Evaluator:
             return
         stream = launch_stream()
         entry = self.graphs.setdefault((id(split), id(stream)), _SplitGraph(split, stream))
-        if entry.passes == 0 and entry.graph is None:
+        if entry.passes == 0 and not entry.ahead:  # once: a driver that refused it would refuse it again
+            entry.ahead = True
             entry.graph = self._capture(split)
 
     def _capture(self, split):

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from rich.markup import escape
 
 from mlptrain.data.loader import epoch_order
@@ -336,7 +335,7 @@ def _announce(s: Session, run_dir: Path) -> None:
     console.print(f"[bold]{escape(run_dir.name)}[/]: {s.model.layout.size:,} parameters on {s.backend.device_name}, "
                   f"{t.precision}; {s.train.size:,} train / {s.val.size:,} val / {s.test.size:,} test; {batch}, "
                   f"{s.steps_per_epoch} optimizer step{'s' if s.steps_per_epoch != 1 else ''} per epoch",
-                  highlight=False)  # Rich's number colouring: ~1 ms a line, which the lanes of a packed sweep paid in turn
+                  highlight=False)  # Rich's number colouring: ~1 ms a line, paid by a packed sweep's lanes in turn
 
 
 def _after_evaluation(s: Session, run_dir: Path, record: dict, best: Position, copies=None) -> tuple[Position, bool]:

@@ -299,6 +299,30 @@ def test_a_split_captured_ahead_replays_at_its_first_pass(rng, monkeypatch, read
     session.evaluator.capture_ahead(None)  # a run without a test split: nothing
 
 
+
+def test_a_refused_capture_ahead_is_tried_once_and_the_split_launched(rng, monkeypatch):
+    """A driver that refuses capture_ahead's capture is asked once (a lane asks at each queued epoch end), with one
+    warning line; the split's pass then launches its batches, with the launches' results."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "eval_batch_size": 3}})
+    backend, refused = CpuBackend(), []
+
+    def capture(record):
+        refused.append(record)
+        raise RuntimeError("cuStreamBeginCapture failed: CUDA_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(backend, "capture", capture)
+    session = build_session(config, backend, dataset)
+    session.evaluator.kernels_ready = True
+    with console.capture() as printed:
+        for _ in range(3):
+            session.evaluator.capture_ahead(session.test)
+    assert len(refused) == 1 and printed.get().count("no CUDA graph for the evaluation") == 1
+    alone = build_session(config, CpuBackend(), dataset)
+    assert session.evaluator.evaluate(session.test) == alone.evaluator.evaluate(alone.test)
+
+
 def test_an_epochs_start_queues_its_order_without_waiting_for_the_device(rng, monkeypatch):
     """The epoch's order is a copy queued behind the last epoch's steps, with no synchronisation: in a packed
     group, whose lanes share a stream, one at each lane's epoch start drained every other lane's queued steps."""
