@@ -181,15 +181,21 @@ def one_sweep(args, folder: Path, name: str) -> dict:
             "sums": {" | ".join(key): value for key, value in sums.items()}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sweep_arguments(doc: str, flags_help: str) -> argparse.ArgumentParser:
+    """The arguments of a script that profiles one sweep in a child (this one, sweep_timeline.py)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--flags", default="--pack 16", help="the sweep's flags, e.g. '--pack 16' or ''")
+    parser.add_argument("--flags", default="--pack 16", help=flags_help)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--top", type=int, default=15, help="rows per phase")
     parser.add_argument("--set", action="append", default=[], help="a config override, e.g. backend=cpu")
     parser.add_argument("--json", type=Path)
+    return parser
+
+
+def main() -> None:
+    parser = sweep_arguments(__doc__, "the sweep's flags, e.g. '--pack 16' or ''")
+    parser.add_argument("--top", type=int, default=15, help="rows per phase")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sweep-host-") as scratch:
         folder = Path(scratch)

@@ -19,14 +19,13 @@ sweep in each of them (their drawings then fall back to the loggers' threads: be
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from sweep_host import sweep_in_child  # its neighbour: the script's folder is on the path
+from sweep_host import sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
 
 HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
 
@@ -137,13 +136,7 @@ def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=16)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--flags", default="--pack 16", help="the sweep's flags (a packed one: --pack K, K >= 2)")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[], help="a config override, e.g. backend=cpu")
-    parser.add_argument("--json", type=Path)
+    parser = sweep_arguments(__doc__, "the sweep's flags (a packed one: --pack K, K >= 2)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sweep-timeline-") as scratch:
         folder = Path(scratch)

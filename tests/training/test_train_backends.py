@@ -219,18 +219,11 @@ def test_a_refused_evaluation_capture_warns_once_and_evaluates_the_same(rng, mon
     assert results == [plain.evaluator.evaluate(split) for split in (plain.val, plain.test) * 3]
 
 
-@pytest.mark.parametrize("ready", [True, False])
-def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_it_else_at_its_second(rng, monkeypatch,
-                                                                                                  ready):
-    """Once compile_kernels has loaded the evaluation's kernels (`kernels_ready`), val, evaluated at every epoch's
-    end, is captured at its first pass; before (a capture must not load kernels), and for test (train.eval_test
-    end: evaluated once, at a run's end), a split's first pass is launched one by one and its second captured;
-    every later pass replays its graph, on the launch stream it was captured on (a replay stands in for the
-    launches here: the CPU has no graphs)."""
-    dataset = tiny_dataset(rng)
-    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
-                               "train": {"batch_size": 8, "eval_batch_size": 3}})
-    backend, events = CpuBackend(), []
+
+def recorded_session(config, dataset, events: list, monkeypatch):
+    """A CPU session whose backend "captures" a stand-in graph (its replay runs the recorded launches again: the
+    CPU has no graphs) and whose evaluator's batch launches, captures and replays are appended to `events`."""
+    backend = CpuBackend()
 
     class Replay:
         def __init__(self, record):
@@ -246,9 +239,24 @@ def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_i
 
     monkeypatch.setattr(backend, "capture", capture)
     session = build_session(config, backend, dataset)
-    session.evaluator.kernels_ready = ready
     launch_batch = session.evaluator.launch_batch
     monkeypatch.setattr(session.evaluator, "launch_batch", lambda *a: (events.append("launch"), launch_batch(*a)))
+    return session
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_splits_graph_is_captured_at_its_first_pass_if_every_epoch_evaluates_it_else_at_its_second(rng, monkeypatch,
+                                                                                                  ready):
+    """Once compile_kernels has loaded the evaluation's kernels (`kernels_ready`), val, evaluated at every epoch's
+    end, is captured at its first pass; before (a capture must not load kernels), and for test (train.eval_test
+    end: evaluated once, at a run's end), a split's first pass is launched one by one and its second captured;
+    every later pass replays its graph, on the launch stream it was captured on (a replay stands in for the
+    launches here: the CPU has no graphs)."""
+    dataset = tiny_dataset(rng)
+    config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 8, "eval_batch_size": 3}})
+    events = []
+    session = recorded_session(config, dataset, events, monkeypatch)
+    session.evaluator.kernels_ready = ready
     launches = ["launch"] * 3  # 7 rows in batches of 3
     captured = ["capture", "replay", *launches]
     first = [session.evaluator.evaluate(session.val)]
@@ -272,22 +280,10 @@ def test_a_split_captured_ahead_replays_at_its_first_pass(rng, monkeypatch, read
     dataset = tiny_dataset(rng)
     config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
                                "train": {"batch_size": 8, "eval_batch_size": 3}})
-    backend, events = CpuBackend(), []
-
-    class Replay:
-        def __init__(self, record):
-            self.record = record
-
-        def replay(self):
-            events.append("replay")
-            self.record()
-
-    monkeypatch.setattr(backend, "capture", lambda record: (events.append("capture"), Replay(record))[1])
-    session = build_session(config, backend, dataset)
+    events = []
+    session = recorded_session(config, dataset, events, monkeypatch)
     alone = build_session(config, CpuBackend(), dataset)
     session.evaluator.kernels_ready = ready
-    launch_batch = session.evaluator.launch_batch
-    monkeypatch.setattr(session.evaluator, "launch_batch", lambda *a: (events.append("launch"), launch_batch(*a)))
     session.evaluator.capture_ahead(session.test)
     session.evaluator.capture_ahead(session.test)  # once
     assert events == (["capture"] if ready else [])
