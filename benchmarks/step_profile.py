@@ -1,12 +1,15 @@
-"""GPU time of each launcher in one autoencoder training step (CUDA backend): where a step's time goes.
+"""GPU time of each launcher in one training step of the autoencoder or an MLP (CUDA backend): where a step's
+time goes.
 
 Every launcher of `mlptrain.backends.numba_kernels` is wrapped so that CUDA events bracket its launches; the step
 is queued behind a sleep kernel, so the GPU runs its kernels back to back whatever the host's launch
 cost, and each event pair times the GPU work of one call. Calls made inside another launcher count in
 the outer one. One table: each call (launcher and shapes), its median ms over --repeats steps after a
-warm-up, TFLOP/s for the convolutions, and the step's total beside the sum of its calls.
+warm-up, TFLOP/s for the convolutions, and the step's total beside the sum of its calls. The events add
+a little GPU time a call, so the step here is a little longer than a captured one.
 
-    python benchmarks/step_profile.py [--batch 256] [--precision fp32] [--repeats 10] [--json FILE]
+    python benchmarks/step_profile.py [--model autoencoder|mlp] [--batch 256] [--hidden 512,512]
+                                      [--precision fp32] [--repeats 10] [--json FILE]
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ CHANNELS = [256, 128]
 
 
 def conv_flops(name, arrays):
-    """Flops of a convolution pass from its arguments' shapes (2 per multiply-add), else None."""
+    """Flops of a convolution or dense-layer pass from its arguments' shapes (2 per multiply-add), else None."""
+    if name.startswith("gemm.linear_"):
+        (a0, a1), b = arrays[0].shape, arrays[1].shape
+        # forward x (M, K) @ w (K, N); input gradient dy (M, N) @ w.T (w (K, N)); weight x (B, K).T @ dy (B, N)
+        return 2.0 * a0 * a1 * (b[0] if name.endswith("backward_input") else b[1])
     if not name.startswith("conv.conv2d_"):
         return None
     shapes = [a.shape for a in arrays if len(a.shape) == 4]
@@ -72,7 +79,9 @@ def instrument(kernels, cuda, records):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["autoencoder", "mlp"], default="autoencoder")
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--hidden", type=lambda s: [int(w) for w in s.split(",")], default=[512, 512])
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path)
@@ -87,15 +96,17 @@ def main() -> None:
     from mlptrain.data.loader import epoch_order
     from mlptrain.training.session import build_session
 
+    autoencoder = args.model == "autoencoder"
+    dataset = "cifar10" if autoencoder else "mnist"
     config = config_from_dict({
-        "backend": "cuda", "seed": 0, "data": {"dataset": "cifar10", "val_size": 500},
-        "model": {"type": "conv_autoencoder", "channels": CHANNELS},
+        "backend": "cuda", "seed": 0, "data": {"dataset": dataset, "val_size": 500},
+        "model": {"type": "conv_autoencoder", "channels": CHANNELS} if autoencoder else {"hidden": args.hidden},
         "optim": {"name": "adam", "lr": 1e-3},
         "train": {"batch_size": args.batch, "eval_batch_size": args.batch, "epochs": 1,
                   "precision": args.precision, "cuda_graphs": False},
     })
     backend = get_backend("cuda")
-    s = build_session(config, backend, load_dataset("cifar10"))
+    s = build_session(config, backend, load_dataset(dataset))
     backend.copy_from_host(s.window.order, epoch_order(s.train, config.seed, 1))
 
     @cuda.jit
@@ -136,13 +147,15 @@ def main() -> None:
     rows = [{"call": k, "ms": statistics.median(v), "tflops": flops[k] / statistics.median(v) / 1e9 if flops[k] else None}
             for k, v in per_call.items()]
     step = statistics.median(totals)
-    print(f"\nautoencoder {CHANNELS}, batch {args.batch}, {args.precision}: step {step:.3f} ms GPU "
-          f"(sum of calls {sum(r['ms'] for r in rows):.3f} ms; {args.batch / step * 1e3:,.0f} images/s)")
-    print("| call | ms | share | TFLOP/s |")
+    model = f"autoencoder {CHANNELS}" if autoencoder else f"MLP 784-{'-'.join(map(str, args.hidden))}-10"
+    print(f"\n{model}, batch {args.batch}, {args.precision}: step {step:.3f} ms GPU "
+          f"(sum of calls {sum(r['ms'] for r in rows):.3f} ms; {args.batch / step * 1e3:,.0f} images/s; "
+          f"{len(rows)} launcher calls)")
+    print("| call | µs | share | TFLOP/s |")
     print("| --- | --- | --- | --- |")
     for r in sorted(rows, key=lambda r: -r["ms"]):
         tf = f"{r['tflops']:.1f}" if r["tflops"] else ""
-        print(f"| {r['call']} | {r['ms']:.3f} | {r['ms'] / step:.1%} | {tf} |")
+        print(f"| {r['call']} | {r['ms'] * 1e3:.1f} | {r['ms'] / step:.1%} | {tf} |")
     if args.json:
         args.json.write_text(json.dumps({"step_ms": step, "calls": rows}, indent=2))
 

@@ -54,6 +54,8 @@ class MLP(StaticGraph):
                        kernels.reduce.bias_backward_workspace(max_rows, b))
                    for a, b in zip(self.widths[:-1], self.widths[1:]))
         self.workspace = backend.empty((size,)) if size else None
+        # the engine of each layer's passes (a classifier's output layer sums on the narrow engine on a GPU)
+        self.engines = [kernels.gemm.layer_engines(b) for b in self.widths[1:]]
         self._views = {}
 
     @property
@@ -94,7 +96,8 @@ class MLP(StaticGraph):
         h, _, _ = self.views(rows)
         for i in range(self.num_layers):
             act = NONE if i == self.num_layers - 1 else self.activation
-            gemm.linear_forward(h[i], self.compute[f"fc{i + 1}.weight"], self.compute[f"fc{i + 1}.bias"], h[i + 1], act)
+            gemm.linear_forward(h[i], self.compute[f"fc{i + 1}.weight"], self.compute[f"fc{i + 1}.bias"], h[i + 1], act,
+                                self.engines[i]["forward"])
         return h[-1]
 
     def activations(self, rows: int, layer: int):
@@ -108,8 +111,8 @@ class MLP(StaticGraph):
         h, grad, _ = self.views(rows)
         for i in reversed(range(self.num_layers)):
             kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta,
-                                                self.workspace)
+                                                self.workspace, self.engines[i]["backward_weight"])
             kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta, self.workspace)
             if i > 0:
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
-                                                   self.activation)
+                                                   self.activation, self.engines[i]["backward_input"])

@@ -10,6 +10,7 @@ import pytest
 
 from mlptrain.activation import ACTIVATIONS, NONE
 from mlptrain.backends.cpu import CpuBackend
+from mlptrain.backends.cuda import CudaBackend
 from mlptrain.backends.numpy_kernels import gemm, loss, reduce
 from mlptrain.nn.mlp import MLP
 
@@ -73,35 +74,47 @@ def test_softmax_cross_entropy_backward(rng):
     np.testing.assert_allclose(analytic, central_difference(objective, logits), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("backend, hidden", [
+    pytest.param(CpuBackend, [6, 5], id="cpu"),
+    pytest.param(CudaBackend, [6, 5], id="cuda-narrow", marks=pytest.mark.gpu),
+    pytest.param(CudaBackend, [20, 5], id="cuda-tiles-and-narrow", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_whole_mlp_gradient(rng, activation):
-    """The graph's wiring: every parameter gradient of the mean loss, float32 graph vs float64 differences."""
-    backend = CpuBackend()
-    model = MLP(backend, 7, [6, 5], 4, activation, max_rows=8)
+def test_whole_mlp_gradient(rng, activation, backend, hidden):
+    """The graph's wiring: every parameter gradient of the mean loss, float32 graph vs float64 differences. On
+    the CUDA kernels (the simulator in CI) a layer of 16 outputs or fewer runs its forward and input gradient on
+    the narrow engine, a wider one on the tiles."""
+    backend = backend()
+    model = MLP(backend, 7, hidden, 4, activation, max_rows=8)
+    if backend.name == "cuda":
+        assert [e["forward"] for e in model.engines] == ["narrow" if w <= 16 else "fma" for w in hidden + [4]]
+        assert [e["backward_weight"] for e in model.engines] == ["fma"] * 3
     model.init_parameters(rng, "he_uniform", "zeros")
     rows = 5
     x = rng.standard_normal((rows, 7)).astype(np.float32)
     y = rng.integers(0, 4, rows).astype(np.int32)
     h, grad, labels = model.views(rows)
-    h[0][...] = x
-    labels[...] = y
+    backend.copy_from_host(h[0], x)
+    backend.copy_from_host(labels, y)
     model.forward(rows)
-    row_loss, correct = np.empty(rows, np.float32), np.empty(rows, np.int32)
-    loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, correct, 0, 1.0 / rows, np.ones(1))
+    row_loss, correct = backend.empty((rows,), np.float32), backend.empty((rows,), np.int32)
+    backend.kernels.loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, correct, 0, 1.0 / rows,
+                                               backend.to_device(np.ones(1)))
     model.backward(rows)
+    grads = model.grads.to_host_dict()
 
     params64 = {k: v.astype(np.float64) for k, v in model.params.to_host_dict().items()}
+    widths = [7, *hidden, 4]
 
     def objective():
         a = x.astype(np.float64)
-        for i in range(1, 4):
+        for i in range(1, len(widths)):
             z = a @ params64[f"fc{i}.weight"] + params64[f"fc{i}.bias"]
-            a = act64(z, activation) if i < 3 else z
+            a = act64(z, activation) if i < len(widths) - 1 else z
         a = a - a.max(axis=1, keepdims=True)
         return float((np.log(np.exp(a).sum(axis=1)) - a[np.arange(rows), y]).mean())
 
     for name, value in params64.items():
-        np.testing.assert_allclose(model.grads[name], central_difference(objective, value), rtol=1e-3, atol=1e-5,
+        np.testing.assert_allclose(grads[name], central_difference(objective, value), rtol=1e-3, atol=1e-5,
                                    err_msg=name)
 
 

@@ -306,19 +306,34 @@ def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
     return most * inputs * outputs if most > 1 and grid[0] * grid[1] < SPLIT_BELOW else 0
 
 
+def layer_engines(outputs):
+    """The engine (ENGINES) of each pass of a dense layer of `outputs` outputs in a run of its own: "narrow" for
+    the forward and the input gradient of a layer of NARROW_MOST outputs or fewer (a classifier's), else "fma".
+    Its weight gradient stays on "fma", whose chunks sum a long batch in many blocks where a narrow thread sums
+    every row itself. On the tile engines a 128 x 784 -> 512 -> 512 -> 10 step's output layer took 14.3 µs for
+    its forward and 8.8 for its input gradient, K = 512 summed by 32 x 32 tiles of 10 useful columns
+    (benchmarks/step_profile.py --model mlp, H100; benchmarks/NOTES.md, issue 31 step 1)."""
+    narrow = "narrow" if outputs <= NARROW_MOST else "fma"
+    return {"forward": narrow, "backward_input": narrow, "backward_weight": "fma"}
+
+
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     """The kernel each pass of an (inputs -> outputs) dense layer over `rows` samples runs, for the run's
     record: the tile of the forward, input gradient and weight gradient (`+chunks` where the weight
-    gradient sums the batch in chunks, given a workspace; `+trials` for a trial-axis launch)."""
+    gradient sums the batch in chunks, given a workspace; `+trials` for a trial-axis launch), or "narrow"
+    where a run's own launch takes that engine (`layer_engines`)."""
     count = 1 if trials is None else trials
     tile = TILES[pick_tile(inputs, outputs, count)][0]
     grid, _ = launch_grid(inputs, outputs, tile)
     chunked = (trials is None and workspace and grid[0] * grid[1] < SPLIT_BELOW
                and chunk_plan(rows, inputs, outputs, tile)[1] > 1)
     suffix = "" if trials is None else "+trials"
-    return {"forward": f"tiled/{pick_tile(rows, outputs, count)}{suffix}",
-            "backward_input": f"tiled/{pick_tile(rows, inputs, count)}{suffix}",
-            "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
+    variants = {"forward": f"tiled/{pick_tile(rows, outputs, count)}{suffix}",
+                "backward_input": f"tiled/{pick_tile(rows, inputs, count)}{suffix}",
+                "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
+    if trials is None:  # a run's own launches: `layer_engines` (a packed group's passes say "+trials")
+        variants.update({p: "narrow" for p, engine in layer_engines(outputs).items() if engine == "narrow"})
+    return variants
 
 
 def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None, active=None):

@@ -116,6 +116,13 @@ def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
     return 0
 
 
+def layer_engines(outputs):
+    """The engine the CUDA launchers take for each pass of a dense layer in a run of its own (BLAS sums either
+    way): "narrow" for the forward and input gradient of a layer of NARROW_MOST outputs or fewer, else "fma"."""
+    narrow = "narrow" if outputs <= NARROW_MOST else "fma"
+    return {"forward": narrow, "backward_input": narrow, "backward_weight": "fma"}
+
+
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     """Every pass runs through NumPy's BLAS here."""
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}

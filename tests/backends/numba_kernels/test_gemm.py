@@ -419,3 +419,21 @@ def test_narrow_engine_refuses_wide_layers(rng):
 @pytest.mark.parametrize("trials, shape", [(16, (128, 512, 10)), (3, (257, 1000, 13)), (None, (130, 784, 10))])
 def test_narrow_engine_production_sizes(rng, trials, shape):
     tf32x3_layer(rng, trials, shape, RELU, 1.0, engine="narrow")
+
+
+def test_a_runs_narrow_layer_takes_the_narrow_engine_and_its_record_says_so():
+    """A run's own launches (nn.MLP) take "narrow" for the forward and input gradient of a layer of at most
+    NARROW_MOST outputs and keep the tiles' chunks for its weight gradient; the NumPy twin names the same
+    engines, and summary.json's kernel plan (linear_variants) says which ran."""
+    from mlptrain.backends.numpy_kernels import gemm as numpy_gemm
+
+    for outputs in (1, 10, gemm.NARROW_MOST, gemm.NARROW_MOST + 1, 512):
+        engines = gemm.layer_engines(outputs)
+        assert engines == numpy_gemm.layer_engines(outputs)
+        side = "narrow" if outputs <= gemm.NARROW_MOST else "fma"
+        assert engines == {"forward": side, "backward_input": side, "backward_weight": "fma"}
+    variants = gemm.linear_variants(128, 512, 10)
+    assert variants["forward"] == variants["backward_input"] == "narrow"
+    assert variants["backward_weight"].startswith("tiled/")
+    assert gemm.linear_variants(128, 784, 512)["forward"].startswith("tiled/")
+    assert gemm.linear_variants(128, 512, 10, trials=4)["forward"].endswith("+trials")  # lanes choose their own
