@@ -69,27 +69,40 @@ def hidden_output(rng, shape, activation):
     return ref.activate(random(rng, *shape), activation).astype(np.float32)
 
 
-def linear_forward(be, rng, shape, activation, dtype=np.float32):
-    """y rounded once (twice through tanh / sigmoid, whose slope is <= 1) from a float32 sum."""
+def rows_workspace(be, rows, summed, outputs, workspace):
+    """The poisoned workspace a forward or input gradient asks for (`workspace` True; it may then sum its K in
+    chunks), else None."""
+    return be.poisoned(max(1, be.kernels.gemm.linear_rows_workspace(rows, summed, outputs))) if workspace else None
+
+
+def linear_forward(be, rng, shape, activation, dtype=np.float32, workspace=False):
+    """y rounded once (twice through tanh / sigmoid, whose slope is <= 1) from a float32 sum. Returns y."""
     m, k, n = shape
     (x, xv), (w, wv), (b, bv) = (stored(random(rng, *s), dtype) for s in ((m, k), (k, n), (n,)))
     y = be.poisoned((m, n), dtype=dtype)
-    be.kernels.gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation)
+    be.kernels.gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation,
+                                   workspace=rows_workspace(be, m, k, n, workspace))
     magnitude = np.abs(xv.astype(np.float64)) @ np.abs(wv) + np.abs(bv)
-    ref.assert_within(to_float32(be.to_host(y)), ref.linear_forward(xv, wv, bv, activation),
+    got = be.to_host(y)
+    ref.assert_within(to_float32(got), ref.linear_forward(xv, wv, bv, activation),
                       ref.product_tolerance(xv, wv, bv) + 2 * ref.rounding_tolerance(dtype, magnitude))
+    return got
 
 
-def linear_backward_input(be, rng, shape, activation, dtype=np.float32):
+def linear_backward_input(be, rng, shape, activation, dtype=np.float32, workspace=False):
+    """Returns dx."""
     m, k, n = shape
     (dy, dyv), (w, wv) = stored(random(rng, m, n), dtype), stored(random(rng, k, n), dtype)
     h, hv = stored(hidden_output(rng, (m, k), activation), dtype)
     dx = be.poisoned((m, k), dtype=dtype)
-    be.kernels.gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation)
+    be.kernels.gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation,
+                                          workspace=rows_workspace(be, m, n, k, workspace))
     expected = ref.linear_backward_input(dyv, wv, hv, activation)
     magnitude = np.abs(dyv.astype(np.float64)) @ np.abs(wv.T)
-    ref.assert_within(to_float32(be.to_host(dx)), expected,
+    got = be.to_host(dx)
+    ref.assert_within(to_float32(got), expected,
                       ref.product_tolerance(dyv, wv.T) + 2 * ref.rounding_tolerance(dtype, magnitude))
+    return got
 
 
 def linear_backward_weight(be, rng, shape, beta, dtype=np.float32, workspace=False):

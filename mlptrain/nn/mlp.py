@@ -47,12 +47,14 @@ class MLP(StaticGraph):
         self.h = [backend.empty((max_rows, w), dtype) for w in self.widths]
         self.grad = [None] + [backend.empty((max_rows, w), dtype) for w in self.widths[1:]]
         self.labels = backend.empty((max_rows,), np.int32)
-        # lets a long batch's weight and bias gradients be summed in chunks by more blocks (CUDA; NumPy
-        # needs none)
+        # lets a long batch's weight and bias gradients, and a forward or input gradient of few tiles, be summed
+        # in chunks by more blocks (CUDA; NumPy needs none); one pass uses it at a time
         kernels = backend.kernels
         size = max(max(kernels.gemm.linear_backward_weight_workspace(max_rows, a, b),
-                       kernels.reduce.bias_backward_workspace(max_rows, b))
-                   for a, b in zip(self.widths[:-1], self.widths[1:]))
+                       kernels.reduce.bias_backward_workspace(max_rows, b),
+                       kernels.gemm.linear_rows_workspace(max_rows, a, b),
+                       kernels.gemm.linear_rows_workspace(max_rows, b, a) if i else 0)
+                   for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:])))
         self.workspace = backend.empty((size,)) if size else None
         # the engine of each layer's passes (a classifier's output layer sums on the narrow engine on a GPU)
         self.engines = [kernels.gemm.layer_engines(b) for b in self.widths[1:]]
@@ -97,7 +99,7 @@ class MLP(StaticGraph):
         for i in range(self.num_layers):
             act = NONE if i == self.num_layers - 1 else self.activation
             gemm.linear_forward(h[i], self.compute[f"fc{i + 1}.weight"], self.compute[f"fc{i + 1}.bias"], h[i + 1], act,
-                                self.engines[i]["forward"])
+                                self.engines[i]["forward"], workspace=self.workspace)
         return h[-1]
 
     def activations(self, rows: int, layer: int):
@@ -115,4 +117,5 @@ class MLP(StaticGraph):
             kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta, self.workspace)
             if i > 0:
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
-                                                   self.activation, self.engines[i]["backward_input"])
+                                                   self.activation, self.engines[i]["backward_input"],
+                                                   workspace=self.workspace)

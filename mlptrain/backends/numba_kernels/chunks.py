@@ -43,10 +43,12 @@ def blocks_chunk_plan(samples, blocks):
     return chunk, max(1, math.ceil(samples / chunk)), most
 
 
-def make_weight_partials(tile_product, layout, block, **jit_options):
+def make_weight_partials(tile_product, layout, block, summed_by_a=False, **jit_options):
     """Kernel (a, dy, partials, chunk): partials[z] = A[:, chunk z] @ dy[chunk z] for the
     (chunks, rows, columns) partials, A the (rows, samples) operand (x.T, or a convolution's
-    im2col(x).T) and dy (samples, columns), by a tile product of that Layout over BM x BN blocks."""
+    im2col(x).T) and dy (samples, columns), by a tile product of that Layout over BM x BN blocks.
+    `summed_by_a`: the samples are a's second axis (a dense layer's forward or input gradient, a the
+    (rows, summed) activations or gradients, gemm_split.py), else dy's first."""
     BM, BN = block
     TM, TN, row_of, col_of = layout
 
@@ -55,8 +57,8 @@ def make_weight_partials(tile_product, layout, block, **jit_options):
     # partials[bz], so no atomics are needed.
     @kernel_cache.jit(**jit_options)
     def weight_partials_kernel(a, dy, partials, chunk):
-        samples, columns = dy.shape
-        rows = partials.shape[1]
+        rows, columns = partials.shape[1], partials.shape[2]
+        samples = a.shape[1] if summed_by_a else dy.shape[0]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         begin = cuda.blockIdx.z * chunk
         acc = cuda.local.array((TM, TN), float32)

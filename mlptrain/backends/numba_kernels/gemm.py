@@ -27,7 +27,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
-from mlptrain.backends.numba_kernels import current, gemm_narrow, gemm_tf32, gemm_tf32_async, streams, wide
+from mlptrain.backends.numba_kernels import current, gemm_narrow, gemm_split, gemm_tf32, gemm_tf32_async, streams, wide
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -158,8 +158,10 @@ def _checks(lead):
     return require_lanes if lead else require
 
 
-def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None):
-    """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a leading
+def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None, workspace=None):
+    """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a float32
+    `workspace` of `linear_rows_workspace(...)` elements, a pass of few tiles on "fma" sums its K in chunks by
+    more blocks (gemm_split.py; a run's own launches, no trial axis). With a leading
     trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
     each from its own operands in the order a launch of its own would use with the same tile: the tile chosen
     for `tiles_for` trials (default T; a group of K lanes launching its first T passes K, so that a lane's sums
@@ -180,15 +182,15 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
             gemm_narrow.make_narrow_forward(N, x.dtype)[grid, threads, streams.current()](
                 *_with_trial_axis(lead, x, w, b, y), activation, *_trial_mask(lead or (1,), active))
         return
-    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for, active)
+    _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for, active, workspace)
 
 
-def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None):
+def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):
     """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input.
 
     All four share one storage format. With activation NONE, h is not read
     (pass dx or any (M, K) array of that format). A leading trial axis on all
-    four, `tiles_for` and `active`, as in linear_forward.
+    four, `tiles_for`, `active` and `workspace`, as in linear_forward.
     """
     lead = _trial_axis(dy)
     require_one_of("dy", dy, STORAGE_DTYPES, (*lead, None, None))
@@ -205,7 +207,7 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
             gemm_narrow.make_narrow_backward_input(N, dy.dtype)[grid, threads, streams.current()](
                 *_with_trial_axis(lead, dy, w, h, dx), activation, *_trial_mask(lead or (1,), active))
         return
-    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for, active)
+    _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for, active, workspace)
 
 
 _ALL_ACTIVE = {}  # (GPU, trials) -> a device array of ones, made once: nothing writes it
@@ -226,10 +228,16 @@ def _trial_mask(lead, active):
     return (active,)
 
 
-def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles_for, active):
+def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles_for, active, workspace):
     trials = lead[0] if lead else 1
     if M == 0 or N == 0 or trials == 0:
         return
+    if workspace is not None and not lead and engine == "fma":
+        require("workspace", workspace, "float32", (None,))
+        plan = gemm_split.rows_plan(M, tuple(a.shape)[1], N)
+        if plan[2] > 1:
+            gemm_split.split_rows_pass(a, w, other, out, activation, backward, workspace, plan)
+            return
     tile, grid, threads = _engine_launch(engine, M, N, trials, lead, tiles_for)
     make_linear_rows(tile, a.dtype, backward, bool(lead), engine, _staging(engine, a, w))[
         grid, threads, streams.current()](
@@ -317,10 +325,18 @@ def layer_engines(outputs):
     return {"forward": narrow, "backward_input": narrow, "backward_weight": "fma"}
 
 
+def linear_rows_workspace(rows, summed, outputs):
+    """float32 elements of workspace linear_forward (summed = its inputs) or linear_backward_input (summed = the
+    layer's outputs, outputs = its inputs) can use for batches of up to `rows`: 0 where no such batch splits
+    its sum (gemm_split.rows_plan)."""
+    return gemm_split.rows_workspace(rows, summed, outputs)
+
+
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     """The kernel each pass of an (inputs -> outputs) dense layer over `rows` samples runs, for the run's
-    record: the tile of the forward, input gradient and weight gradient (`+chunks` where the weight
-    gradient sums the batch in chunks, given a workspace; `+trials` for a trial-axis launch), or "narrow"
+    record: the tile of the forward, input gradient and weight gradient (`+split` where the forward or input
+    gradient sums its K in chunks and `+chunks` where the weight gradient sums the batch in chunks, given a
+    workspace; `+trials` for a trial-axis launch), or "narrow"
     where a run's own launch takes that engine (`layer_engines`)."""
     count = 1 if trials is None else trials
     tile = TILES[pick_tile(inputs, outputs, count)][0]
@@ -328,8 +344,11 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
     chunked = (trials is None and workspace and grid[0] * grid[1] < SPLIT_BELOW
                and chunk_plan(rows, inputs, outputs, tile)[1] > 1)
     suffix = "" if trials is None else "+trials"
-    variants = {"forward": f"tiled/{pick_tile(rows, outputs, count)}{suffix}",
-                "backward_input": f"tiled/{pick_tile(rows, inputs, count)}{suffix}",
+    def split(summed, width):  # `+split` where a run's own pass sums its K in chunks (gemm_split)
+        return "+split" if trials is None and workspace and gemm_split.rows_plan(rows, summed, width)[2] > 1 else ""
+
+    variants = {"forward": f"tiled/{pick_tile(rows, outputs, count)}{split(inputs, outputs)}{suffix}",
+                "backward_input": f"tiled/{pick_tile(rows, inputs, count)}{split(outputs, inputs)}{suffix}",
                 "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
     if trials is None:  # a run's own launches: `layer_engines` (a packed group's passes say "+trials")
         variants.update({p: "narrow" for p, engine in layer_engines(outputs).items() if engine == "narrow"})

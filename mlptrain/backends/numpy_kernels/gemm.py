@@ -71,8 +71,9 @@ def _active_trials(active):
     return np.flatnonzero(np.asarray(active))
 
 
-def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None):
-    """y = act(x @ w + b); `engine`, `tiles_for` and `active` as the CUDA launcher's (BLAS sums either way)."""
+def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None, workspace=None):
+    """y = act(x @ w + b); `engine`, `tiles_for`, `active` and `workspace` as the CUDA launcher's (BLAS sums
+    either way; the workspace is not used)."""
     _check_engine(engine, x.dtype, w.shape[-1])
     if active is not None:  # each active trial as a launch of its own (the rest untouched)
         for z in _active_trials(active):
@@ -92,8 +93,8 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
     y[...] = from_float32(z, y.dtype)
 
 
-def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None):
-    """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input."""
+def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):
+    """dx = (dy @ w.T) * act'(h), where h = act(z) is this layer's input; the workspace is not used."""
     _check_engine(engine, dy.dtype, dy.shape[-1])
     if active is not None:
         for z in _active_trials(active):
@@ -113,6 +114,11 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
 
 def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
     """The NumPy twin sums through BLAS and needs no workspace: 0 elements."""
+    return 0
+
+
+def linear_rows_workspace(rows, summed, outputs):
+    """BLAS needs none."""
     return 0
 
 

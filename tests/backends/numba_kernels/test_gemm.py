@@ -12,7 +12,7 @@ import pytest
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends import lanes
-from mlptrain.backends.numba_kernels import chunks, current, gemm, tiles, wide
+from mlptrain.backends.numba_kernels import chunks, current, gemm, gemm_split, tiles, wide
 from tests import kernel_cases as cases
 from tests.kernel_cases import hidden_output, random
 
@@ -437,3 +437,63 @@ def test_a_runs_narrow_layer_takes_the_narrow_engine_and_its_record_says_so():
     assert variants["backward_weight"].startswith("tiled/")
     assert gemm.linear_variants(128, 784, 512)["forward"].startswith("tiled/")
     assert gemm.linear_variants(128, 512, 10, trials=4)["forward"].endswith("+trials")  # lanes choose their own
+
+
+# --- a forward or input gradient of few tiles, its K summed in chunks (gemm_split) -----------------------------
+
+def count_splits(monkeypatch):
+    """A list that gets one entry for each pass gemm_split runs."""
+    calls, split = [], gemm_split.split_rows_pass
+    monkeypatch.setattr(gemm_split, "split_rows_pass", lambda *args: calls.append(args[-1]) or split(*args))
+    return calls
+
+
+@pytest.mark.parametrize("activation, dtype", [(NONE, np.float32), (RELU, np.float16), (TANH, np.uint16)])
+def test_a_pass_of_few_tiles_sums_its_k_in_chunks(rng, monkeypatch, activation, dtype):
+    """Given a workspace, a forward or input gradient of fewer than SPLIT_BELOW tiles sums its K in chunks
+    (MIN_CHUNK lowered so that a simulator-sized K of 130 splits in two, 128 + 2: a short last chunk), then
+    adds them with its epilogue: the float64 reference's results (the same bits run to run: the real_gpu case)."""
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 64)
+    calls = count_splits(monkeypatch)
+    assert gemm_split.rows_plan(7, 130, 20)[1:] == (128, 2)
+    cases.linear_forward(BACKEND, rng, (7, 130, 20), activation, dtype, True)
+    cases.linear_backward_input(BACKEND, rng, (7, 20, 130), activation, dtype, True)
+    assert [plan[2] for plan in calls] == [2, 2]
+
+
+def test_a_pass_splits_only_where_its_tiles_are_few_and_its_k_long(monkeypatch):
+    """The plan of gemm_split: 128 x 512 outputs (64 SMALL tiles) over K = 784 in three chunks, over 512 in two;
+    a K under two MIN_CHUNKs, or an output of SPLIT_BELOW tiles or more, in one launch; the workspace is sized
+    for the largest split batch at or below the run's, and the kernel plan says `+split`."""
+    assert gemm_split.rows_plan(128, 784, 512)[1:] == (320, 3)
+    assert gemm_split.rows_plan(128, 512, 512)[1:] == (256, 2)
+    assert gemm_split.rows_plan(128, 500, 512)[2] == 1  # too short to cut
+    assert gemm_split.rows_plan(2048, 784, 128)[2] == 1  # 256 tiles fill the GPU
+    assert gemm.linear_rows_workspace(128, 784, 512) == 3 * 128 * 512
+    assert gemm.linear_rows_workspace(2048, 784, 128) == max(
+        gemm_split.rows_plan(m, 784, 128)[2] * m * 128 for m in range(1, 2049) if gemm_split.rows_plan(m, 784, 128)[2] > 1)
+    assert gemm.linear_rows_workspace(128, 100, 512) == 0
+    variants = gemm.linear_variants(128, 784, 512)
+    assert variants["forward"] == "tiled/small+split" and "+split" not in variants["backward_weight"]
+    assert gemm.linear_variants(128, 784, 512, workspace=False)["forward"] == "tiled/small"
+    calls = count_splits(monkeypatch)
+    x, w = current.to_device(random(np.random.default_rng(0), 3, 600)), current.to_device(np.zeros((600, 5), np.float32))
+    with pytest.raises(ValueError, match="workspace has 1 elements, needs 30"):
+        gemm.linear_forward(x, w, current.to_device(np.zeros(5, np.float32)), poisoned((3, 5)), RELU,
+                            workspace=poisoned(1))
+    assert len(calls) == 1
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("shape", [(128, 784, 512), (100, 512, 512), (33, 1000, 300)])
+def test_split_passes_production_sizes(monkeypatch, shape):
+    """A split pass at an MLP's sizes: the reference's results, the same bits on a second run."""
+    calls = count_splits(monkeypatch)
+    for dtype in (np.float32, np.uint16, np.float16):
+        forward = [cases.linear_forward(BACKEND, np.random.default_rng(1), shape, SIGMOID, dtype, True)
+                   for _ in range(2)]
+        backward = [cases.linear_backward_input(BACKEND, np.random.default_rng(2), (shape[0], shape[2], shape[1]),
+                                                RELU, dtype, True) for _ in range(2)]
+        np.testing.assert_array_equal(forward[0], forward[1])
+        np.testing.assert_array_equal(backward[0], backward[1])
+    assert len(calls) == 12
