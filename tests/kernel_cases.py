@@ -69,19 +69,22 @@ def hidden_output(rng, shape, activation):
     return ref.activate(random(rng, *shape), activation).astype(np.float32)
 
 
-def rows_workspace(be, rows, summed, outputs, workspace):
-    """The poisoned workspace a forward or input gradient asks for (`workspace` True; it may then sum its K in
-    chunks), else None."""
-    return be.poisoned(max(1, be.kernels.gemm.linear_rows_workspace(rows, summed, outputs))) if workspace else None
+def rows_workspace(be, rows, summed, outputs, workspace, engine):
+    """The poisoned workspace a forward or input gradient on `engine` asks for (`workspace` True; it may then sum
+    its K in chunks), else None."""
+    if not workspace:
+        return None
+    return be.poisoned(max(1, be.kernels.gemm.linear_rows_workspace(rows, summed, outputs, engine)))
 
 
-def linear_forward(be, rng, shape, activation, dtype=np.float32, workspace=False):
-    """y rounded once (twice through tanh / sigmoid, whose slope is <= 1) from a float32 sum. Returns y."""
+def linear_forward(be, rng, shape, activation, dtype=np.float32, workspace=False, engine="fma"):
+    """y rounded once (twice through tanh / sigmoid, whose slope is <= 1) from a float32 sum, on `engine`.
+    Returns y."""
     m, k, n = shape
     (x, xv), (w, wv), (b, bv) = (stored(random(rng, *s), dtype) for s in ((m, k), (k, n), (n,)))
     y = be.poisoned((m, n), dtype=dtype)
-    be.kernels.gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation,
-                                   workspace=rows_workspace(be, m, k, n, workspace))
+    be.kernels.gemm.linear_forward(be.to_device(x), be.to_device(w), be.to_device(b), y, activation, engine,
+                                   workspace=rows_workspace(be, m, k, n, workspace, engine))
     magnitude = np.abs(xv.astype(np.float64)) @ np.abs(wv) + np.abs(bv)
     got = be.to_host(y)
     ref.assert_within(to_float32(got), ref.linear_forward(xv, wv, bv, activation),
@@ -89,14 +92,14 @@ def linear_forward(be, rng, shape, activation, dtype=np.float32, workspace=False
     return got
 
 
-def linear_backward_input(be, rng, shape, activation, dtype=np.float32, workspace=False):
-    """Returns dx."""
+def linear_backward_input(be, rng, shape, activation, dtype=np.float32, workspace=False, engine="fma"):
+    """On `engine`; returns dx."""
     m, k, n = shape
     (dy, dyv), (w, wv) = stored(random(rng, m, n), dtype), stored(random(rng, k, n), dtype)
     h, hv = stored(hidden_output(rng, (m, k), activation), dtype)
     dx = be.poisoned((m, k), dtype=dtype)
     be.kernels.gemm.linear_backward_input(be.to_device(dy), be.to_device(w), be.to_device(h), dx, activation,
-                                          workspace=rows_workspace(be, m, n, k, workspace))
+                                          engine, workspace=rows_workspace(be, m, n, k, workspace, engine))
     expected = ref.linear_backward_input(dyv, wv, hv, activation)
     magnitude = np.abs(dyv.astype(np.float64)) @ np.abs(wv.T)
     got = be.to_host(dx)
@@ -105,16 +108,17 @@ def linear_backward_input(be, rng, shape, activation, dtype=np.float32, workspac
     return got
 
 
-def linear_backward_weight(be, rng, shape, beta, dtype=np.float32, workspace=False):
+def linear_backward_weight(be, rng, shape, beta, dtype=np.float32, workspace=False, engine="fma"):
     """dw is float32 in every precision: only the inputs are in the storage format. With `workspace`, the
-    launch gets the workspace it asks for (a long batch is then summed in chunks), poisoned."""
+    launch on `engine` gets the workspace it asks for (a long batch is then summed in chunks), poisoned."""
     m, k, n = shape
     (x, xv), (dy, dyv) = stored(random(rng, m, k), dtype), stored(random(rng, m, n), dtype)
     old = random(rng, k, n)
     # beta 0 must not read dw: NaN there would leak into the result
     dw = be.poisoned((k, n)) if beta == 0.0 else be.to_device(old)
-    space = be.poisoned(max(1, be.kernels.gemm.linear_backward_weight_workspace(m, k, n))) if workspace else None
-    be.kernels.gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta, space)
+    gemm = be.kernels.gemm
+    space = be.poisoned(max(1, gemm.linear_backward_weight_workspace(m, k, n, engine=engine))) if workspace else None
+    gemm.linear_backward_weight(be.to_device(x), be.to_device(dy), dw, beta, space, engine)
     expected = ref.linear_backward_weight(xv, dyv, old, beta)
     ref.assert_within(be.to_host(dw), expected, ref.product_tolerance(xv.T, dyv, extra=old))
 

@@ -47,17 +47,19 @@ class MLP(StaticGraph):
         self.h = [backend.empty((max_rows, w), dtype) for w in self.widths]
         self.grad = [None] + [backend.empty((max_rows, w), dtype) for w in self.widths[1:]]
         self.labels = backend.empty((max_rows,), np.int32)
+        # the engine of each layer's passes (on a GPU: a classifier's output layer on the narrow engine, float32
+        # layers on tensor cores)
+        kernels = backend.kernels
+        self.engines = [kernels.gemm.layer_engines(b, dtype) for b in self.widths[1:]]
         # lets a long batch's weight and bias gradients, and a forward or input gradient of few tiles, be summed
         # in chunks by more blocks (CUDA; NumPy needs none); one pass uses it at a time
-        kernels = backend.kernels
-        size = max(max(kernels.gemm.linear_backward_weight_workspace(max_rows, a, b),
+        gemm = kernels.gemm
+        size = max(max(gemm.linear_backward_weight_workspace(max_rows, a, b, engine=e["backward_weight"]),
                        kernels.reduce.bias_backward_workspace(max_rows, b),
-                       kernels.gemm.linear_rows_workspace(max_rows, a, b),
-                       kernels.gemm.linear_rows_workspace(max_rows, b, a) if i else 0)
-                   for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:])))
+                       gemm.linear_rows_workspace(max_rows, a, b, e["forward"]),
+                       gemm.linear_rows_workspace(max_rows, b, a, e["backward_input"]) if i else 0)
+                   for i, (a, b, e) in enumerate(zip(self.widths[:-1], self.widths[1:], self.engines)))
         self.workspace = backend.empty((size,)) if size else None
-        # the engine of each layer's passes (a classifier's output layer sums on the narrow engine on a GPU)
-        self.engines = [kernels.gemm.layer_engines(b) for b in self.widths[1:]]
         self._views = {}
 
     @property
@@ -69,7 +71,7 @@ class MLP(StaticGraph):
         gradient), from the backend: what summary.json records."""
         gemm, plan = self.backend.kernels.gemm, {}
         for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:])):
-            passes = gemm.linear_variants(rows, a, b, self.workspace is not None)
+            passes = gemm.linear_variants(rows, a, b, self.workspace is not None, dtype=self.h[0].dtype)
             plan[f"fc{i + 1}"] = {p: v for p, v in passes.items() if i > 0 or p != "backward_input"}
         return plan
 

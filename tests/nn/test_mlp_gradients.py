@@ -13,6 +13,7 @@ from mlptrain.backends.cpu import CpuBackend
 from mlptrain.backends.cuda import CudaBackend
 from mlptrain.backends.numpy_kernels import gemm, loss, reduce
 from mlptrain.nn.mlp import MLP
+from tests.conftest import ON_SIMULATOR
 
 
 def act64(z, name):
@@ -77,17 +78,26 @@ def test_softmax_cross_entropy_backward(rng):
 @pytest.mark.parametrize("backend, hidden", [
     pytest.param(CpuBackend, [6, 5], id="cpu"),
     pytest.param(CudaBackend, [6, 5], id="cuda-narrow", marks=pytest.mark.gpu),
-    pytest.param(CudaBackend, [20, 5], id="cuda-tiles-and-narrow", marks=pytest.mark.gpu)])
+    pytest.param(CudaBackend, [20, 5], id="cuda-tiles-and-narrow", marks=pytest.mark.gpu),
+    pytest.param("tf32x3", [20, 5], id="cuda-tf32x3-and-narrow", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_whole_mlp_gradient(rng, activation, backend, hidden):
+def test_whole_mlp_gradient(rng, monkeypatch, activation, backend, hidden):
     """The graph's wiring: every parameter gradient of the mean loss, float32 graph vs float64 differences. On
     the CUDA kernels (the simulator in CI) a layer of 16 outputs or fewer runs its forward and input gradient on
-    the narrow engine, a wider one on the tiles."""
+    the narrow engine (its weight gradient on the CUDA-core tiles), a wider one on the tf32x3 tile."""
+    if backend == "tf32x3":  # a run's float32 layers on tensor cores, as on a GPU (a small tile on the simulator)
+        from mlptrain.backends.numba_kernels import gemm as cuda_gemm
+
+        monkeypatch.setattr(cuda_gemm, "RUN_TF32X3", True)
+        if ON_SIMULATOR:
+            monkeypatch.setattr(cuda_gemm, "TF32_TILE", (32, 32, 2, 2, 16))
+        backend = CudaBackend
     backend = backend()
     model = MLP(backend, 7, hidden, 4, activation, max_rows=8)
-    if backend.name == "cuda":
-        assert [e["forward"] for e in model.engines] == ["narrow" if w <= 16 else "fma" for w in hidden + [4]]
-        assert [e["backward_weight"] for e in model.engines] == ["fma"] * 3
+    if backend.name == "cuda":  # float32 layers on tensor cores (gemm.RUN_TF32X3), narrow ones on the narrow engine
+        tiles = "tf32x3" if backend.kernels.gemm.RUN_TF32X3 else "fma"
+        assert [e["forward"] for e in model.engines] == ["narrow" if w <= 16 else tiles for w in hidden + [4]]
+        assert [e["backward_weight"] for e in model.engines] == [tiles if w > 16 else "fma" for w in hidden + [4]]
     model.init_parameters(rng, "he_uniform", "zeros")
     rows = 5
     x = rng.standard_normal((rows, 7)).astype(np.float32)

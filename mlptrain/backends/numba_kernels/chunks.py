@@ -36,9 +36,9 @@ def chunk_plan(samples, rows, columns, tile):
     return blocks_chunk_plan(samples, grid[0] * grid[1])
 
 
-def blocks_chunk_plan(samples, blocks):
-    """chunk_plan for an output of `blocks` tiles."""
-    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, blocks)), samples // MIN_CHUNK))
+def blocks_chunk_plan(samples, blocks, min_chunk=None):
+    """chunk_plan for an output of `blocks` tiles, chunks of at least `min_chunk` samples (default MIN_CHUNK)."""
+    most = max(1, min(math.ceil(CHUNK_BLOCKS / max(1, blocks)), samples // (min_chunk or MIN_CHUNK)))
     chunk = max(1, math.ceil(samples / most / CHUNK_STEP)) * CHUNK_STEP
     return chunk, max(1, math.ceil(samples / chunk)), most
 

@@ -26,10 +26,10 @@ import functools
 import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
 from mlptrain.backends.numba_kernels import current, gemm_narrow, gemm_split, gemm_tf32, gemm_tf32_async, streams, wide
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
-from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, chunk_plan, make_weight_partials
+from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, blocks_chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.tiles import (
     TILES,
@@ -52,6 +52,11 @@ TF32_TILE = (64, 64, 2, 2, 16)
 # through registers: 16 lanes' eight GEMMs 274 -> 238 µs at 4, 244 at 3, 297 at 2 (benchmarks/trial_gemms.py
 # --tf32-stages, H200; benchmarks/NOTES.md, issue 30 step 15)
 TF32_STAGES = 4
+# A run's own float32 layers (not a packed group's, whose engine packing.lane_step chooses) sum their wide passes
+# on "tf32x3", their K split into chunks where their tiles are few (layer_engines; benchmarks/NOTES.md, issue 31
+# step 1c); off, on "fma". Off on the simulator, which emulates each mma through shared memory: a tiny MLP's
+# gradient took 30-40 s there against 0.6 on "fma" (the tf32x3 kernels are tested there on a small tile)
+RUN_TF32X3 = not config.ENABLE_CUDASIM
 
 
 def _engine_parts(engine, tile, load, staging=(False, False, 0)):
@@ -160,8 +165,8 @@ def _checks(lead):
 
 def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=None, workspace=None):
     """y = act(x @ w + b), all four in one storage format, summed by `engine` (ENGINES). With a float32
-    `workspace` of `linear_rows_workspace(...)` elements, a pass of few tiles on "fma" sums its K in chunks by
-    more blocks (gemm_split.py; a run's own launches, no trial axis). With a leading
+    `workspace` of `linear_rows_workspace(...)` elements, a pass of few tiles ("fma" or "tf32x3") sums its K in
+    chunks by more blocks (gemm_split.py; a run's own launches, no trial axis). With a leading
     trial axis (x (T, M, K), w (T, K, N), b (T, N), y (T, M, N)) one launch computes the T trials' layers,
     each from its own operands in the order a launch of its own would use with the same tile: the tile chosen
     for `tiles_for` trials (default T; a group of K lanes launching its first T passes K, so that a lane's sums
@@ -232,16 +237,43 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles
     trials = lead[0] if lead else 1
     if M == 0 or N == 0 or trials == 0:
         return
-    if workspace is not None and not lead and engine == "fma":
+    if workspace is not None and not lead:
         require("workspace", workspace, "float32", (None,))
-        plan = gemm_split.rows_plan(M, tuple(a.shape)[1], N)
-        if plan[2] > 1:
-            gemm_split.split_rows_pass(a, w, other, out, activation, backward, workspace, plan)
+        chunk, chunks = _rows_split(engine, M, tuple(a.shape)[1], N)
+        if chunks > 1:
+            tile, grid, threads = _engine_launch(engine, M, N, 1, False)
+            partials = make_linear_rows_partials(tile, a.dtype, backward, engine, _staging(engine, a, w))
+            gemm_split.split_rows_pass(partials, grid, threads, a, w, other, out, activation, backward, workspace,
+                                       chunk, chunks)
             return
     tile, grid, threads = _engine_launch(engine, M, N, trials, lead, tiles_for)
     make_linear_rows(tile, a.dtype, backward, bool(lead), engine, _staging(engine, a, w))[
         grid, threads, streams.current()](
         a, w, other, out, activation, *_trial_mask(lead, active))
+
+
+def _min_chunk(engine):
+    """The shortest chunk a split sum of `engine` takes (None: chunks.MIN_CHUNK)."""
+    return gemm_split.TF32_MIN_CHUNK if engine == "tf32x3" else None
+
+
+def _rows_split(engine, M, summed, N):
+    """(chunk, chunks) of a run's own forward or input gradient of M x N outputs on `engine` ("fma" or "tf32x3"),
+    summed over `summed`: more than one chunk where its tiles are few (gemm_split.chunk_plan)."""
+    if engine == "narrow" or M == 0 or N == 0:
+        return summed, 1
+    _, grid, _ = _engine_launch(engine, M, N, 1, False)
+    return gemm_split.chunk_plan(grid[0] * grid[1], summed, _min_chunk(engine))
+
+
+@functools.cache
+def make_linear_rows_partials(tile, dtype, backward, engine="fma", staging=(False, False, 0)):
+    """The kernel (a, w, partials, chunk) of a split rows pass (gemm_split): partials[z] = a[:, chunk z] @ w
+    (w.T, `backward`) on `engine`'s `tile`, `staging` as in _engine_parts."""
+    load, _ = codec(dtype)
+    make_product, layout = _engine_parts(engine, tile, load, staging)
+    product = make_product(dense_operand(load, True), dense_operand(load, backward))
+    return make_weight_partials(product, layout, tile[:2], summed_by_a=True)
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
@@ -295,64 +327,81 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
 
 
 @functools.cache
-def _make_linear_weight_partials(tile, dtype):
+def _make_linear_weight_partials(tile, dtype, engine="fma", staging=(False, False, 0)):
     load, _ = codec(dtype)
-    product = make_tile_product(tile, dense_operand(load, False), dense_operand(load, False))
-    return make_weight_partials(product, tile_layout(tile), tile[:2])
+    make_product, layout = _engine_parts(engine, tile, load, staging)
+    product = make_product(dense_operand(load, False), dense_operand(load, False))
+    return make_weight_partials(product, layout, tile[:2])
 
 
-def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
-    """float32 elements of workspace linear_backward_weight can use for x (batch, inputs) and dy
+def _weight_chunks(engine, batch, inputs, outputs):
+    """(tile, grid, threads, chunk, chunks, most) of a run's own weight gradient on `engine` ("fma" or "tf32x3"):
+    its batch summed in chunks where its tiles are fewer than SPLIT_BELOW (chunks.blocks_chunk_plan; `most`
+    chunks at this batch, what a workspace is sized for), else in one."""
+    tile, grid, threads = _engine_launch(engine, inputs, outputs, 1, False)
+    if grid[0] * grid[1] >= SPLIT_BELOW:
+        return tile, grid, threads, batch, 1, 1
+    return (tile, grid, threads, *blocks_chunk_plan(batch, grid[0] * grid[1]))
+
+
+def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine="fma"):
+    """float32 elements of workspace linear_backward_weight on `engine` can use for x (batch, inputs) and dy
     (batch, outputs): 0 where one block per output tile already fills the GPU, and for a trial-axis
     launch (`trials` given), whose trials' blocks fill it instead. Never smaller for a smaller batch,
     so one workspace sized for the largest batch serves all."""
-    if trials is not None:
+    if trials is not None or engine == "narrow":
         return 0
-    tile = TILES[pick_tile(inputs, outputs)][0]
-    grid, _ = launch_grid(inputs, outputs, tile)
-    _, _, most = chunk_plan(batch, inputs, outputs, tile)
-    return most * inputs * outputs if most > 1 and grid[0] * grid[1] < SPLIT_BELOW else 0
+    most = _weight_chunks(engine, batch, inputs, outputs)[5]
+    return most * inputs * outputs if most > 1 else 0
 
 
-def layer_engines(outputs):
-    """The engine (ENGINES) of each pass of a dense layer of `outputs` outputs in a run of its own: "narrow" for
-    the forward and the input gradient of a layer of NARROW_MOST outputs or fewer (a classifier's), else "fma".
-    Its weight gradient stays on "fma", whose chunks sum a long batch in many blocks where a narrow thread sums
-    every row itself. On the tile engines a 128 x 784 -> 512 -> 512 -> 10 step's output layer took 14.3 µs for
-    its forward and 8.8 for its input gradient, K = 512 summed by 32 x 32 tiles of 10 useful columns
-    (benchmarks/step_profile.py --model mlp, H100; benchmarks/NOTES.md, issue 31 step 1)."""
-    narrow = "narrow" if outputs <= NARROW_MOST else "fma"
-    return {"forward": narrow, "backward_input": narrow, "backward_weight": "fma"}
+def layer_engines(outputs, dtype):
+    """The engine (ENGINES) of each pass of a dense layer of `outputs` outputs storing `dtype`, in a run of its
+    own. "narrow" for the forward and the input gradient of a layer of NARROW_MOST outputs or fewer (a
+    classifier's): on the tiles a 128 x 784 -> 512 -> 512 -> 10 step's output layer took 14.3 µs for its forward
+    and 8.8 for its input gradient, K = 512 summed by 32 x 32 tiles of 10 useful columns (benchmarks/step_profile.py
+    --model mlp, H100; benchmarks/NOTES.md, issue 31 step 1). Its weight gradient stays on "fma", whose chunks
+    sum a long batch in many blocks where a narrow thread sums every row itself (on tf32x3's 64 x 64 tiles, 8 of
+    them, it took 9.6 µs against 7.5 at batch 128, 18.4 against 13.2 at 2048). A wider layer's passes: "tf32x3" for
+    float32 where RUN_TF32X3 is on (float32 accuracy on tensor cores), else "fma"."""
+    tiles = "tf32x3" if RUN_TF32X3 and str(np.dtype(dtype)) == "float32" else "fma"
+    if outputs <= NARROW_MOST:
+        return {"forward": "narrow", "backward_input": "narrow", "backward_weight": "fma"}
+    return {"forward": tiles, "backward_input": tiles, "backward_weight": tiles}
 
 
-def linear_rows_workspace(rows, summed, outputs):
+def linear_rows_workspace(rows, summed, outputs, engine="fma"):
     """float32 elements of workspace linear_forward (summed = its inputs) or linear_backward_input (summed = the
-    layer's outputs, outputs = its inputs) can use for batches of up to `rows`: 0 where no such batch splits
-    its sum (gemm_split.rows_plan)."""
-    return gemm_split.rows_workspace(rows, summed, outputs)
+    layer's outputs, outputs = its inputs) on `engine` can use for batches of up to `rows`: 0 where no such
+    batch splits its sum (_rows_split)."""
+    return gemm_split.workspace_for(rows, outputs, lambda m: _rows_split(engine, m, summed, outputs)[1])
 
 
-def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
-    """The kernel each pass of an (inputs -> outputs) dense layer over `rows` samples runs, for the run's
-    record: the tile of the forward, input gradient and weight gradient (`+split` where the forward or input
-    gradient sums its K in chunks and `+chunks` where the weight gradient sums the batch in chunks, given a
-    workspace; `+trials` for a trial-axis launch), or "narrow"
-    where a run's own launch takes that engine (`layer_engines`)."""
-    count = 1 if trials is None else trials
-    tile = TILES[pick_tile(inputs, outputs, count)][0]
-    grid, _ = launch_grid(inputs, outputs, tile)
-    chunked = (trials is None and workspace and grid[0] * grid[1] < SPLIT_BELOW
-               and chunk_plan(rows, inputs, outputs, tile)[1] > 1)
-    suffix = "" if trials is None else "+trials"
-    def split(summed, width):  # `+split` where a run's own pass sums its K in chunks (gemm_split)
-        return "+split" if trials is None and workspace and gemm_split.rows_plan(rows, summed, width)[2] > 1 else ""
+def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="float32"):
+    """The kernel each pass of an (inputs -> outputs) dense layer storing `dtype` over `rows` samples runs, for
+    the run's record: a run's own passes by `layer_engines`, "narrow", "tf32x3" or the CUDA-core tile
+    ("tiled/<name>"), with `+split` where the forward or input gradient sums its K in chunks and `+chunks` where
+    the weight gradient sums the batch in chunks, given a workspace; a trial-axis launch's ("+trials") the tile
+    the CUDA cores take for all `trials` (packed groups record their engine themselves)."""
+    if trials is not None:
+        return {"forward": f"tiled/{pick_tile(rows, outputs, trials)}+trials",
+                "backward_input": f"tiled/{pick_tile(rows, inputs, trials)}+trials",
+                "backward_weight": f"tiled/{pick_tile(inputs, outputs, trials)}+trials"}
+    engines = layer_engines(outputs, dtype)
 
-    variants = {"forward": f"tiled/{pick_tile(rows, outputs, count)}{split(inputs, outputs)}{suffix}",
-                "backward_input": f"tiled/{pick_tile(rows, inputs, count)}{split(outputs, inputs)}{suffix}",
-                "backward_weight": f"tiled/{pick_tile(inputs, outputs, count)}{'+chunks' if chunked else ''}{suffix}"}
-    if trials is None:  # a run's own launches: `layer_engines` (a packed group's passes say "+trials")
-        variants.update({p: "narrow" for p, engine in layer_engines(outputs).items() if engine == "narrow"})
-    return variants
+    def label(name, M, N, chunks):
+        engine = engines[name]
+        if engine == "narrow":
+            return engine
+        base = engine if engine == "tf32x3" else f"tiled/{pick_tile(M, N)}"
+        suffix = "+chunks" if name == "backward_weight" else "+split"
+        return base + (suffix if workspace and chunks > 1 else "")
+
+    return {"forward": label("forward", rows, outputs, _rows_split(engines["forward"], rows, inputs, outputs)[1]),
+            "backward_input": label("backward_input", rows, inputs,
+                                    _rows_split(engines["backward_input"], rows, outputs, inputs)[1]),
+            "backward_weight": label("backward_weight", inputs, outputs,
+                                     _weight_chunks(engines["backward_weight"], rows, inputs, outputs)[4])}
 
 
 def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None, active=None):
@@ -378,24 +427,23 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
         gemm_narrow.make_narrow_backward_weight(x.dtype)[grid, threads, streams.current()](
             *_with_trial_axis(lead, x, dy, dw), float32(beta), *_trial_mask(lead or (1,), active))
         return
-    if lead or engine != "fma":
-        tile, grid, threads = _engine_launch(engine, K, N, lead[0] if lead else 1, lead, tiles_for)
-        make_linear_backward_weight(tile, x.dtype, bool(lead), engine, _staging(engine, x, dy))[
+    if lead:
+        tile, grid, threads = _engine_launch(engine, K, N, lead[0], lead, tiles_for)
+        make_linear_backward_weight(tile, x.dtype, True, engine, _staging(engine, x, dy))[
             grid, threads, streams.current()](
             x, dy, dw, float32(beta), *_trial_mask(lead, active))
         return
-    tile = TILES[pick_tile(K, N)][0]
-    grid, threads = launch_grid(K, N, tile)
-    if workspace is not None and grid[0] * grid[1] < SPLIT_BELOW:
+    tile, grid, threads, chunk, chunks, _ = _weight_chunks(engine, B, K, N)
+    staging = _staging(engine, x, dy)
+    if workspace is not None and chunks > 1:
         require("workspace", workspace, "float32", (None,))
-        chunk, chunks, most = chunk_plan(B, K, N, tile)
-        if chunks > 1 and workspace.shape[0] < chunks * K * N:  # as conv and reduce do: never a silent slower path
+        if workspace.shape[0] < chunks * K * N:  # as conv and reduce do: never a silent slower path
             raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chunks * K * N} "
                              "(linear_backward_weight_workspace(batch, inputs, outputs))")
-        if chunks > 1:
-            partials = workspace[:chunks * K * N]
-            _make_linear_weight_partials(tile, x.dtype)[(*grid, chunks), threads, streams.current()](
-                x, dy, partials.reshape(chunks, K, N), chunk)
-            add_chunks(partials.reshape(chunks, K * N), dw.reshape(K * N), beta)
-            return
-    make_linear_backward_weight(tile, x.dtype)[grid, threads, streams.current()](x, dy, dw, float32(beta))
+        partials = workspace[:chunks * K * N]
+        _make_linear_weight_partials(tile, x.dtype, engine, staging)[(*grid, chunks), threads, streams.current()](
+            x, dy, partials.reshape(chunks, K, N), chunk)
+        add_chunks(partials.reshape(chunks, K * N), dw.reshape(K * N), beta)
+        return
+    make_linear_backward_weight(tile, x.dtype, False, engine, staging)[grid, threads, streams.current()](
+        x, dy, dw, float32(beta))

@@ -5,7 +5,7 @@ for the first layer) by itself: a 128 x 784 -> 512 -> 512 -> 10 step's forwards 
 512-wide input gradient 16.8, at 4-5 TFLOP/s (benchmarks/step_profile.py --model mlp, H100; benchmarks/NOTES.md,
 issue 31 step 1). Given a workspace, a pass of fewer than chunks.SPLIT_BELOW tiles has its summed axis cut into
 chunks (chunks.blocks_chunk_plan, as a weight gradient's batch is): block (bx, by, z) writes chunk z's partial
-tile, then a second launch adds each output's chunks in chunk order and applies the pass's epilogue (bias and
+tile (on the pass's engine, gemm.make_linear_rows_partials), then a second launch adds each output's chunks in chunk order and applies the pass's epilogue (bias and
 activation, or the activation's derivative), rounding to the storage format as the one-launch pass does. A
 fixed plan, read off the shapes alone, and a fixed order: the same bits on every run.
 """
@@ -17,56 +17,40 @@ from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, blocks_chunk_plan, make_weight_partials
+from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, blocks_chunk_plan
 from mlptrain.backends.numba_kernels.codecs import codec
-from mlptrain.backends.numba_kernels.tiles import (
-    TILES,
-    activation_grad_of,
-    dense_operand,
-    launch_grid,
-    make_tile_product,
-    pick_tile,
-    squash,
-    tile_layout,
-)
+from mlptrain.backends.numba_kernels.tiles import activation_grad_of, squash
 
 SUM_THREADS = 256  # outputs of one row a block of the second launch adds up
 ROW_STEP = 32  # every tile's BM is a multiple: a plan changes only at multiples of it
+# The tf32x3 tile's chunks may be shorter than the CUDA-core tiles' MIN_CHUNK: its one 64 x 64 tile makes 16
+# blocks of a 128 x 512 output, and K = 784 in 256-deep chunks would fill 48 of 132 SMs.
+TF32_MIN_CHUNK = 64
 
 
-def rows_plan(M, summed, N):
-    """(tile, chunk, chunks) of an M x N output summed over `summed`: one chunk (the one-launch pass) where its
-    tiles fill SPLIT_BELOW blocks or its sum is too short to cut."""
-    tile = TILES[pick_tile(M, N)][0]
-    grid, _ = launch_grid(M, N, tile)
-    blocks = grid[0] * grid[1]
+def chunk_plan(blocks, summed, min_chunk=None):
+    """(chunk, chunks) of a pass of `blocks` tiles summed over `summed`: one chunk (the one-launch pass) where the
+    tiles fill SPLIT_BELOW blocks or the sum is too short to cut (chunks.blocks_chunk_plan, `min_chunk` its
+    shortest chunk)."""
     if blocks >= SPLIT_BELOW:
-        return tile, summed, 1
-    chunk, chunks, _ = blocks_chunk_plan(summed, blocks)
-    return tile, chunk, chunks
+        return summed, 1
+    chunk, chunks, _ = blocks_chunk_plan(summed, blocks, min_chunk)
+    return chunk, chunks
 
 
-def rows_workspace(rows, summed, outputs):
-    """float32 elements of workspace a pass of up to `rows` output rows needs (0: it never splits). Fewer rows
-    make fewer tiles and never fewer chunks, so the largest split batch at or below `rows` sets it: the plan
-    changes only at multiples of ROW_STEP rows, and once a batch stops splitting no larger one splits."""
+def workspace_for(rows, outputs, chunks_at):
+    """float32 elements of workspace a pass of up to `rows` output rows of `outputs` columns needs, its chunks at
+    m rows `chunks_at(m)` (0: it never splits). Fewer rows make fewer tiles and never fewer chunks, so the largest
+    split batch at or below `rows` sets it: a plan changes only at multiples of ROW_STEP rows, and once a batch
+    stops splitting no larger one splits."""
     most, m = 0, 0
     while m < rows:
         m = min(rows, m + ROW_STEP)
-        chunks = rows_plan(m, summed, outputs)[2]
+        chunks = chunks_at(m)
         if chunks == 1:
             break
         most = max(most, chunks * m * outputs)
     return most
-
-
-@functools.cache
-def make_rows_partials(tile, dtype, backward):
-    """Kernel (a, w, partials, chunk): partials[z] = a[:, chunk z] @ w (w.T for the input gradient, `backward`)
-    over chunk z of a's columns, a (M, summed), partials (chunks, M, N) float32."""
-    load, _ = codec(dtype)
-    product = make_tile_product(tile, dense_operand(load, True), dense_operand(load, backward))
-    return make_weight_partials(product, tile_layout(tile), tile[:2], summed_by_a=True)
 
 
 @functools.cache
@@ -104,18 +88,18 @@ def make_rows_sum(dtype, backward):
     return rows_sum_kernel
 
 
-def split_rows_pass(a, w, other, out, activation, backward, workspace, plan):
-    """The pass of gemm._rows_pass (forward: other = b; `backward`, the input gradient: other = h) in the
-    chunks of `plan` (rows_plan's, more than one), its partials in `workspace` (float32, at least
-    rows_workspace's elements)."""
-    tile, chunk, chunks = plan
+def split_rows_pass(partials_kernel, grid, threads, a, w, other, out, activation, backward, workspace, chunk,
+                    chunks):
+    """A pass of gemm._rows_pass (forward: other = b; `backward`, the input gradient: other = h) in `chunks` chunks
+    of `chunk` of a's columns: `partials_kernel` (a, w, partials, chunk) writes their partial tiles into
+    `workspace` (float32, at least chunks x M x N elements) on (*grid, chunks) blocks of `threads`, then
+    rows_sum_kernel adds them."""
     M, N = tuple(out.shape)
     if workspace.shape[0] < chunks * M * N:  # as the weight gradient's: never a silent slower path
         raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chunks * M * N} "
                          "(linear_rows_workspace(rows, summed, outputs))")
     partials = workspace[:chunks * M * N].reshape(chunks, M, N)
-    grid, threads = launch_grid(M, N, tile)
     stream = streams.current()
-    make_rows_partials(tile, a.dtype, backward)[(*grid, chunks), threads, stream](a, w, partials, chunk)
+    partials_kernel[(*grid, chunks), threads, stream](a, w, partials, chunk)
     make_rows_sum(a.dtype, backward)[(math.ceil(N / SUM_THREADS), M), SUM_THREADS, stream](
         partials, other, out, activation)

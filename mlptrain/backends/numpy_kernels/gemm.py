@@ -112,24 +112,23 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     dx[...] = from_float32(grad, dx.dtype)
 
 
-def linear_backward_weight_workspace(batch, inputs, outputs, trials=None):
+def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine="fma"):
     """The NumPy twin sums through BLAS and needs no workspace: 0 elements."""
     return 0
 
 
-def linear_rows_workspace(rows, summed, outputs):
+def linear_rows_workspace(rows, summed, outputs, engine="fma"):
     """BLAS needs none."""
     return 0
 
 
-def layer_engines(outputs):
-    """The engine the CUDA launchers take for each pass of a dense layer in a run of its own (BLAS sums either
-    way): "narrow" for the forward and input gradient of a layer of NARROW_MOST outputs or fewer, else "fma"."""
-    narrow = "narrow" if outputs <= NARROW_MOST else "fma"
-    return {"forward": narrow, "backward_input": narrow, "backward_weight": "fma"}
+def layer_engines(outputs, dtype):
+    """The engine a run's own dense layer passes to the launchers: BLAS sums every pass, so "fma" (a name the
+    launchers check and then ignore)."""
+    return {"forward": "fma", "backward_input": "fma", "backward_weight": "fma"}
 
 
-def linear_variants(rows, inputs, outputs, workspace=True, trials=None):
+def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="float32"):
     """Every pass runs through NumPy's BLAS here."""
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
 

@@ -421,79 +421,100 @@ def test_narrow_engine_production_sizes(rng, trials, shape):
     tf32x3_layer(rng, trials, shape, RELU, 1.0, engine="narrow")
 
 
-def test_a_runs_narrow_layer_takes_the_narrow_engine_and_its_record_says_so():
-    """A run's own launches (nn.MLP) take "narrow" for the forward and input gradient of a layer of at most
-    NARROW_MOST outputs and keep the tiles' chunks for its weight gradient; the NumPy twin names the same
-    engines, and summary.json's kernel plan (linear_variants) says which ran."""
+def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_says_so(monkeypatch):
+    """A run's own launches (nn.MLP): "narrow" for the forward and input gradient of a layer of at most NARROW_MOST
+    outputs, the CUDA-core tiles' chunks for its weight gradient; a wider layer's float32 passes on "tf32x3" while
+    RUN_TF32X3 is on, 16-bit ones on "fma"; summary.json's kernel plan (linear_variants) says which ran; the NumPy
+    twin names "fma"."""
     from mlptrain.backends.numpy_kernels import gemm as numpy_gemm
 
-    for outputs in (1, 10, gemm.NARROW_MOST, gemm.NARROW_MOST + 1, 512):
-        engines = gemm.layer_engines(outputs)
-        assert engines == numpy_gemm.layer_engines(outputs)
-        side = "narrow" if outputs <= gemm.NARROW_MOST else "fma"
-        assert engines == {"forward": side, "backward_input": side, "backward_weight": "fma"}
+    for on in (True, False):
+        monkeypatch.setattr(gemm, "RUN_TF32X3", on)
+        for dtype, wide_engine in ((np.float32, "tf32x3" if on else "fma"), (np.float16, "fma"), (np.uint16, "fma")):
+            for outputs in (1, 10, gemm.NARROW_MOST, gemm.NARROW_MOST + 1, 512):
+                narrow = outputs <= gemm.NARROW_MOST
+                side = "narrow" if narrow else wide_engine
+                assert gemm.layer_engines(outputs, dtype) == {"forward": side, "backward_input": side,
+                                                              "backward_weight": "fma" if narrow else wide_engine}
+                assert set(numpy_gemm.layer_engines(outputs, dtype).values()) == {"fma"}
+    monkeypatch.setattr(gemm, "RUN_TF32X3", True)
     variants = gemm.linear_variants(128, 512, 10)
-    assert variants["forward"] == variants["backward_input"] == "narrow"
-    assert variants["backward_weight"].startswith("tiled/")
-    assert gemm.linear_variants(128, 784, 512)["forward"].startswith("tiled/")
+    assert variants["forward"] == variants["backward_input"] == "narrow" and variants["backward_weight"] == "tiled/small"
+    assert gemm.linear_variants(128, 784, 512) == {"forward": "tf32x3+split", "backward_input": "tf32x3+split",
+                                                   "backward_weight": "tf32x3"}
+    assert gemm.linear_variants(2048, 784, 128)["backward_weight"] == "tf32x3+chunks"
+    assert gemm.linear_variants(128, 784, 512, dtype=np.uint16) == {
+        "forward": "tiled/small+split", "backward_input": "tiled/small", "backward_weight": "tiled/medium"}
+    assert gemm.linear_variants(128, 784, 512, workspace=False, dtype=np.uint16)["forward"] == "tiled/small"
     assert gemm.linear_variants(128, 512, 10, trials=4)["forward"].endswith("+trials")  # lanes choose their own
 
 
 # --- a forward or input gradient of few tiles, its K summed in chunks (gemm_split) -----------------------------
 
 def count_splits(monkeypatch):
-    """A list that gets one entry for each pass gemm_split runs."""
+    """A list that gets the chunks of each pass gemm_split runs."""
     calls, split = [], gemm_split.split_rows_pass
     monkeypatch.setattr(gemm_split, "split_rows_pass", lambda *args: calls.append(args[-1]) or split(*args))
     return calls
 
 
-@pytest.mark.parametrize("activation, dtype", [(NONE, np.float32), (RELU, np.float16), (TANH, np.uint16)])
-def test_a_pass_of_few_tiles_sums_its_k_in_chunks(rng, monkeypatch, activation, dtype):
+@pytest.mark.parametrize("engine, activation, dtype, k", [
+    ("fma", NONE, np.float32, 130), ("fma", TANH, np.uint16, 130),
+    ("tf32x3", SIGMOID, np.float32, 130),  # staged through registers (K not whole quads)
+    ("tf32x3", RELU, np.float32, 132),  # copied by cp.async (every row whole quads)
+])
+def test_a_pass_of_few_tiles_sums_its_k_in_chunks(rng, monkeypatch, mini_tf32_tile, engine, activation, dtype, k):
     """Given a workspace, a forward or input gradient of fewer than SPLIT_BELOW tiles sums its K in chunks
     (MIN_CHUNK lowered so that a simulator-sized K of 130 splits in two, 128 + 2: a short last chunk), then
     adds them with its epilogue: the float64 reference's results (the same bits run to run: the real_gpu case)."""
     monkeypatch.setattr(chunks, "MIN_CHUNK", 64)
     calls = count_splits(monkeypatch)
-    assert gemm_split.rows_plan(7, 130, 20)[1:] == (128, 2)
-    cases.linear_forward(BACKEND, rng, (7, 130, 20), activation, dtype, True)
-    cases.linear_backward_input(BACKEND, rng, (7, 20, 130), activation, dtype, True)
-    assert [plan[2] for plan in calls] == [2, 2]
+    cases.linear_forward(BACKEND, rng, (7, k, 20), activation, dtype, True, engine)
+    cases.linear_backward_input(BACKEND, rng, (7, 20, k), activation, dtype, True, engine)
+    assert calls == [2, 2]
+
+
+def test_a_tf32x3_weight_gradient_sums_a_long_batch_in_chunks(rng, monkeypatch, mini_tf32_tile):
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 64)
+    assert gemm.linear_backward_weight_workspace(130, 20, 12, engine="tf32x3") == 2 * 20 * 12
+    added = []
+    monkeypatch.setattr(gemm, "add_chunks", lambda partials, dw, beta: added.append(partials.shape) or
+                        chunks.add_chunks(partials, dw, beta))
+    cases.linear_backward_weight(BACKEND, rng, (130, 20, 12), 1.0, workspace=True, engine="tf32x3")
+    assert added == [(2, 20 * 12)]
 
 
 def test_a_pass_splits_only_where_its_tiles_are_few_and_its_k_long(monkeypatch):
-    """The plan of gemm_split: 128 x 512 outputs (64 SMALL tiles) over K = 784 in three chunks, over 512 in two;
-    a K under two MIN_CHUNKs, or an output of SPLIT_BELOW tiles or more, in one launch; the workspace is sized
-    for the largest split batch at or below the run's, and the kernel plan says `+split`."""
-    assert gemm_split.rows_plan(128, 784, 512)[1:] == (320, 3)
-    assert gemm_split.rows_plan(128, 512, 512)[1:] == (256, 2)
-    assert gemm_split.rows_plan(128, 500, 512)[2] == 1  # too short to cut
-    assert gemm_split.rows_plan(2048, 784, 128)[2] == 1  # 256 tiles fill the GPU
+    """The plans: 128 x 512 outputs (64 SMALL tiles) over K = 784 in three chunks on the CUDA cores, in seven on
+    tf32x3 (16 tiles, chunks of at least 64); a K under two shortest chunks, or an output of SPLIT_BELOW tiles or
+    more, in one launch; the workspace is sized for the largest split batch at or below the run's; a workspace
+    too small is refused."""
     assert gemm.linear_rows_workspace(128, 784, 512) == 3 * 128 * 512
-    assert gemm.linear_rows_workspace(2048, 784, 128) == max(
-        gemm_split.rows_plan(m, 784, 128)[2] * m * 128 for m in range(1, 2049) if gemm_split.rows_plan(m, 784, 128)[2] > 1)
-    assert gemm.linear_rows_workspace(128, 100, 512) == 0
-    variants = gemm.linear_variants(128, 784, 512)
-    assert variants["forward"] == "tiled/small+split" and "+split" not in variants["backward_weight"]
-    assert gemm.linear_variants(128, 784, 512, workspace=False)["forward"] == "tiled/small"
+    assert gemm.linear_rows_workspace(128, 512, 512) == 2 * 128 * 512
+    assert gemm.linear_rows_workspace(128, 784, 512, "tf32x3") == 7 * 128 * 512
+    assert gemm.linear_rows_workspace(128, 500, 512) == 0  # too short to cut on the CUDA cores
+    assert gemm.linear_rows_workspace(4096, 784, 512) == 3 * 128 * 512  # past 128 rows no batch splits
+    assert gemm.linear_rows_workspace(128, 784, 10, "narrow") == 0
     calls = count_splits(monkeypatch)
     x, w = current.to_device(random(np.random.default_rng(0), 3, 600)), current.to_device(np.zeros((600, 5), np.float32))
     with pytest.raises(ValueError, match="workspace has 1 elements, needs 30"):
         gemm.linear_forward(x, w, current.to_device(np.zeros(5, np.float32)), poisoned((3, 5)), RELU,
                             workspace=poisoned(1))
-    assert len(calls) == 1
+    assert calls == [2]
 
 
 @pytest.mark.real_gpu
-@pytest.mark.parametrize("shape", [(128, 784, 512), (100, 512, 512), (33, 1000, 300)])
+@pytest.mark.parametrize("shape", [(128, 784, 512), (100, 512, 512), (33, 1000, 300), (2048, 784, 128)])
 def test_split_passes_production_sizes(monkeypatch, shape):
-    """A split pass at an MLP's sizes: the reference's results, the same bits on a second run."""
+    """Split passes and chunked weight gradients at an MLP's sizes: the reference's results, the same bits on a
+    second run."""
     calls = count_splits(monkeypatch)
-    for dtype in (np.float32, np.uint16, np.float16):
-        forward = [cases.linear_forward(BACKEND, np.random.default_rng(1), shape, SIGMOID, dtype, True)
+    for engine, dtype in (("tf32x3", np.float32), ("fma", np.float32), ("fma", np.uint16), ("fma", np.float16)):
+        forward = [cases.linear_forward(BACKEND, np.random.default_rng(1), shape, SIGMOID, dtype, True, engine)
                    for _ in range(2)]
         backward = [cases.linear_backward_input(BACKEND, np.random.default_rng(2), (shape[0], shape[2], shape[1]),
-                                                RELU, dtype, True) for _ in range(2)]
+                                                RELU, dtype, True, engine) for _ in range(2)]
         np.testing.assert_array_equal(forward[0], forward[1])
         np.testing.assert_array_equal(backward[0], backward[1])
-    assert len(calls) == 12
+        cases.linear_backward_weight(BACKEND, np.random.default_rng(3), shape, 1.0, dtype, True, engine)
+    assert calls
