@@ -57,14 +57,20 @@ TF32_STAGES = 4
 # step 1c); off, on "fma". Off on the simulator, which emulates each mma through shared memory: a tiny MLP's
 # gradient took 30-40 s there against 0.6 on "fma" (the tf32x3 kernels are tested there on a small tile)
 RUN_TF32X3 = not config.ENABLE_CUDASIM
+# ... and its 16-bit layers too, one exact tf32 product a fragment (their values fit a tf32), where RUN_TF32X3 is on.
+# Off until measured on a GPU: correct on the simulator (the float64 references; the float32 path's bits), not yet
+# timed (benchmarks/NOTES.md, issue 31 step 1f)
+RUN_TF32X3_16 = False
 
 
-def _engine_parts(engine, tile, load, staging=(False, False, 0)):
-    """(make the tile product of two operands, the Layout of its threads) of an engine's tile; `staging` (A wide,
-    B wide, stages) as _staging gives it for the tf32x3 engine."""
+def _engine_parts(engine, tile, dtype, staging=(False, False, 0)):
+    """(make the tile product of two operands, the Layout of its threads) of an engine's tile for operands stored
+    as `dtype`; `staging` (A wide, B wide, stages) as _staging gives it for the tf32x3 engine, which sums 16-bit
+    operands (values a tf32 holds exactly) by one product each (gemm_tf32's `exact`)."""
     if engine == "tf32x3":
+        exact = str(dtype) != "float32"
         make = (functools.partial(gemm_tf32_async.make_tile_product, tile, stages=staging[2]) if staging[2] else
-                functools.partial(gemm_tf32.make_tile_product, tile, wide=staging[:2]))
+                functools.partial(gemm_tf32.make_tile_product, tile, wide=staging[:2], exact=exact))
         return make, gemm_tf32.layout(tile)
     return functools.partial(make_tile_product, tile), tile_layout(tile)
 
@@ -94,8 +100,6 @@ def _check_engine(engine, dtype, narrow_side=None):
     """`narrow_side`: the pass's N, which the narrow engine takes up to gemm_narrow.NARROW_MOST."""
     if engine not in ENGINES:
         raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
-    if engine == "tf32x3" and str(dtype) != "float32":
-        raise ValueError(f"the tf32x3 engine takes float32 operands, got {dtype}")
     if engine == "narrow" and narrow_side > gemm_narrow.NARROW_MOST:
         raise ValueError(f"the narrow engine takes layers of at most {gemm_narrow.NARROW_MOST} outputs, got "
                          f"{narrow_side}")
@@ -117,7 +121,7 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", staging=
     (a further argument, (T,) int32) is 0. `staging` as in _engine_parts."""
     BM, BN = tile[:2]
     load, store = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, load, staging)
+    make_product, layout = _engine_parts(engine, tile, dtype, staging)
     TM, TN = layout.TM, layout.TN
     tile_product = make_product(dense_operand(load, True), dense_operand(load, backward))
     bias_activation, activation_grad = make_epilogues(layout, load, store)
@@ -271,7 +275,7 @@ def make_linear_rows_partials(tile, dtype, backward, engine="fma", staging=(Fals
     """The kernel (a, w, partials, chunk) of a split rows pass (gemm_split): partials[z] = a[:, chunk z] @ w
     (w.T, `backward`) on `engine`'s `tile`, `staging` as in _engine_parts."""
     load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, load, staging)
+    make_product, layout = _engine_parts(engine, tile, dtype, staging)
     product = make_product(dense_operand(load, True), dense_operand(load, backward))
     return make_weight_partials(product, layout, tile[:2], summed_by_a=True)
 
@@ -282,7 +286,7 @@ def make_linear_rows_partials(tile, dtype, backward, engine="fma", staging=(Fals
 def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging=(False, False, 0), **jit_options):
     BM, BN = tile[:2]
     load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, load, staging)
+    make_product, layout = _engine_parts(engine, tile, dtype, staging)
     TM, TN, row_of, col_of = layout
     tile_product = make_product(dense_operand(load, False), dense_operand(load, False))
 
@@ -329,7 +333,7 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
 @functools.cache
 def _make_linear_weight_partials(tile, dtype, engine="fma", staging=(False, False, 0)):
     load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, load, staging)
+    make_product, layout = _engine_parts(engine, tile, dtype, staging)
     product = make_product(dense_operand(load, False), dense_operand(load, False))
     return make_weight_partials(product, layout, tile[:2])
 
@@ -362,9 +366,10 @@ def layer_engines(outputs, dtype):
     and 8.8 for its input gradient, K = 512 summed by 32 x 32 tiles of 10 useful columns (benchmarks/step_profile.py
     --model mlp, H100; benchmarks/NOTES.md, issue 31 step 1). Its weight gradient stays on "fma", whose chunks
     sum a long batch in many blocks where a narrow thread sums every row itself (on tf32x3's 64 x 64 tiles, 8 of
-    them, it took 9.6 µs against 7.5 at batch 128, 18.4 against 13.2 at 2048). A wider layer's passes: "tf32x3" for
-    float32 where RUN_TF32X3 is on (float32 accuracy on tensor cores), else "fma"."""
-    tiles = "tf32x3" if RUN_TF32X3 and str(np.dtype(dtype)) == "float32" else "fma"
+    them, it took 9.6 µs against 7.5 at batch 128, 18.4 against 13.2 at 2048). A wider layer's passes: "tf32x3"
+    where RUN_TF32X3 is on (float32 at float32 accuracy on tensor cores; 16-bit formats, exact there, where
+    RUN_TF32X3_16 is on too), else "fma"."""
+    tiles = "tf32x3" if RUN_TF32X3 and (RUN_TF32X3_16 or str(np.dtype(dtype)) == "float32") else "fma"
     if outputs <= NARROW_MOST:
         return {"forward": "narrow", "backward_input": "narrow", "backward_weight": "fma"}
     return {"forward": tiles, "backward_input": tiles, "backward_weight": tiles}

@@ -73,7 +73,7 @@ def make_first_reads(shape, a_steps, b_steps):
     return first_reads
 
 
-def make_multiply_slice(FM, FN, BK, a_steps, b_steps):
+def make_multiply_slice(FM, FN, BK, a_steps, b_steps, exact=False):
     """Device function (As, Bs, a_first, b_first, acc): acc += one BK-deep slice's 3xTF32 products for a warp's
     FM x FN fragments, from the slices in shared memory, each operand's words `steps` (one row, one k) apart and
     this thread's first reads at a_first and b_first. Every fragment value is split as it is read; the products
@@ -82,6 +82,8 @@ def make_multiply_slice(FM, FN, BK, a_steps, b_steps):
     A_ROW, A_K = a_steps
     B_ROW, B_K = b_steps
     product = mma("tf32")
+    if exact:
+        return _make_exact_slice(FM, FN, BK, a_steps, b_steps, product)
 
     @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
@@ -108,6 +110,35 @@ def make_multiply_slice(FM, FN, BK, a_steps, b_steps):
                                              b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
                     acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
+
+    return multiply_slice
+
+
+def _make_exact_slice(FM, FN, BK, a_steps, b_steps, product):
+    """make_multiply_slice for values a tf32 holds exactly (a 16-bit storage format's: bf16's 8 mantissa bits and
+    fp16's 10 fit tf32's 10, its exponent fp32's): small_a and small_b are zero, so each fragment's one product,
+    big_a @ big_b, gives the 3xTF32 sum's bits (its two other products add zeros)."""
+    A_ROW, A_K = a_steps
+    B_ROW, B_K = b_steps
+
+    @kernel_cache.device
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        a = cuda.local.array((FM, 4), uint32)
+        b = cuda.local.array((FN, 2), uint32)
+        for s in range(0, BK, 8):  # the slice's k8 steps
+            for i in range(FM):
+                for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
+                    at = a_first + uint64((16 * i + 8 * (r & 1)) * A_ROW + (s + 4 * (r >> 1)) * A_K)
+                    a[i, r] = float_bits(As[at])
+            for j in range(FN):
+                for r in range(2):  # B[t, g], B[t + 4, g]
+                    b[j, r] = float_bits(Bs[b_first + uint64(8 * j * B_ROW + (s + 4 * r) * B_K)])
+            for i in range(FM):
+                for j in range(FN):
+                    (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
+                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
+                        a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
+                        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
 
     return multiply_slice
 
@@ -203,12 +234,13 @@ def _make_wide_stage(operand, ROWS, BK, THREADS):
     return rows, load, store, 4 * LOADS, PITCH
 
 
-def make_tile_product(tile, a_operand, b_operand, wide=(False, False)):
+def make_tile_product(tile, a_operand, b_operand, wide=(False, False), exact=False):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this thread's
     outputs (`layout`), by 3xTF32 products (gemm_mma.pipelined_product around this engine's staging and
     slice product). Elements outside (M, N) and [k_begin, k_end) read as zero. `wide` (for A, for B): the
     operand is a stored float32 matrix whose rows wide.aligned_rows passed, staged four elements a load
-    (k_begin must then be a multiple of four); the bits are the same either way."""
+    (k_begin must then be a multiple of four); the bits are the same either way. `exact`: every operand value
+    is one a tf32 holds exactly (16-bit storage), summed by one product a fragment (_make_exact_slice)."""
     BM, BN, WM, WN, FM, FN, THREADS = tile_shape(tile)
     BK = tile[4]
     stage_a = _make_wide_stage if wide[0] else _make_stage
@@ -220,7 +252,7 @@ def make_tile_product(tile, a_operand, b_operand, wide=(False, False)):
 
     slices = tiles.shared_slices(A_WORDS, B_WORDS, float32, 16)
 
-    multiply_slice = make_multiply_slice(FM, FN, BK, (1, A_PITCH), (1, B_PITCH))
+    multiply_slice = make_multiply_slice(FM, FN, BK, (1, A_PITCH), (1, B_PITCH), exact)
     first_reads = make_first_reads((BM, BN, WM, WN), (1, A_PITCH), (1, B_PITCH))
 
     return gemm_mma.pipelined_product((rows_a, load_a, store_a, A_LOADS), (rows_b, load_b, store_b, B_LOADS),

@@ -356,11 +356,34 @@ def test_wide_rows_only_for_aligned_quads():
     assert not wide.aligned_rows(lanes.lane_view(odd_lanes, 0, (8, 16)))
 
 
-def test_tf32x3_engine_refuses_16_bit_operands(rng):
-    x = current.to_device(random(rng, 3, 4).astype(np.float16))
-    w, b = current.to_device(random(rng, 4, 5).astype(np.float16)), current.to_device(random(rng, 5).astype(np.float16))
-    with pytest.raises(ValueError, match="tf32x3 engine takes float32"):
-        gemm.linear_forward(x, w, b, BACKEND.poisoned((3, 5), dtype=np.float16), RELU, engine="tf32x3")
+@pytest.mark.parametrize("dtype", [np.float16, np.uint16])
+def test_tf32x3_engine_sums_16_bit_operands_exactly(rng, mini_tf32_tile, dtype):
+    """16-bit values fit a tf32, so the engine sums them by one product a fragment (no split): the float64
+    reference's results, and the bits of the same values summed as float32 by the 3xTF32 products (whose small
+    parts are then zero), rounded to the storage format once."""
+    from mlptrain.dtypes import from_float32, to_float32
+
+    m, k, n = 17, 24, 12  # two blocks of rows on the small tile, K past one 16-deep slice
+    x, w, b = (from_float32(random(rng, *s), dtype) for s in ((m, k), (k, n), (n,)))
+    dy = from_float32(random(rng, m, n), dtype)
+    got, want = {}, {}
+    as_float32 = tuple(to_float32(a) for a in (x, w, b, dy))
+    for out, arrays, store in ((got, (x, w, b, dy), dtype), (want, as_float32, np.float32)):
+        d = [current.to_device(a) for a in arrays]
+        y, dx = current.to_device(np.zeros((m, n), store)), current.to_device(np.zeros((m, k), store))
+        dw = poisoned((k, n))
+        gemm.linear_forward(d[0], d[1], d[2], y, RELU, engine="tf32x3")
+        gemm.linear_backward_input(d[3], d[1], dx, dx, NONE, engine="tf32x3")
+        gemm.linear_backward_weight(d[0], d[3], dw, 0.0, engine="tf32x3")
+        out.update(y=y.copy_to_host(), dx=dx.copy_to_host(), dw=dw.copy_to_host())
+    np.testing.assert_array_equal(got["y"], from_float32(want["y"], dtype))
+    np.testing.assert_array_equal(got["dx"], from_float32(want["dx"], dtype))
+    np.testing.assert_array_equal(got["dw"], want["dw"])
+    xv, wv, bv = as_float32[:3]
+    magnitude = np.abs(xv.astype(np.float64)) @ np.abs(wv) + np.abs(bv)
+    cases.ref.assert_within(to_float32(got["y"]), cases.ref.linear_forward(xv, wv, bv, RELU),
+                            cases.ref.product_tolerance(xv, wv, bv)
+                            + 2 * cases.ref.rounding_tolerance(dtype, magnitude))
 
 
 # --- the narrow engine: layers of at most gemm_narrow.NARROW_MOST outputs (a classifier's last) ------------
@@ -424,13 +447,15 @@ def test_narrow_engine_production_sizes(rng, trials, shape):
 def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_says_so(monkeypatch):
     """A run's own launches (nn.MLP): "narrow" for the forward and input gradient of a layer of at most NARROW_MOST
     outputs, the CUDA-core tiles' chunks for its weight gradient; a wider layer's float32 passes on "tf32x3" while
-    RUN_TF32X3 is on, 16-bit ones on "fma"; summary.json's kernel plan (linear_variants) says which ran; the NumPy
-    twin names "fma"."""
+    RUN_TF32X3 is on, 16-bit ones too while RUN_TF32X3_16 is, else on "fma"; summary.json's kernel plan
+    (linear_variants) says which ran; the NumPy twin names "fma"."""
     from mlptrain.backends.numpy_kernels import gemm as numpy_gemm
 
-    for on in (True, False):
+    for on, on16 in ((True, True), (True, False), (False, True)):
         monkeypatch.setattr(gemm, "RUN_TF32X3", on)
-        for dtype, wide_engine in ((np.float32, "tf32x3" if on else "fma"), (np.float16, "fma"), (np.uint16, "fma")):
+        monkeypatch.setattr(gemm, "RUN_TF32X3_16", on16)
+        low = "tf32x3" if on and on16 else "fma"
+        for dtype, wide_engine in ((np.float32, "tf32x3" if on else "fma"), (np.float16, low), (np.uint16, low)):
             for outputs in (1, 10, gemm.NARROW_MOST, gemm.NARROW_MOST + 1, 512):
                 narrow = outputs <= gemm.NARROW_MOST
                 side = "narrow" if narrow else wide_engine
@@ -438,8 +463,10 @@ def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_sa
                                                               "backward_weight": "fma" if narrow else wide_engine}
                 assert set(numpy_gemm.layer_engines(outputs, dtype).values()) == {"fma"}
     monkeypatch.setattr(gemm, "RUN_TF32X3", True)
+    monkeypatch.setattr(gemm, "RUN_TF32X3_16", False)
     variants = gemm.linear_variants(128, 512, 10)
-    assert variants["forward"] == variants["backward_input"] == "narrow" and variants["backward_weight"] == "tiled/small"
+    assert variants["forward"] == variants["backward_input"] == "narrow"
+    assert variants["backward_weight"] == "tiled/small"
     assert gemm.linear_variants(128, 784, 512) == {"forward": "tf32x3+split", "backward_input": "tf32x3+split",
                                                    "backward_weight": "tf32x3"}
     assert gemm.linear_variants(2048, 784, 128)["backward_weight"] == "tf32x3+chunks"
@@ -496,7 +523,8 @@ def test_a_pass_splits_only_where_its_tiles_are_few_and_its_k_long(monkeypatch):
     assert gemm.linear_rows_workspace(4096, 784, 512) == 3 * 128 * 512  # past 128 rows no batch splits
     assert gemm.linear_rows_workspace(128, 784, 10, "narrow") == 0
     calls = count_splits(monkeypatch)
-    x, w = current.to_device(random(np.random.default_rng(0), 3, 600)), current.to_device(np.zeros((600, 5), np.float32))
+    x = current.to_device(random(np.random.default_rng(0), 3, 600))
+    w = current.to_device(np.zeros((600, 5), np.float32))
     with pytest.raises(ValueError, match="workspace has 1 elements, needs 30"):
         gemm.linear_forward(x, w, current.to_device(np.zeros(5, np.float32)), poisoned((3, 5)), RELU,
                             workspace=poisoned(1))
@@ -509,7 +537,8 @@ def test_split_passes_production_sizes(monkeypatch, shape):
     """Split passes and chunked weight gradients at an MLP's sizes: the reference's results, the same bits on a
     second run."""
     calls = count_splits(monkeypatch)
-    for engine, dtype in (("tf32x3", np.float32), ("fma", np.float32), ("fma", np.uint16), ("fma", np.float16)):
+    for engine, dtype in (("tf32x3", np.float32), ("tf32x3", np.uint16), ("tf32x3", np.float16), ("fma", np.float32),
+                          ("fma", np.uint16), ("fma", np.float16)):
         forward = [cases.linear_forward(BACKEND, np.random.default_rng(1), shape, SIGMOID, dtype, True, engine)
                    for _ in range(2)]
         backward = [cases.linear_backward_input(BACKEND, np.random.default_rng(2), (shape[0], shape[2], shape[1]),
