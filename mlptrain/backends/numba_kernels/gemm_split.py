@@ -5,9 +5,10 @@ for the first layer) by itself: a 128 x 784 -> 512 -> 512 -> 10 step's forwards 
 512-wide input gradient 16.8, at 4-5 TFLOP/s (benchmarks/step_profile.py --model mlp, H100; benchmarks/NOTES.md,
 issue 31 step 1). Given a workspace, a pass of fewer than chunks.SPLIT_BELOW tiles has its summed axis cut into
 chunks (chunks.blocks_chunk_plan, as a weight gradient's batch is): block (bx, by, z) writes chunk z's partial
-tile (on the pass's engine, gemm.make_linear_rows_partials), then a second launch adds each output's chunks in chunk order and applies the pass's epilogue (bias and
-activation, or the activation's derivative), rounding to the storage format as the one-launch pass does. A
-fixed plan, read off the shapes alone, and a fixed order: the same bits on every run.
+tile (on the pass's engine, gemm.make_linear_rows_partials), then a second launch adds each output's chunks in
+chunk order and applies the pass's epilogue (bias and activation, or the activation's derivative), rounding to
+the storage format as the one-launch pass does. A fixed plan, read off the shapes alone, and a fixed order: the
+same bits on every run.
 """
 
 import functools
