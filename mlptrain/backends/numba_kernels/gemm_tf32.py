@@ -49,6 +49,13 @@ def layout(tile):
 
 
 @kernel_cache.device
+def exact_parts(x):
+    """(big, small) bits of a float32 x that a tf32 holds exactly (a 16-bit storage format's value: bf16's 8
+    mantissa bits and fp16's 10 fit tf32's 10, its exponent float32's): x itself and zero, with no rounding."""
+    return float_bits(x), uint32(0)
+
+
+@kernel_cache.device
 def split(x):
     """(big, small) bits of float32 x: big = x rounded to tf32, small = x - big."""
     big = uint32((float_bits(x) + uint32(ROUND)) & uint32(TF32))
@@ -82,8 +89,7 @@ def make_multiply_slice(FM, FN, BK, a_steps, b_steps, exact=False):
     A_ROW, A_K = a_steps
     B_ROW, B_K = b_steps
     product = mma("tf32")
-    if exact:
-        return _make_exact_slice(FM, FN, BK, a_steps, b_steps, product)
+    parts = exact_parts if exact else split
 
     @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
@@ -93,52 +99,24 @@ def make_multiply_slice(FM, FN, BK, a_steps, b_steps, exact=False):
             for i in range(FM):
                 for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
                     at = a_first + uint64((16 * i + 8 * (r & 1)) * A_ROW + (s + 4 * (r >> 1)) * A_K)
-                    a_big[i, r], a_small[i, r] = split(As[at])
+                    a_big[i, r], a_small[i, r] = parts(As[at])
             for j in range(FN):
                 for r in range(2):  # B[t, g], B[t + 4, g]
                     at = b_first + uint64(8 * j * B_ROW + (s + 4 * r) * B_K)
-                    b_big[j, r], b_small[j, r] = split(Bs[at])
+                    b_big[j, r], b_small[j, r] = parts(Bs[at])
             for i in range(FM):
                 for j in range(FN):
                     c0, c1 = acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1]
                     c2, c3 = acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]
-                    c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
-                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
-                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
-                                             b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
+                    if not exact:  # (a constant of the closure: an exact slice has no small products)
+                        c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
+                                                 b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                        c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                                 b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
                     c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
                                              b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
                     acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
-
-    return multiply_slice
-
-
-def _make_exact_slice(FM, FN, BK, a_steps, b_steps, product):
-    """make_multiply_slice for values a tf32 holds exactly (a 16-bit storage format's: bf16's 8 mantissa bits and
-    fp16's 10 fit tf32's 10, its exponent fp32's): small_a and small_b are zero, so each fragment's one product,
-    big_a @ big_b, gives the 3xTF32 sum's bits (its two other products add zeros)."""
-    A_ROW, A_K = a_steps
-    B_ROW, B_K = b_steps
-
-    @kernel_cache.device
-    def multiply_slice(As, Bs, a_first, b_first, acc):
-        a = cuda.local.array((FM, 4), uint32)
-        b = cuda.local.array((FN, 2), uint32)
-        for s in range(0, BK, 8):  # the slice's k8 steps
-            for i in range(FM):
-                for r in range(4):  # A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]
-                    at = a_first + uint64((16 * i + 8 * (r & 1)) * A_ROW + (s + 4 * (r >> 1)) * A_K)
-                    a[i, r] = float_bits(As[at])
-            for j in range(FN):
-                for r in range(2):  # B[t, g], B[t + 4, g]
-                    b[j, r] = float_bits(Bs[b_first + uint64(8 * j * B_ROW + (s + 4 * r) * B_K)])
-            for i in range(FM):
-                for j in range(FN):
-                    (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
-                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
-                        a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
-                        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
 
     return multiply_slice
 
