@@ -121,7 +121,7 @@ def timed(run, sync, steps, repeats):
 
 
 def mlptrain_rows(args, widths, rng):
-    from mlptrain.backends.numba_kernels import gemm, streams
+    from mlptrain.backends.numba_kernels import gemm, gemm_engines, streams
     from mlptrain.backends.selection import get_backend
 
     K = args.trials
@@ -178,9 +178,9 @@ def mlptrain_rows(args, widths, rng):
             "streams": timed(on_streams, sync_all, args.steps, args.repeats),
             "trial axis": timed(lambda n: [packed.replay() for _ in range(n)], main.synchronize, args.steps,
                                 args.repeats)}
-    chosen = gemm.pick_tile
+    chosen = gemm_engines.pick_tile  # the tile the launches take (gemm_engines.engine_launch)
     for name in args.fma_tiles:  # the trial axis with one CUDA-core tile forced on every pass
-        gemm.pick_tile = lambda rows, columns, trials=1, name=name: name
+        gemm_engines.pick_tile = lambda rows, columns, trials=1, name=name: name
         step(gemm, bufs.dev, layers)
         graph = main.capture(lambda: step(gemm, bufs.dev, layers))
         main.synchronize()
@@ -188,9 +188,9 @@ def mlptrain_rows(args, widths, rng):
             check(f"trial axis, {name} tiles", outputs(t), bufs.host, t, layers)
         rows[f"trial axis, {name} tiles forced"] = timed(lambda n, graph=graph: [graph.replay() for _ in range(n)],
                                                          main.synchronize, args.steps, args.repeats)
-    gemm.pick_tile = chosen
+    gemm_engines.pick_tile = chosen
     for tile, stages in [(tile, stages) for tile in args.tf32_tiles for stages in args.tf32_stages]:
-        gemm.TF32_TILE, gemm.TF32_STAGES = tile, stages
+        gemm_engines.TF32_TILE, gemm_engines.TF32_STAGES = tile, stages
         ahead = f", {stages} stages" if stages else ""
         for name, arrays in ((f"trial axis, tf32x3 {tile}{ahead}", bufs.dev),
                              (f"trial 0 alone, tf32x3 {tile}{ahead}", bufs.trial(0))):

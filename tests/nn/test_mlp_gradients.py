@@ -87,10 +87,11 @@ def test_whole_mlp_gradient(rng, monkeypatch, activation, backend, hidden):
     the narrow engine (its weight gradient on the CUDA-core tiles), a wider one on the tf32x3 tile."""
     if backend == "tf32x3":  # a run's float32 layers on tensor cores, as on a GPU (a small tile on the simulator)
         from mlptrain.backends.numba_kernels import gemm as cuda_gemm
+        from mlptrain.backends.numba_kernels import gemm_engines
 
         monkeypatch.setattr(cuda_gemm, "RUN_TF32X3", True)
         if ON_SIMULATOR:
-            monkeypatch.setattr(cuda_gemm, "TF32_TILE", (32, 32, 2, 2, 16))
+            monkeypatch.setattr(gemm_engines, "TF32_TILE", (32, 32, 2, 2, 16))
         backend = CudaBackend
     backend = backend()
     model = MLP(backend, 7, hidden, 4, activation, max_rows=8)

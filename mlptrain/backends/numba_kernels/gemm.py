@@ -11,9 +11,10 @@ in which operand is read transposed:
     backward input   dx = (dy @ w.T) * act'(h)  A = dy (M,N)      B = w.T (w is N-major)
     backward weight  dw = beta * dw + x.T @ dy  A = x.T (x is M-major) B = dy
 
-Each is one tile product of tiles.py: the forward and the input gradient are one kernel factory
-that differs in how w is read and in the epilogue; the weight gradient writes its sums itself, or
-with a workspace splits a long batch across blocks into partials that chunks.py adds in chunk order.
+Each is one tile product of an engine (gemm_engines.py: the CUDA cores' tiles, tf32x3 on tensor cores, or
+the narrow kernels): the forward and the input gradient are one kernel factory that differs in how w is
+read and in the epilogue; the weight gradient writes its sums itself. With a workspace, a run's own pass of
+few tiles sums its K, or its long batch, in chunks by more blocks, added in chunk order (gemm_split.py).
 No atomics: a fixed summation order, bitwise-reproducible results.
 
 Packed trials (several models of one architecture trained at once) pass every operand with a leading
@@ -27,31 +28,14 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
-from mlptrain.backends.numba_kernels import current, gemm_narrow, gemm_split, gemm_tf32, gemm_tf32_async, streams, wide
+from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, streams
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
-from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, add_chunks, blocks_chunk_plan, make_weight_partials
+from mlptrain.backends.numba_kernels.chunks import add_chunks
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
-from mlptrain.backends.numba_kernels.tiles import (
-    TILES,
-    check_activation,
-    dense_operand,
-    launch_grid,
-    make_epilogues,
-    make_tile_product,
-    pick_tile,
-    tile_layout,
-)
+from mlptrain.backends.numba_kernels.tiles import check_activation, dense_operand, make_epilogues, pick_tile
 
-# The engines a launch can sum its products with: "fma", float32 FMAs on CUDA cores (every storage format;
-# tiles.py), "tf32x3", float32 operands on tensor cores at float32 accuracy (gemm_tf32.py), one tile, or
-# "narrow", float32 FMAs shaped by a layer's narrow side, N at most gemm_narrow.NARROW_MOST (every format).
-ENGINES = ("fma", "tf32x3", "narrow")
 NARROW_MOST = gemm_narrow.NARROW_MOST
-TF32_TILE = (64, 64, 2, 2, 16)
-# tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
-# through registers: 16 lanes' eight GEMMs 274 -> 238 µs at 4, 244 at 3, 297 at 2 (benchmarks/trial_gemms.py
-# --tf32-stages, H200; benchmarks/NOTES.md, issue 30 step 15)
-TF32_STAGES = 4
+TF32_TILE = gemm_engines.TF32_TILE  # for packing.lane_step, which reaches the kernels through its backend
 # A run's own float32 layers (not a packed group's, whose engine packing.lane_step chooses) sum their wide passes
 # on "tf32x3", their K split into chunks where their tiles are few (layer_engines; benchmarks/NOTES.md, issue 31
 # step 1c); off, on "fma". Off on the simulator, which emulates each mma through shared memory: a tiny MLP's
@@ -61,48 +45,6 @@ RUN_TF32X3 = not config.ENABLE_CUDASIM
 # Off until measured on a GPU: correct on the simulator (the float64 references; the float32 path's bits), not yet
 # timed (benchmarks/NOTES.md, issue 31 step 1f)
 RUN_TF32X3_16 = False
-
-
-def _engine_parts(engine, tile, dtype, staging=(False, False, 0)):
-    """(make the tile product of two operands, the Layout of its threads) of an engine's tile for operands stored
-    as `dtype`; `staging` (A wide, B wide, stages) as _staging gives it for the tf32x3 engine, which sums 16-bit
-    operands (values a tf32 holds exactly) by one product each (gemm_tf32's `exact`)."""
-    if engine == "tf32x3":
-        exact = str(dtype) != "float32"
-        make = (functools.partial(gemm_tf32_async.make_tile_product, tile, stages=staging[2]) if staging[2] else
-                functools.partial(gemm_tf32.make_tile_product, tile, wide=staging[:2], exact=exact))
-        return make, gemm_tf32.layout(tile)
-    return functools.partial(make_tile_product, tile), tile_layout(tile)
-
-
-def _staging(engine, a, b):
-    """How the tf32x3 engine stages operands a and b: (a wide, b wide, stages): an operand wide.aligned_rows passes
-    four elements a load, both by cp.async TF32_STAGES slices deep where both pass and TF32_STAGES is on. The bits
-    are the same every way."""
-    if engine != "tf32x3":
-        return False, False, 0
-    wide_a, wide_b = wide.aligned_rows(a), wide.aligned_rows(b)
-    return wide_a, wide_b, TF32_STAGES if wide_a and wide_b else 0
-
-
-def _engine_launch(engine, M, N, trials, lead, tiles_for=None):
-    """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`), the tile
-    the one chosen for `tiles_for` trials (default `trials`)."""
-    if engine == "tf32x3":
-        BM, BN = TF32_TILE[:2]
-        grid = (-(-N // BN), -(-M // BM))
-        return TF32_TILE, ((*grid, trials) if lead else grid), gemm_tf32.tile_shape(TF32_TILE)[6]
-    tile = TILES[pick_tile(M, N, tiles_for or trials)][0]
-    return (tile, *launch_grid(M, N, tile, trials if lead else None))
-
-
-def _check_engine(engine, dtype, narrow_side=None):
-    """`narrow_side`: the pass's N, which the narrow engine takes up to gemm_narrow.NARROW_MOST."""
-    if engine not in ENGINES:
-        raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
-    if engine == "narrow" and narrow_side > gemm_narrow.NARROW_MOST:
-        raise ValueError(f"the narrow engine takes layers of at most {gemm_narrow.NARROW_MOST} outputs, got "
-                         f"{narrow_side}")
 
 
 def _with_trial_axis(lead, *arrays):
@@ -118,10 +60,10 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", staging=
     forward (backward False): out = act(a @ w + other), a = x (M, K), other = b;
     backward input: out = (a @ w.T) * act'(other), a = dy (M, N), other = h, w read N-major.
     With `trials`, every argument has a leading trial axis and block z computes trial z's, unless `active[z]`
-    (a further argument, (T,) int32) is 0. `staging` as in _engine_parts."""
+    (a further argument, (T,) int32) is 0. `staging` as gemm_engines.engine_staging gives it."""
     BM, BN = tile[:2]
     load, store = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, dtype, staging)
+    make_product, layout = gemm_engines.engine_parts(engine, tile, dtype, staging)
     TM, TN = layout.TM, layout.TN
     tile_product = make_product(dense_operand(load, True), dense_operand(load, backward))
     bias_activation, activation_grad = make_epilogues(layout, load, store)
@@ -184,7 +126,7 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
     _checks(lead)("b", b, x.dtype, (*lead, N))
     _checks(lead)("y", y, x.dtype, (*lead, M, N))
     check_activation(activation)
-    _check_engine(engine, x.dtype, N)
+    gemm_engines.check_engine(engine, x.dtype, N)
     if engine == "narrow":
         if M and N and (not lead or lead[0]):
             grid, threads = gemm_narrow.forward_grid(M, lead[0] if lead else 1)
@@ -209,7 +151,7 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     _checks(lead)("h", h, dy.dtype, (*lead, M, K))
     _checks(lead)("dx", dx, dy.dtype, (*lead, M, K))
     check_activation(activation)
-    _check_engine(engine, dy.dtype, N)
+    gemm_engines.check_engine(engine, dy.dtype, N)
     if engine == "narrow":
         if M and K and (not lead or lead[0]):
             grid, threads = gemm_narrow.input_grid(M, K, lead[0] if lead else 1)
@@ -243,41 +185,15 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles
         return
     if workspace is not None and not lead:
         require("workspace", workspace, "float32", (None,))
-        chunk, chunks = _rows_split(engine, M, tuple(a.shape)[1], N)
-        if chunks > 1:
-            tile, grid, threads = _engine_launch(engine, M, N, 1, False)
-            partials = make_linear_rows_partials(tile, a.dtype, backward, engine, _staging(engine, a, w))
-            gemm_split.split_rows_pass(partials, grid, threads, a, w, other, out, activation, backward, workspace,
-                                       chunk, chunks)
+        plan = gemm_split.rows_split(engine, M, tuple(a.shape)[1], N)
+        if plan[4] > 1:
+            gemm_split.split_rows_pass(engine, a, w, other, out, activation, backward, workspace,
+                                       gemm_engines.engine_staging(engine, a, w), plan)
             return
-    tile, grid, threads = _engine_launch(engine, M, N, trials, lead, tiles_for)
-    make_linear_rows(tile, a.dtype, backward, bool(lead), engine, _staging(engine, a, w))[
+    tile, grid, threads = gemm_engines.engine_launch(engine, M, N, trials, lead, tiles_for)
+    make_linear_rows(tile, a.dtype, backward, bool(lead), engine, gemm_engines.engine_staging(engine, a, w))[
         grid, threads, streams.current()](
         a, w, other, out, activation, *_trial_mask(lead, active))
-
-
-def _min_chunk(engine):
-    """The shortest chunk a split sum of `engine` takes (None: chunks.MIN_CHUNK)."""
-    return gemm_split.TF32_MIN_CHUNK if engine == "tf32x3" else None
-
-
-def _rows_split(engine, M, summed, N):
-    """(chunk, chunks) of a run's own forward or input gradient of M x N outputs on `engine` ("fma" or "tf32x3"),
-    summed over `summed`: more than one chunk where its tiles are few (gemm_split.chunk_plan)."""
-    if engine == "narrow" or M == 0 or N == 0:
-        return summed, 1
-    _, grid, _ = _engine_launch(engine, M, N, 1, False)
-    return gemm_split.chunk_plan(grid[0] * grid[1], summed, _min_chunk(engine))
-
-
-@functools.cache
-def make_linear_rows_partials(tile, dtype, backward, engine="fma", staging=(False, False, 0)):
-    """The kernel (a, w, partials, chunk) of a split rows pass (gemm_split): partials[z] = a[:, chunk z] @ w
-    (w.T, `backward`) on `engine`'s `tile`, `staging` as in _engine_parts."""
-    load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, dtype, staging)
-    product = make_product(dense_operand(load, True), dense_operand(load, backward))
-    return make_weight_partials(product, layout, tile[:2], summed_by_a=True)
 
 
 # --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
@@ -286,7 +202,7 @@ def make_linear_rows_partials(tile, dtype, backward, engine="fma", staging=(Fals
 def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging=(False, False, 0), **jit_options):
     BM, BN = tile[:2]
     load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, dtype, staging)
+    make_product, layout = gemm_engines.engine_parts(engine, tile, dtype, staging)
     TM, TN, row_of, col_of = layout
     tile_product = make_product(dense_operand(load, False), dense_operand(load, False))
 
@@ -330,24 +246,6 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
     return linear_backward_weight_kernel
 
 
-@functools.cache
-def _make_linear_weight_partials(tile, dtype, engine="fma", staging=(False, False, 0)):
-    load, _ = codec(dtype)
-    make_product, layout = _engine_parts(engine, tile, dtype, staging)
-    product = make_product(dense_operand(load, False), dense_operand(load, False))
-    return make_weight_partials(product, layout, tile[:2])
-
-
-def _weight_chunks(engine, batch, inputs, outputs):
-    """(tile, grid, threads, chunk, chunks, most) of a run's own weight gradient on `engine` ("fma" or "tf32x3"):
-    its batch summed in chunks where its tiles are fewer than SPLIT_BELOW (chunks.blocks_chunk_plan; `most`
-    chunks at this batch, what a workspace is sized for), else in one."""
-    tile, grid, threads = _engine_launch(engine, inputs, outputs, 1, False)
-    if grid[0] * grid[1] >= SPLIT_BELOW:
-        return tile, grid, threads, batch, 1, 1
-    return (tile, grid, threads, *blocks_chunk_plan(batch, grid[0] * grid[1]))
-
-
 def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine="fma"):
     """float32 elements of workspace linear_backward_weight on `engine` can use for x (batch, inputs) and dy
     (batch, outputs): 0 where one block per output tile already fills the GPU, and for a trial-axis
@@ -355,7 +253,7 @@ def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine
     so one workspace sized for the largest batch serves all."""
     if trials is not None or engine == "narrow":
         return 0
-    most = _weight_chunks(engine, batch, inputs, outputs)[5]
+    most = gemm_split.weight_chunks(engine, batch, inputs, outputs)[5]
     return most * inputs * outputs if most > 1 else 0
 
 
@@ -378,8 +276,8 @@ def layer_engines(outputs, dtype):
 def linear_rows_workspace(rows, summed, outputs, engine="fma"):
     """float32 elements of workspace linear_forward (summed = its inputs) or linear_backward_input (summed = the
     layer's outputs, outputs = its inputs) on `engine` can use for batches of up to `rows`: 0 where no such
-    batch splits its sum (_rows_split)."""
-    return gemm_split.workspace_for(rows, outputs, lambda m: _rows_split(engine, m, summed, outputs)[1])
+    batch splits its sum (gemm_split.rows_split)."""
+    return gemm_split.workspace_for(rows, outputs, lambda m: gemm_split.rows_split(engine, m, summed, outputs)[4])
 
 
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="float32"):
@@ -402,11 +300,12 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="f
         suffix = "+chunks" if name == "backward_weight" else "+split"
         return base + (suffix if workspace and chunks > 1 else "")
 
-    return {"forward": label("forward", rows, outputs, _rows_split(engines["forward"], rows, inputs, outputs)[1]),
+    split = gemm_split.rows_split
+    return {"forward": label("forward", rows, outputs, split(engines["forward"], rows, inputs, outputs)[4]),
             "backward_input": label("backward_input", rows, inputs,
-                                    _rows_split(engines["backward_input"], rows, outputs, inputs)[1]),
+                                    split(engines["backward_input"], rows, outputs, inputs)[4]),
             "backward_weight": label("backward_weight", inputs, outputs,
-                                     _weight_chunks(engines["backward_weight"], rows, inputs, outputs)[4])}
+                                     gemm_split.weight_chunks(engines["backward_weight"], rows, inputs, outputs)[4])}
 
 
 def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_for=None, active=None):
@@ -424,7 +323,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
     _checks(lead)("dw", dw, "float32", (*lead, K, N))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    _check_engine(engine, x.dtype, N)
+    gemm_engines.check_engine(engine, x.dtype, N)
     if K == 0 or N == 0 or (lead and lead[0] == 0):
         return
     if engine == "narrow":
@@ -433,20 +332,20 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
             *_with_trial_axis(lead, x, dy, dw), float32(beta), *_trial_mask(lead or (1,), active))
         return
     if lead:
-        tile, grid, threads = _engine_launch(engine, K, N, lead[0], lead, tiles_for)
-        make_linear_backward_weight(tile, x.dtype, True, engine, _staging(engine, x, dy))[
+        tile, grid, threads = gemm_engines.engine_launch(engine, K, N, lead[0], lead, tiles_for)
+        make_linear_backward_weight(tile, x.dtype, True, engine, gemm_engines.engine_staging(engine, x, dy))[
             grid, threads, streams.current()](
             x, dy, dw, float32(beta), *_trial_mask(lead, active))
         return
-    tile, grid, threads, chunk, chunks, _ = _weight_chunks(engine, B, K, N)
-    staging = _staging(engine, x, dy)
+    tile, grid, threads, chunk, chunks, _ = gemm_split.weight_chunks(engine, B, K, N)
+    staging = gemm_engines.engine_staging(engine, x, dy)
     if workspace is not None and chunks > 1:
         require("workspace", workspace, "float32", (None,))
         if workspace.shape[0] < chunks * K * N:  # as conv and reduce do: never a silent slower path
             raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chunks * K * N} "
                              "(linear_backward_weight_workspace(batch, inputs, outputs))")
         partials = workspace[:chunks * K * N]
-        _make_linear_weight_partials(tile, x.dtype, engine, staging)[(*grid, chunks), threads, streams.current()](
+        gemm_split.make_chunk_partials(tile, x.dtype, engine, staging, None)[(*grid, chunks), threads, streams.current()](
             x, dy, partials.reshape(chunks, K, N), chunk)
         add_chunks(partials.reshape(chunks, K * N), dw.reshape(K * N), beta)
         return

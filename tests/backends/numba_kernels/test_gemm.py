@@ -12,7 +12,7 @@ import pytest
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends import lanes
-from mlptrain.backends.numba_kernels import chunks, current, gemm, gemm_split, tiles, wide
+from mlptrain.backends.numba_kernels import chunks, current, gemm, gemm_engines, gemm_split, tiles, wide
 from tests import kernel_cases as cases
 from tests.kernel_cases import hidden_output, random
 
@@ -50,7 +50,7 @@ def test_row_slices_of_a_larger_buffer(rng):
 def test_every_tile(rng, monkeypatch, tile):
     """Each tile, forced, on one shape: K = 70 spans several K steps of every
     K-split group, and the outputs span several blocks of SMALL."""
-    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns, trials=1: tile)
+    monkeypatch.setattr(gemm_engines, "pick_tile", lambda rows, columns, trials=1: tile)
     m, k, n = 37, 70, 45
     x, w, b, dy, old = random(rng, m, k), random(rng, k, n), random(rng, n), random(rng, m, n), random(rng, k, n)
     h = hidden_output(rng, (m, k), SIGMOID)
@@ -159,7 +159,7 @@ def test_trial_axis(rng, trials, shape, activation, beta, dtype):
 def test_trial_axis_gives_each_trial_its_own_launchs_bits(rng, monkeypatch, tile):
     """With one tile for both, trial t of a trial-axis launch is bitwise what a launch of its own
     operands alone computes: packing trials changes no trial's arithmetic."""
-    monkeypatch.setattr(gemm, "pick_tile", lambda rows, columns, trials=1: tile)
+    monkeypatch.setattr(gemm_engines, "pick_tile", lambda rows, columns, trials=1: tile)
     (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 2, (5, 12, 7), RELU, 1.0)
     for t in range(2):
         y, dx, dw = poisoned(packed[0][t].shape), poisoned(packed[1][t].shape), current.to_device(old[t])
@@ -179,7 +179,7 @@ def test_a_launch_over_the_first_trials_sums_as_the_launch_over_all(rng, monkeyp
         chosen.append(trials)
         return "small" if trials < 3 else "medium"  # another K split: another order of the sums
 
-    monkeypatch.setattr(gemm, "pick_tile", pick)
+    monkeypatch.setattr(gemm_engines, "pick_tile", pick)
     (x, w, b, dy, h, old), packed = cases.layer_trials(BACKEND, rng, 3, (5, 12, 7), RELU, 1.0)
     chosen.clear()
     first = slice(0, 2)
@@ -253,7 +253,7 @@ MINI_TF32_TILE = (32, 32, 2, 2, 16)  # four warps of one 16 x 16 fragment pair: 
 
 @pytest.fixture
 def mini_tf32_tile(monkeypatch):
-    monkeypatch.setattr(gemm, "TF32_TILE", MINI_TF32_TILE)
+    monkeypatch.setattr(gemm_engines, "TF32_TILE", MINI_TF32_TILE)
 
 
 def tf32x3_layer(rng, trials, shape, activation, beta, engine="tf32x3"):
@@ -298,9 +298,10 @@ def tf32x3_staged_both_ways(rng, monkeypatch, trials, shape):
     h = hidden_output(rng, (*lead, m, k), RELU)
     d = {name: current.to_device(a) for name, a in dict(x=x, w=w, b=b, dy=dy, h=h).items()}
     chosen, outputs = [], []
-    by_operands = gemm._staging
+    by_operands = gemm_engines.engine_staging
     for staging in (by_operands, lambda engine, a, b: (False, False, 0)):
-        monkeypatch.setattr(gemm, "_staging", lambda engine, a, b: chosen.append(staging(engine, a, b)) or chosen[-1])
+        monkeypatch.setattr(gemm_engines, "engine_staging",
+                            lambda engine, a, b: chosen.append(staging(engine, a, b)) or chosen[-1])
         y, dx, dw = poisoned((*lead, m, n)), poisoned((*lead, m, k)), current.to_device(old)
         gemm.linear_forward(d["x"], d["w"], d["b"], y, RELU, engine="tf32x3")
         gemm.linear_backward_input(d["dy"], d["w"], d["h"], dx, RELU, engine="tf32x3")
@@ -327,7 +328,7 @@ def test_tf32x3_wide_staging_gives_the_same_bits(rng, monkeypatch, mini_tf32_til
 @pytest.mark.real_gpu
 @pytest.mark.parametrize("stages", [0, 2, 3, 4])
 def test_tf32x3_wide_staging_gives_the_same_bits_on_the_gpu(rng, monkeypatch, stages):
-    monkeypatch.setattr(gemm, "TF32_STAGES", stages)
+    monkeypatch.setattr(gemm_engines, "TF32_STAGES", stages)
     chosen, (quads, elements) = tf32x3_staged_both_ways(rng, monkeypatch, 3, (128, 784, 512))
     assert chosen == [(True, True, stages)] * 3
     for a, b in zip(quads, elements):
@@ -337,7 +338,7 @@ def test_tf32x3_wide_staging_gives_the_same_bits_on_the_gpu(rng, monkeypatch, st
 def test_tf32x3_slices_copied_ahead_give_the_same_bits(rng, monkeypatch, mini_tf32_tile):
     """Both operands wide and TF32_STAGES on: every slice copied by cp.async two slices ahead into a ring of three
     (gemm_tf32_async), K of 40 and a batch of 36 three slices each, the last one ragged."""
-    monkeypatch.setattr(gemm, "TF32_STAGES", 3)
+    monkeypatch.setattr(gemm_engines, "TF32_STAGES", 3)
     chosen, (copied, elements) = tf32x3_staged_both_ways(rng, monkeypatch, None, (36, 40, 12))
     assert chosen == [(True, True, 3)] * 3
     for a, b in zip(copied, elements):
@@ -481,7 +482,7 @@ def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_sa
 def count_splits(monkeypatch):
     """A list that gets the chunks of each pass gemm_split runs."""
     calls, split = [], gemm_split.split_rows_pass
-    monkeypatch.setattr(gemm_split, "split_rows_pass", lambda *args: calls.append(args[-1]) or split(*args))
+    monkeypatch.setattr(gemm_split, "split_rows_pass", lambda *args: calls.append(args[-1][4]) or split(*args))
     return calls
 
 
