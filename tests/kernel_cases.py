@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Callable
 
 import numpy as np
+import pytest
 
 from mlptrain.dtypes import from_float32, to_float32
 from mlptrain.optim import step_state
@@ -408,14 +409,24 @@ def gather_batch(be, rng, index_dtype, rows, width, start, n, dtype=np.float32):
 
 
 def cursor_moves_every_windowed_launch(be, rng):
-    """A cursor adds cursor[0] to the host offset of gather_batch and of both losses, bit for bit, and
-    advance_cursor moves it on the device."""
+    """A cursor adds cursor[0] to the host offset of gather_batch and of both losses, bit for bit, and the
+    step's rules (record_norm, finish_step) move it on the device after their own work; given no cursor,
+    they move none and refuse an advance."""
     images = rng.integers(0, 256, (20, 6), dtype=np.uint8)
     labels = rng.integers(0, 4, 20, dtype=np.uint8)
     d_images, d_labels, d_indices = be.to_device(images), be.to_device(labels), be.to_device(rng.permutation(20))
     cursor = be.to_device(np.array([5], np.int64))
-    be.kernels.data.advance_cursor(cursor, 4)
+    rules, host = be.kernels.step_rules, np.zeros(step_state.SIZE)
+    host[step_state.LOSS_SCALE] = host[step_state.LR_FACTOR] = 1.0
+    state, norms, table = be.to_device(host), be.to_device(np.zeros(4)), be.to_device(np.ones(2))
+    partials = be.to_device(np.full(be.kernels.reduce.PARTIALS, 0.25, np.float32))
+    rules.record_norm(partials, state, norms, cursor, 3)
+    rules.finish_step(partials, state, table, norms, 0.0, 0.9, 0.99, False, 2.0, 0.5, 5, cursor, 1)
+    rules.record_norm(partials, state, norms)
     assert be.to_host(cursor).tolist() == [9]
+    assert be.to_host(state)[step_state.WINDOWS] == 3  # each did its own work too
+    with pytest.raises(ValueError, match="advance needs a cursor"):
+        rules.record_norm(partials, state, norms, None, 2)
     outputs = []
     for start, given in ((11, None), (2, cursor)):
         x, y = be.poisoned((6, 6)), be.poisoned(6, -7, np.int32)

@@ -8,6 +8,7 @@ waits for the host; the host reads the state where it synchronises anyway.
 Where the update never reads the norm (`step_state.norm_later`) and can sum the
 gradient's squares itself (Adam's), they are `prepare_step`, the update and
 `record_norm`: the same state and record, one pass over the gradient fewer.
+A training window's data cursor moves on in the rules' launch (`advance`).
 """
 
 from __future__ import annotations
@@ -50,20 +51,23 @@ class OptimizerStep:
         # the norm summed by the update and recorded after it (fixed for the run: a graph captures the launches)
         self.norm_later = optimizer.sums_norm and slots.norm_later(self.clip_grad_norm, loss_scaling is not None)
 
-    def __call__(self, params, grads, compute) -> None:
-        """Update `params` (and their `compute` copy) from the window's summed gradient `grads`."""
+    def __call__(self, params, grads, compute, cursor=None, advance: int = 0) -> None:
+        """Update `params` (and their `compute` copy) from the window's summed gradient `grads`; then
+        cursor[0] += advance (a window's data cursor, moved by the rules' kernel rather than a launch of its
+        own: one kernel boundary fewer a step)."""
         k = self.backend.kernels
         beta1, beta2 = self.optimizer.bias_betas
         if self.norm_later:
             k.step_rules.prepare_step(self.state, self.lr_table, beta1, beta2)
             self.optimizer.update(params, grads, compute, self.state, self.partials)
-            k.step_rules.record_norm(self.partials, self.state, self.grad_norms)
+            k.step_rules.record_norm(self.partials, self.state, self.grad_norms, cursor, advance)
             return
         scaling = self.loss_scaling or LossScaling()
         k.reduce.sum_of_squares(grads, self.partials)
+        # the update reads no cursor: the rules before it may move it
         k.step_rules.finish_step(self.partials, self.state, self.lr_table, self.grad_norms, self.clip_grad_norm,
                                  beta1, beta2, self.loss_scaling is not None, scaling.growth_factor,
-                                 scaling.backoff_factor, scaling.growth_interval)
+                                 scaling.backoff_factor, scaling.growth_interval, cursor, advance)
         self.optimizer.update(params, grads, compute, self.state)
 
     def lane_hypers(self) -> np.ndarray:

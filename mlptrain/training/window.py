@@ -115,8 +115,7 @@ class TrainingWindow:
             model.forward(n)
             model.loss(n, self.row_loss, self.row_correct, offset, 1.0 / rows, self.step.loss_scale, self.cursor)
             model.backward(n, beta=0.0 if offset == 0 else 1.0)
-        self.step(model.params.flat, model.grads.flat, model.compute.flat)
-        k.data.advance_cursor(self.cursor, rows)
+        self.step(model.params.flat, model.grads.flat, model.compute.flat, self.cursor, rows)
 
     def _capture(self, rows: int) -> None:
         """Record a full window's launches as a graph; where none is recorded, say why."""

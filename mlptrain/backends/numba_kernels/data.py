@@ -88,7 +88,7 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     x[i] = images[r] * scale + shift (computed in float32, stored in x's format), y[i] = labels[r] (int32).
 
     `cursor` (a 1-element int64 device array, read on the device; None reads as 0) lets a replayed CUDA
-    graph move through the epoch: see `advance_cursor`. indices must hold valid rows of images and
+    graph move through the epoch (the step's rules advance it: `step_rules.record_norm`). indices must hold valid rows of images and
     cursor[0] + start + x.shape[0] must not pass their end (neither is checked on the device).
     """
     _, width = _check_dataset(images, labels)
@@ -126,17 +126,6 @@ def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, act
     grid = (_column_blocks(width), min(n, MAX_ROW_BLOCKS), lanes)
     _make_gather(x.dtype)[1][grid, THREADS, streams.current()](images, labels, indices, cursor, start, x, y,
                                                                float32(scale), float32(shift), active)
-
-
-@kernel_cache.jit
-def advance_cursor_kernel(cursor, by):
-    cursor[0] += by
-
-
-def advance_cursor(cursor, by):
-    """cursor[0] += by, on the device (so a graph replay can advance it)."""
-    require("cursor", cursor, "int64", (1,))
-    advance_cursor_kernel[1, 1, streams.current()](cursor, int64(by))
 
 
 # Thread z owns lane z's cursor: no atomics.

@@ -8,12 +8,15 @@ of one block (a block a lane for the packed trials'), so nothing waits for the h
 - under `step_state.norm_later` (no clipping, no loss scaling), `prepare_step` before the update and
   `record_norm` after it, on the partials the update summed as it read the gradient (`optim.adam_update`'s
   `partials`): the same state and record, one pass over the gradient fewer.
+
+`finish_step` and `record_norm` also move a training window's data cursor (`data.gather_batch`) on to the
+next window when given one: a graph's step then ends in its last rule, not in a launch of its own.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int64
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import require, require_lanes
+from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_lanes
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
 from mlptrain.optim import step_state
 
@@ -54,23 +57,26 @@ def _prepare_step(state, lr_schedule, beta1, beta2):
 # decisions (a handful of scalars; a launch is cheaper than a round-trip).
 @kernel_cache.jit
 def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                       dynamic_scaling, growth_factor, backoff_factor, growth_interval):
+                       dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor, advance):
     staged = cuda.shared.array(STAGED, float32)
     _stage(partials, staged)
     if cuda.threadIdx.x == 0:
         _finish_step(staged[:partials.shape[0]], state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                      dynamic_scaling, growth_factor, backoff_factor, growth_interval)
+        if advance != 0:
+            cursor[0] += advance
 
 
 def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
+                dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor=None, advance=0):
     """See `mlptrain.optim.step_state.finish_step`; partials float32 (at most STAGED), the rest float64 device
-    arrays."""
+    arrays. Then cursor[0] += advance (`cursor` a window's 1-element int64 data cursor, None with advance 0)."""
     _check_record(partials, state, grad_norms, None)
     _check_schedule(lr_schedule, None)
     finish_step_kernel[1, STAGED, streams.current()](
         partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
-        bool(dynamic_scaling), float(growth_factor), float(backoff_factor), float(growth_interval))
+        bool(dynamic_scaling), float(growth_factor), float(backoff_factor), float(growth_interval),
+        *_advanced(cursor, advance))
 
 
 @kernel_cache.jit
@@ -88,18 +94,27 @@ def prepare_step(state, lr_schedule, beta1, beta2):
 
 # As finish_step_kernel: the partials staged, one thread sums them in order.
 @kernel_cache.jit
-def record_norm_kernel(partials, state, grad_norms):
+def record_norm_kernel(partials, state, grad_norms, cursor, advance):
     staged = cuda.shared.array(STAGED, float32)
     _stage(partials, staged)
     if cuda.threadIdx.x == 0:
         _record_norm(staged[:partials.shape[0]], state, grad_norms)
+        if advance != 0:
+            cursor[0] += advance
 
 
-def record_norm(partials, state, grad_norms):
+def record_norm(partials, state, grad_norms, cursor=None, advance=0):
     """See `mlptrain.optim.step_state.record_norm`; partials float32 (at most STAGED), state and grad_norms
-    float64."""
+    float64. Then cursor[0] += advance, as `finish_step`."""
     _check_record(partials, state, grad_norms, None)
-    record_norm_kernel[1, STAGED, streams.current()](partials, state, grad_norms)
+    record_norm_kernel[1, STAGED, streams.current()](partials, state, grad_norms, *_advanced(cursor, advance))
+
+
+def _advanced(cursor, advance):
+    """(cursor, advance) as the rules' kernels take them: a window's cursor (None: a shared zero, left alone)."""
+    if cursor is None and advance != 0:
+        raise ValueError("advance needs a cursor")
+    return checked_cursor(cursor), int64(advance)
 
 
 def _check_record(partials, state, grad_norms, lanes):

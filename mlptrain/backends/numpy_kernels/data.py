@@ -18,11 +18,6 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     y[...] = labels[rows]
 
 
-def advance_cursor(cursor, by):
-    """cursor[0] += by."""
-    cursor[0] += by
-
-
 def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, active):
     """`gather_batch` for every active lane z (active[z] != 0): lane z gathers x[z], y[z] from the shared
     images and labels through its own indices[z] and cursor[z]. An inactive lane is not touched: not even

@@ -7,11 +7,12 @@ from mlptrain.optim import step_state
 
 
 def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                dynamic_scaling, growth_factor, backoff_factor, growth_interval):
-    """See `mlptrain.optim.step_state.finish_step`."""
+                dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor=None, advance=0):
+    """See `mlptrain.optim.step_state.finish_step`; then cursor[0] += advance (a window's data cursor)."""
     step_state.finish_step(partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
                            bool(dynamic_scaling), float(growth_factor), float(backoff_factor),
                            float(growth_interval))
+    _advance(cursor, advance)
 
 
 def prepare_step(state, lr_schedule, beta1, beta2):
@@ -19,9 +20,18 @@ def prepare_step(state, lr_schedule, beta1, beta2):
     step_state.prepare_step(state, lr_schedule, float(beta1), float(beta2))
 
 
-def record_norm(partials, state, grad_norms):
-    """See `mlptrain.optim.step_state.record_norm`."""
+def record_norm(partials, state, grad_norms, cursor=None, advance=0):
+    """See `mlptrain.optim.step_state.record_norm`; then cursor[0] += advance, as `finish_step`."""
     step_state.record_norm(partials, state, grad_norms)
+    _advance(cursor, advance)
+
+
+def _advance(cursor, advance):
+    if cursor is None:
+        if advance != 0:
+            raise ValueError("advance needs a cursor")
+        return
+    cursor[0] += advance
 
 
 def _norm_later(rules) -> bool:
