@@ -32,6 +32,13 @@ class StaticGraph:
         if self.compute is not self.params:
             self.backend.kernels.precision.cast(self.params.flat, self.compute.flat)
 
+    def forward_loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale,
+                     cursor=None) -> None:
+        """`forward`, then `loss` with these arguments: one call, for a model that fuses its last layer with
+        its loss (the MLP's output layer on the narrow engine)."""
+        self.forward(rows)
+        self.loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
+
     def views(self, rows: int):
         """Row slices of every buffer for a batch of `rows`, cached so the step loop allocates nothing."""
         if rows not in self._views:

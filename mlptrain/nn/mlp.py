@@ -60,6 +60,8 @@ class MLP(StaticGraph):
                        gemm.linear_rows_workspace(max_rows, b, a, e["backward_input"]) if i else 0)
                    for i, (a, b, e) in enumerate(zip(self.widths[:-1], self.widths[1:], self.engines)))
         self.workspace = backend.empty((size,)) if size else None
+        # the output layer's forward and the loss as one launch where it is on the narrow engine
+        self.fused_loss = self.engines[-1]["forward"] == "narrow"
         self._views = {}
 
     @property
@@ -73,6 +75,8 @@ class MLP(StaticGraph):
         for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:])):
             passes = gemm.linear_variants(rows, a, b, self.workspace is not None, dtype=self.h[0].dtype)
             plan[f"fc{i + 1}"] = {p: v for p, v in passes.items() if i > 0 or p != "backward_input"}
+        if self.fused_loss:
+            plan[f"fc{self.num_layers}"]["forward"] += "+cross_entropy"
         return plan
 
     def _make_views(self, rows: int):
@@ -96,13 +100,30 @@ class MLP(StaticGraph):
 
     def forward(self, rows: int):
         """Fills the logits h[-1][:rows] from the input h[0][:rows]; returns the logits view."""
+        self._forward_layers(rows, self.num_layers)
+        return self.views(rows)[0][-1]
+
+    def forward_loss(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale,
+                     cursor=None) -> None:
+        """`forward` then `loss`; the output layer's forward and the loss in one launch where `fused_loss`."""
+        if not self.fused_loss:
+            super().forward_loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
+            return
+        last = self.num_layers
+        self._forward_layers(rows, last - 1)
+        h, grad, labels = self.views(rows)
+        self.backend.kernels.gemm.linear_forward_cross_entropy(
+            h[-2], self.compute[f"fc{last}.weight"], self.compute[f"fc{last}.bias"], h[-1], labels, grad[-1],
+            row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
+
+    def _forward_layers(self, rows: int, count: int) -> None:
+        """The forward of layers 1..count: h[1..count][:rows] from h[0][:rows]."""
         gemm = self.backend.kernels.gemm
         h, _, _ = self.views(rows)
-        for i in range(self.num_layers):
+        for i in range(count):
             act = NONE if i == self.num_layers - 1 else self.activation
             gemm.linear_forward(h[i], self.compute[f"fc{i + 1}.weight"], self.compute[f"fc{i + 1}.bias"], h[i + 1], act,
                                 self.engines[i]["forward"], workspace=self.workspace)
-        return h[-1]
 
     def activations(self, rows: int, layer: int):
         """h[layer][:rows] after `forward`: 0 is the input batch, 1..num_layers-1 the hidden layers (after

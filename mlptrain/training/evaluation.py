@@ -135,8 +135,7 @@ class Evaluator:
         x, labels = self.model.batch(rows)
         self.backend.kernels.data.gather_batch(split.images, split.labels, split.device_index, start, x, labels,
                                                self.scale, self.shift)
-        self.model.forward(rows)
-        self.model.loss(rows, self.row_loss, self.row_correct, start, 0.0, self.unit_scale)
+        self.model.forward_loss(rows, self.row_loss, self.row_correct, start, 0.0, self.unit_scale)
 
     def read_rows(self, row_loss, row_correct, lo: int, hi: int, after=None) -> tuple[float, float, np.ndarray | None]:
         """Per-sample results [lo, hi) read to the host and averaged in float64: (mean loss, accuracy (NaN for a

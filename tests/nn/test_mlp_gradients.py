@@ -106,10 +106,11 @@ def test_whole_mlp_gradient(rng, monkeypatch, activation, backend, hidden):
     h, grad, labels = model.views(rows)
     backend.copy_from_host(h[0], x)
     backend.copy_from_host(labels, y)
-    model.forward(rows)
     row_loss, correct = backend.empty((rows,), np.float32), backend.empty((rows,), np.int32)
-    backend.kernels.loss.softmax_cross_entropy(h[-1], labels, grad[-1], row_loss, correct, 0, 1.0 / rows,
-                                               backend.to_device(np.ones(1)))
+    # the output layer's forward and the loss in one launch where it is on the narrow engine, and the record says so
+    model.forward_loss(rows, row_loss, correct, 0, 1.0 / rows, backend.to_device(np.ones(1)))
+    assert model.fused_loss == (backend.name == "cuda")
+    assert model.kernel_plan(rows)[f"fc{len(hidden) + 1}"]["forward"].endswith("+cross_entropy") == model.fused_loss
     model.backward(rows)
     grads = model.grads.to_host_dict()
 

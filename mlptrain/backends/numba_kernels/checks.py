@@ -10,6 +10,7 @@ import functools
 import numpy as np
 
 from mlptrain.backends.numba_kernels import current
+from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES
 
 
 def require(name, array, dtype, shape):
@@ -83,3 +84,28 @@ def checked_cursor(cursor):
 def _zero_cursor(device: int):
     """One per GPU: a sweep's threads train on several GPUs of one process, and a launch reads its own GPU's."""
     return current.to_device(np.zeros(1, np.int64))
+
+
+def check_rows(offset, rows, row_loss_length, row_correct_length):
+    """Rows offset..offset + rows of the per-sample results fit both arrays (a loss's launches)."""
+    if offset < 0 or offset + rows > min(row_loss_length, row_correct_length):
+        raise ValueError(
+            f"rows {offset}..{offset + rows} do not fit row_loss ({row_loss_length}) "
+            f"and row_correct ({row_correct_length})"
+        )
+
+
+def check_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale):
+    """The rows of logits (M, C), after checking `softmax_cross_entropy`'s operands (loss.py's, and gemm's output
+    layer fused with it)."""
+    require_one_of("logits", logits, STORAGE_DTYPES, (None, None))
+    rows, classes = logits.shape
+    require("labels", labels, "int32", (rows,))
+    require("dlogits", dlogits, logits.dtype, (rows, classes))
+    require("row_loss", row_loss, "float32", (None,))
+    require("row_correct", row_correct, "int32", (None,))
+    require("loss_scale", loss_scale, "float64", (1,))
+    if classes == 0:
+        raise ValueError("logits must have at least one class column")
+    check_rows(offset, rows, row_loss.shape[0], row_correct.shape[0])
+    return rows

@@ -88,8 +88,9 @@ def gather_batch(images, labels, indices, start, x, y, scale, shift, cursor=None
     x[i] = images[r] * scale + shift (computed in float32, stored in x's format), y[i] = labels[r] (int32).
 
     `cursor` (a 1-element int64 device array, read on the device; None reads as 0) lets a replayed CUDA
-    graph move through the epoch (the step's rules advance it: `step_rules.record_norm`). indices must hold valid rows of images and
-    cursor[0] + start + x.shape[0] must not pass their end (neither is checked on the device).
+    graph move through the epoch (the step's rules advance it: `step_rules.record_norm`). indices must hold
+    valid rows of images and cursor[0] + start + x.shape[0] must not pass their end (neither is checked on the
+    device).
     """
     _, width = _check_dataset(images, labels)
     require_one_of("indices", indices, ("int32", "int64"), (None,))

@@ -29,7 +29,8 @@ import numpy as np
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
 from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, streams
-from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_one_of
+from mlptrain.backends.numba_kernels.checks import (
+    check_cross_entropy, checked_cursor, require, require_lanes, require_one_of)
 from mlptrain.backends.numba_kernels.chunks import add_chunks
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.tiles import check_activation, dense_operand, make_epilogues, pick_tile
@@ -134,6 +135,28 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
                 *_with_trial_axis(lead, x, w, b, y), activation, *_trial_mask(lead or (1,), active))
         return
     _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for, active, workspace)
+
+
+def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
+                                 loss_scale, cursor=None):
+    """A classifier's output layer and its loss in one launch: `linear_forward(x, w, b, logits, NONE,
+    "narrow")`, then `loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset,
+    grad_scale, loss_scale, cursor)` on the logits as stored, with their bits (gemm_narrow.py). One run's
+    operands (no trial axis); at most NARROW_MOST classes."""
+    require_one_of("x", x, STORAGE_DTYPES, (None, None))
+    M, K = tuple(x.shape)
+    require("w", w, x.dtype, (K, None))
+    N = tuple(w.shape)[1]
+    require("b", b, x.dtype, (N,))
+    require("logits", logits, x.dtype, (M, N))
+    gemm_engines.check_engine("narrow", x.dtype, N)
+    check_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale)
+    if M == 0:
+        return
+    grid, threads = gemm_narrow.forward_grid(M, 1)
+    gemm_narrow.make_narrow_cross_entropy(N, x.dtype)[grid[0], threads, streams.current()](
+        x, w, b, logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset, float32(grad_scale),
+        loss_scale)
 
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):

@@ -12,7 +12,9 @@ layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tile
   4, 2, 1) and thread n writes column n;
 - input gradient, dx = (dy @ w.T) * act'(h): a thread per output column of a few rows, its N weights in
   registers, summing each row's N products in order;
-- weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order.
+- weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order;
+- a classifier's output layer and its softmax cross-entropy in one launch (one run's, no trial axis): the
+  forward's blocks, each then taking its rows' losses from the logits it wrote.
 
 Every output is summed by one thread or one block in a fixed order: no atomics, the same bits on every run. The
 order differs from the tile engines', so a layer's outputs differ from theirs by float32 rounding. Operands carry
@@ -26,6 +28,7 @@ from mlptrain.activation import NONE, RELU
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels.codecs import codec
+from mlptrain.backends.numba_kernels.loss import make_cross_entropy_row
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, squash
 
 NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
@@ -37,20 +40,17 @@ INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in 
 
 
 @functools.cache
-def make_narrow_forward(N, dtype):
-    """The forward kernel (x, w, b, y, activation, active) of layers of N output columns stored as `dtype`."""
+def _narrow_forward_rows(N, dtype):
+    """The device function (x, w, b, y, activation, partials) of a forward block: its rows of y from x, w and
+    b (2-D, one trial's), `partials` the block's shared (ROWS, N, WARP) float32. Every thread of the block
+    calls it (it holds barriers)."""
     load, store = codec(dtype)
 
-    # Block (bx, z): rows bx*ROWS:+ROWS of trial z, a warp a row. Thread t of a warp sums k = t, t + WARP, ...
-    # into one partial a column; the tree then adds partial c + width into partial c, width 16 down to 1, and
-    # thread n of the warp writes column n: no atomics.
-    @kernel_cache.jit
-    def narrow_forward_kernel(x, w, b, y, activation, active):
-        partials = cuda.shared.array((ROWS, N, WARP), float32)
-        z = cuda.blockIdx.y
-        if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
-            return
-        a, weights, bias, out = x[z], w[z], b[z], y[z]
+    # Block bx: rows bx*ROWS:+ROWS, a warp a row. Thread t of a warp sums k = t, t + WARP, ... into one partial
+    # a column; the tree then adds partial c + width into partial c, width 16 down to 1, and thread n of the
+    # warp writes column n: no atomics.
+    @kernel_cache.device
+    def narrow_forward_rows(a, weights, bias, out, activation, partials):
         M, K = a.shape
         row, t = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
         m = cuda.blockIdx.x * ROWS + row
@@ -94,7 +94,47 @@ def make_narrow_forward(N, dtype):
                 stored = store(squash(load(stored), activation))
             out[r, c] = stored
 
+    return narrow_forward_rows
+
+
+@functools.cache
+def make_narrow_forward(N, dtype):
+    """The forward kernel (x, w, b, y, activation, active) of layers of N output columns stored as `dtype`."""
+    rows = _narrow_forward_rows(N, dtype)
+
+    # Block (bx, z): rows bx*ROWS:+ROWS of trial z
+    @kernel_cache.jit
+    def narrow_forward_kernel(x, w, b, y, activation, active):
+        partials = cuda.shared.array((ROWS, N, WARP), float32)
+        z = cuda.blockIdx.y
+        if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
+            return
+        rows(x[z], w[z], b[z], y[z], activation, partials)
+
     return narrow_forward_kernel
+
+
+@functools.cache
+def make_narrow_cross_entropy(N, dtype):
+    """The forward kernel of a classifier's output layer (no activation) fused with its softmax cross-entropy
+    (x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale, loss_scale; one
+    run's operands, no trial axis): a block writes its rows' logits, then a thread a row takes that row's loss,
+    hit and gradient with loss.make_cross_entropy_row's, from the logits as stored. One launch where there were two,
+    and the same bits."""
+    rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype), make_cross_entropy_row(dtype)
+
+    @kernel_cache.jit
+    def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
+                                    grad_scale, loss_scale):
+        partials = cuda.shared.array((ROWS, N, WARP), float32)
+        rows(x, w, b, logits, NONE, partials)
+        cuda.syncthreads()  # the block's logits are written (and visible to its threads): its rows' losses read them
+        m = cuda.blockIdx.x * ROWS + cuda.threadIdx.x // WARP
+        if cuda.threadIdx.x % WARP == 0 and m < x.shape[0]:
+            cross_entropy_of_row(logits, labels, dlogits, row_loss, row_correct, m, offset + cursor[0], grad_scale,
+                                 loss_scale)
+
+    return narrow_cross_entropy_kernel
 
 
 @functools.cache

@@ -7,23 +7,24 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import (
-    checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
+    check_cross_entropy, check_rows, checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 
 THREADS = 128
 
 
 @functools.cache
-def _make_softmax_cross_entropy(dtype):
-    """(softmax_cross_entropy_kernel, softmax_cross_entropy_lanes_kernel) for logits in this format; both
-    run one device function per row, so a lane's rows are the solo kernel's bits."""
+def make_cross_entropy_row(dtype):
+    """The device function (logits, labels, dlogits, row_loss, row_correct, i, offset, grad_scale, loss_scale)
+    that takes row i of logits in this format to its loss, hit and gradient: every kernel of this loss runs it
+    a row a thread (here, and fused behind the output layer in gemm_narrow.py), so they all give its bits."""
     load, store = codec(dtype)
 
     # One thread per row: it owns row_loss/row_correct[offset + i] and the
     # whole row dlogits[i], so no atomics. Rows are short (classes), three
     # passes over the row (max, sum of exp, gradient) stay in L1.
     @kernel_cache.device
-    def cross_entropy_row(logits, labels, dlogits, row_loss, row_correct, i, offset, grad_scale, loss_scale):
+    def cross_entropy_of_row(logits, labels, dlogits, row_loss, row_correct, i, offset, grad_scale, loss_scale):
         classes = logits.shape[1]
         best, best_index = load(logits[i, 0]), 0
         for j in range(1, classes):
@@ -46,13 +47,21 @@ def _make_softmax_cross_entropy(dtype):
                 p -= float32(1)
             dlogits[i, j] = store(p * scale)
 
+    return cross_entropy_of_row
+
+
+@functools.cache
+def _make_softmax_cross_entropy(dtype):
+    """(softmax_cross_entropy_kernel, softmax_cross_entropy_lanes_kernel) for logits in this format; both
+    run one device function per row, so a lane's rows are the solo kernel's bits."""
+    row = make_cross_entropy_row(dtype)
+
     @kernel_cache.jit
     def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
                                      loss_scale):
         i = cuda.grid(1)
         if i < logits.shape[0]:
-            cross_entropy_row(logits, labels, dlogits, row_loss, row_correct, i, offset + cursor[0], grad_scale,
-                              loss_scale)
+            row(logits, labels, dlogits, row_loss, row_correct, i, offset + cursor[0], grad_scale, loss_scale)
 
     # Block row z serves lane z as the solo kernel's grid would; an inactive lane's threads return before
     # reading its cursor.
@@ -61,18 +70,10 @@ def _make_softmax_cross_entropy(dtype):
                                            grad_scale, loss_scale, active):
         i, z = cuda.grid(1), cuda.blockIdx.y
         if i < logits.shape[1] and active[z] != 0:
-            cross_entropy_row(logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z], i,
-                              offset + cursor[z, 0], grad_scale, loss_scale[z])
+            row(logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z], i, offset + cursor[z, 0], grad_scale,
+                loss_scale[z])
 
     return softmax_cross_entropy_kernel, softmax_cross_entropy_lanes_kernel
-
-
-def _check_rows(offset, rows, row_loss_length, row_correct_length):
-    if offset < 0 or offset + rows > min(row_loss_length, row_correct_length):
-        raise ValueError(
-            f"rows {offset}..{offset + rows} do not fit row_loss ({row_loss_length}) "
-            f"and row_correct ({row_correct_length})"
-        )
 
 
 def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale,
@@ -88,16 +89,7 @@ def softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset
     a 1-element float64 device array (fp16's dynamic loss scale, else 1), read
     on the device. Labels are int32 in [0, C); a label outside gives a NaN loss.
     """
-    require_one_of("logits", logits, STORAGE_DTYPES, (None, None))
-    rows, classes = logits.shape
-    require("labels", labels, "int32", (rows,))
-    require("dlogits", dlogits, logits.dtype, (rows, classes))
-    require("row_loss", row_loss, "float32", (None,))
-    require("row_correct", row_correct, "int32", (None,))
-    require("loss_scale", loss_scale, "float64", (1,))
-    if classes == 0:
-        raise ValueError("logits must have at least one class column")
-    _check_rows(offset, rows, row_loss.shape[0], row_correct.shape[0])
+    rows = check_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale)
     if rows == 0:
         return
     blocks = math.ceil(rows / THREADS)
@@ -128,7 +120,7 @@ def softmax_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, 
     require_lanes("cursor", cursor, "int64", (lanes, 1))
     if classes == 0:
         raise ValueError("logits must have at least one class column")
-    _check_rows(offset, rows, row_loss.shape[1], row_correct.shape[1])
+    check_rows(offset, rows, row_loss.shape[1], row_correct.shape[1])
     if rows == 0 or lanes == 0:
         return
     blocks = (math.ceil(rows / THREADS), lanes)

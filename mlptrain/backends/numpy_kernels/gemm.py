@@ -10,6 +10,7 @@ the CUDA kernels do. Weight gradients are float32. Every operand may carry a lea
 import numpy as np
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
+from mlptrain.backends.numpy_kernels.loss import softmax_cross_entropy
 from mlptrain.dtypes import from_float32, round_to_storage, to_float32
 
 LOW_PRECISION = (np.dtype(np.float16), np.dtype(np.uint16))
@@ -91,6 +92,14 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
         z = round_to_storage(z, y.dtype)
     _apply_activation(z, activation)
     y[...] = from_float32(z, y.dtype)
+
+
+def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
+                                 loss_scale, cursor=None):
+    """`linear_forward(x, w, b, logits, NONE, "narrow")` then `loss.softmax_cross_entropy` on its logits, as
+    the CUDA launcher fuses them."""
+    linear_forward(x, w, b, logits, NONE, "narrow")
+    softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
 
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):

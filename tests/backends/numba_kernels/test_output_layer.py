@@ -1,0 +1,30 @@
+"""The output layer fused with its loss (`gemm.linear_forward_cross_entropy`, CUDA): the bits of the narrow
+forward and the loss kernel launched apart (shared cases: `tests.kernel_output_layer_cases`)."""
+
+import numpy as np
+import pytest
+
+from tests import kernel_cases as cases
+from tests import kernel_output_layer_cases as output_layer
+
+pytestmark = pytest.mark.gpu
+
+BACKEND = cases.numba_backend()
+
+
+@pytest.mark.parametrize("shape, dtype", [
+    ((9, 70, 10), np.float32),  # two blocks of rows, the second partly empty; K past two warps' worth
+    ((5, 33, 3), np.uint16), ((3, 5, 1), np.float16)])
+def test_fused_is_forward_then_loss(rng, shape, dtype):
+    output_layer.fused_is_forward_then_loss(BACKEND, rng, shape, dtype)
+
+
+def test_refuses_a_wide_layer(rng):
+    output_layer.refuses_a_wide_layer(BACKEND, rng)
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("shape, dtype", [((128, 512, 10), np.float32), ((130, 784, 16), np.uint16),
+                                          ((2048, 128, 10), np.float16)])
+def test_fused_is_forward_then_loss_production_sizes(rng, shape, dtype):
+    output_layer.fused_is_forward_then_loss(BACKEND, rng, shape, dtype)
