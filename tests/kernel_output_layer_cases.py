@@ -22,7 +22,7 @@ def fused_is_forward_then_loss(be, rng, shape, dtype, grad_scale=0.25, loss_scal
     for fused in (True, False):
         logits, dlogits = be.poisoned((m, n), dtype=dtype), be.poisoned((m, n), dtype=dtype)
         row_loss = be.poisoned(offset + at + m + spare)
-        row_correct = be.poisoned(offset + at + m + spare, -7, np.int32)
+        row_correct = be.poisoned(offset + at + m + spare, -100, np.int32)  # a miss writes -1 - its class
         if fused:
             be.kernels.gemm.linear_forward_cross_entropy(*d[:3], logits, d[3], dlogits, row_loss, row_correct, offset,
                                                          grad_scale, scale, cursor)
@@ -36,7 +36,7 @@ def fused_is_forward_then_loss(be, rng, shape, dtype, grad_scale=0.25, loss_scal
     logits, dlogits, row_loss, row_correct = results[0]
     rows = slice(offset + at, offset + at + m)
     assert not np.isnan(to_float32(logits)).any() and not np.isnan(to_float32(dlogits)).any()
-    assert not np.isnan(row_loss[rows]).any() and (row_correct[rows] != -7).all()
+    assert not np.isnan(row_loss[rows]).any() and (row_correct[rows] != -100).all()
     assert np.isnan(row_loss[:rows.start]).all() and np.isnan(row_loss[rows.stop:]).all()
 
 
