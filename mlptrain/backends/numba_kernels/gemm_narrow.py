@@ -7,9 +7,9 @@ layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tile
 (K = 10 on tf32x3's 64 x 64 tiles) and 14.8 for the weight gradient, against ~3 µs of their memory traffic
 (ncu, one H100; benchmarks/NOTES.md, issue 30 step 18). Here each pass is shaped by its narrow side:
 
-- forward, y = act(x @ w + b): a warp per output row, the block's rows of w staged in shared memory; thread t
-  sums k = t, t + 32, ... for each of the N columns, then the warp's 32 partials of a column are added in
-  shared memory by a fixed tree (offsets 16, 8, 4, 2, 1) and thread n writes column n;
+- forward, y = act(x @ w + b): a warp per output row; its thread t sums k = t, t + 32, ... for each of the N
+  columns, then the warp's 32 partials of a column are added in shared memory by a fixed tree (offsets 16, 8,
+  4, 2, 1) and thread n writes column n;
 - input gradient, dx = (dy @ w.T) * act'(h): a thread per output column of a few rows, its N weights in
   registers, summing each row's N products in order;
 - weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order;
@@ -36,73 +36,44 @@ ROWS = 8  # output rows of a forward block, a warp each
 WARP = 32
 THREADS = 256  # of the input and weight gradients' blocks
 ROWS_IN_FLIGHT = 8  # rows a weight-gradient thread loads before adding them
-STAGE_LOADS = 16  # values of w a forward thread loads before storing them in shared memory
 INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in turn
-
-
-def stage_rows(N):
-    """Rows of w a forward block stages in shared memory at a time, for N columns: a multiple of 2 * WARP (a
-    thread's pairs of k never straddle two stages), at most 512, the block's shared arrays within 40 KB."""
-    room = (40 * 1024 - ROWS * N * WARP * 4) // ((N | 1) * 4)
-    return max(2 * WARP, min(512, room // (2 * WARP) * 2 * WARP))
 
 
 @functools.cache
 def _narrow_forward_rows(N, dtype):
-    """The device function (x, w, b, y, activation, partials, staged) of a forward block: its rows of y from x,
-    w and b (2-D, one trial's); `partials` the block's shared (ROWS, N, WARP) float32, `staged` its shared
-    (stage_rows(N) * (N | 1),) float32. Every thread of the block calls it (it holds barriers)."""
+    """The device function (x, w, b, y, activation, partials) of a forward block: its rows of y from x, w and
+    b (2-D, one trial's), `partials` the block's shared (ROWS, N, WARP) float32. Every thread of the block
+    calls it (it holds barriers)."""
     load, store = codec(dtype)
-    pitch, stage = N | 1, stage_rows(N)  # an odd pitch: the 32 rows of w a warp reads at once fall in 32 banks
 
-    # Block bx: rows bx*ROWS:+ROWS, a warp a row. The block stages `stage` rows of w at a time in shared memory
-    # (read straight from global memory, a warp's 32 rows of N columns took N sectors a load: ncu counted 86% of
-    # the forward's sectors excessive, 10 µs for 128 x 512 x 10). Thread t of a warp sums k = t, t + WARP, ...
-    # into one partial a column; the tree then adds partial c + width into partial c, width 16 down to 1, and
-    # thread n of the warp writes column n: no atomics.
+    # Block bx: rows bx*ROWS:+ROWS, a warp a row. Thread t of a warp sums k = t, t + WARP, ... into one partial
+    # a column; the tree then adds partial c + width into partial c, width 16 down to 1, and thread n of the
+    # warp writes column n: no atomics.
     @kernel_cache.device
-    def narrow_forward_rows(a, weights, bias, out, activation, partials, staged):
+    def narrow_forward_rows(a, weights, bias, out, activation, partials):
         M, K = a.shape
         row, t = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
         m = cuda.blockIdx.x * ROWS + row
         acc = cuda.local.array(N, float32)
-        held = cuda.local.array(STAGE_LOADS, float32)
         for n in range(N):
             acc[n] = float32(0)
-        for base in range(0, K, stage):
-            end = min(base + stage, K)
-            count = (end - base) * N
-            cuda.syncthreads()  # every warp is done with the last stage
-            # w's rows base:end, flat: coalesced loads, STAGE_LOADS of a thread's in flight before it stores any
-            first = cuda.threadIdx.x
-            while first < count:
-                for j in range(STAGE_LOADS):
-                    i = first + j * ROWS * WARP
-                    if i < count:
-                        held[j] = load(weights[uint64(base + i // N), uint64(i % N)])
-                for j in range(STAGE_LOADS):
-                    i = first + j * ROWS * WARP
-                    if i < count:
-                        staged[(i // N) * pitch + i % N] = held[j]
-                first += STAGE_LOADS * ROWS * WARP
-            cuda.syncthreads()
-            if m < M:
-                r = uint64(m)
-                k = base + t
-                # two k a step, both loaded before either is added (in the order one at a time would add them): a
-                # step's loads wait on the memory once, not twice
-                while k + WARP < end:
-                    first_x, second_x = load(a[r, uint64(k)]), load(a[r, uint64(k + WARP)])
-                    at = (k - base) * pitch
-                    for n in range(N):
-                        acc[n] += first_x * staged[at + n]
-                        acc[n] += second_x * staged[at + WARP * pitch + n]
-                    k += 2 * WARP
-                if k < end:
-                    value = load(a[r, uint64(k)])
-                    at = (k - base) * pitch
-                    for n in range(N):
-                        acc[n] += value * staged[at + n]
+        if m < M:
+            r = uint64(m)
+            k = t
+            # two k a step, both loaded before either is added (in the order one at a time would add them): a
+            # step's loads wait on the memory once, not twice
+            while k + WARP < K:
+                c, d = uint64(k), uint64(k + WARP)
+                first, second = load(a[r, c]), load(a[r, d])
+                for n in range(N):
+                    acc[n] += first * load(weights[c, uint64(n)])
+                    acc[n] += second * load(weights[d, uint64(n)])
+                k += 2 * WARP
+            if k < K:
+                c = uint64(k)
+                value = load(a[r, c])
+                for n in range(N):
+                    acc[n] += value * load(weights[c, uint64(n)])
         for n in range(N):
             partials[row, n, t] = acc[n]
         cuda.syncthreads()
@@ -129,17 +100,16 @@ def _narrow_forward_rows(N, dtype):
 @functools.cache
 def make_narrow_forward(N, dtype):
     """The forward kernel (x, w, b, y, activation, active) of layers of N output columns stored as `dtype`."""
-    rows, staged_size = _narrow_forward_rows(N, dtype), stage_rows(N) * (N | 1)
+    rows = _narrow_forward_rows(N, dtype)
 
     # Block (bx, z): rows bx*ROWS:+ROWS of trial z
     @kernel_cache.jit
     def narrow_forward_kernel(x, w, b, y, activation, active):
         partials = cuda.shared.array((ROWS, N, WARP), float32)
-        staged = cuda.shared.array(staged_size, float32)
         z = cuda.blockIdx.y
         if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
             return
-        rows(x[z], w[z], b[z], y[z], activation, partials, staged)
+        rows(x[z], w[z], b[z], y[z], activation, partials)
 
     return narrow_forward_kernel
 
@@ -152,14 +122,12 @@ def make_narrow_cross_entropy(N, dtype):
     hit and gradient with loss.make_cross_entropy_row's, from the logits as stored. One launch where there were two,
     and the same bits."""
     rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype), make_cross_entropy_row(dtype)
-    staged_size = stage_rows(N) * (N | 1)
 
     @kernel_cache.jit
     def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
                                     grad_scale, loss_scale):
         partials = cuda.shared.array((ROWS, N, WARP), float32)
-        staged = cuda.shared.array(staged_size, float32)
-        rows(x, w, b, logits, NONE, partials, staged)
+        rows(x, w, b, logits, NONE, partials)
         cuda.syncthreads()  # the block's logits are written (and visible to its threads): its rows' losses read them
         m = cuda.blockIdx.x * ROWS + cuda.threadIdx.x // WARP
         if cuda.threadIdx.x % WARP == 0 and m < x.shape[0]:
