@@ -177,9 +177,9 @@ def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None
     gemm_engines.check_engine(engine, dy.dtype, N)
     if engine == "narrow":
         if M and K and (not lead or lead[0]):
-            grid, threads = gemm_narrow.input_grid(M, K, lead[0] if lead else 1)
+            grid, threads, rows = gemm_narrow.input_grid(M, K, lead[0] if lead else 1)
             gemm_narrow.make_narrow_backward_input(N, dy.dtype)[grid, threads, streams.current()](
-                *_with_trial_axis(lead, dy, w, h, dx), activation, *_trial_mask(lead or (1,), active))
+                *_with_trial_axis(lead, dy, w, h, dx), activation, *_trial_mask(lead or (1,), active), rows)
         return
     _rows_pass(dy, w, h, dx, activation, M, K, lead, True, engine, tiles_for, active, workspace)
 

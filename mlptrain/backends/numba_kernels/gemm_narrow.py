@@ -32,11 +32,16 @@ from mlptrain.backends.numba_kernels.loss import make_cross_entropy_row
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, squash
 
 NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
-ROWS = 8  # output rows of a forward block, a warp each
+# output rows of a forward block, a warp each: its 10-column output layer's forward is bound by each warp's
+# instructions, not the L1; 2 spread them on more SMs (H200, batch 128: 78.7-79.8 -> 77.4-77.6 µs a step with
+# INPUT_ROWS_FEW; batch 2048: ~203 -> ~192; 4 and 1 gained less: benchmarks/NOTES.md, issue 31 step 2e)
+ROWS = 2
 WARP = 32
 THREADS = 256  # of the input and weight gradients' blocks
 ROWS_IN_FLIGHT = 8  # rows a weight-gradient thread loads before adding them
-INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in turn
+INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in turn (its N weights read once)
+INPUT_ROWS_FEW = 2  # ... where INPUT_ROWS would leave the grid fewer than FILL_BLOCKS blocks
+FILL_BLOCKS = 128  # about an H100's or H200's SMs
 
 
 @functools.cache
@@ -139,13 +144,14 @@ def make_narrow_cross_entropy(N, dtype):
 
 @functools.cache
 def make_narrow_backward_input(N, dtype):
-    """The input-gradient kernel (dy, w, h, dx, activation, active) of layers of N output columns."""
+    """The input-gradient kernel (dy, w, h, dx, activation, active, rows) of layers of N output columns, `rows`
+    rows a block (input_grid's)."""
     load, store = codec(dtype)
 
-    # Block (bx, by, z): columns bx*THREADS:+THREADS of rows by*INPUT_ROWS:+INPUT_ROWS of trial z, a thread a
-    # column, its N weights held in registers: each row's N products summed in order. No atomics.
+    # Block (bx, by, z): columns bx*THREADS:+THREADS of rows by*rows:+rows of trial z, a thread a column, its N
+    # weights held in registers: each row's N products summed in order. No atomics.
     @kernel_cache.jit
-    def narrow_backward_input_kernel(dy, w, h, dx, activation, active):
+    def narrow_backward_input_kernel(dy, w, h, dx, activation, active, rows):
         z = cuda.blockIdx.z
         if active[z] == 0:
             return
@@ -158,8 +164,8 @@ def make_narrow_backward_input(N, dtype):
         column = cuda.local.array(N, float32)
         for n in range(N):
             column[n] = load(weights[c, uint64(n)])
-        first = cuda.blockIdx.y * INPUT_ROWS
-        for m in range(first, min(first + INPUT_ROWS, M)):
+        first = cuda.blockIdx.y * rows
+        for m in range(first, min(first + rows, M)):
             r = uint64(m)
             total = float32(0)
             for n in range(N):
@@ -219,7 +225,12 @@ def forward_grid(M, trials):
 
 
 def input_grid(M, K, trials):
-    return (-(-K // THREADS), -(-M // INPUT_ROWS), trials), THREADS
+    """(grid, threads, rows a block) of an input gradient: INPUT_ROWS rows a block, or INPUT_ROWS_FEW where
+    that leaves fewer than FILL_BLOCKS blocks (a batch of 128: 32 blocks for K = 512). Each output is one
+    thread's sum whatever the rows: the same bits."""
+    columns = -(-K // THREADS)
+    rows = INPUT_ROWS if columns * -(-M // INPUT_ROWS) * trials >= FILL_BLOCKS else INPUT_ROWS_FEW
+    return (columns, -(-M // rows), trials), THREADS, rows
 
 
 def weight_grid(K, N, trials):
