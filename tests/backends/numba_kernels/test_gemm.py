@@ -397,6 +397,23 @@ def test_narrow_engine(rng, trials, shape, activation, beta, dtype):
     cases.layer_trials(BACKEND, rng, trials, shape, activation, beta, dtype, engine="narrow")
 
 
+def test_narrow_input_gradient_rows_a_block(monkeypatch, rng):
+    """INPUT_ROWS rows a block, INPUT_ROWS_FEW where that leaves fewer than FILL_BLOCKS blocks (none on the
+    simulator, which only pays for more blocks); forced here, the few rows give the same bits."""
+    from mlptrain.backends.numba_kernels import gemm_narrow
+
+    monkeypatch.setattr(gemm_narrow, "FILL_BLOCKS", 128)
+    assert gemm_narrow.input_grid(128, 512, 1) == ((2, 64, 1), 256, 2)  # 8 rows: 32 blocks
+    assert gemm_narrow.input_grid(2048, 128, 1) == ((1, 256, 1), 256, 8)
+    assert gemm_narrow.input_grid(128, 512, 16)[2] == 8  # a lane group's
+    shape = (9, 5, 3)  # dy (9, 3), w (5, 3): 2 rows a block gives 5 blocks, 8 gives 2
+    got = []
+    for fill in (0, 128):
+        monkeypatch.setattr(gemm_narrow, "FILL_BLOCKS", fill)
+        got.append(cases.linear_backward_input(BACKEND, np.random.default_rng(4), shape, RELU, engine="narrow"))
+    np.testing.assert_array_equal(got[0].view(np.uint32), got[1].view(np.uint32))
+
+
 def test_narrow_engine_without_a_trial_axis(rng):
     tf32x3_layer(rng, None, (11, 40, 7), RELU, 1.0, engine="narrow")
 
