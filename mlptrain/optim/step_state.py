@@ -49,9 +49,11 @@ def record_norm(partials, state, grad_norms):
     The partials are added in float64 in a fixed order: eight running sums,
     partial b into sum b % 8 while eight remain, the rest into the first in
     turn, then the eight pairwise. On the device one thread adds them: with one
-    running sum it waited on every load and add before the next (~6 us of a
-    step at 256 partials, ncu); eight let it issue eight at once. (Written out,
-    not in a helper: a compiled device function calls device functions only.)"""
+    running sum it waited on every load and add before the next; eight let it
+    issue eight at once (256 partials: record_norm 7.6 us with flushed caches
+    before, 4.5 with warm ones after, ncu, H200; benchmarks/NOTES.md, issue 31
+    step 2). (Written out, not in a helper: a compiled device function calls
+    device functions only.)"""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     n, b = partials.shape[0], 0
     while b + 8 <= n:
