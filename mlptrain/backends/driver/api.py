@@ -258,6 +258,33 @@ def load_function(image: bytes, name: str):
     return check(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
 
 
-def launch(function, grid: tuple, block: tuple, stream, parameters: int) -> None:
-    """Queue `function` with the kernel parameters at address `parameters` (an array of pointers)."""
-    check(cu.cuLaunchKernel(function, *grid, *block, 0, handle(stream), parameters, 0), "cuLaunchKernel")
+def launch(function, grid: tuple, block: tuple, stream, parameters: int, early: bool = False) -> None:
+    """Queue `function` with the kernel parameters at address `parameters` (an array of pointers). `early`: with
+    programmatic stream serialization, so the GPU may launch it before the kernel ahead of it in the stream has
+    ended (a kernel that waits for that one first: numba_kernels.grid_order; see dependent_launches)."""
+    if early:
+        check(cu.cuLaunchKernelEx(_early_config(grid, block, int(handle(stream))), function, parameters, 0),
+              "cuLaunchKernelEx")
+    else:
+        check(cu.cuLaunchKernel(function, *grid, *block, 0, handle(stream), parameters, 0), "cuLaunchKernel")
+
+
+@functools.lru_cache(maxsize=512)
+def _early_config(grid: tuple, block: tuple, stream: int):
+    """The launch configuration of an `early` launch (kept: a step launches the same few shapes every time)."""
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes, config.hStream = 0, cu.CUstream(stream)
+    config.attrs, config.numAttrs = [attribute], 1
+    return config
+
+
+@functools.cache
+def dependent_launches(device: int) -> bool:
+    """Whether kernels on `device` may be launched `early`: compute capability 9.0 or later (griddepcontrol) and
+    a driver of CUDA 12.3 or later (such launches captured into CUDA graphs)."""
+    return capability(device) >= (9, 0) and check(cu.cuDriverGetVersion(), "cuDriverGetVersion") >= 12030

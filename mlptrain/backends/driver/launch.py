@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 
 import numpy as np
@@ -19,6 +20,10 @@ from mlptrain.backends.driver.arrays import DeviceArray
 
 _SCALARS = {"bool": "?7x", "int8": "b7x", "uint8": "B7x", "int16": "h6x", "uint16": "H6x", "int32": "i4x",
             "uint32": "I4x", "int64": "q", "uint64": "Q", "float32": "f4x", "float64": "d"}
+
+
+# Kernels launched early where the GPU allows it; MLPTRAIN_EARLY_LAUNCH=0 launches each after the last has ended.
+EARLY = os.environ.get("MLPTRAIN_EARLY_LAUNCH", "1").strip() != "0"
 
 
 class Unlaunchable(TypeError):
@@ -85,12 +90,15 @@ def _split(items: str) -> list[str]:
 
 
 def launch(function, typenames: tuple, args, grid, block, stream) -> None:
-    """Queue `function` (a CUfunction of a numba kernel compiled for `typenames`) with `args`."""
+    """Queue `function` (a CUfunction of a numba kernel compiled for `typenames`) with `args`; early (see
+    api.launch) where EARLY and the GPU allow it: every kernel of the package opens with
+    numba_kernels.grid_order's wait."""
     packed = layout(typenames).pack(*values(args))
     slots = ctypes.create_string_buffer(packed, len(packed))
     base = ctypes.addressof(slots)
     pointers = (ctypes.c_void_p * (len(packed) // 8))(*range(base, base + len(packed), 8))
-    api.launch(function, _dim3(grid), _dim3(block), stream, ctypes.addressof(pointers))
+    early = EARLY and api.dependent_launches(api.current_device())
+    api.launch(function, _dim3(grid), _dim3(block), stream, ctypes.addressof(pointers), early)
 
 
 def _dim3(dim) -> tuple:

@@ -10,6 +10,7 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 from mlptrain.backends.numba_kernels import streams
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import launch_grid
 
 # A weight gradient's output can be too small to fill the GPU however a block splits its sum (an MLP's
@@ -57,6 +58,7 @@ def make_weight_partials(tile_product, layout, block, summed_by_a=False, **jit_o
     # partials[bz], so no atomics are needed.
     @kernel_cache.jit(**jit_options)
     def weight_partials_kernel(a, dy, partials, chunk):
+        after_previous_grid()
         rows, columns = partials.shape[1], partials.shape[2]
         samples = a.shape[1] if summed_by_a else dy.shape[0]
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
@@ -79,6 +81,7 @@ def make_weight_partials(tile_product, layout, block, summed_by_a=False, **jit_o
 # never reads dw (it may hold garbage).
 @kernel_cache.jit
 def chunk_sum_kernel(partials, dw, beta):
+    after_previous_grid()
     for e in range(cuda.grid(1), dw.shape[0], cuda.gridsize(1)):
         total = float32(0)
         for z in range(partials.shape[0]):

@@ -36,6 +36,7 @@ from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.im2col import flipped_kernel_operand, image_columns_operand, image_rows_operand
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 
@@ -60,6 +61,7 @@ def _make_conv2d_forward(tile, dtype, size, **jit_options):
     # outputs with bias and activation. No atomics.
     @kernel_cache.jit(**_launch_options(tile, jit_options))
     def conv2d_forward_kernel(x, w, b, y, activation):
+        after_previous_grid()
         pixels, outputs = y.shape  # y viewed (N*H*W, Cout), w (KS*KS*Cin, Cout)
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
@@ -115,6 +117,7 @@ def _make_conv2d_backward_input(tile, dtype, size, dense=False, **jit_options):
     # element and no atomics are needed.
     @kernel_cache.jit(**_launch_options(tile, jit_options))
     def conv2d_backward_input_kernel(dy, w, h, dx, activation, K):
+        after_previous_grid()
         pixels, inputs = dx.shape  # dx, h viewed (N*H*W, Cin); K = KS*KS*Cout summed values
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
@@ -127,6 +130,7 @@ def _make_conv2d_backward_input(tile, dtype, size, dense=False, **jit_options):
 # Thread t copies elements t, t + stride, ... of the flipped kernel: one writer per element.
 @kernel_cache.jit
 def flip_kernel_kernel(w, flipped):
+    after_previous_grid()
     taps, inputs, outputs = w.shape
     for e in range(cuda.grid(1), taps * inputs * outputs, cuda.gridsize(1)):
         row, cin = e // inputs, e % inputs

@@ -27,6 +27,7 @@ from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import chunks, current, gemm_mma, streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.im2col import image_columns_operand, image_rows_operand
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 
@@ -79,6 +80,7 @@ def _make_pixel_rows(tile, dtype, size, backward):
     # is a gather over the flipped kernel: each dx[pixel, cin] summed by one warp. No atomics.
     @kernel_cache.jit(**_options(tile))
     def conv2d_pixel_rows_mma_kernel(a, w, c, out, activation):
+        after_previous_grid()
         pixels, columns = out.shape  # out viewed (N*H*W, C); w (KS*KS*C_summed, C) as uint16
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)

@@ -28,6 +28,7 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
 from mlptrain.backends.numba_kernels import chunks, streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 NARROW_OUT = 4  # outputs of at most this many channels take these kernels...
 MAX_TAP_OUTPUTS = 36  # ...when KS * KS * Cout weight-gradient sums fit a thread's registers
@@ -176,6 +177,7 @@ def _make_narrow_forward(dtype, size, outputs, segment, channels):
     @kernel_cache.jit(**launch_bounds(WARPS * LANES, blocks))
     def narrow_forward_kernel(x, w, b, y, rows, height, width, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); rows = N*H
+        after_previous_grid()
         lane = cuda.threadIdx.x % LANES
         per_row = (width + segment - 1) // segment
         index = cuda.blockIdx.x * (cuda.blockDim.x // LANES) + cuda.threadIdx.x // LANES
@@ -261,6 +263,7 @@ def _make_narrow_weight_partials(dtype, size, outputs, segment, channels):
     @kernel_cache.jit
     def narrow_weight_partials_kernel(x, dy, partials, rows, height, width, chunk):
         # x (N*H*W*Cin,), dy (N*H*W*Cout,), partials (chunks, KS*KS*Cin*Cout); rows = N*H
+        after_previous_grid()
         c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
         if c >= channels:
             return

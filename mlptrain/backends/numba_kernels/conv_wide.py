@@ -23,6 +23,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.conv_narrow import LANES, even_segment, launch_bounds
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 WIDE_IN = 4  # convolutions summing at most this many channels a tap...
 MAX_TAP_INPUTS = 36  # ...when the KS * KS * C weights of a wide channel fit a thread's registers
@@ -114,6 +115,7 @@ def _make_wide_forward(dtype, size, summed, stretch, segment):
     @kernel_cache.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
     def wide_forward_kernel(x, w, b, y, height, width, channels, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); channels = Cout
+        after_previous_grid()
         per_row = (width + stretch - 1) // stretch
         row = cuda.blockIdx.x // per_row
         w0 = (cuda.blockIdx.x - row * per_row) * stretch
@@ -156,6 +158,7 @@ def _make_wide_backward_input(dtype, size, summed, stretch, segment):
     @kernel_cache.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
     def wide_backward_input_kernel(dy, w, h, dx, height, width, channels, activation):
         # dy (N*H*W*Cout,), w (KS*KS*Cin*Cout,), h and dx (N*H*W*Cin,); channels = Cin
+        after_previous_grid()
         per_row = (width + stretch - 1) // stretch
         row = cuda.blockIdx.x // per_row
         w0 = (cuda.blockIdx.x - row * per_row) * stretch

@@ -9,6 +9,7 @@ from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import (
     checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 THREADS = 256
 # Each thread gathers COLUMN_STEPS columns THREADS apart (coalesced), its loads issued before its stores. With one
@@ -57,12 +58,14 @@ def _make_gather(dtype):
 
     @kernel_cache.jit
     def gather_batch_kernel(images, labels, indices, cursor, start, x, y, scale, shift):
+        after_previous_grid()
         gather_rows(images, labels, indices, cursor[0] + start, x, y, scale, shift)
 
     # Blocks of grid layer z serve lane z as the solo kernel's grid would; an inactive lane's blocks return
     # before reading its cursor or indices.
     @kernel_cache.jit
     def gather_lanes_kernel(images, labels, indices, cursor, start, x, y, scale, shift, active):
+        after_previous_grid()
         z = cuda.blockIdx.z
         if active[z] != 0:
             gather_rows(images, labels, indices[z], cursor[z, 0] + start, x[z], y[z], scale, shift)
@@ -132,6 +135,7 @@ def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, act
 # Thread z owns lane z's cursor: no atomics.
 @kernel_cache.jit
 def advance_lanes_kernel(cursor, by, active):
+    after_previous_grid()
     z = cuda.grid(1)
     if z < active.shape[0] and active[z] != 0:
         cursor[z, 0] += by

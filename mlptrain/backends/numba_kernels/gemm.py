@@ -33,6 +33,7 @@ from mlptrain.backends.numba_kernels.checks import (
     check_cross_entropy, checked_cursor, require, require_lanes, require_one_of)
 from mlptrain.backends.numba_kernels.chunks import add_chunks
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import check_activation, dense_operand, make_epilogues, pick_tile
 
 NARROW_MOST = gemm_narrow.NARROW_MOST
@@ -85,6 +86,7 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", staging=
     if trials:
         @kernel_cache.jit(**jit_options)
         def trial_rows_kernel(a, w, other, out, activation, active):
+            after_previous_grid()
             z = cuda.blockIdx.z
             if active[z] != 0:  # the whole block, uniformly: none of its barriers is left waiting
                 rows_tile(a[z], w[z], other[z], out[z], activation)
@@ -93,6 +95,7 @@ def make_linear_rows(tile, dtype, backward, trials=False, engine="fma", staging=
 
     @kernel_cache.jit(**jit_options)
     def linear_rows_kernel(a, w, other, out, activation):
+        after_previous_grid()
         rows_tile(a, w, other, out, activation)
 
     return linear_rows_kernel
@@ -256,6 +259,7 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
     if trials:
         @kernel_cache.jit(**jit_options)
         def trial_weight_kernel(x, dy, dw, beta, active):
+            after_previous_grid()
             z = cuda.blockIdx.z
             if active[z] != 0:  # the whole block, uniformly
                 weight_tile(x[z], dy[z], dw[z], beta)
@@ -264,6 +268,7 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
 
     @kernel_cache.jit(**jit_options)
     def linear_backward_weight_kernel(x, dy, dw, beta):
+        after_previous_grid()
         weight_tile(x, dy, dw, beta)
 
     return linear_backward_weight_kernel

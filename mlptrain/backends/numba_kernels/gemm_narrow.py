@@ -28,6 +28,7 @@ from mlptrain.activation import NONE, RELU
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
 from mlptrain.backends.numba_kernels.codecs import codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.loss import make_cross_entropy_row
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, squash
 
@@ -112,6 +113,7 @@ def make_narrow_forward(N, dtype):
     # Block (bx, z): rows bx*ROWS:+ROWS of trial z
     @kernel_cache.jit
     def narrow_forward_kernel(x, w, b, y, activation, active):
+        after_previous_grid()
         partials = cuda.shared.array((ROWS, N, WARP), float32)
         z = cuda.blockIdx.y
         if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
@@ -133,6 +135,7 @@ def make_narrow_cross_entropy(N, dtype):
     @kernel_cache.jit
     def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
                                     grad_scale, loss_scale):
+        after_previous_grid()
         partials = cuda.shared.array((ROWS, N, WARP), float32)
         rows(x, w, b, logits, NONE, partials)
         cuda.syncthreads()  # the block's logits are written (and visible to its threads): its rows' losses read them
@@ -154,6 +157,7 @@ def make_narrow_backward_input(N, dtype):
     # weights held in registers: each row's N products summed in order. No atomics.
     @kernel_cache.jit
     def narrow_backward_input_kernel(dy, w, h, dx, activation, active, rows):
+        after_previous_grid()
         z = cuda.blockIdx.z
         if active[z] == 0:
             return
@@ -189,6 +193,7 @@ def make_narrow_backward_weight(dtype):
     # x's rows): its rows' products summed in order, then beta * dw added. No atomics.
     @kernel_cache.jit
     def narrow_backward_weight_kernel(x, dy, dw, beta, active):
+        after_previous_grid()
         z = cuda.blockIdx.z
         if active[z] == 0:
             return

@@ -21,6 +21,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import gemm_engines, streams
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, blocks_chunk_plan, make_weight_partials
 from mlptrain.backends.numba_kernels.codecs import codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, dense_operand, squash
 
 SUM_THREADS = 256  # outputs of one row a block of the second launch adds up
@@ -89,6 +90,7 @@ def make_rows_sum(dtype, backward):
     # consecutive). Every output is summed by one thread in a fixed order: no atomics.
     @kernel_cache.jit
     def rows_sum_kernel(partials, other, out, activation):
+        after_previous_grid()
         chunks, _, N = partials.shape
         n = cuda.blockIdx.x * SUM_THREADS + cuda.threadIdx.x
         if n >= N:

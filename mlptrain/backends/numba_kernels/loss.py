@@ -9,6 +9,7 @@ from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import (
     check_cross_entropy, check_rows, checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 THREADS = 128
 
@@ -59,6 +60,7 @@ def _make_softmax_cross_entropy(dtype):
     @kernel_cache.jit
     def softmax_cross_entropy_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
                                      loss_scale):
+        after_previous_grid()
         i = cuda.grid(1)
         if i < logits.shape[0]:
             row(logits, labels, dlogits, row_loss, row_correct, i, offset + cursor[0], grad_scale, loss_scale)
@@ -68,6 +70,7 @@ def _make_softmax_cross_entropy(dtype):
     @kernel_cache.jit
     def softmax_cross_entropy_lanes_kernel(logits, labels, dlogits, row_loss, row_correct, cursor, offset,
                                            grad_scale, loss_scale, active):
+        after_previous_grid()
         i, z = cuda.grid(1), cuda.blockIdx.y
         if i < logits.shape[1] and active[z] != 0:
             row(logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z], i, offset + cursor[z, 0], grad_scale,
@@ -145,6 +148,7 @@ def _make_mse(dtype):
     # run adds in the same order.
     @kernel_cache.jit
     def mse_kernel(output, target, doutput, row_loss, cursor, offset, coefficient, loss_scale):
+        after_previous_grid()
         partial = cuda.shared.array(MSE_THREADS, float32)
         i, t, threads = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
         width = output.shape[1]

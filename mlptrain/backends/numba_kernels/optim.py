@@ -18,6 +18,7 @@ from mlptrain.backends.numba_kernels import streams, wide
 from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
 from mlptrain.backends.numba_kernels.wide import load_quad, store_quad
 from mlptrain.optim import step_state
@@ -113,6 +114,7 @@ def _make_updates(dtype):
     # Thread t owns elements t, t + stride, ... of every buffer: no atomics.
     @kernel_cache.jit
     def sgd_update_kernel(param, grad, compute, state, weight_decay, write_compute):
+        after_previous_grid()
         if state[APPLY] == 0:
             return
         lr, multiplier = _step_scalars(state)
@@ -125,6 +127,7 @@ def _make_updates(dtype):
     @kernel_cache.jit
     def momentum_update_kernel(param, grad, velocity, compute, state, momentum, weight_decay, nesterov,
                                write_compute):
+        after_previous_grid()
         if state[APPLY] == 0:
             return
         lr, multiplier = _step_scalars(state)
@@ -179,6 +182,7 @@ def _make_updates(dtype):
     @kernel_cache.jit
     def adam_update_kernel(param, grad, m, v, compute, state, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
                            weight_decay, decoupled, write_compute, quads):
+        after_previous_grid()
         if state[APPLY] == 0:
             return
         adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
@@ -189,6 +193,7 @@ def _make_updates(dtype):
     @kernel_cache.jit
     def adam_norm_update_kernel(param, grad, m, v, compute, state, partials, beta1, beta2, one_minus_beta1,
                                 one_minus_beta2, eps, weight_decay, decoupled, write_compute, quads):
+        after_previous_grid()
         squares = adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
                             one_minus_beta1, one_minus_beta2, eps, write_compute, quads, state[APPLY] != 0)
         total = block_sum(squares)
@@ -245,6 +250,7 @@ def _make_lane_updates(dtype):
     # Thread t of grid row z owns elements t, t + stride, ... of lane z's buffers: no atomics.
     @kernel_cache.jit
     def sgd_update_lanes_kernel(param, grad, compute, state, hypers, active, write_compute):
+        after_previous_grid()
         z = cuda.blockIdx.y
         if active[z] == 0 or state[z, APPLY] == 0:
             return
@@ -259,6 +265,7 @@ def _make_lane_updates(dtype):
     # Thread t of grid row z owns elements t, t + stride, ... of lane z's buffers: no atomics.
     @kernel_cache.jit
     def momentum_update_lanes_kernel(param, grad, velocity, compute, state, hypers, active, write_compute):
+        after_previous_grid()
         z = cuda.blockIdx.y
         if active[z] == 0 or state[z, APPLY] == 0:
             return
@@ -276,6 +283,7 @@ def _make_lane_updates(dtype):
     # Grid row z applies the solo update's span (quads or elements) to lane z's buffers: no atomics.
     @kernel_cache.jit
     def adam_update_lanes_kernel(param, grad, m, v, compute, state, hypers, active, write_compute, quads):
+        after_previous_grid()
         z = cuda.blockIdx.y
         if active[z] == 0 or state[z, APPLY] == 0:
             return
@@ -288,6 +296,7 @@ def _make_lane_updates(dtype):
     @kernel_cache.jit
     def adam_norm_update_lanes_kernel(param, grad, m, v, compute, state, partials, hypers, active, write_compute,
                                       quads):
+        after_previous_grid()
         z = cuda.blockIdx.y
         if active[z] == 0:  # the whole block, uniformly: none of block_sum's barriers is left waiting
             return

@@ -28,6 +28,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint8
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 THREADS = 256
 # Each block walks rows z, z + gridDim.z, ...: a grid of about MAX_BLOCKS blocks
@@ -87,6 +88,7 @@ def _make_max_pool2x2_forward(dtype):
     # is never replaced (np.argmax's rule). y gets the winner's stored bits.
     @kernel_cache.jit
     def max_pool2x2_forward_kernel(x, y, argmax):
+        after_previous_grid()
         N, OH, OW, C = y.shape
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c >= C:
@@ -141,6 +143,7 @@ def _make_max_pool2x2_backward(dtype):
     # Every dx element has one owner, so no zeroing launch and no atomics.
     @kernel_cache.jit
     def max_pool2x2_backward_kernel(dy, argmax, dx):
+        after_previous_grid()
         N, H, W, C = dx.shape
         OH, OW = dy.shape[1], dy.shape[2]
         CH, CW = (H + 1) // 2, (W + 1) // 2
@@ -186,6 +189,7 @@ def max_pool2x2_backward(dy, argmax, dx):
 # writers. One kernel serves every storage format: it only copies.
 @kernel_cache.jit
 def upsample2x_forward_kernel(x, y):
+    after_previous_grid()
     N, H, W, C = x.shape
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c >= C:
@@ -222,6 +226,7 @@ def _make_upsample2x_backward(dtype):
     # (0,0) (0,1) (1,0) (1,1), rounding once. A gather, not a scatter: no atomics.
     @kernel_cache.jit
     def upsample2x_backward_kernel(dy, dx):
+        after_previous_grid()
         N, H, W, C = dx.shape
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c >= C:

@@ -10,6 +10,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 THREADS = 256
 MAX_BLOCKS = 2048
@@ -21,6 +22,7 @@ def _make_cast(dtype):
     # Thread t owns elements t, t + stride, ...: no atomics.
     @kernel_cache.jit
     def cast_kernel(src, dst):
+        after_previous_grid()
         for i in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
             dst[i] = store(src[i])
 

@@ -10,6 +10,7 @@ from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.wide import load_quad
 
 BIAS_THREADS = 256
@@ -68,6 +69,7 @@ def _make_bias_backward(dtype, width):
     # holds the chunks' partials.
     @kernel_cache.jit
     def bias_backward_kernel(dy, out, chunk, beta):
+        after_previous_grid()
         n = cuda.blockIdx.x * width + cuda.threadIdx.x
         begin = cuda.blockIdx.y * chunk
         total = column_sum(dy, n, begin, min(begin + chunk, dy.shape[0]))
@@ -78,6 +80,7 @@ def _make_bias_backward(dtype, width):
     # workspace), and thread (c, 0) writes db[z, column]: no atomics.
     @kernel_cache.jit
     def bias_backward_lanes_kernel(dy, db, beta):
+        after_previous_grid()
         n, z = cuda.blockIdx.x * width + cuda.threadIdx.x, cuda.blockIdx.y
         lane = dy[z]
         total = column_sum(lane, n, 0, lane.shape[0])
@@ -186,6 +189,7 @@ def _thread_sum_of_squares(x, quads):
 # Thread 0 of block b writes partials[b]: no atomics.
 @kernel_cache.jit
 def sum_of_squares_kernel(x, partials, quads):
+    after_previous_grid()
     total = block_sum(_thread_sum_of_squares(x, quads))
     if cuda.threadIdx.x == 0:
         partials[cuda.blockIdx.x] = total
@@ -205,6 +209,7 @@ def sum_of_squares(x, partials):
 # thread 0 writes partials[z, b]: no atomics.
 @kernel_cache.jit
 def sum_of_squares_lanes_kernel(x, partials, quads):
+    after_previous_grid()
     z = cuda.blockIdx.y
     total = block_sum(_thread_sum_of_squares(x[z], quads))
     if cuda.threadIdx.x == 0:

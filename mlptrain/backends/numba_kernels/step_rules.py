@@ -17,6 +17,7 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int64
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_lanes
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
 from mlptrain.optim import step_state
 
@@ -58,6 +59,7 @@ def _prepare_step(state, lr_schedule, beta1, beta2):
 @kernel_cache.jit
 def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                        dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor, advance):
+    after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
     _stage(partials, staged)
     if cuda.threadIdx.x == 0:
@@ -81,6 +83,7 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
 
 @kernel_cache.jit
 def prepare_step_kernel(state, lr_schedule, beta1, beta2):
+    after_previous_grid()
     if cuda.threadIdx.x == 0:
         _prepare_step(state, lr_schedule, beta1, beta2)
 
@@ -95,6 +98,7 @@ def prepare_step(state, lr_schedule, beta1, beta2):
 # As finish_step_kernel: the partials staged, one thread sums them in order.
 @kernel_cache.jit
 def record_norm_kernel(partials, state, grad_norms, cursor, advance):
+    after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
     _stage(partials, staged)
     if cuda.threadIdx.x == 0:
@@ -153,6 +157,7 @@ def _check_lanes(active, hypers):
 # recorded after the update (record_norm_lanes).
 @kernel_cache.jit
 def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, active, norm_later):
+    after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
     z, t, n = cuda.blockIdx.x, cuda.threadIdx.x, partials.shape[1]
     if active[z] == 0:
@@ -189,6 +194,7 @@ def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, 
 # Block z owns lane z's step state and record, as in finish_step_lanes_kernel.
 @kernel_cache.jit
 def record_norm_lanes_kernel(partials, state, grad_norms, hypers, active):
+    after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
     z, t, n = cuda.blockIdx.x, cuda.threadIdx.x, partials.shape[1]
     rules = hypers[z]
