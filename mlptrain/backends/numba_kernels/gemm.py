@@ -133,8 +133,8 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
     gemm_engines.check_engine(engine, x.dtype, N)
     if engine == "narrow":
         if M and N and (not lead or lead[0]):
-            grid, threads = gemm_narrow.forward_grid(M, lead[0] if lead else 1)
-            gemm_narrow.make_narrow_forward(N, x.dtype)[grid, threads, streams.current()](
+            grid, threads, split = gemm_narrow.forward_grid(M, K, lead[0] if lead else 1)
+            gemm_narrow.make_narrow_forward(N, x.dtype, split)[grid, threads, streams.current()](
                 *_with_trial_axis(lead, x, w, b, y), activation, *_trial_mask(lead or (1,), active))
         return
     _rows_pass(x, w, b, y, activation, M, N, lead, False, engine, tiles_for, active, workspace)
@@ -156,8 +156,8 @@ def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row
     check_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale)
     if M == 0:
         return
-    grid, threads = gemm_narrow.forward_grid(M, 1)
-    gemm_narrow.make_narrow_cross_entropy(N, x.dtype)[grid[0], threads, streams.current()](
+    grid, threads, split = gemm_narrow.forward_grid(M, K, 1)
+    gemm_narrow.make_narrow_cross_entropy(N, x.dtype, split)[grid[0], threads, streams.current()](
         x, w, b, logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset, float32(grad_scale),
         loss_scale)
 

@@ -38,6 +38,10 @@ NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
 # INPUT_ROWS_FEW; batch 2048: ~203 -> ~192; 4 and 1 gained less: benchmarks/NOTES.md, issue 31 step 2e)
 ROWS = 2
 WARP = 32
+# warps summing one row's K: a forward's warp is bound by its own instruction chain (~2,300 instructions for K
+# 512), so a long K is split over up to SPLIT_MOST warps, each thread keeping at least SPLIT_K of it
+SPLIT_MOST = 4
+SPLIT_K = 4
 THREADS = 256  # of the input and weight gradients' blocks
 ROWS_IN_FLIGHT = 8  # rows a weight-gradient thread loads before adding them
 INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in turn (its N weights read once)
@@ -48,19 +52,20 @@ FILL_BLOCKS = 0 if config.ENABLE_CUDASIM else 128
 
 
 @functools.cache
-def _narrow_forward_rows(N, dtype):
+def _narrow_forward_rows(N, dtype, split):
     """The device function (x, w, b, y, activation, partials) of a forward block: its rows of y from x, w and
-    b (2-D, one trial's), `partials` the block's shared (ROWS, N, WARP) float32. Every thread of the block
-    calls it (it holds barriers)."""
+    b (2-D, one trial's), `partials` the block's shared (ROWS, N, WARP * split) float32. Every thread of the
+    block calls it (it holds barriers)."""
     load, store = codec(dtype)
+    LANES = WARP * split  # threads a row
 
-    # Block bx: rows bx*ROWS:+ROWS, a warp a row. Thread t of a warp sums k = t, t + WARP, ... into one partial
-    # a column; the tree then adds partial c + width into partial c, width 16 down to 1, and thread n of the
-    # warp writes column n: no atomics.
+    # Block bx: rows bx*ROWS:+ROWS, `split` warps a row. Thread t of a row sums k = t, t + LANES, ... into one
+    # partial a column; the tree then adds partial c + width into partial c, width LANES / 2 down to 1, and
+    # thread n of the row writes column n: no atomics.
     @kernel_cache.device
     def narrow_forward_rows(a, weights, bias, out, activation, partials):
         M, K = a.shape
-        row, t = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        row, t = cuda.threadIdx.x // LANES, cuda.threadIdx.x % LANES
         m = cuda.blockIdx.x * ROWS + row
         acc = cuda.local.array(N, float32)
         for n in range(N):
@@ -70,13 +75,13 @@ def _narrow_forward_rows(N, dtype):
             k = t
             # two k a step, both loaded before either is added (in the order one at a time would add them): a
             # step's loads wait on the memory once, not twice
-            while k + WARP < K:
-                c, d = uint64(k), uint64(k + WARP)
+            while k + LANES < K:
+                c, d = uint64(k), uint64(k + LANES)
                 first, second = load(a[r, c]), load(a[r, d])
                 for n in range(N):
                     acc[n] += first * load(weights[c, uint64(n)])
                     acc[n] += second * load(weights[d, uint64(n)])
-                k += 2 * WARP
+                k += 2 * LANES
             if k < K:
                 c = uint64(k)
                 value = load(a[r, c])
@@ -85,7 +90,7 @@ def _narrow_forward_rows(N, dtype):
         for n in range(N):
             partials[row, n, t] = acc[n]
         cuda.syncthreads()
-        width = WARP // 2
+        width = LANES // 2
         while width > 0:
             if t < width:
                 for n in range(N):
@@ -106,15 +111,16 @@ def _narrow_forward_rows(N, dtype):
 
 
 @functools.cache
-def make_narrow_forward(N, dtype):
-    """The forward kernel (x, w, b, y, activation, active) of layers of N output columns stored as `dtype`."""
-    rows = _narrow_forward_rows(N, dtype)
+def make_narrow_forward(N, dtype, split):
+    """The forward kernel (x, w, b, y, activation, active) of layers of N output columns stored as `dtype`,
+    `split` warps a row (forward_grid's)."""
+    rows, LANES = _narrow_forward_rows(N, dtype, split), WARP * split
 
     # Block (bx, z): rows bx*ROWS:+ROWS of trial z
     @kernel_cache.jit
     def narrow_forward_kernel(x, w, b, y, activation, active):
         after_previous_grid()
-        partials = cuda.shared.array((ROWS, N, WARP), float32)
+        partials = cuda.shared.array((ROWS, N, LANES), float32)
         z = cuda.blockIdx.y
         if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
             return
@@ -124,23 +130,24 @@ def make_narrow_forward(N, dtype):
 
 
 @functools.cache
-def make_narrow_cross_entropy(N, dtype):
+def make_narrow_cross_entropy(N, dtype, split):
     """The forward kernel of a classifier's output layer (no activation) fused with its softmax cross-entropy
     (x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale, loss_scale; one
     run's operands, no trial axis): a block writes its rows' logits, then a thread a row takes that row's loss,
     hit and gradient with loss.make_cross_entropy_row's, from the logits as stored. One launch where there were two,
     and the same bits."""
-    rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype), make_cross_entropy_row(dtype)
+    rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype, split), make_cross_entropy_row(dtype)
+    LANES = WARP * split
 
     @kernel_cache.jit
     def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
                                     grad_scale, loss_scale):
         after_previous_grid()
-        partials = cuda.shared.array((ROWS, N, WARP), float32)
+        partials = cuda.shared.array((ROWS, N, LANES), float32)
         rows(x, w, b, logits, NONE, partials)
         cuda.syncthreads()  # the block's logits are written (and visible to its threads): its rows' losses read them
-        m = cuda.blockIdx.x * ROWS + cuda.threadIdx.x // WARP
-        if cuda.threadIdx.x % WARP == 0 and m < x.shape[0]:
+        m = cuda.blockIdx.x * ROWS + cuda.threadIdx.x // LANES
+        if cuda.threadIdx.x % LANES == 0 and m < x.shape[0]:
             cross_entropy_of_row(logits, labels, dlogits, row_loss, row_correct, m, offset + cursor[0], grad_scale,
                                  loss_scale)
 
@@ -227,8 +234,13 @@ def make_narrow_backward_weight(dtype):
     return narrow_backward_weight_kernel
 
 
-def forward_grid(M, trials):
-    return (-(-M // ROWS), trials), ROWS * WARP
+def forward_grid(M, K, trials):
+    """(grid, threads, split) of a forward: ROWS rows a block, `split` warps summing each row's K, as many as
+    leave each thread at least SPLIT_K of them (at most SPLIT_MOST). A row's sum is then split into more
+    partials, added by a longer tree: the split is a function of K alone, so every launch of a layer (packed
+    lanes, the fused loss's) adds in one order."""
+    split = max(1, min(SPLIT_MOST, K // (WARP * SPLIT_K)))
+    return (-(-M // ROWS), trials), ROWS * WARP * split, split
 
 
 def input_grid(M, K, trials):

@@ -392,9 +392,19 @@ def test_tf32x3_engine_sums_16_bit_operands_exactly(rng, mini_tf32_tile, dtype):
 @pytest.mark.parametrize("trials, shape, activation, beta, dtype", [
     (2, (9, 70, 10), RELU, 0.0, np.float32),  # two forward blocks of rows; K past two warps' worth
     (3, (5, 37, 3), TANH, 1.0, np.float32), (2, (4, 33, 16), SIGMOID, 0.0, np.uint16),
-    (1, (3, 5, 1), NONE, 1.0, np.float16)])
+    (1, (3, 5, 1), NONE, 1.0, np.float16),
+    (2, (3, 300, 10), RELU, 1.0, np.float32)])  # a row's K split over two warps (forward_grid)
 def test_narrow_engine(rng, trials, shape, activation, beta, dtype):
     cases.layer_trials(BACKEND, rng, trials, shape, activation, beta, dtype, engine="narrow")
+
+
+def test_narrow_forward_splits_a_long_k_over_warps():
+    from mlptrain.backends.numba_kernels import gemm_narrow
+
+    assert gemm_narrow.forward_grid(128, 512, 1) == ((64, 1), 256, 4)  # adam_mnist's output layer
+    assert gemm_narrow.forward_grid(2048, 128, 1) == ((1024, 1), 64, 1)
+    assert gemm_narrow.forward_grid(5, 300, 3) == ((3, 3), 128, 2)
+    assert gemm_narrow.forward_grid(7, 5000, 2)[2] == gemm_narrow.SPLIT_MOST
 
 
 def test_narrow_input_gradient_rows_a_block(monkeypatch, rng):

@@ -14,7 +14,8 @@ BACKEND = cases.numba_backend()
 
 @pytest.mark.parametrize("shape, dtype", [
     ((9, 70, 10), np.float32),  # two blocks of rows, the second partly empty; K past two warps' worth
-    ((5, 33, 3), np.uint16), ((3, 5, 1), np.float16)])
+    ((5, 33, 3), np.uint16), ((3, 5, 1), np.float16),
+    ((3, 520, 10), np.float32)])  # a row's K split over four warps
 def test_fused_is_forward_then_loss(rng, shape, dtype):
     output_layer.fused_is_forward_then_loss(BACKEND, rng, shape, dtype)
 
