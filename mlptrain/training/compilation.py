@@ -92,16 +92,19 @@ def tensor_core_note(s: Session) -> str | None:
 def kernel_records(s: Session) -> dict:
     """summary.json's kernel fields: compile_s, kernels_compiled, kernels_from_cache (this process, ahead and
     during the run), first_step_s, the kernel cache's own counts (`kernel_cache`, which `write_last_run` records
-    for `mlptrain cache info`), and `kernel_plan`: the variant each layer's passes ran."""
+    for `mlptrain cache info`), `kernel_plan`: the variant each layer's passes ran, and `early_launch`: whether
+    kernels were launched before the one ahead of them ended (numba_kernels.grid_order)."""
     first = s.window.first_step_at
     records = {"first_step_s": None if first is None else round(first - STARTED, 3),
                "kernel_plan": s.model.kernel_plan(s.config.train.batch_size)}
     if s.backend.name != "cuda":
         return records
     from mlptrain.backends.kernel_cache import cache as kernel_cache  # GPU runs only
+    from mlptrain.backends.kernel_cache import kernels
 
     stats = kernel_cache.STATS.as_dict()
-    return {**records, "compile_s": round(stats["compile_s"] + stats["ahead_s"], 3),
+    return {**records, "early_launch": kernels.early_launches(),
+            "compile_s": round(stats["compile_s"] + stats["ahead_s"], 3),
             "kernels_compiled": stats["compiled"] + stats["compiled_ahead"],
             "kernels_from_cache": stats["from_cache"] + stats["from_index"] - stats["compiled_ahead"],
             "kernel_cache": stats}

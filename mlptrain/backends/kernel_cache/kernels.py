@@ -127,6 +127,15 @@ class Kernel:
         return (api.current_device(), names) in self._functions
 
 
+def early_launches() -> bool:
+    """Whether this thread's GPU gets the package's kernels launched early (backends.driver.launch.EARLY, on a GPU
+    and driver that allow it: api.dependent_launches); kernels numba launches never are."""
+    if not DEFERRED:
+        return False
+    api, launch = _driver()
+    return launch.EARLY and api.dependent_launches(api.current_device())
+
+
 @functools.cache
 def _driver():
     """The driver path's modules, imported once (a launch asks for them each time)."""
