@@ -135,9 +135,9 @@ class MLP(StaticGraph):
         kernels = self.backend.kernels
         h, grad, _ = self.views(rows)
         for i in reversed(range(self.num_layers)):
-            kernels.gemm.linear_backward_weight(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"], beta,
-                                                self.workspace, self.engines[i]["backward_weight"])
-            kernels.reduce.bias_backward(grad[i + 1], self.grads[f"fc{i + 1}.bias"], beta, self.workspace)
+            kernels.gemm.linear_backward_weight_bias(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"],
+                                                     self.grads[f"fc{i + 1}.bias"], beta, self.workspace,
+                                                     self.engines[i]["backward_weight"])
             if i > 0:
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
                                                    self.activation, self.engines[i]["backward_input"],

@@ -27,12 +27,14 @@ import functools
 import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32, uint64
-from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, streams
+from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
+from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, reduce, streams
 from mlptrain.backends.numba_kernels.checks import (
     check_cross_entropy, checked_cursor, require, require_lanes, require_one_of)
 from mlptrain.backends.numba_kernels.chunks import add_chunks
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.gemm_weight import (
+    make_linear_backward_weight, make_linear_backward_weight_bias, weight_bias_plan)
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import check_activation, dense_operand, make_epilogues, pick_tile
 
@@ -222,56 +224,30 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles
         a, w, other, out, activation, *_trial_mask(lead, active))
 
 
-# --- backward weight: dw = beta * dw + x.T @ dy ----------------------------------
+# --- backward weight: dw = beta * dw + x.T @ dy (the kernels: gemm_weight.py) --------------------------
 
-@functools.cache
-def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging=(False, False, 0), **jit_options):
-    BM, BN = tile[:2]
-    load, _ = codec(dtype)
-    make_product, layout = gemm_engines.engine_parts(engine, tile, dtype, staging)
-    TM, TN, row_of, col_of = layout
-    tile_product = make_product(dense_operand(load, False), dense_operand(load, False))
-
-    # Block (by, bx) owns dw[by*BM:+BM, bx*BN:+BN]: its K-split groups sum
-    # their shares of the batch, group 0 adds them in order and each of its
-    # threads writes its own TM x TN weights. No atomics; beta == 0 never
-    # reads dw (it may hold garbage).
-    @kernel_cache.device
-    def weight_tile(x, dy, dw, beta):
-        B, K = x.shape
-        N = dy.shape[1]
-        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        acc = cuda.local.array((TM, TN), float32)
-        if not tile_product(x, dy, acc, m0, n0, K, N, 0, B):
-            return
-        for i in range(TM):
-            k = row_of(m0, i)
-            for j in range(TN):
-                n = col_of(n0, j)
-                if k < K and n < N:
-                    # unsigned indices: numba adds no negative-index fix-up (a compare and two selects an index)
-                    r, c = uint64(k), uint64(n)
-                    if beta == float32(0):
-                        dw[r, c] = acc[i, j]
-                    else:
-                        dw[r, c] = beta * dw[r, c] + acc[i, j]
-
-    if trials:
-        @kernel_cache.jit(**jit_options)
-        def trial_weight_kernel(x, dy, dw, beta, active):
-            after_previous_grid()
-            z = cuda.blockIdx.z
-            if active[z] != 0:  # the whole block, uniformly
-                weight_tile(x[z], dy[z], dw[z], beta)
-
-        return trial_weight_kernel
-
-    @kernel_cache.jit(**jit_options)
-    def linear_backward_weight_kernel(x, dy, dw, beta):
-        after_previous_grid()
-        weight_tile(x, dy, dw, beta)
-
-    return linear_backward_weight_kernel
+def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma"):
+    """linear_backward_weight(x, dy, dw, beta, workspace, engine), then reduce.bias_backward(dy, db, beta,
+    workspace), one run's operands: in one launch where weight_bias_plan gives one (a step's launch fewer a
+    layer), with the bits of the two."""
+    B, K = tuple(x.shape)[-2:]
+    N = tuple(dy.shape)[-1]
+    plan = weight_bias_plan(engine, B, K, N, workspace is not None) if len(x.shape) == 2 else None
+    if plan is None:
+        linear_backward_weight(x, dy, dw, beta, workspace, engine)
+        reduce.bias_backward(dy, db, beta, workspace)
+        return
+    require_one_of("x", x, STORAGE_DTYPES, (None, None))
+    require("dy", dy, x.dtype, (B, None))
+    require("dw", dw, "float32", (K, N))
+    require("db", db, "float32", (N,))
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
+    gemm_engines.check_engine(engine, x.dtype, N)
+    tile, grid, threads, width, weight_rows = plan
+    make_linear_backward_weight_bias(tile, x.dtype, engine, gemm_engines.engine_staging(engine, x, dy), width,
+                                     threads)[grid, threads, streams.current()](
+        x, dy, dw, db.reshape(1, N), float32(beta), weight_rows)
 
 
 def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine="fma"):
@@ -312,7 +288,8 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="f
     """The kernel each pass of an (inputs -> outputs) dense layer storing `dtype` over `rows` samples runs, for
     the run's record: a run's own passes by `layer_engines`, "narrow", "tf32x3" or the CUDA-core tile
     ("tiled/<name>"), with `+split` where the forward or input gradient sums its K in chunks and `+chunks` where
-    the weight gradient sums the batch in chunks, given a workspace; a trial-axis launch's ("+trials") the tile
+    the weight gradient sums the batch in chunks, given a workspace, `+bias` where the bias gradient is summed in
+    the weight gradient's launch (weight_bias_plan); a trial-axis launch's ("+trials") the tile
     the CUDA cores take for all `trials` (packed groups record their engine themselves)."""
     if trials is not None:
         return {"forward": f"tiled/{pick_tile(rows, outputs, trials)}+trials",
@@ -326,7 +303,8 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="f
             return engine
         base = engine if engine == "tf32x3" else f"tiled/{pick_tile(M, N)}"
         suffix = "+chunks" if name == "backward_weight" else "+split"
-        return base + (suffix if workspace and chunks > 1 else "")
+        grouped = name == "backward_weight" and weight_bias_plan(engine, rows, inputs, outputs, workspace)
+        return base + (suffix if workspace and chunks > 1 else "") + ("+bias" if grouped else "")
 
     split = gemm_split.rows_split
     return {"forward": label("forward", rows, outputs, split(engines["forward"], rows, inputs, outputs)[4]),

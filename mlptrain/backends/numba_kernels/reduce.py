@@ -28,41 +28,54 @@ SQUARES_THREADS = BLOCK_THREADS  # block_sum adds a block's sums
 
 
 @functools.cache
-def _make_bias_backward(dtype, width):
-    """(bias_backward_kernel, bias_backward_lanes_kernel) for dy in this format and blocks `width` columns
-    wide; both sum through one device function, so a lane's sums are the solo kernel's bits."""
+def make_column_sum(dtype, width):
+    """The device function (dy, n, begin, end, c, g, span) -> float32 of a block summing `width` columns of dy's
+    rows begin:end, BIAS_THREADS // width groups of rows a column: thread (c, g) sums groups g, g + span, ... (a
+    block of `span` x width threads; a 1-D one passes c = t % width, g = t // width), then thread (c, 0) adds the
+    groups' partials in order, and only its return value is column n's sum. Group k holds rows begin + k, begin +
+    k + GROUPS, ..., added in order: the same bits whatever the block's shape. Every thread of the block calls it
+    (it holds a barrier)."""
     load, _ = codec(dtype)
     GROUPS = BIAS_THREADS // width
 
-    # Thread (c, g) of a block sums rows begin + g, begin + g + GROUPS, ... < end of its column n in order,
-    # then thread (c, 0) adds the GROUPS partials in order g = 0, 1, ...: a fixed order. Only thread (c, 0)'s
-    # return value is the column's sum.
     @kernel_cache.device
-    def column_sum(dy, n, begin, end):
+    def column_sum(dy, n, begin, end, c, g, span):
         partial = cuda.shared.array((GROUPS, width), float32)
-        c, g = cuda.threadIdx.x, cuda.threadIdx.y
-        total = float32(0)
-        if n < dy.shape[1]:
-            # four loads in flight, added in the order of one row at a time: the same bits
-            r = begin + g
-            while r + 3 * GROUPS < end:
-                a, b = load(dy[r, n]), load(dy[r + GROUPS, n])
-                e, f = load(dy[r + 2 * GROUPS, n]), load(dy[r + 3 * GROUPS, n])
-                total += a
-                total += b
-                total += e
-                total += f
-                r += 4 * GROUPS
-            while r < end:
-                total += load(dy[r, n])
-                r += GROUPS
-        partial[g, c] = total
+        k = g
+        while k < GROUPS:
+            total = float32(0)
+            if n < dy.shape[1]:
+                # four loads in flight, added in the order of one row at a time: the same bits
+                r = begin + k
+                while r + 3 * GROUPS < end:
+                    a, b = load(dy[r, n]), load(dy[r + GROUPS, n])
+                    e, f = load(dy[r + 2 * GROUPS, n]), load(dy[r + 3 * GROUPS, n])
+                    total += a
+                    total += b
+                    total += e
+                    total += f
+                    r += 4 * GROUPS
+                while r < end:
+                    total += load(dy[r, n])
+                    r += GROUPS
+            partial[k, c] = total
+            k += span
         cuda.syncthreads()
         total = float32(0)
         if g == 0:
             for k in range(GROUPS):
                 total += partial[k, c]
         return total
+
+    return column_sum
+
+
+@functools.cache
+def _make_bias_backward(dtype, width):
+    """(bias_backward_kernel, bias_backward_lanes_kernel) for dy in this format and blocks `width` columns
+    wide; both sum through one device function, so a lane's sums are the solo kernel's bits."""
+    column_sum = make_column_sum(dtype, width)
+    GROUPS = BIAS_THREADS // width
 
     # Block (bx, by) owns columns bx*width:+width of rows by*chunk:+chunk, and thread (c, 0) writes
     # out[by, column]: no atomics. With one chunk, out is db itself and beta applies; with several, out
@@ -72,9 +85,9 @@ def _make_bias_backward(dtype, width):
         after_previous_grid()
         n = cuda.blockIdx.x * width + cuda.threadIdx.x
         begin = cuda.blockIdx.y * chunk
-        total = column_sum(dy, n, begin, min(begin + chunk, dy.shape[0]))
+        total = column_sum(dy, n, begin, min(begin + chunk, dy.shape[0]), cuda.threadIdx.x, cuda.threadIdx.y, GROUPS)
         if cuda.threadIdx.y == 0 and n < dy.shape[1]:
-            _accumulate(out, cuda.blockIdx.y, n, total, beta)
+            accumulate(out, cuda.blockIdx.y, n, total, beta)
 
     # Block (bx, z) owns columns bx*width:+width of lane z, all rows in one chunk (bias_backward without a
     # workspace), and thread (c, 0) writes db[z, column]: no atomics.
@@ -83,15 +96,15 @@ def _make_bias_backward(dtype, width):
         after_previous_grid()
         n, z = cuda.blockIdx.x * width + cuda.threadIdx.x, cuda.blockIdx.y
         lane = dy[z]
-        total = column_sum(lane, n, 0, lane.shape[0])
+        total = column_sum(lane, n, 0, lane.shape[0], cuda.threadIdx.x, cuda.threadIdx.y, GROUPS)
         if cuda.threadIdx.y == 0 and n < lane.shape[1]:
-            _accumulate(db, z, n, total, beta)
+            accumulate(db, z, n, total, beta)
 
     return bias_backward_kernel, bias_backward_lanes_kernel
 
 
 @kernel_cache.device
-def _accumulate(out, row, n, total, beta):
+def accumulate(out, row, n, total, beta):
     """out[row, n] = beta * out[row, n] + total; beta 0 never reads out (it may hold garbage)."""
     if beta == float32(0):
         out[row, n] = total

@@ -11,6 +11,7 @@ import numpy as np
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends.numpy_kernels.loss import softmax_cross_entropy
+from mlptrain.backends.numpy_kernels.reduce import bias_backward
 from mlptrain.dtypes import from_float32, round_to_storage, to_float32
 
 LOW_PRECISION = (np.dtype(np.float16), np.dtype(np.uint16))
@@ -135,6 +136,12 @@ def layer_engines(outputs, dtype):
     """The engine a run's own dense layer passes to the launchers: BLAS sums every pass, so "fma" (a name the
     launchers check and then ignore)."""
     return {"forward": "fma", "backward_input": "fma", "backward_weight": "fma"}
+
+
+def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma"):
+    """`linear_backward_weight` then `reduce.bias_backward`, as the CUDA launcher groups them."""
+    linear_backward_weight(x, dy, dw, beta, workspace, engine)
+    bias_backward(dy, db, beta, workspace)
 
 
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="float32"):

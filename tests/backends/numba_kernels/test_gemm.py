@@ -494,12 +494,12 @@ def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_sa
     monkeypatch.setattr(gemm, "RUN_TF32X3_16", False)
     variants = gemm.linear_variants(128, 512, 10)
     assert variants["forward"] == variants["backward_input"] == "narrow"
-    assert variants["backward_weight"] == "tiled/small"
+    assert variants["backward_weight"] == "tiled/small+bias"  # the bias gradient in the same launch
     assert gemm.linear_variants(128, 784, 512) == {"forward": "tf32x3+split", "backward_input": "tf32x3+split",
-                                                   "backward_weight": "tf32x3"}
+                                                   "backward_weight": "tf32x3+bias"}
     assert gemm.linear_variants(2048, 784, 128)["backward_weight"] == "tf32x3+chunks"
     assert gemm.linear_variants(128, 784, 512, dtype=np.uint16) == {
-        "forward": "tiled/small+split", "backward_input": "tiled/small", "backward_weight": "tiled/medium"}
+        "forward": "tiled/small+split", "backward_input": "tiled/small", "backward_weight": "tiled/medium+bias"}
     assert gemm.linear_variants(128, 784, 512, workspace=False, dtype=np.uint16)["forward"] == "tiled/small"
     assert gemm.linear_variants(128, 512, 10, trials=4)["forward"].endswith("+trials")  # lanes choose their own
 
