@@ -7,9 +7,9 @@ layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tile
 (K = 10 on tf32x3's 64 x 64 tiles) and 14.8 for the weight gradient, against ~3 µs of their memory traffic
 (ncu, one H100; benchmarks/NOTES.md, issue 30 step 18). Here each pass is shaped by its narrow side:
 
-- forward, y = act(x @ w + b): a warp per output row; its thread t sums k = t, t + 32, ... for each of the N
-  columns, then the warp's 32 partials of a column are added in shared memory by a fixed tree (offsets 16, 8,
-  4, 2, 1) and thread n writes column n;
+- forward, y = act(x @ w + b): `split` warps per output row (forward_grid: up to 4 for a long K); thread t of
+  the row's L = 32 x split sums k = t, t + L, ... for each of the N columns, then the row's L partials of a
+  column are added in shared memory by a fixed tree (offsets L / 2, ..., 2, 1) and thread n writes column n;
 - input gradient, dx = (dy @ w.T) * act'(h): a thread per output column of a few rows, its N weights in
   registers, summing each row's N products in order;
 - weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order;
@@ -33,13 +33,15 @@ from mlptrain.backends.numba_kernels.loss import make_cross_entropy_row
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, squash
 
 NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
-# output rows of a forward block, a warp each: its 10-column output layer's forward is bound by each warp's
-# instructions, not the L1; 2 spread them on more SMs (H200, batch 128: 78.7-79.8 -> 77.4-77.6 µs a step with
+# output rows of a forward block (`split` warps each): its 10-column output layer's forward is bound by each
+# warp's instructions, not the L1; 2 spread them on more SMs (H200, batch 128: 78.7-79.8 -> 77.4-77.6 µs a step with
 # INPUT_ROWS_FEW; batch 2048: ~203 -> ~192; 4 and 1 gained less: benchmarks/NOTES.md, issue 31 step 2e)
 ROWS = 2
 WARP = 32
 # warps summing one row's K: a forward's warp is bound by its own instruction chain (~2,300 instructions for K
-# 512), so a long K is split over up to SPLIT_MOST warps, each thread keeping at least SPLIT_K of it
+# 512), so a long K is split over up to SPLIT_MOST warps, each thread keeping at least SPLIT_K of it (the fused
+# output layer 9.9 -> 8.1 µs, the step at batch 128 -2 µs; 2 warps gained as much: benchmarks/NOTES.md, issue 31
+# step 3b)
 SPLIT_MOST = 4
 SPLIT_K = 4
 THREADS = 256  # of the input and weight gradients' blocks
