@@ -99,8 +99,7 @@ def kernel_records(s: Session) -> dict:
                "kernel_plan": s.model.kernel_plan(s.config.train.batch_size)}
     if s.backend.name != "cuda":
         return records
-    from mlptrain.backends.kernel_cache import cache as kernel_cache  # GPU runs only
-    from mlptrain.backends.kernel_cache import kernels
+    from mlptrain.backends.kernel_cache import cache as kernel_cache, kernels  # GPU runs only
 
     stats = kernel_cache.STATS.as_dict()
     return {**records, "early_launch": kernels.early_launches(),

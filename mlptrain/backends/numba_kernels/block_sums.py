@@ -1,5 +1,7 @@
 """A block's threads' sums added into one, in a fixed order (CUDA backend): the last step of the reductions
-whose partials a step's rules read (`reduce.sum_of_squares`, and `optim.adam_update` summing as it updates)."""
+whose partials a step's rules read (`reduce.sum_of_squares`, and `optim.adam_update` summing as it updates);
+and a block's sum written where a gradient is overwritten or accumulated (the bias gradients': reduce.py,
+gemm_weight.py)."""
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
@@ -23,3 +25,12 @@ def block_sum(total):
         cuda.syncthreads()
         width //= 2
     return cache[0]
+
+
+@kernel_cache.device
+def accumulate(out, row, n, total, beta):
+    """out[row, n] = beta * out[row, n] + total; beta 0 never reads out (it may hold garbage)."""
+    if beta == float32(0):
+        out[row, n] = total
+    else:
+        out[row, n] = beta * out[row, n] + total

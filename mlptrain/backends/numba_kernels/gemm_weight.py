@@ -7,11 +7,12 @@ import functools
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import gemm_engines, gemm_split
+from mlptrain.backends.numba_kernels.block_sums import accumulate
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import CHUNK_ROWS as BIAS_CHUNK_ROWS
-from mlptrain.backends.numba_kernels.reduce import accumulate, make_column_sum
+from mlptrain.backends.numba_kernels.reduce import make_column_sum
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 
 # A run's own layer sums its bias gradient in extra blocks of its weight gradient's launch, where both are one

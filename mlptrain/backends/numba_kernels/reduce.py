@@ -6,7 +6,7 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import chunks, streams, wide
-from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, block_sum
+from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, accumulate, block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -101,15 +101,6 @@ def _make_bias_backward(dtype, width):
             accumulate(db, z, n, total, beta)
 
     return bias_backward_kernel, bias_backward_lanes_kernel
-
-
-@kernel_cache.device
-def accumulate(out, row, n, total, beta):
-    """out[row, n] = beta * out[row, n] + total; beta 0 never reads out (it may hold garbage)."""
-    if beta == float32(0):
-        out[row, n] = total
-    else:
-        out[row, n] = beta * out[row, n] + total
 
 
 def bias_backward_workspace(rows, columns):
