@@ -97,8 +97,12 @@ def launch(function, typenames: tuple, args, grid, block, stream) -> None:
     slots = ctypes.create_string_buffer(packed, len(packed))
     base = ctypes.addressof(slots)
     pointers = (ctypes.c_void_p * (len(packed) // 8))(*range(base, base + len(packed), 8))
-    early = EARLY and api.dependent_launches(api.current_device())
-    api.launch(function, _dim3(grid), _dim3(block), stream, ctypes.addressof(pointers), early)
+    api.launch(function, _dim3(grid), _dim3(block), stream, ctypes.addressof(pointers), early())
+
+
+def early() -> bool:
+    """Whether this thread's GPU gets its launches early: EARLY, on a GPU and driver that allow it."""
+    return EARLY and api.dependent_launches(api.current_device())
 
 
 def _dim3(dim) -> tuple:

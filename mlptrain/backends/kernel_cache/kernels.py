@@ -130,10 +130,7 @@ class Kernel:
 def early_launches() -> bool:
     """Whether this thread's GPU gets the package's kernels launched early (backends.driver.launch.EARLY, on a GPU
     and driver that allow it: api.dependent_launches); kernels numba launches never are."""
-    if not DEFERRED:
-        return False
-    api, launch = _driver()
-    return launch.EARLY and api.dependent_launches(api.current_device())
+    return DEFERRED and _driver()[1].early()
 
 
 @functools.cache

@@ -237,17 +237,26 @@ def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma
         linear_backward_weight(x, dy, dw, beta, workspace, engine)
         reduce.bias_backward(dy, db, beta, workspace)
         return
-    require_one_of("x", x, STORAGE_DTYPES, (None, None))
-    require("dy", dy, x.dtype, (B, None))
-    require("dw", dw, "float32", (K, N))
+    _check_weight_gradient(x, dy, dw, beta, engine)
     require("db", db, "float32", (N,))
-    if beta not in (0.0, 1.0):
-        raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    gemm_engines.check_engine(engine, x.dtype, N)
     tile, grid, threads, width, weight_rows = plan
     make_linear_backward_weight_bias(tile, x.dtype, engine, gemm_engines.engine_staging(engine, x, dy), width,
                                      threads)[grid, threads, streams.current()](
         x, dy, dw, db.reshape(1, N), float32(beta), weight_rows)
+
+
+def _check_weight_gradient(x, dy, dw, beta, engine):
+    """(trial axis, B, K, N) of a weight gradient's operands, after checking them (linear_backward_weight's)."""
+    lead = _trial_axis(x)
+    require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
+    B, K = tuple(x.shape)[-2:]
+    _checks(lead)("dy", dy, x.dtype, (*lead, B, None))
+    N = tuple(dy.shape)[-1]
+    _checks(lead)("dw", dw, "float32", (*lead, K, N))
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
+    gemm_engines.check_engine(engine, x.dtype, N)
+    return lead, B, K, N
 
 
 def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine="fma"):
@@ -321,15 +330,7 @@ def linear_backward_weight(x, dy, dw, beta, workspace=None, engine="fma", tiles_
     by more blocks (see CHUNK_BLOCKS). With a leading trial axis (x (T, B, K), dy (T, B, N), dw
     (T, K, N)) one launch computes the T trials' gradients, each summed inside its blocks (no workspace),
     as the tf32x3 engine sums every gradient; `tiles_for` and `active` as in linear_forward."""
-    lead = _trial_axis(x)
-    require_one_of("x", x, STORAGE_DTYPES, (*lead, None, None))
-    B, K = tuple(x.shape)[-2:]
-    _checks(lead)("dy", dy, x.dtype, (*lead, B, None))
-    N = tuple(dy.shape)[-1]
-    _checks(lead)("dw", dw, "float32", (*lead, K, N))
-    if beta not in (0.0, 1.0):
-        raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    gemm_engines.check_engine(engine, x.dtype, N)
+    lead, B, K, N = _check_weight_gradient(x, dy, dw, beta, engine)
     if K == 0 or N == 0 or (lead and lead[0] == 0):
         return
     if engine == "narrow":

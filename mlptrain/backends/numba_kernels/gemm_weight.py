@@ -11,8 +11,7 @@ from mlptrain.backends.numba_kernels.block_sums import accumulate
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
-from mlptrain.backends.numba_kernels.reduce import CHUNK_ROWS as BIAS_CHUNK_ROWS
-from mlptrain.backends.numba_kernels.reduce import make_column_sum
+from mlptrain.backends.numba_kernels.reduce import bias_backward_workspace, make_column_sum
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 
 # A run's own layer sums its bias gradient in extra blocks of its weight gradient's launch, where both are one
@@ -49,10 +48,7 @@ def make_weight_tile(tile, dtype, engine, staging):
                 if k < K and n < N:
                     # unsigned indices: numba adds no negative-index fix-up (a compare and two selects an index)
                     r, c = uint64(k), uint64(n)
-                    if beta == float32(0):
-                        dw[r, c] = acc[i, j]
-                    else:
-                        dw[r, c] = beta * dw[r, c] + acc[i, j]
+                    accumulate(dw, r, c, acc[i, j], beta)
 
     return weight_tile
 
@@ -115,7 +111,8 @@ def weight_bias_plan(engine, rows, inputs, outputs, workspace=True):
         return None
     tile, grid, threads, _, chunks, _ = gemm_split.weight_chunks(engine, rows, inputs, outputs)
     width = column_width(outputs)
-    if workspace and (chunks > 1 or rows > BIAS_CHUNK_ROWS) or not isinstance(threads, int) or threads % width:
+    if workspace and (chunks > 1 or bias_backward_workspace(rows, outputs)) or not isinstance(threads, int) \
+            or threads % width:
         return None
     bias_blocks = -(-outputs // width)
     return tile, (grid[0], grid[1] + -(-bias_blocks // grid[0])), threads, width, grid[1]
