@@ -11,7 +11,7 @@ graph replay per step after a warm-up, the median of --repeats runs of --steps s
                 (block z computes trial z's tile; the tile chosen for all the trials' blocks together)
     tf32x3      the trial axis on the tf32x3 engine (float32 products on tensor cores at float32 accuracy,
                 gemm_tf32.py), for each --tf32-tiles tile and --tf32-stages depth (cp.async copies that many
-                slices deep, gemm_tf32_async.py; 0 staged through registers); and trial 0 alone on it, its time
+                slices deep, gemm_async.py; 0 staged through registers); and trial 0 alone on it, its time
                 counted K times
     cuBLAS      torch.bmm over the K trials (cuBLAS's strided-batched SGEMM, TF32 off), the same eight
                 products without bias or activation, in one torch CUDA graph: what the vendor's GEMMs take

@@ -42,9 +42,11 @@ def tf32x3_fills(M: int, N: int, lanes: int, tile: tuple) -> bool:
     return -(-M // BM) * -(-N // BN) * lanes >= TF32_MIN_BLOCKS
 
 
-def gemm_engine(backend_name: str, dtype, lanes: int) -> str:
-    """The engine (the gemm launchers' ENGINES) of a group of `lanes` lanes storing `dtype` on a backend."""
-    return "tf32x3" if backend_name == "cuda" and np.dtype(dtype) == np.float32 and lanes >= TF32_LANES else "fma"
+def gemm_engine(backend_name: str, dtype, lanes: int, tensor_cores: bool = True) -> str:
+    """The engine (the gemm launchers' ENGINES) of a group of `lanes` lanes storing `dtype` on a backend whose GPU
+    runs the tensor-core engines where `tensor_cores` (its gemm.tensor_cores())."""
+    return "tf32x3" if backend_name == "cuda" and tensor_cores and np.dtype(dtype) == np.float32 \
+        and lanes >= TF32_LANES else "fma"
 
 
 class LaneStep:
@@ -80,7 +82,7 @@ class LaneStep:
         # (benchmarks/NOTES.md, issue 30 step 13): its one 64 x 64 tile needs many lanes' blocks to fill the GPU,
         # and a pass whose outputs make too few of them still runs on "fma" (`_pass_engine`). Chosen by K, not by
         # the lanes a launch covers, so a lane's sums never depend on who steps with it.
-        self.engine = gemm_engine(backend.name, self.dtype, self.lanes)
+        self.engine = gemm_engine(backend.name, self.dtype, self.lanes, backend.kernels.gemm.tensor_cores())
         # the lanes whose tile the GEMMs take (None: the lanes launched): K where which lanes a launch covers
         # follows the host's timing (a staggered group), so that a lane's sums never depend on it
         self.tiles_for = None

@@ -486,6 +486,7 @@ def test_sixteen_float32_lanes_or_more_sum_their_gemms_on_tensor_cores():
     assert gemm_engine("cuda", np.float32, TF32_LANES - 1) == "fma"
     assert gemm_engine("cuda", np.uint16, 64) == gemm_engine("cuda", np.float16, 64) == "fma"  # 16-bit storage
     assert gemm_engine("cpu", np.float32, 64) == "fma"  # BLAS either way: the record says what ran
+    assert gemm_engine("cuda", np.float32, 64, tensor_cores=False) == "fma"  # a GPU before compute capability 8.0
 
 
 def test_a_pass_takes_tf32x3_where_its_tiles_fill_a_wave():

@@ -7,9 +7,10 @@ shared memory itself, so several slices can be in flight at no register cost:
     address = shared_address(shared, e)     where shared[e] lies in the block's shared memory, in bytes (uint32)
     copy16_to(address, shared, array, offset, valid)
                                             the 16 bytes at `address` (shared_address's, plus any multiple of
-                                            16 bytes inside `shared`) = the four float32 `offset` bytes into a
-                                            2-D float32 array (its rows contiguous: array[i, j:j + 4] at offset
-                                            i * strides[0] + j * 4), or four zeros where `valid` is False
+                                            16 bytes inside `shared`) = the 16 bytes `offset` bytes into a 2-D
+                                            array, its rows contiguous (four float32, array[i, j:j + 4] at
+                                            offset i * strides[0] + j * 4, or eight 16-bit elements into the
+                                            4-byte words of a uint32 `shared`), or zeros where `valid` is False
                                             (nothing is read then)
     commit()                                closes the group of this thread's copies issued since the last commit
     wait_all_but(n)()                       waits until at most n of this thread's groups are still in flight
@@ -21,6 +22,8 @@ and commit and wait do nothing.
 """
 
 import functools
+
+import numpy as np
 
 from mlptrain.backends.kernel_cache.numba_names import DEFERRED, Deferred, config, cuda
 from mlptrain.backends.numba_kernels.wide import element_pointer
@@ -35,12 +38,17 @@ def _simulated():
     def copy16_to(address, shared, array, offset, valid):
         e = address // 4
         for n in range(4):
-            shared[e + n] = 0.0
+            shared[e + n] = 0
         if valid:
             i = offset // array.strides[0]
             j = (offset - i * array.strides[0]) // array.strides[1]
-            for n in range(4):
-                shared[e + n] = array[i, j + n]
+            if array.strides[1] == 4:
+                for n in range(4):
+                    shared[e + n] = array[i, j + n]
+            else:  # eight 16-bit elements, two a word, the first in its low half (the GPU's little-endian bytes)
+                for n in range(4):
+                    low, high = (int(np.array(array[i, j + 2 * n + h]).view(np.uint16)) for h in range(2))
+                    shared[e + n] = low | (high << 16)
 
     @cuda.jit(device=True)
     def commit():

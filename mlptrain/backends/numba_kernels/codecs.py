@@ -8,7 +8,7 @@ or weights in a low format builds on these; precision.py's cast kernels among th
 import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import config, float32, int32, types, uint16, uint32
+from mlptrain.backends.kernel_cache.numba_names import DEFERRED, Deferred, config, float32, int32, types, uint16, uint32
 
 if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: the same casts in NumPy
     def float_bits(v):
@@ -16,6 +16,9 @@ if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: t
 
     def bits_float(u):
         return np.array(int(u) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
+
+    def half_bits(v):
+        return np.uint32(np.array(v, np.float16).view(np.uint16)[()])
 else:
     from mlptrain.backends.kernel_cache.numba_names import libdevice
 
@@ -26,6 +29,23 @@ else:
     @kernel_cache.device
     def bits_float(u):
         return libdevice.int_as_float(int32(u))
+
+    def _make_half_bits():
+        # imported on first use: numba takes seconds to import, and the CPU path never needs it
+        from llvmlite import ir
+        from numba import types as numba_types
+        from numba.cuda.extending import intrinsic
+
+        @intrinsic
+        def half_bits(typingctx, v):
+            def codegen(context, builder, sig, args):
+                return builder.zext(builder.bitcast(args[0], ir.IntType(16)), ir.IntType(32))
+
+            return numba_types.uint32(numba_types.float16), codegen
+
+        return half_bits
+
+    half_bits = Deferred(_make_half_bits, ()) if DEFERRED else _make_half_bits()  # an fp16 value's bits, as uint32
 
 
 @kernel_cache.device

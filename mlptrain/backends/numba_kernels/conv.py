@@ -32,7 +32,7 @@ import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, streams, tiles
+from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, current, streams, tiles
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
@@ -85,7 +85,7 @@ def conv2d_forward(x, w, b, y, activation):
     pixels = N * H * W
     if pixels == 0 or Cout == 0:
         return
-    chosen = plan("forward", x.shape, w.shape, x.dtype, conv_mma.capability())
+    chosen = plan("forward", x.shape, w.shape, x.dtype, current.kernel_capability())
     if chosen.variant == "narrow":
         conv_narrow.narrow_forward(x, w, b, y, activation)
     elif chosen.variant == "wide":
@@ -177,7 +177,7 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     pixels = N * H * W
     if pixels == 0 or Cin == 0:
         return
-    chosen = plan("backward_input", dy.shape[:3] + (Cin,), w.shape, dy.dtype, conv_mma.capability(),
+    chosen = plan("backward_input", dy.shape[:3] + (Cin,), w.shape, dy.dtype, current.kernel_capability(),
                   flipped is not None)
     if chosen.variant == "wide":
         conv_wide.wide_backward_input(dy, w, h, dx, activation)
@@ -208,14 +208,14 @@ def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
 def conv2d_variants(x_shape, w_shape, dtype, flipped=True):
     """The variant each pass of this convolution runs on this GPU (conv_plan's labels: narrow, wide,
     tensor_cores, tiled/<tile>), for the run's record."""
-    return {p: plan(p, x_shape, w_shape, dtype, conv_mma.capability(), flipped).label() for p in PASSES}
+    return {p: plan(p, x_shape, w_shape, dtype, current.kernel_capability(), flipped).label() for p in PASSES}
 
 
 def conv2d_backward_weight_workspace(x_shape, w_shape, dtype):
     """float32 elements of workspace conv2d_backward_weight needs for x (N, H, W, Cin), w (KS, KS,
     Cin, Cout) in `dtype` storage on this GPU (conv_plan.plan's); never smaller for a smaller batch,
     so one workspace sized for the largest batch serves all."""
-    return plan("backward_weight", x_shape, w_shape, dtype, conv_mma.capability()).workspace
+    return plan("backward_weight", x_shape, w_shape, dtype, current.kernel_capability()).workspace
 
 
 def conv2d_backward_weight(x, dy, dw, beta, workspace):
@@ -232,7 +232,7 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     require("workspace", workspace, "float32", (None,))
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 (overwrite) or 1.0 (accumulate), got {beta!r}")
-    chosen = plan("backward_weight", x.shape, dw.shape, x.dtype, conv_mma.capability())
+    chosen = plan("backward_weight", x.shape, dw.shape, x.dtype, current.kernel_capability())
     if workspace.shape[0] < chosen.workspace:
         raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chosen.workspace} "
                          "(conv2d_backward_weight_workspace(x.shape, dw.shape, x.dtype))")

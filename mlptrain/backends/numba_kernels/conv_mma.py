@@ -24,7 +24,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, current, gemm_mma, streams, tiles
+from mlptrain.backends.numba_kernels import chunks, gemm_mma, streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
@@ -33,16 +33,6 @@ from mlptrain.backends.numba_kernels.tiles import dense_operand
 
 KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
 TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
-
-
-SIMULATED_CAPABILITY = (8, 0)  # the simulator emulates the mma as a GPU of compute capability 8.0 runs it
-
-
-def capability():
-    """The current GPU's compute capability, which decides whether the passes run here (conv_plan); older
-    GPUs keep conv's CUDA-core tiles. Asked each time (numba keeps it): a sweep's threads may each run on
-    a different GPU."""
-    return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else current.capability()
 
 
 def _grid(rows, columns, tile):

@@ -27,10 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, tiles
+from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, tensor_core, tiles
 
 PASSES = ("forward", "backward_input", "backward_weight")
-TENSOR_CORE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16 / fp16 inputs
 
 # gemm's tiles, plus NARROW for outputs a few channels wide, which SMALL pads
 # to 32 columns. Of seven narrow candidates timed on an H100 (fp32, 256 x 32 x
@@ -68,7 +67,7 @@ def tensor_cores(dtype, summed, capability) -> bool:
     """Whether a pass over `dtype` storage summing `summed` channels a tap runs on tensor cores on a
     GPU of `capability` (summed 0: the weight gradient, which sums pixels)."""
     return (np.dtype(dtype) in conv_mma.KINDS and summed % 2 == 0
-            and tuple(capability) >= TENSOR_CORE_CAPABILITY)
+            and tuple(capability) >= tensor_core.CAPABILITY)
 
 
 def plan(pass_: str, x_shape, w_shape, dtype, capability, flipped: bool = True) -> Plan:

@@ -1,7 +1,7 @@
 """The thread's GPU as the launchers ask about it, from the driver path (backends.driver) or from numba,
 whichever launches this process's kernels (kernel_cache.numba_names)."""
 
-from mlptrain.backends.kernel_cache.numba_names import DEFERRED, cuda
+from mlptrain.backends.kernel_cache.numba_names import DEFERRED, config, cuda
 
 
 def device() -> int:
@@ -22,6 +22,16 @@ def capability() -> tuple:
 
         return api.capability(device())
     return tuple(cuda.get_current_device().compute_capability)
+
+
+SIMULATED_CAPABILITY = (8, 0)  # the simulator emulates the tensor cores' mma as a GPU of compute capability 8.0 runs it
+
+
+def kernel_capability() -> tuple:
+    """The compute capability that decides which kernels a pass runs (the tensor cores' from 8.0; older GPUs keep
+    the CUDA cores'): the current GPU's, SIMULATED_CAPABILITY on the simulator. Asked each time (the driver or numba
+    keeps it): a sweep's threads may each run on a different GPU."""
+    return SIMULATED_CAPABILITY if config.ENABLE_CUDASIM else capability()
 
 
 def to_device(host):

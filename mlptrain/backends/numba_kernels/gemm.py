@@ -28,7 +28,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, reduce, streams
+from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, reduce, streams, tensor_core
 from mlptrain.backends.numba_kernels.checks import (
     check_cross_entropy, checked_cursor, require, require_lanes, require_one_of)
 from mlptrain.backends.numba_kernels.chunks import add_chunks
@@ -45,10 +45,13 @@ TF32_TILE = gemm_engines.TF32_TILE  # for packing.lane_step, which reaches the k
 # step 1c); off, on "fma". Off on the simulator, which emulates each mma through shared memory: a tiny MLP's
 # gradient took 30-40 s there against 0.6 on "fma" (the tf32x3 kernels are tested there on a small tile)
 RUN_TF32X3 = not config.ENABLE_CUDASIM
-# ... and its 16-bit layers too, one exact tf32 product a fragment (their values fit a tf32), where RUN_TF32X3 is on.
-# Off until measured on a GPU: correct on the simulator (the float64 references; the float32 path's bits), not yet
-# timed (benchmarks/NOTES.md, issue 31 step 1f)
+# ... and its 16-bit layers too, one exact tf32 product a fragment (their values fit a tf32), where RUN_TF32X3 is on
+# and RUN_MMA16 off. Off: 2-3 µs a step slower than "fma" (benchmarks/NOTES.md, issue 31 step 2)
 RUN_TF32X3_16 = False
+# A run's own 16-bit layers sum their wide passes on "mma16" (m16n8k16 on tensor cores, cp.async slices), where on;
+# off on the simulator, as RUN_TF32X3 is
+RUN_MMA16 = not config.ENABLE_CUDASIM
+
 
 
 def _with_trial_axis(lead, *arrays):
@@ -270,6 +273,12 @@ def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine
     return most * inputs * outputs if most > 1 else 0
 
 
+def tensor_cores():
+    """Whether the current GPU runs the tensor-core engines ("tf32x3", "mma16"): compute capability
+    tensor_core.CAPABILITY or later (older GPUs sum every pass on "fma" or "narrow")."""
+    return current.kernel_capability() >= tensor_core.CAPABILITY
+
+
 def layer_engines(outputs, dtype):
     """The engine (ENGINES) of each pass of a dense layer of `outputs` outputs storing `dtype`, in a run of its
     own. "narrow" for the forward and the input gradient of a layer of NARROW_MOST outputs or fewer (a
@@ -277,10 +286,14 @@ def layer_engines(outputs, dtype):
     and 8.8 for its input gradient, K = 512 summed by 32 x 32 tiles of 10 useful columns (benchmarks/step_profile.py
     --model mlp, H100; benchmarks/NOTES.md, issue 31 step 1). Its weight gradient stays on "fma", whose chunks
     sum a long batch in many blocks where a narrow thread sums every row itself (on tf32x3's 64 x 64 tiles, 8 of
-    them, it took 9.6 µs against 7.5 at batch 128, 18.4 against 13.2 at 2048). A wider layer's passes: "tf32x3"
-    where RUN_TF32X3 is on (float32 at float32 accuracy on tensor cores; 16-bit formats, exact there, where
-    RUN_TF32X3_16 is on too), else "fma"."""
-    tiles = "tf32x3" if RUN_TF32X3 and (RUN_TF32X3_16 or str(np.dtype(dtype)) == "float32") else "fma"
+    them, it took 9.6 µs against 7.5 at batch 128, 18.4 against 13.2 at 2048). A wider layer's passes, where
+    `tensor_cores()`: float32 on "tf32x3" where RUN_TF32X3 is on (float32 accuracy on tensor cores),
+    16-bit formats on "mma16" where RUN_MMA16 is on (else on "tf32x3", exact there, where RUN_TF32X3_16 is on);
+    else "fma"."""
+    sixteen = str(np.dtype(dtype)) != "float32"
+    wanted = (RUN_MMA16 and "mma16" or RUN_TF32X3_16 and RUN_TF32X3 and "tf32x3") if sixteen else \
+        (RUN_TF32X3 and "tf32x3")
+    tiles = wanted if wanted and tensor_cores() else "fma"
     if outputs <= NARROW_MOST:
         return {"forward": "narrow", "backward_input": "narrow", "backward_weight": "fma"}
     return {"forward": tiles, "backward_input": tiles, "backward_weight": tiles}
@@ -295,7 +308,7 @@ def linear_rows_workspace(rows, summed, outputs, engine="fma"):
 
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="float32"):
     """The kernel each pass of an (inputs -> outputs) dense layer storing `dtype` over `rows` samples runs, for
-    the run's record: a run's own passes by `layer_engines`, "narrow", "tf32x3" or the CUDA-core tile
+    the run's record: a run's own passes by `layer_engines`, "narrow", "tf32x3", "mma16" or the CUDA-core tile
     ("tiled/<name>"), with `+split` where the forward or input gradient sums its K in chunks and `+chunks` where
     the weight gradient sums the batch in chunks, given a workspace, `+bias` where the bias gradient is summed in
     the weight gradient's launch (weight_bias_plan); a trial-axis launch's ("+trials") the tile
@@ -310,7 +323,7 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="f
         engine = engines[name]
         if engine == "narrow":
             return engine
-        base = engine if engine == "tf32x3" else f"tiled/{pick_tile(M, N)}"
+        base = engine if engine in ("tf32x3", "mma16") else f"tiled/{pick_tile(M, N)}"
         suffix = "+chunks" if name == "backward_weight" else "+split"
         grouped = name == "backward_weight" and weight_bias_plan(engine, rows, inputs, outputs, workspace)
         return base + (suffix if workspace and chunks > 1 else "") + ("+bias" if grouped else "")

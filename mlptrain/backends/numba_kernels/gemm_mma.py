@@ -28,7 +28,8 @@ k), with no atomics, so results are bitwise reproducible on one GPU model.
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int64, uint32, uint64
-from mlptrain.backends.numba_kernels import tiles
+from mlptrain.backends.numba_kernels import gemm_async, tiles
+from mlptrain.backends.numba_kernels.codecs import half_bits
 from mlptrain.backends.numba_kernels.tensor_core import mma
 
 BK = 32  # k a slice: two m16n8k16 steps
@@ -45,6 +46,12 @@ def bits(v):
 @kernel_cache.device
 def bits_zero():
     return uint32(0)
+
+
+def storage_bits(dtype):
+    """The device function giving a stored 16-bit element's bits as uint32: bf16 lives in uint16 already, an fp16
+    value's bits are reinterpreted."""
+    return half_bits if str(dtype) == "float16" else bits
 
 
 def _tile_shape(tile):
@@ -208,3 +215,82 @@ def pipelined_product(stage_a, stage_b, prepares, slices, multiply_slice, first_
         return True
 
     return tile_product
+
+
+def _make_pair(steps):
+    """Device function (S, at, shift): the uint32 an mma fragment register holds, elements (row, k) and (row, k + 1)
+    of an operand's slice in the ring's 4-byte words S, for an operand whose (row, k) steps are `steps` 16-bit
+    elements (gemm_async.shared_layout) and whose element (row, k) is in word `at`. A k-contiguous operand's pair is
+    that word; a row-contiguous one's two halves are `shift` (16 where row is odd, else 0) into the words of k and
+    k + 1, half a k step apart."""
+    ROW, K = steps
+    if K == 1:
+        @kernel_cache.device
+        def pair(S, at, shift):
+            return S[at]
+    else:
+        HALF_K = K // 2
+
+        @kernel_cache.device
+        def pair(S, at, shift):
+            low = (S[at] >> shift) & uint32(0xFFFF)
+            high = (S[at + uint64(HALF_K)] >> shift) & uint32(0xFFFF)
+            return low | (high << uint32(16))
+
+    return pair
+
+
+def _make_async_slice(shape, kind, a_steps, b_steps):
+    """(multiply_slice, first_reads) of a BK-deep slice in a gemm_async ring for a tile of (BM, BN, WM, WN, FM, FN)
+    = `shape`: the register path's products in its order (k16 steps ascending, fragments i then j), so its bits.
+    Thread (g = lane // 4, t = lane % 4) reads row g (+ 8) of each fragment at k 2t (+ 8); its first word is
+    (first row * ROW + 2t * K) / 2, and every other read is a constant number of words on."""
+    BM, BN, WM, WN, FM, FN = shape
+    A_ROW, A_K = a_steps
+    B_ROW, B_K = b_steps
+    pair_a, pair_b = _make_pair(a_steps), _make_pair(b_steps)
+    product = mma(kind)
+
+    @kernel_cache.device
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        # a warp's rows start at a multiple of 8, so row g's parity is g's, every fragment's
+        shift = uint32((((cuda.threadIdx.x % 32) // 4) & 1) * 16)
+        a = cuda.local.array((FM, 4), uint32)
+        b = cuda.local.array((FN, 2), uint32)
+        for s in range(0, BK, 16):
+            for i in range(FM):
+                for r in range(4):  # A[g, 2t], A[g + 8, 2t], A[g, 2t + 8], A[g + 8, 2t + 8] and each k + 1
+                    at = a_first + uint64(((16 * i + 8 * (r & 1)) * A_ROW + (s + 8 * (r >> 1)) * A_K) // 2)
+                    a[i, r] = pair_a(As, at, shift)
+            for j in range(FN):
+                for r in range(2):  # B[2t, g], B[2t + 8, g] and each k + 1
+                    b[j, r] = pair_b(Bs, b_first + uint64((8 * j * B_ROW + (s + 8 * r) * B_K) // 2), shift)
+            for i in range(FM):
+                for j in range(FN):
+                    (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
+                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
+                        a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
+                        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
+
+    @kernel_cache.device
+    def first_reads(t):
+        warp, lane = t // 32, t % 32
+        a_row = (warp // WN) * (BM // WM) + lane // 4
+        b_row = (warp % WN) * (BN // WN) + lane // 4
+        return (uint64((a_row * A_ROW + 2 * (lane % 4) * A_K) // 2),
+                uint64((b_row * B_ROW + 2 * (lane % 4) * B_K) // 2))
+
+    return multiply_slice, first_reads
+
+
+def make_async_tile_product(tile, a_operand, b_operand, kind, stages):
+    """make_tile_product's device function (the same call, layout and bits) for two stored 16-bit matrices whose
+    rows wide.copyable_rows passed, their BK-deep slices copied by cp.async `stages` - 1 ahead into a ring
+    (gemm_async): no registers and no barrier a slice for the staging, and k_begin a multiple of 8."""
+    BM, BN, WM, WN, FM, FN, THREADS = _tile_shape(tile)
+
+    def make_slice(a_steps, b_steps):
+        return _make_async_slice((BM, BN, WM, WN, FM, FN), kind, a_steps, b_steps)
+
+    return gemm_async.make_ring_product((BM, BN, 2 * FM, 2 * FN, THREADS), BK, (a_operand, b_operand), 2, stages,
+                                        make_slice)

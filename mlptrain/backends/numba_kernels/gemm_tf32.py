@@ -26,7 +26,7 @@ results are bitwise reproducible on one GPU model.
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint32, uint64
-from mlptrain.backends.numba_kernels import gemm_mma, tiles
+from mlptrain.backends.numba_kernels import gemm_async, gemm_mma, tiles
 from mlptrain.backends.numba_kernels.codecs import bits_float, float_bits
 from mlptrain.backends.numba_kernels.tensor_core import mma
 from mlptrain.backends.numba_kernels.wide import load4, store4
@@ -236,3 +236,19 @@ def make_tile_product(tile, a_operand, b_operand, wide=(False, False), exact=Fal
     return gemm_mma.pipelined_product((rows_a, load_a, store_a, A_LOADS), (rows_b, load_b, store_b, B_LOADS),
                                       (prepare_a, prepare_b), slices, multiply_slice, first_reads, BK, float32,
                                       (2 * FM, 2 * FN))
+
+
+def make_async_tile_product(tile, a_operand, b_operand, stages):
+    """make_tile_product's device function (the same call, layout and bits) for two wide operands, their slices
+    copied by cp.async `stages` - 1 ahead into a ring (gemm_async): each k-contiguous one kept as [row, k] with a
+    pitch of BK + 4 words (a fragment load, 8 rows x 4 k, touches banks 4 row + k: all 32 distinct), a
+    row-contiguous one as [k, row] with a pitch of ROWS + 8 (banks 8 k + row), as here."""
+    BM, BN, WM, WN, FM, FN, THREADS = tile_shape(tile)
+    BK = tile[4]
+
+    def make_slice(a_steps, b_steps):
+        return (make_multiply_slice(FM, FN, BK, a_steps, b_steps),
+                make_first_reads((BM, BN, WM, WN), a_steps, b_steps))
+
+    return gemm_async.make_ring_product((BM, BN, 2 * FM, 2 * FN, THREADS), BK, (a_operand, b_operand), 4, stages,
+                                       make_slice)

@@ -32,6 +32,7 @@ import numpy as np
 from mlptrain.backends.kernel_cache.numba_names import DEFERRED, Deferred, config, cuda
 
 KINDS = ("bf16", "fp16", "tf32")
+CAPABILITY = (8, 0)  # the first compute capability with these mma shapes (and cp.async, which their tiles use)
 _SHAPE = {"bf16": "m16n8k16.row.col.f32.bf16.bf16.f32", "fp16": "m16n8k16.row.col.f32.f16.f16.f32",
           "tf32": "m16n8k8.row.col.f32.tf32.tf32.f32"}
 TF32_MASK = 0xFFFFE000  # the bits of a float32 the tensor core reads as tf32

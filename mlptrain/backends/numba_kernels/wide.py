@@ -29,6 +29,18 @@ def aligned_rows(array) -> bool:
     return len(array.shape) in (2, 3) and aligned_quads(array) and tuple(array.shape)[-1] % 4 == 0
 
 
+def copyable_rows(array) -> bool:
+    """Whether cp.async can copy every row of `array` (2-D, or 3-D with a leading trial axis; any storage format) in
+    whole 16-byte pieces (gemm_async): its last axis contiguous and a multiple of 16 bytes long, every other stride
+    a multiple of 16 bytes and its first element 16-byte aligned."""
+    if len(array.shape) not in (2, 3):
+        return False
+    size, strides = array.dtype.itemsize, tuple(array.strides)
+    if strides[-1] != size or (tuple(array.shape)[-1] * size) % ALIGN or any(s % ALIGN for s in strides[:-1]):
+        return False
+    return address(array) % ALIGN == 0
+
+
 def aligned_quads(array) -> bool:
     """Whether a float32 `array`'s every row (its last axis; a 1-D array is one row) starts 16-byte aligned: its
     elements contiguous along the last axis, every other stride a multiple of 16 bytes and its first element

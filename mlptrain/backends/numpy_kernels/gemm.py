@@ -53,7 +53,7 @@ def _activation_grad(h, activation):
     raise ValueError(f"unknown activation code {activation}")
 
 
-ENGINES = ("fma", "tf32x3", "narrow")  # the CUDA launchers' ways of summing; here BLAS sums every one in float32
+ENGINES = ("fma", "tf32x3", "mma16", "narrow")  # the CUDA launchers' ways of summing; here BLAS sums every one in float32
 NARROW_MOST = 16  # the CUDA narrow engine's widest layer (numba_kernels.gemm_narrow)
 
 
@@ -64,6 +64,8 @@ def _check_engine(engine, dtype, narrow_side):
         raise ValueError(f"unknown GEMM engine {engine!r} (expected one of {ENGINES})")
     if engine == "tf32x3" and np.dtype(dtype) != np.float32:
         raise ValueError(f"the tf32x3 engine takes float32 operands, got {np.dtype(dtype)}")
+    if engine == "mma16" and np.dtype(dtype) not in (np.float16, np.uint16):
+        raise ValueError(f"the mma16 engine takes 16-bit operands (bf16 or fp16), got {np.dtype(dtype)}")
     if engine == "narrow" and narrow_side > NARROW_MOST:
         raise ValueError(f"the narrow engine takes layers of at most {NARROW_MOST} outputs, got {narrow_side}")
 
@@ -130,6 +132,11 @@ def linear_backward_weight_workspace(batch, inputs, outputs, trials=None, engine
 def linear_rows_workspace(rows, summed, outputs, engine="fma"):
     """BLAS needs none."""
     return 0
+
+
+def tensor_cores():
+    """BLAS sums every pass here: no tensor-core engine runs."""
+    return False
 
 
 def layer_engines(outputs, dtype):

@@ -337,7 +337,7 @@ def test_tf32x3_wide_staging_gives_the_same_bits_on_the_gpu(rng, monkeypatch, st
 
 def test_tf32x3_slices_copied_ahead_give_the_same_bits(rng, monkeypatch, mini_tf32_tile):
     """Both operands wide and TF32_STAGES on: every slice copied by cp.async two slices ahead into a ring of three
-    (gemm_tf32_async), K of 40 and a batch of 36 three slices each, the last one ragged."""
+    (gemm_async), K of 40 and a batch of 36 three slices each, the last one ragged."""
     monkeypatch.setattr(gemm_engines, "TF32_STAGES", 3)
     chosen, (copied, elements) = tf32x3_staged_both_ways(rng, monkeypatch, None, (36, 40, 12))
     assert chosen == [(True, True, 3)] * 3
@@ -475,14 +475,17 @@ def test_narrow_engine_production_sizes(rng, trials, shape):
 def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_says_so(monkeypatch):
     """A run's own launches (nn.MLP): "narrow" for the forward and input gradient of a layer of at most NARROW_MOST
     outputs, the CUDA-core tiles' chunks for its weight gradient; a wider layer's float32 passes on "tf32x3" while
-    RUN_TF32X3 is on, 16-bit ones too while RUN_TF32X3_16 is, else on "fma"; summary.json's kernel plan
+    RUN_TF32X3 is on, 16-bit ones on "mma16" while RUN_MMA16 is (else on tf32x3 while RUN_TF32X3_16 is), else on
+    "fma", and on "fma" on a GPU before compute capability 8.0; summary.json's kernel plan
     (linear_variants) says which ran; the NumPy twin names "fma"."""
     from mlptrain.backends.numpy_kernels import gemm as numpy_gemm
 
-    for on, on16 in ((True, True), (True, False), (False, True)):
+    for on, on16, mma16 in ((True, True, False), (True, False, False), (False, True, False), (True, True, True),
+                            (False, False, True)):
         monkeypatch.setattr(gemm, "RUN_TF32X3", on)
         monkeypatch.setattr(gemm, "RUN_TF32X3_16", on16)
-        low = "tf32x3" if on and on16 else "fma"
+        monkeypatch.setattr(gemm, "RUN_MMA16", mma16)
+        low = "mma16" if mma16 else "tf32x3" if on and on16 else "fma"
         for dtype, wide_engine in ((np.float32, "tf32x3" if on else "fma"), (np.float16, low), (np.uint16, low)):
             for outputs in (1, 10, gemm.NARROW_MOST, gemm.NARROW_MOST + 1, 512):
                 narrow = outputs <= gemm.NARROW_MOST
@@ -492,6 +495,7 @@ def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_sa
                 assert set(numpy_gemm.layer_engines(outputs, dtype).values()) == {"fma"}
     monkeypatch.setattr(gemm, "RUN_TF32X3", True)
     monkeypatch.setattr(gemm, "RUN_TF32X3_16", False)
+    monkeypatch.setattr(gemm, "RUN_MMA16", False)
     variants = gemm.linear_variants(128, 512, 10)
     assert variants["forward"] == variants["backward_input"] == "narrow"
     assert variants["backward_weight"] == "tiled/small+bias"  # the bias gradient in the same launch
@@ -502,6 +506,13 @@ def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_sa
         "forward": "tiled/small+split", "backward_input": "tiled/small", "backward_weight": "tiled/medium+bias"}
     assert gemm.linear_variants(128, 784, 512, workspace=False, dtype=np.uint16)["forward"] == "tiled/small"
     assert gemm.linear_variants(128, 512, 10, trials=4)["forward"].endswith("+trials")  # lanes choose their own
+    monkeypatch.setattr(gemm, "RUN_MMA16", True)
+    assert gemm.linear_variants(128, 784, 512, dtype=np.float16) == {
+        "forward": "mma16+split", "backward_input": "mma16+split", "backward_weight": "mma16+bias"}
+    assert gemm.linear_variants(128, 784, 512)["forward"] == "tf32x3+split"  # float32 layers keep tf32x3
+    monkeypatch.setattr(gemm.current, "kernel_capability", lambda: (7, 5))  # a GPU before tensor cores' mma shapes
+    assert set(gemm.layer_engines(512, np.float16).values()) == set(gemm.layer_engines(512, np.float32).values()) \
+        == {"fma"}
 
 
 # --- a forward or input gradient of few tiles, its K summed in chunks (gemm_split) -----------------------------
