@@ -100,7 +100,7 @@ def launchable(kernel, capability: tuple) -> tuple[str, bytes] | None:
 
 
 class _ClosureDescriber(Describer):
-    """A kernel by its module, name, closure and defaults (the package's digest covers its code). A numba
+    """A kernel by its module, name, first line, closure and defaults (the package's digest covers its code). A numba
     object made from a Name or Deferred is described as what it came from, so a kernel made before numba's
     import and one made after get one key."""
 
@@ -114,7 +114,10 @@ class _ClosureDescriber(Describer):
                 closure.append(self.describe(cell.cell_contents))
             except ValueError:  # an empty cell
                 closure.append(("empty",))
-        return ("function", fn.__module__, fn.__qualname__, tuple(closure), self.describe(fn.__defaults__ or ()))
+        # the first line too: a factory may define one name in two branches (tiles.dense_operand's `fetch`), two
+        # functions of one qualname and one closure that must not share a cubin
+        return ("function", fn.__module__, fn.__qualname__, fn.__code__.co_firstlineno, tuple(closure),
+                self.describe(fn.__defaults__ or ()))
 
     def other(self, obj):
         if isinstance(obj, Name):

@@ -78,6 +78,22 @@ def test_kernels_of_one_factory_get_different_identities():
     assert key != cubins.key(cubins.identity(a, {}), ("array(float32, 1d, C)",), (8, 0))
 
 
+def test_one_name_defined_in_two_branches_gets_two_identities():
+    """A factory defining one name in two branches with one closure (tiles.dense_operand's `fetch`, array[i, k]
+    or array[k, i]): two kernels, two cubins."""
+    def factory(flag, scale):
+        if flag:
+            def fetch(out):
+                out[0] = scale
+        else:
+            def fetch(out):
+                out[1] = scale
+        return fetch
+
+    assert cubins.identity(factory(True, 2.0), {}) != cubins.identity(factory(False, 2.0), {})
+    assert cubins.identity(factory(True, 2.0), {}) == cubins.identity(factory(True, 2.0), {})
+
+
 def test_an_object_it_cannot_name_is_never_keyed():
     marker = object()
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mlptrain.activation import RELU, SIGMOID, TANH
+from mlptrain.backends import lanes
 from mlptrain.backends.numba_kernels import current, gemm, gemm_engines, gemm_split, wide
 from mlptrain.dtypes import from_float32
 from tests import kernel_cases as cases
@@ -94,8 +95,9 @@ def test_copyable_rows_only_for_whole_aligned_pieces():
     assert wide.copyable_rows(current.to_device(np.zeros((3, 8), np.uint16)))  # one 16-byte piece a row
     assert wide.copyable_rows(current.to_device(np.zeros((2, 3, 4), np.float32)))
     assert not wide.copyable_rows(current.to_device(np.zeros((3, 12), np.float16)))  # 24 bytes a row
-    assert not wide.copyable_rows(current.to_device(np.zeros((4, 16), np.uint16))[:, 4:12])  # rows 32 bytes apart,
-    # but the first element 8 bytes in
+    slab = current.to_device(np.zeros((4, 104), np.uint16))  # lanes 208 bytes apart
+    assert wide.copyable_rows(lanes.lane_view(slab, 8, (8, 8)))  # 16 bytes in
+    assert not wide.copyable_rows(lanes.lane_view(slab, 4, (8, 8)))  # 8 bytes in
     assert not wide.copyable_rows(current.to_device(np.zeros(16, np.uint16)))  # not a matrix
 
 
