@@ -24,9 +24,12 @@ TF32_STAGES = 4
 # The tf32x3 tile's chunks of a split sum may be shorter than the CUDA-core tiles' chunks.MIN_CHUNK: its one 64 x 64
 # tile makes 16 blocks of a 128 x 512 output, and K = 784 in 256-deep chunks would fill 48 of 132 SMs.
 TF32_MIN_CHUNK = 64
-# mma16: four warps of 32 x 32 outputs (two 16-row by four 8-column fragments a warp), 32-deep slices (gemm_mma.BK)
-MMA16_TILE = (64, 64, 2, 2)
-# ... its slices copied by cp.async this many deep where both operands' rows are whole copies (0: through registers)
+# mma16: four warps of 32 x 16 outputs (two 16-row by two 8-column fragments a warp), 32-deep slices (gemm_mma.BK).
+# 784-512-512-10 at batch 128, bf16, µs a step: 64.9 / 65.3 on 64 x 64 tiles, 64.7 / 64.5 on 32 x 64, 60.6 / 62.0 on
+# 64 x 32 (H200; benchmarks/NOTES.md, issue 31 step 4)
+MMA16_TILE = (64, 32, 2, 2)
+# ... its slices copied by cp.async this many deep where both operands' rows are whole copies (0: through
+# registers): 4 against 3, 64.9 / 65.3 against 65.3 / 65.4 µs there
 MMA16_STAGES = 4
 
 
