@@ -266,7 +266,7 @@ def main() -> None:
                         help="tiles (BMxBNxWMxWNxBK, comma-separated; '' for none) of the tf32x3 engine to time")
     parser.add_argument("--tf32-stages", default="0",
                         help="for each tf32x3 tile, the cp.async ring depths to time (comma-separated; 0: operands "
-                        "staged through registers, gemm_tf32; 2 or more: gemm_tf32_async, where both operands are wide)")
+                        "staged through registers, gemm_tf32; 2 or more: gemm_async, where both operands are wide)")
     parser.add_argument("--fma-tiles", default="", help="CUDA-core tiles (large, medium, small; comma-separated) "
                         "to force on every pass of the trial axis, one row each")
     args = parser.parse_args()

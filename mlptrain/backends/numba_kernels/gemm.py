@@ -53,7 +53,6 @@ RUN_TF32X3_16 = False
 RUN_MMA16 = not config.ENABLE_CUDASIM
 
 
-
 def _with_trial_axis(lead, *arrays):
     """`arrays` as they are where they carry a trial axis, else each as one trial's (a leading axis of 1)."""
     return arrays if lead else tuple(array.reshape(1, *tuple(array.shape)) for array in arrays)

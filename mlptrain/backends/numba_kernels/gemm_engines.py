@@ -12,12 +12,13 @@ launch geometry from here.
 import functools
 
 from mlptrain.backends.numba_kernels import gemm_mma, gemm_narrow, gemm_tf32, wide
-from mlptrain.backends.numba_kernels.tiles import TILES, dense_operand, launch_grid, make_tile_product, pick_tile, tile_layout
+from mlptrain.backends.numba_kernels.tiles import (
+    TILES, dense_operand, launch_grid, make_tile_product, pick_tile, tile_layout)
 
 ENGINES = ("fma", "tf32x3", "mma16", "narrow")
 MMA16_KINDS = {"uint16": "bf16", "float16": "fp16"}  # a 16-bit storage format's mma inputs (bf16 lives in uint16)
 TF32_TILE = (64, 64, 2, 2, 16)
-# tf32x3 with both operands copied by cp.async this many slices deep (gemm_tf32_async; both must be wide), 0: staged
+# tf32x3 with both operands copied by cp.async this many slices deep (gemm_async; both must be wide), 0: staged
 # through registers: 16 lanes' eight GEMMs 274 -> 238 µs at 4, 244 at 3, 297 at 2 (benchmarks/trial_gemms.py
 # --tf32-stages, H200; benchmarks/NOTES.md, issue 30 step 15)
 TF32_STAGES = 4
