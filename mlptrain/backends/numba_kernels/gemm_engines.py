@@ -17,7 +17,10 @@ from mlptrain.backends.numba_kernels.tiles import (
 
 ENGINES = ("fma", "tf32x3", "mma16", "narrow")
 MMA16_KINDS = {"uint16": "bf16", "float16": "fp16"}  # a 16-bit storage format's mma inputs (bf16 lives in uint16)
-TF32_TILE = (64, 64, 2, 2, 16)
+TF32_TILE = (64, 64, 2, 2, 16)  # a trial-axis launch's (packed lanes, packing.lane_step)
+# a run's own launches': 784-512-512-10 at batch 128 fp32, 67.0 / 68.0 -> 63.1 / 63.3 µs a step on 64 x 32;
+# 784-128-128-10 at 2048, 184.8 / 189.8 -> 178.9 / 177.7 (H200; benchmarks/NOTES.md, issue 31 step 4b)
+RUN_TF32_TILE = (64, 32, 2, 2, 16)
 # tf32x3 with both operands copied by cp.async this many slices deep (gemm_async; both must be wide), 0: staged
 # through registers: 16 lanes' eight GEMMs 274 -> 238 µs at 4, 244 at 3, 297 at 2 (benchmarks/trial_gemms.py
 # --tf32-stages, H200; benchmarks/NOTES.md, issue 30 step 15)
@@ -79,9 +82,9 @@ def engine_launch(engine, M, N, trials, lead, tiles_for=None):
     """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`), the tile
     the one chosen for `tiles_for` trials (default `trials`)."""
     if engine == "tf32x3":
-        BM, BN = TF32_TILE[:2]
-        grid = (-(-N // BN), -(-M // BM))
-        return TF32_TILE, ((*grid, trials) if lead else grid), gemm_tf32.tile_shape(TF32_TILE)[6]
+        tile = TF32_TILE if lead else RUN_TF32_TILE
+        grid = (-(-N // tile[1]), -(-M // tile[0]))
+        return tile, ((*grid, trials) if lead else grid), gemm_tf32.tile_shape(tile)[6]
     if engine == "mma16":
         BM, BN = MMA16_TILE[:2]
         grid = (-(-N // BN), -(-M // BM))
