@@ -585,4 +585,4 @@ def test_split_passes_production_sizes(monkeypatch, shape):
         np.testing.assert_array_equal(forward[0], forward[1])
         np.testing.assert_array_equal(backward[0], backward[1])
         cases.linear_backward_weight(BACKEND, np.random.default_rng(3), shape, 1.0, dtype, True, engine)
-    assert calls
+    assert bool(calls) == (shape[0] <= 128)  # a batch of 128 rows or fewer splits its passes; 2048 fill the GPU
