@@ -128,6 +128,23 @@ def layout(tile):
     return tiles.Layout(2 * FM, 2 * FN, row_of, col_of)
 
 
+def _make_fragment_products(FM, FN, kind):
+    """Device function (a, b, acc): acc += one k16 step's products of a warp's FM x FN fragments from their registers,
+    a (FM, 4) and b (FN, 2), fragment i then j: the order of both stagings' slices, so their bits."""
+    product = mma(kind)
+
+    @kernel_cache.device
+    def fragment_products(a, b, acc):
+        for i in range(FM):
+            for j in range(FN):
+                (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
+                 acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
+                    a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
+                    acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
+
+    return fragment_products
+
+
 def make_tile_product(tile, a_operand, b_operand, kind):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this
     thread's outputs (see `layout`), on tensor cores for 16-bit inputs of `kind`; always True (every
@@ -137,7 +154,7 @@ def make_tile_product(tile, a_operand, b_operand, kind):
     rows_a, load_a, store_a, A_LOADS = _make_stage(a_operand, BM, THREADS)
     rows_b, load_b, store_b, B_LOADS = _make_stage(b_operand, BN, THREADS)
     prepare_a, prepare_b = a_operand.prepare, b_operand.prepare
-    product = mma(kind)
+    fragment_products = _make_fragment_products(FM, FN, kind)
     ROW_STEP = 8 * PITCH  # a fragment's rows g and g + 8
     A_WORDS, B_WORDS = BM * PITCH, BN * PITCH
 
@@ -155,12 +172,7 @@ def make_tile_product(tile, a_operand, b_operand, kind):
             for j in range(FN):
                 p = b_first + uint64(8 * j * PITCH + s)
                 b[j, 0], b[j, 1] = Bs[p], Bs[p + uint64(4)]
-            for i in range(FM):
-                for j in range(FN):
-                    (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
-                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
-                        a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
-                        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
+            fragment_products(a, b, acc)
 
     @kernel_cache.device
     def first_reads(t):
@@ -249,7 +261,7 @@ def _make_async_slice(shape, kind, a_steps, b_steps):
     A_ROW, A_K = a_steps
     B_ROW, B_K = b_steps
     pair_a, pair_b = _make_pair(a_steps), _make_pair(b_steps)
-    product = mma(kind)
+    fragment_products = _make_fragment_products(FM, FN, kind)
 
     @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
@@ -265,12 +277,7 @@ def _make_async_slice(shape, kind, a_steps, b_steps):
             for j in range(FN):
                 for r in range(2):  # B[2t, g], B[2t + 8, g] and each k + 1
                     b[j, r] = pair_b(Bs, b_first + uint64((8 * j * B_ROW + (s + 8 * r) * B_K) // 2), shift)
-            for i in range(FM):
-                for j in range(FN):
-                    (acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1],
-                     acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]) = product(
-                        a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
-                        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
+            fragment_products(a, b, acc)
 
     @kernel_cache.device
     def first_reads(t):
