@@ -91,7 +91,7 @@ def test_whole_mlp_gradient(rng, monkeypatch, activation, backend, hidden):
 
         monkeypatch.setattr(cuda_gemm, "RUN_TF32X3", True)
         if ON_SIMULATOR:
-            monkeypatch.setattr(gemm_engines, "TF32_TILE", (32, 32, 2, 2, 16))
+            monkeypatch.setattr(gemm_engines, "RUN_TF32_TILE", (32, 32, 2, 2, 16))  # a run's own launches
         backend = CudaBackend
     backend = backend()
     model = MLP(backend, 7, hidden, 4, activation, max_rows=8)

@@ -253,7 +253,8 @@ MINI_TF32_TILE = (32, 32, 2, 2, 16)  # four warps of one 16 x 16 fragment pair: 
 
 @pytest.fixture
 def mini_tf32_tile(monkeypatch):
-    monkeypatch.setattr(gemm_engines, "TF32_TILE", MINI_TF32_TILE)
+    monkeypatch.setattr(gemm_engines, "TF32_TILE", MINI_TF32_TILE)  # a trial-axis launch's
+    monkeypatch.setattr(gemm_engines, "RUN_TF32_TILE", MINI_TF32_TILE)  # a run's own launch's
 
 
 def tf32x3_layer(rng, trials, shape, activation, beta, engine="tf32x3"):
