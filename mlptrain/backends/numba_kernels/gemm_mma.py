@@ -22,6 +22,12 @@ be even), a k-strided one as single 16-bit values, two of which a thread
 packs. Each warp loads a k-contiguous slice along k (16 threads a row) and a
 k-strided one as 8 adjacent rows x 4 k pairs (stores on distinct banks).
 
+`make_async_tile_product` is the same product for two stored matrices whose
+rows are whole 16-byte copies (a dense layer's, the mma16 engine): their
+slices copied by cp.async several slices ahead into gemm_async's ring, each
+kept in its memory layout, a row-contiguous operand's pair of k read as two
+halves there; the same mma sequence, so the same bits.
+
 Every output is summed by one warp in a fixed order (the mma sequence over
 k), with no atomics, so results are bitwise reproducible on one GPU model.
 """
