@@ -289,9 +289,10 @@ def layer_engines(outputs, dtype):
     `tensor_cores()`: float32 on "tf32x3" where RUN_TF32X3 is on (float32 accuracy on tensor cores),
     16-bit formats on "mma16" where RUN_MMA16 is on (else on "tf32x3", exact there, where RUN_TF32X3_16 is on);
     else "fma"."""
-    sixteen = str(np.dtype(dtype)) != "float32"
-    wanted = (RUN_MMA16 and "mma16" or RUN_TF32X3_16 and RUN_TF32X3 and "tf32x3") if sixteen else \
-        (RUN_TF32X3 and "tf32x3")
+    if str(np.dtype(dtype)) == "float32":
+        wanted = "tf32x3" if RUN_TF32X3 else None
+    else:
+        wanted = "mma16" if RUN_MMA16 else "tf32x3" if RUN_TF32X3 and RUN_TF32X3_16 else None
     tiles = wanted if wanted and tensor_cores() else "fma"
     if outputs <= NARROW_MOST:
         return {"forward": "narrow", "backward_input": "narrow", "backward_weight": "fma"}

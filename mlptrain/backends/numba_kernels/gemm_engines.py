@@ -81,14 +81,14 @@ def engine_staging(engine, a, b):
 def engine_launch(engine, M, N, trials, lead, tiles_for=None):
     """(tile, grid, threads) of an M x N output (each of `trials`; a grid axis for them when `lead`), the tile
     the one chosen for `tiles_for` trials (default `trials`)."""
-    if engine == "tf32x3":
-        tile = TF32_TILE if lead else RUN_TF32_TILE
+    if engine in ("tf32x3", "mma16"):  # one tile each (tf32x3: a trial-axis launch's and a run's own)
+        if engine == "tf32x3":
+            tile = TF32_TILE if lead else RUN_TF32_TILE
+            threads = gemm_tf32.tile_shape(tile)[6]
+        else:
+            tile, threads = MMA16_TILE, gemm_mma.threads(MMA16_TILE)
         grid = (-(-N // tile[1]), -(-M // tile[0]))
-        return tile, ((*grid, trials) if lead else grid), gemm_tf32.tile_shape(tile)[6]
-    if engine == "mma16":
-        BM, BN = MMA16_TILE[:2]
-        grid = (-(-N // BN), -(-M // BM))
-        return MMA16_TILE, ((*grid, trials) if lead else grid), gemm_mma.threads(MMA16_TILE)
+        return tile, ((*grid, trials) if lead else grid), threads
     tile = TILES[pick_tile(M, N, tiles_for or trials)][0]
     return (tile, *launch_grid(M, N, tile, trials if lead else None))
 

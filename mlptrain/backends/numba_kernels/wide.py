@@ -25,8 +25,8 @@ ALIGN = 16  # bytes of one access
 
 def aligned_rows(array) -> bool:
     """Whether every row of a float32 `array` (2-D, or 3-D with a leading trial axis) starts 16-byte aligned and
-    splits into whole groups of four: `aligned_quads`, and the last axis a multiple of four long."""
-    return len(array.shape) in (2, 3) and aligned_quads(array) and tuple(array.shape)[-1] % 4 == 0
+    splits into whole groups of four: a float32 array's `copyable_rows`."""
+    return str(array.dtype) == "float32" and copyable_rows(array)
 
 
 def copyable_rows(array) -> bool:
