@@ -369,20 +369,58 @@ def adam_sums_the_gradient(be, rng, size, dtype=np.float32, apply=True):
 
 def norm_later_is_finish_step(be, rng):
     """Under step_state.norm_later (no clipping, no loss scaling), prepare_step before the update and
-    record_norm after it leave finish_step's state and grad-norm record, window after window."""
+    record_norm after it leave finish_step's state and grad-norm record, window after window; so does
+    record_norm given `prepare` alone (the update having taken its rules from its own copy)."""
     table = np.linspace(1e-3, 1e-4, 3)  # held past its end at the fourth window
     host = np.zeros(step_state.SIZE)
     host[step_state.LOSS_SCALE], host[step_state.LR_FACTOR] = 1.0, 0.5
-    states, norms = [be.to_device(host) for _ in range(2)], [be.to_device(np.zeros(3)) for _ in range(2)]
+    states, norms = [be.to_device(host) for _ in range(3)], [be.to_device(np.zeros(3)) for _ in range(3)]
     rules = be.kernels.step_rules
     for _ in range(4):  # the fourth window's norm finds no room in the record: counted, not written
-        partials = be.to_device(rng.uniform(0.0, 2.0, be.kernels.reduce.PARTIALS).astype(np.float32))
+        count = be.kernels.reduce.PARTIALS + int(rng.integers(-3, 1))  # the chains' remainder too
+        partials = be.to_device(rng.uniform(0.0, 2.0, count).astype(np.float32))
         rules.finish_step(partials, states[0], be.to_device(table), norms[0], 0.0, 0.9, 0.99, False, 2.0, 0.5, 5)
         rules.prepare_step(states[1], be.to_device(table), 0.9, 0.99)
         rules.record_norm(partials, states[1], norms[1])
-    for a, b in (states, norms):
+        rules.record_norm(partials, states[2], norms[2], prepare=(be.to_device(table), 0.9, 0.99))
+    for a, b, c in (states, norms):
         np.testing.assert_array_equal(be.to_host(b).view(np.uint64), be.to_host(a).view(np.uint64))
+        np.testing.assert_array_equal(be.to_host(c).view(np.uint64), be.to_host(a).view(np.uint64))
     assert be.to_host(states[1])[step_state.WINDOWS] == 4
+
+
+def adam_prepares_its_own_rules(be, rng, size, dtype=np.float32):
+    """adam_update given `prepare` beside its partials, then record_norm given the same `prepare`: the bits of
+    prepare_step, the plain update and record_norm in every buffer, the partials, the state and the record, window
+    after window; the update alone leaves the state as it found it."""
+    param, grad, m = buffers(rng, size, 3)
+    v = np.abs(m)
+    host = np.zeros(step_state.SIZE)
+    host[step_state.LOSS_SCALE], host[step_state.LR_FACTOR], host[step_state.STEP] = 1.0, 0.5, 2.0
+    table = be.to_device(np.linspace(1e-3, 1e-4, 3))
+    update, rules = be.kernels.optim.adam_update, be.kernels.step_rules
+    results = []
+    for fold in (False, True):
+        d = [be.to_device(a) for a in (param, grad, m, v)]
+        compute = compute_copy(be, d[0], size, dtype)
+        state, norms = be.to_device(host), be.to_device(np.zeros(3))
+        partials = be.poisoned(be.kernels.reduce.PARTIALS)
+        for _ in range(2):
+            if fold:
+                before = be.to_host(state).copy()
+                update(*d, compute, state, 0.9, 0.999, 1e-8, 0.1, True, partials=partials, prepare=(table, 0.9, 0.999))
+                np.testing.assert_array_equal(be.to_host(state).view(np.uint64), before.view(np.uint64))
+                rules.record_norm(partials, state, norms, prepare=(table, 0.9, 0.999))
+            else:
+                rules.prepare_step(state, table, 0.9, 0.999)
+                update(*d, compute, state, 0.9, 0.999, 1e-8, 0.1, True, partials=partials)
+                rules.record_norm(partials, state, norms)
+        results.append([be.to_host(a).view(np.uint8) for a in (*d, compute, partials, state, norms)])
+    for plain, folded in zip(*results):
+        np.testing.assert_array_equal(folded, plain)
+    assert be.to_host(state)[step_state.STEP] == 4
+    with pytest.raises(ValueError, match="prepare needs partials"):
+        update(*d, compute, state, 0.9, 0.999, 1e-8, 0.1, True, prepare=(table, 0.9, 0.999))
 
 
 # data

@@ -65,12 +65,14 @@ class Optimizer:
         """Whether `update` can also sum the gradient's squares (its `partials`): Adam's and AdamW's."""
         return isinstance(self.hparams, Adam)
 
-    def update(self, params, grads, compute, step_state, partials=None) -> None:
+    def update(self, params, grads, compute, step_state, partials=None, prepare=None) -> None:
         """One fused update of every parameter from the summed gradient; the learning rate, the gradient
         multiplier (unscale x clip), the bias corrections and whether to apply at all come from the
         device-side step state. `compute` receives the updated weights in the compute format (pass
         `params` itself in fp32). Given `partials` (where `sums_norm`), the update also writes the gradient's
-        sum of squares there, as `reduce.sum_of_squares` does."""
+        sum of squares there, as `reduce.sum_of_squares` does; given `prepare` too (lr_schedule, beta1, beta2),
+        it takes this step's rules from `prepare_step` on its own copy of the state, which it leaves as it is
+        (`step_rules.record_norm` given the same `prepare` writes them after it)."""
         optim = self.backend.kernels.optim
         h = self.hparams
         if partials is not None and not self.sums_norm:
@@ -82,7 +84,7 @@ class Optimizer:
                                   h.weight_decay, h.nesterov)
         else:
             optim.adam_update(params, grads, self.state["m"], self.state["v"], compute, step_state, h.betas[0],
-                              h.betas[1], h.eps, h.weight_decay, h.decoupled, partials)
+                              h.betas[1], h.eps, h.weight_decay, h.decoupled, partials, prepare)
 
     def lane_hypers(self) -> np.ndarray:
         """This optimizer's row of a packed group's hyperparameters (mlptrain.packing.lane_step): the float32

@@ -6,8 +6,10 @@ skipping, clipping, the schedule's lr, bias corrections: see
 scalars travel through the step state on the device, so the loop never
 waits for the host; the host reads the state where it synchronises anyway.
 Where the update never reads the norm (`step_state.norm_later`) and can sum the
-gradient's squares itself (Adam's), they are `prepare_step`, the update and
-`record_norm`: the same state and record, one pass over the gradient fewer.
+gradient's squares itself (Adam's), they are two: the update, taking the step's
+rules from `prepare_step` on its own copy of the state, and `record_norm`,
+which also writes those rules: the same state and record, one pass over the
+gradient and one launch fewer.
 A training window's data cursor moves on in the rules' launch (`advance`).
 """
 
@@ -58,9 +60,9 @@ class OptimizerStep:
         k = self.backend.kernels
         beta1, beta2 = self.optimizer.bias_betas
         if self.norm_later:
-            k.step_rules.prepare_step(self.state, self.lr_table, beta1, beta2)
-            self.optimizer.update(params, grads, compute, self.state, self.partials)
-            k.step_rules.record_norm(self.partials, self.state, self.grad_norms, cursor, advance)
+            prepare = (self.lr_table, beta1, beta2)
+            self.optimizer.update(params, grads, compute, self.state, self.partials, prepare)
+            k.step_rules.record_norm(self.partials, self.state, self.grad_norms, cursor, advance, prepare)
             return
         scaling = self.loss_scaling or LossScaling()
         k.reduce.sum_of_squares(grads, self.partials)

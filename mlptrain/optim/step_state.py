@@ -41,34 +41,39 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
                 growth_interval)
 
 
+CHAINS = 8  # the running sums record_norm adds the partials into: a thread each on the device
+
+
 def record_norm(partials, state, grad_norms):
     """norm = ||g|| / loss_scale, the pre-clip global norm of the unscaled
     gradient from its sum of squares' partials, recorded in grad_norms[window]
     and the state's GRAD_NORM; the window is counted. Returns the norm.
 
-    The partials are added in float64 in a fixed order: eight running sums,
-    partial b into sum b % 8 while eight remain, the rest into the first in
-    turn, then the eight pairwise. On the device one thread adds them: with one
-    running sum it waited on every load and add before the next; eight let it
-    issue eight at once (256 partials: record_norm 7.6 us with flushed caches
-    before, 4.5 with warm ones after, ncu, H200; benchmarks/NOTES.md, issue 31
-    step 2). (Written out, not in a helper: a compiled device function calls
-    device functions only.)"""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    n, b = partials.shape[0], 0
-    while b + 8 <= n:
-        s0 += float(partials[b])
-        s1 += float(partials[b + 1])
-        s2 += float(partials[b + 2])
-        s3 += float(partials[b + 3])
-        s4 += float(partials[b + 4])
-        s5 += float(partials[b + 5])
-        s6 += float(partials[b + 6])
-        s7 += float(partials[b + 7])
-        b += 8
-    while b < n:
-        s0 += float(partials[b])
-        b += 1
+    The partials are added in float64 in a fixed order: eight running sums
+    (`chain_sum`), then the eight pairwise (`record_sums`). The kernels sum
+    the eight chains on eight threads, the NumPy backend one after another:
+    the same additions in the same order, so the same bits."""
+    return record_sums(chain_sum(partials, 0), chain_sum(partials, 1), chain_sum(partials, 2),
+                       chain_sum(partials, 3), chain_sum(partials, 4), chain_sum(partials, 5),
+                       chain_sum(partials, 6), chain_sum(partials, 7), state, grad_norms)
+
+
+def chain_sum(partials, chain):
+    """Running sum `chain` (0 to CHAINS - 1) of record_norm's: partial b for every b = chain mod 8 among the
+    whole eights, in order, in float64; then, into chain 0 only, the rest in turn."""
+    n = partials.shape[0]
+    whole = n - n % CHAINS
+    total = 0.0
+    for b in range(chain, whole, CHAINS):
+        total += float(partials[b])
+    if chain == 0:
+        for b in range(whole, n):
+            total += float(partials[b])
+    return total
+
+
+def record_sums(s0, s1, s2, s3, s4, s5, s6, s7, state, grad_norms):
+    """record_norm's last part, from its eight running sums (`chain_sum`): the norm, recorded; returns it."""
     norm = math.sqrt(((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) / state[LOSS_SCALE]
     window = int(state[WINDOWS])
     if window < grad_norms.shape[0]:

@@ -3,28 +3,34 @@ whose partials a step's rules read (`reduce.sum_of_squares`, and `optim.adam_upd
 and a block's sum written where a gradient is overwritten or accumulated (the bias gradients': reduce.py,
 gemm_weight.py)."""
 
+import functools
+
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-
-BLOCK_THREADS = 32 if config.ENABLE_CUDASIM else 256  # the simulator runs every thread in Python
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32
 
 
-@kernel_cache.device
-def block_sum(total):
-    """The sum of every thread's `total` over a block of BLOCK_THREADS threads, by a shared-memory tree of a
-    fixed pairing (width BLOCK_THREADS / 2 down to 1, partial t + width added into partial t): thread 0's return
-    value. Every thread of the block calls it together."""
-    cache = cuda.shared.array(BLOCK_THREADS, float32)
-    t = cuda.threadIdx.x
-    cache[t] = total
-    cuda.syncthreads()
-    width = BLOCK_THREADS // 2
-    while width > 0:
-        if t < width:
-            cache[t] += cache[t + width]
+@functools.cache
+def make_block_sum(threads):
+    """The device function block_sum(total) -> float32: the sum of every thread's `total` over a block of
+    `threads` threads (a power of two), by a shared-memory tree of a fixed pairing (width threads / 2 down to 1,
+    partial t + width added into partial t): thread 0's return value. Every thread of the block calls it
+    together."""
+
+    @kernel_cache.device
+    def block_sum(total):
+        cache = cuda.shared.array(threads, float32)
+        t = cuda.threadIdx.x
+        cache[t] = total
         cuda.syncthreads()
-        width //= 2
-    return cache[0]
+        width = threads // 2
+        while width > 0:
+            if t < width:
+                cache[t] += cache[t + width]
+            cuda.syncthreads()
+            width //= 2
+        return cache[0]
+
+    return block_sum
 
 
 @kernel_cache.device

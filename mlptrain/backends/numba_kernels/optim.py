@@ -13,13 +13,13 @@ import functools
 import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, float64
 from mlptrain.backends.numba_kernels import streams, wide
-from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
+from mlptrain.backends.numba_kernels.compiled_rules import prepared_state
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
-from mlptrain.backends.numba_kernels.reduce import PARTIALS
+from mlptrain.backends.numba_kernels.reduce import PARTIALS, SQUARES_THREADS, square_sum
 from mlptrain.backends.numba_kernels.wide import load_quad, store_quad
 from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
@@ -189,14 +189,18 @@ def _make_updates(dtype):
                   one_minus_beta1, one_minus_beta2, eps, write_compute, quads, True)
 
     # adam_update_kernel on reduce's fixed grid, also writing the gradient's sum of squares: thread 0 of block b
-    # writes partials[b], as reduce.sum_of_squares would. No atomics.
+    # writes partials[b], as reduce.sum_of_squares would. No atomics. Its scalars come from the block's copy of
+    # the state, with prepare_step's rules applied to it where `prepare` (compiled_rules.prepared_state).
     @kernel_cache.jit
-    def adam_norm_update_kernel(param, grad, m, v, compute, state, partials, beta1, beta2, one_minus_beta1,
-                                one_minus_beta2, eps, weight_decay, decoupled, write_compute, quads):
+    def adam_norm_update_kernel(param, grad, m, v, compute, state, partials, lr_schedule, bias_beta1, bias_beta2,
+                                prepare, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay,
+                                decoupled, write_compute, quads):
         after_previous_grid()
-        squares = adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
-                            one_minus_beta1, one_minus_beta2, eps, write_compute, quads, state[APPLY] != 0)
-        total = block_sum(squares)
+        rules = cuda.shared.array(step_state.SIZE, float64)
+        prepared_state(state, lr_schedule, bias_beta1, bias_beta2, prepare, rules)
+        squares = adam_span(param, grad, m, v, compute, _adam_scalars(rules, weight_decay, decoupled), beta1, beta2,
+                            one_minus_beta1, one_minus_beta2, eps, write_compute, quads, rules[APPLY] != 0)
+        total = square_sum(squares)
         if cuda.threadIdx.x == 0:
             partials[cuda.blockIdx.x] = total
 
@@ -220,20 +224,30 @@ def momentum_update(param, grad, velocity, compute, state, momentum, weight_deca
         compute is not param)
 
 
-def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled, partials=None):
+def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled, partials=None,
+                prepare=None):
     """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
     come from the step state. Given `partials` (float32, (PARTIALS,)), also writes the gradient's sum of squares
     there, the bits `reduce.sum_of_squares(grad, partials)` writes, from the same reads (even where the window
-    is skipped)."""
+    is skipped). Given `prepare` too (lr_schedule float64, beta1, beta2), the rules come from
+    `step_rules.prepare_step` applied to each block's copy of the state, which is left as it is: a launch fewer
+    (`step_rules.record_norm` given the same `prepare` writes them after the update)."""
     _check_buffers(param, state, compute, grad=grad, m=m, v=v)
     kernels = _make_updates(compute.dtype)
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits
     rules = (float32(beta1), float32(beta2), float32(1.0 - beta1), float32(1.0 - beta2), float32(eps),
              float32(weight_decay), bool(decoupled) and bool(weight_decay), compute is not param, quads)
+    if prepare is not None and partials is None:
+        raise ValueError("prepare needs partials")
     if partials is not None:
         require("partials", partials, "float32", (PARTIALS,))
-        kernels[4][PARTIALS, BLOCK_THREADS, streams.current()](param, grad, m, v, compute, state, partials, *rules)
+        schedule, bias_beta1, bias_beta2 = (state, 0.0, 0.0) if prepare is None else prepare
+        if prepare is not None:
+            require("lr_schedule", schedule, "float64", (None,))
+        kernels[4][PARTIALS, SQUARES_THREADS, streams.current()](param, grad, m, v, compute, state, partials,
+                                                                 schedule, float(bias_beta1), float(bias_beta2),
+                                                                 prepare is not None, *rules)
         return
     kernels[2][_quad_grid(param.shape[0]), THREADS, streams.current()](param, grad, m, v, compute, state, *rules)
 
@@ -298,13 +312,13 @@ def _make_lane_updates(dtype):
                                       quads):
         after_previous_grid()
         z = cuda.blockIdx.y
-        if active[z] == 0:  # the whole block, uniformly: none of block_sum's barriers is left waiting
+        if active[z] == 0:  # the whole block, uniformly: none of square_sum's barriers is left waiting
             return
         rules = hypers[z]
         squares = adam_span(param[z], grad[z], m[z], v[z], compute[z],
                             _adam_scalars(state[z], rules[5], rules[6] != float32(0)), rules[0], rules[1], rules[2],
                             rules[3], rules[4], write_compute, quads, state[z, APPLY] != 0)
-        total = block_sum(squares)
+        total = square_sum(squares)
         if cuda.threadIdx.x == 0:
             partials[z, cuda.blockIdx.x] = total
 
@@ -365,7 +379,7 @@ def adam_update_lanes(param, grad, m, v, compute, state, hypers, active, partial
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     args = (compute, state, hypers, active, compute is not param, quads)
     if partials is not None:
-        kernels[3][(PARTIALS, lanes), BLOCK_THREADS, streams.current()](param, grad, m, v, compute, state, partials,
+        kernels[3][(PARTIALS, lanes), SQUARES_THREADS, streams.current()](param, grad, m, v, compute, state, partials,
                                                                           *args[2:])
         return
     kernels[2][(_quad_grid(param.shape[1]), lanes), THREADS, streams.current()](param, grad, m, v, *args)

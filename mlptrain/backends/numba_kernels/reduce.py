@@ -6,7 +6,7 @@ import math
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import chunks, streams, wide
-from mlptrain.backends.numba_kernels.block_sums import BLOCK_THREADS, accumulate, block_sum
+from mlptrain.backends.numba_kernels.block_sums import accumulate, make_block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes, require_lanes_one_of, require_one_of
 from mlptrain.backends.numba_kernels.chunks import column_width
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
@@ -24,7 +24,10 @@ CHUNK_ROWS = 1024
 # and hence the result are the same on every device. The simulator runs every
 # thread in Python: there a small grid keeps a training step to seconds.
 PARTIALS = 4 if config.ENABLE_CUDASIM else 256
-SQUARES_THREADS = BLOCK_THREADS  # block_sum adds a block's sums
+# Its blocks' threads (the simulator runs every thread in Python), which Adam's update summing the squares as it
+# reads the gradient shares (optim.adam_update's partials): the partition below.
+SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 256
+square_sum = make_block_sum(SQUARES_THREADS)  # adds a block's sums
 
 
 @functools.cache
@@ -159,7 +162,7 @@ def bias_backward_lanes(dy, db, beta):
 # The partition of a gradient's sum of squares, which `optim.adam_update` follows too as it reads the gradient
 # (its `partials`): thread t of block b, t' = b * blockDim + t and stride the fixed grid's size along x, sums the
 # quads q = t', t' + stride, ... (elements 4q..4q+3 in order), then the last size % 4 elements e = size - size % 4
-# + t', + stride, ...; `block_sum` then adds the block's sums in a fixed pairing. The same order on every run and
+# + t', + stride, ...; `square_sum` then adds the block's sums in a fixed pairing. The same order on every run and
 # every GPU, and wherever x lies: `quads` (x 16-byte aligned, wide.aligned_quads) only reads a quad in one access.
 @kernel_cache.device
 def _thread_sum_of_squares(x, quads):
@@ -194,7 +197,7 @@ def _thread_sum_of_squares(x, quads):
 @kernel_cache.jit
 def sum_of_squares_kernel(x, partials, quads):
     after_previous_grid()
-    total = block_sum(_thread_sum_of_squares(x, quads))
+    total = square_sum(_thread_sum_of_squares(x, quads))
     if cuda.threadIdx.x == 0:
         partials[cuda.blockIdx.x] = total
 
@@ -215,7 +218,7 @@ def sum_of_squares(x, partials):
 def sum_of_squares_lanes_kernel(x, partials, quads):
     after_previous_grid()
     z = cuda.blockIdx.y
-    total = block_sum(_thread_sum_of_squares(x[z], quads))
+    total = square_sum(_thread_sum_of_squares(x[z], quads))
     if cuda.threadIdx.x == 0:
         partials[z, cuda.blockIdx.x] = total
 

@@ -5,66 +5,44 @@ of one block (a block a lane for the packed trials'), so nothing waits for the h
 
 - `finish_step`: the norm from the gradient's sum of squares (`reduce.sum_of_squares`), then the decisions
   (loss scaling, skip, clipping, the schedule's lr, bias corrections), before the update;
-- under `step_state.norm_later` (no clipping, no loss scaling), `prepare_step` before the update and
-  `record_norm` after it, on the partials the update summed as it read the gradient (`optim.adam_update`'s
-  `partials`): the same state and record, one pass over the gradient fewer.
+- under `step_state.norm_later` (no clipping, no loss scaling), `record_norm` after the update, on the partials
+  the update summed as it read the gradient (`optim.adam_update`'s `partials`), with `prepare_step`'s writes in
+  the same launch: the update took them from its own copy of the state (`compiled_rules.prepared_state`,
+  `adam_update`'s `prepare`). The same state and record as `finish_step`, one pass over the gradient and one
+  launch fewer.
 
 `finish_step` and `record_norm` also move a training window's data cursor (`data.gather_batch`) on to the
 next window when given one: a graph's step then ends in its last rule, not in a launch of its own.
 """
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, float64, int64
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_lanes
+from mlptrain.backends.numba_kernels.compiled_rules import apply_rules, is_norm_later, prepare_rules, record, sum_chains
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
 from mlptrain.optim import step_state
+from mlptrain.optim.step_state import CHAINS, SIZE
 
 STAGED = PARTIALS  # the partials a launch stages in shared memory: sum_of_squares writes as many
+# A rules block's threads: one a partial to stage them, at least one a chain, and on the GPU a warp besides the
+# chains' for the rules record_norm also applies (its last thread)
+THREADS = max(STAGED, CHAINS + 1)
 
-_record_norm = cuda.jit(device=True)(step_state.record_norm)
-_apply_rules = cuda.jit(device=True)(step_state.apply_rules)
-_norm_later = cuda.jit(device=True)(step_state.norm_later)
-
-
-@kernel_cache.device
-def _finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2, dynamic_scaling, growth_factor,
-                 backoff_factor, growth_interval):
-    """step_state.finish_step, on the compiled rules (a device function calls device functions only)."""
-    norm = _record_norm(partials, state, grad_norms)
-    _apply_rules(norm, state, lr_schedule, max_norm, beta1, beta2, dynamic_scaling, growth_factor, backoff_factor,
-                 growth_interval)
-
-
-@kernel_cache.device
-def _stage(partials, staged):
-    """partials (at most STAGED) copied into the shared array `staged`, a value a thread at once, then a barrier:
-    one thread's serial sum of them read global memory one by one, each load waiting on the last (~20-35 us of a
-    step, ncu). Every thread of the block calls it together."""
-    t = cuda.threadIdx.x
-    if t < partials.shape[0]:
-        staged[t] = partials[t]
-    cuda.syncthreads()
-
-
-@kernel_cache.device
-def _prepare_step(state, lr_schedule, beta1, beta2):
-    """step_state.prepare_step, on the compiled rules."""
-    _apply_rules(0.0, state, lr_schedule, 0.0, beta1, beta2, False, 1.0, 1.0, 1.0)
-
-
-# One block: its threads stage the partials (_stage), then one thread sums them there in order and takes the
-# decisions (a handful of scalars; a launch is cheaper than a round-trip).
+# One block: its threads sum the partials' chains (_sum_chains), then one thread takes the decisions (a handful
+# of scalars; a launch is cheaper than a round-trip).
 @kernel_cache.jit
 def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                        dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor, advance):
     after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
-    _stage(partials, staged)
+    sums = cuda.shared.array(CHAINS, float64)  # a line of its own: the simulator tells shared arrays by line
+    sum_chains(partials, staged, sums)
     if cuda.threadIdx.x == 0:
-        _finish_step(staged[:partials.shape[0]], state, lr_schedule, grad_norms, max_norm, beta1, beta2,
-                     dynamic_scaling, growth_factor, backoff_factor, growth_interval)
+        norm = record(sums, state, grad_norms)
+        apply_rules(norm, state, lr_schedule, max_norm, beta1, beta2, dynamic_scaling, growth_factor,
+                     backoff_factor, growth_interval)
         if advance != 0:
             cursor[0] += advance
 
@@ -73,9 +51,9 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
                 dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor=None, advance=0):
     """See `mlptrain.optim.step_state.finish_step`; partials float32 (at most STAGED), the rest float64 device
     arrays. Then cursor[0] += advance (`cursor` a window's 1-element int64 data cursor, None with advance 0)."""
-    _check_record(partials, state, grad_norms, None)
+    _checkrecord(partials, state, grad_norms, None)
     _check_schedule(lr_schedule, None)
-    finish_step_kernel[1, STAGED, streams.current()](
+    finish_step_kernel[1, THREADS, streams.current()](
         partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
         bool(dynamic_scaling), float(growth_factor), float(backoff_factor), float(growth_interval),
         *_advanced(cursor, advance))
@@ -85,33 +63,43 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
 def prepare_step_kernel(state, lr_schedule, beta1, beta2):
     after_previous_grid()
     if cuda.threadIdx.x == 0:
-        _prepare_step(state, lr_schedule, beta1, beta2)
+        prepare_rules(state, lr_schedule, beta1, beta2)
 
 
 def prepare_step(state, lr_schedule, beta1, beta2):
     """See `mlptrain.optim.step_state.prepare_step`: state (step_state.SIZE,) and lr_schedule float64."""
-    require("state", state, "float64", (step_state.SIZE,))
+    require("state", state, "float64", (SIZE,))
     _check_schedule(lr_schedule, None)
     prepare_step_kernel[1, 1, streams.current()](state, lr_schedule, float(beta1), float(beta2))
 
 
-# As finish_step_kernel: the partials staged, one thread sums them in order.
+# As finish_step_kernel; the block's last thread (a warp of its own on the GPU) applies prepare_step's rules
+# meanwhile: they write slots the norm's record neither reads nor writes.
 @kernel_cache.jit
-def record_norm_kernel(partials, state, grad_norms, cursor, advance):
+def record_norm_kernel(partials, state, grad_norms, cursor, advance, lr_schedule, beta1, beta2, prepare):
     after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
-    _stage(partials, staged)
+    sums = cuda.shared.array(CHAINS, float64)  # a line of its own: the simulator tells shared arrays by line
+    if prepare and cuda.threadIdx.x == cuda.blockDim.x - 1:
+        prepare_rules(state, lr_schedule, beta1, beta2)
+    sum_chains(partials, staged, sums)
     if cuda.threadIdx.x == 0:
-        _record_norm(staged[:partials.shape[0]], state, grad_norms)
+        record(sums, state, grad_norms)
         if advance != 0:
             cursor[0] += advance
 
 
-def record_norm(partials, state, grad_norms, cursor=None, advance=0):
+def record_norm(partials, state, grad_norms, cursor=None, advance=0, prepare=None):
     """See `mlptrain.optim.step_state.record_norm`; partials float32 (at most STAGED), state and grad_norms
-    float64. Then cursor[0] += advance, as `finish_step`."""
-    _check_record(partials, state, grad_norms, None)
-    record_norm_kernel[1, STAGED, streams.current()](partials, state, grad_norms, *_advanced(cursor, advance))
+    float64. With `prepare` (lr_schedule, beta1, beta2), also `prepare_step`'s writes, in the same launch: the
+    update before it took them from its own copy (`optim.adam_update`'s `prepare`). Then cursor[0] += advance,
+    as `finish_step`."""
+    _checkrecord(partials, state, grad_norms, None)
+    schedule, beta1, beta2 = (state, 0.0, 0.0) if prepare is None else prepare
+    if prepare is not None:
+        _check_schedule(schedule, None)
+    record_norm_kernel[1, THREADS, streams.current()](partials, state, grad_norms, *_advanced(cursor, advance),
+                                                      schedule, float(beta1), float(beta2), prepare is not None)
 
 
 def _advanced(cursor, advance):
@@ -121,16 +109,16 @@ def _advanced(cursor, advance):
     return checked_cursor(cursor), int64(advance)
 
 
-def _check_record(partials, state, grad_norms, lanes):
+def _checkrecord(partials, state, grad_norms, lanes):
     """The operands a norm is recorded from and into: one run's (lanes None) or `lanes` lanes'."""
     if lanes is None:
         require("partials", partials, "float32", (None,))
-        require("state", state, "float64", (step_state.SIZE,))
+        require("state", state, "float64", (SIZE,))
         require("grad_norms", grad_norms, "float64", (None,))
         count = partials.shape[0]
     else:
         require_lanes("partials", partials, "float32", (lanes, None))
-        require_lanes("state", state, "float64", (lanes, step_state.SIZE))
+        require_lanes("state", state, "float64", (lanes, SIZE))
         require_lanes("grad_norms", grad_norms, "float64", (lanes, None))
         count = partials.shape[1]
     if count > STAGED:
@@ -151,26 +139,28 @@ def _check_lanes(active, hypers):
     return lanes
 
 
-# Block z owns lane z's step state and grad-norm record: no atomics. Its threads stage lane z's partials, then
-# one thread applies the same device functions the solo kernels run to lane z's rows; hypers[z] is in
+# Block z owns lane z's step state and grad-norm record: no atomics. Its threads sum lane z's partials' chains,
+# then one thread applies the same device functions the solo kernels run to lane z's rows; hypers[z] is in
 # step_state.LANE_HYPERS order. With `norm_later`, a lane under step_state.norm_later only prepares: its norm is
 # recorded after the update (record_norm_lanes).
 @kernel_cache.jit
 def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, active, norm_later):
     after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
-    z, t, n = cuda.blockIdx.x, cuda.threadIdx.x, partials.shape[1]
+    sums = cuda.shared.array(CHAINS, float64)  # a line of its own: the simulator tells shared arrays by line
+    z, t = cuda.blockIdx.x, cuda.threadIdx.x
     if active[z] == 0:
         return
     rules = hypers[z]
-    if norm_later and _norm_later(rules[0], rules[3] != 0.0):
+    if norm_later and is_norm_later(rules[0], rules[3] != 0.0):
         if t == 0:
-            _prepare_step(state[z], lr_schedule[z], rules[1], rules[2])
+            prepare_rules(state[z], lr_schedule[z], rules[1], rules[2])
         return
-    _stage(partials[z], staged)
+    sum_chains(partials[z], staged, sums)
     if t == 0:
-        _finish_step(staged[:n], state[z], lr_schedule[z], grad_norms[z], rules[0], rules[1], rules[2],
-                     rules[3] != 0.0, rules[4], rules[5], rules[6])
+        norm = record(sums, state[z], grad_norms[z])
+        apply_rules(norm, state[z], lr_schedule[z], rules[0], rules[1], rules[2], rules[3] != 0.0, rules[4],
+                     rules[5], rules[6])
 
 
 def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, norm_later=False):
@@ -183,11 +173,11 @@ def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, 
     (`mlptrain.backends.lanes.lane_view`); an inactive lane is not touched.
     """
     lanes = _check_lanes(active, hypers)
-    _check_record(partials, state, grad_norms, lanes)
+    _checkrecord(partials, state, grad_norms, lanes)
     _check_schedule(lr_schedule, lanes)
     if lanes == 0:
         return
-    finish_step_lanes_kernel[lanes, STAGED, streams.current()](partials, state, lr_schedule, grad_norms, hypers,
+    finish_step_lanes_kernel[lanes, THREADS, streams.current()](partials, state, lr_schedule, grad_norms, hypers,
                                                                active, bool(norm_later))
 
 
@@ -196,20 +186,21 @@ def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, 
 def record_norm_lanes_kernel(partials, state, grad_norms, hypers, active):
     after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
-    z, t, n = cuda.blockIdx.x, cuda.threadIdx.x, partials.shape[1]
+    sums = cuda.shared.array(CHAINS, float64)  # a line of its own: the simulator tells shared arrays by line
+    z = cuda.blockIdx.x
     rules = hypers[z]
-    if active[z] == 0 or not _norm_later(rules[0], rules[3] != 0.0):
+    if active[z] == 0 or not is_norm_later(rules[0], rules[3] != 0.0):
         return
-    _stage(partials[z], staged)
-    if t == 0:
-        _record_norm(staged[:n], state[z], grad_norms[z])
+    sum_chains(partials[z], staged, sums)
+    if cuda.threadIdx.x == 0:
+        record(sums, state[z], grad_norms[z])
 
 
 def record_norm_lanes(partials, state, grad_norms, hypers, active):
     """`record_norm` for every active lane z whose rules (hypers[z], as `finish_step_lanes` reads them) are under
     `step_state.norm_later`, in one launch; the other lanes' norms were recorded before their update."""
     lanes = _check_lanes(active, hypers)
-    _check_record(partials, state, grad_norms, lanes)
+    _checkrecord(partials, state, grad_norms, lanes)
     if lanes == 0:
         return
-    record_norm_lanes_kernel[lanes, STAGED, streams.current()](partials, state, grad_norms, hypers, active)
+    record_norm_lanes_kernel[lanes, THREADS, streams.current()](partials, state, grad_norms, hypers, active)

@@ -8,6 +8,7 @@ import numpy as np
 
 from mlptrain.backends.numpy_kernels import reduce
 from mlptrain.dtypes import from_float32
+from mlptrain.optim import step_state
 from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
 
 
@@ -47,10 +48,17 @@ def momentum_update(param, grad, velocity, compute, state, momentum, weight_deca
     _write_compute(param, compute)
 
 
-def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled, partials=None):
+def adam_update(param, grad, m, v, compute, state, beta1, beta2, eps, weight_decay, decoupled, partials=None,
+                prepare=None):
     """Adam (decoupled=False: L2 added to g) or AdamW (decoupled=True); lr and the bias corrections
     come from the step state. Given `partials`, also writes the gradient's sum of squares there, as
-    `reduce.sum_of_squares` does (even where the window is skipped)."""
+    `reduce.sum_of_squares` does (even where the window is skipped); given `prepare` too (lr_schedule, beta1,
+    beta2), the rules come from `prepare_step` applied to a copy of the state, which is left as it is."""
+    if prepare is not None:
+        if partials is None:
+            raise ValueError("prepare needs partials")
+        state = state.copy()
+        step_state.prepare_step(state, prepare[0], float(prepare[1]), float(prepare[2]))
     if partials is not None:
         reduce.sum_of_squares(grad, partials)
     # 1 - beta from the float64 beta: in float32, 1 - float32(0.999) keeps only 4 significant digits

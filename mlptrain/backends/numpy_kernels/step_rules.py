@@ -20,8 +20,11 @@ def prepare_step(state, lr_schedule, beta1, beta2):
     step_state.prepare_step(state, lr_schedule, float(beta1), float(beta2))
 
 
-def record_norm(partials, state, grad_norms, cursor=None, advance=0):
-    """See `mlptrain.optim.step_state.record_norm`; then cursor[0] += advance, as `finish_step`."""
+def record_norm(partials, state, grad_norms, cursor=None, advance=0, prepare=None):
+    """See `mlptrain.optim.step_state.record_norm`; with `prepare` (lr_schedule, beta1, beta2), `prepare_step`
+    first (the update before took its rules from its own copy); then cursor[0] += advance, as `finish_step`."""
+    if prepare is not None:
+        prepare_step(state, *prepare)
     step_state.record_norm(partials, state, grad_norms)
     _advance(cursor, advance)
 

@@ -117,6 +117,11 @@ def test_prepare_then_record_is_finish_step(rng):
     cases.norm_later_is_finish_step(BACKEND, rng)
 
 
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_prepares_its_own_rules(rng, dtype):
+    cases.adam_prepares_its_own_rules(BACKEND, rng, 37, dtype)
+
+
 def test_finish_step_kernel_follows_the_shared_rules(rng):
     """The one-thread kernel and the NumPy backend run `step_state.finish_step`: same state after a
     finite window, a clipped one and an inf one."""

@@ -54,6 +54,11 @@ def test_prepare_then_record_is_finish_step(rng):
     cases.norm_later_is_finish_step(BACKEND, rng)
 
 
+@pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
+def test_adam_prepares_its_own_rules(rng, dtype):
+    cases.adam_prepares_its_own_rules(BACKEND, rng, 37, dtype)
+
+
 # lanes: packed trials, one launch for K lanes
 
 
