@@ -17,10 +17,10 @@ is_norm_later = cuda.jit(device=True)(step_state.norm_later)
 @kernel_cache.device
 def sum_chains(partials, staged, sums):
     """step_state.record_norm's eight running sums into the shared float64 array `sums`: the partials (at most
-    the block's threads) copied into the shared float32 array `staged`, a value a thread at once, then thread c < CHAINS adds chain c
-    there (`step_state.chain_sum`), each after a barrier. One thread adding all of them waited on each global load
-    in turn (~20-35 us of a step), then on each of 256 adds (4.3 us with the loads staged; ncu, H200). Every
-    thread of the block calls it together."""
+    the block's threads) copied into the shared float32 array `staged`, a value a thread at once, then thread
+    c < CHAINS adds chain c there (`step_state.chain_sum`), each after a barrier. One thread adding all of them
+    waited on each global load in turn (~20-35 us of a step), then on each of 256 adds (4.3 us with the loads
+    staged; ncu, H200). Every thread of the block calls it together."""
     t = cuda.threadIdx.x
     if t < partials.shape[0]:
         staged[t] = partials[t]

@@ -22,7 +22,7 @@ from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import PARTIALS, SQUARES_THREADS, square_sum
 from mlptrain.backends.numba_kernels.wide import load_quad, store_quad
 from mlptrain.optim import step_state
-from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
+from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR, SIZE
 
 THREADS = 256
 MAX_BLOCKS = 2048  # grid-stride beyond this: enough to fill any current GPU
@@ -196,7 +196,7 @@ def _make_updates(dtype):
                                 prepare, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay,
                                 decoupled, write_compute, quads):
         after_previous_grid()
-        rules = cuda.shared.array(step_state.SIZE, float64)
+        rules = cuda.shared.array(SIZE, float64)  # a module constant: numba types step_state.SIZE as a variable
         prepared_state(state, lr_schedule, bias_beta1, bias_beta2, prepare, rules)
         squares = adam_span(param, grad, m, v, compute, _adam_scalars(rules, weight_decay, decoupled), beta1, beta2,
                             one_minus_beta1, one_minus_beta2, eps, write_compute, quads, rules[APPLY] != 0)
