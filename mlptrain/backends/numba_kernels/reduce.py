@@ -24,9 +24,11 @@ CHUNK_ROWS = 1024
 # and hence the result are the same on every device. The simulator runs every
 # thread in Python: there a small grid keeps a training step to seconds.
 PARTIALS = 4 if config.ENABLE_CUDASIM else 256
-# Its blocks' threads (the simulator runs every thread in Python), which Adam's update summing the squares as it
-# reads the gradient shares (optim.adam_update's partials): the partition below.
-SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 256
+# Its blocks' threads, which Adam's update summing the squares as it reads the gradient shares (optim.adam_update's
+# partials): the partition below. 512, not 256: the update's 256 blocks then keep ~4x as many warps an SM reading
+# (the MLP step at batch 128 -0.7 us; 1024 was 3 us slower, and the lanes' update cannot launch that wide:
+# benchmarks/NOTES.md, issue 31 step 5). The simulator runs every thread in Python.
+SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 512
 square_sum = make_block_sum(SQUARES_THREADS)  # adds a block's sums
 
 
