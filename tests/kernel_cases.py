@@ -376,8 +376,8 @@ def norm_later_is_finish_step(be, rng):
     host[step_state.LOSS_SCALE], host[step_state.LR_FACTOR] = 1.0, 0.5
     states, norms = [be.to_device(host) for _ in range(3)], [be.to_device(np.zeros(3)) for _ in range(3)]
     rules = be.kernels.step_rules
-    for _ in range(4):  # the fourth window's norm finds no room in the record: counted, not written
-        count = be.kernels.reduce.PARTIALS + int(rng.integers(-3, 1))  # the chains' remainder too
+    for window in range(4):  # the fourth window's norm finds no room in the record: counted, not written
+        count = be.kernels.reduce.PARTIALS - window  # chains of partials, and a remainder after them
         partials = be.to_device(rng.uniform(0.0, 2.0, count).astype(np.float32))
         rules.finish_step(partials, states[0], be.to_device(table), norms[0], 0.0, 0.9, 0.99, False, 2.0, 0.5, 5)
         rules.prepare_step(states[1], be.to_device(table), 0.9, 0.99)

@@ -3,8 +3,8 @@
 A lane's own window (mlptrain.training.window) launches, per micro-batch, a gather, each layer's forward GEMM,
 the softmax cross-entropy, each layer's weight gradient, bias gradient and input gradient; then the gradient's
 sum of squares, `finish_step`, the fused update and the cursor's advance (Adam's without clipping or loss
-scaling: `prepare_step`, the update summing the squares, `record_norm`). Here each of these is one launch for
-all K lanes: every operand carries the lane axis (a slab of mlptrain.packing.lane_slabs, or a lane view of one
+scaling: the update, preparing its own rules and summing the squares, then `record_norm`). Here each of these is
+one launch for all K lanes (the lanes' rules prepared in `finish_step_lanes`' launch, before the update): every operand carries the lane axis (a slab of mlptrain.packing.lane_slabs, or a lane view of one
 for a layer's weights), and each lane reads its own order, cursor, step state, lr table and hyperparameters.
 The lanes' activations live in buffers of their own here, one set per micro-batch size.
 

@@ -74,6 +74,25 @@ def assert_same_buffers(before, after):
         np.testing.assert_array_equal(after[name], before[name], err_msg=name)
 
 
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 17, 255, 256])
+def test_the_norm_adds_its_partials_in_eight_chains_then_pairwise(count):
+    """record_norm's order, which every kernel follows on eight threads: partial b into running sum b % 8 while
+    whole eights remain, the rest into sum 0 in turn, all in float64, then the eight pairwise. A float64 sum in
+    any other order differs in its last bits for most of these."""
+    partials = np.random.default_rng(count).uniform(0.0, 2.0, count).astype(np.float32)
+    sums = [0.0] * 8
+    whole = count - count % 8
+    for b in range(whole):
+        sums[b % 8] += float(partials[b])
+    for b in range(whole, count):
+        sums[0] += float(partials[b])
+    expected = np.sqrt(((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7])))
+    state, norms = np.zeros(slots.SIZE), np.zeros(2)
+    state[slots.LOSS_SCALE] = 1.0
+    assert slots.record_norm(partials, state, norms) == expected
+    assert norms[0] == state[slots.GRAD_NORM] == expected and state[slots.WINDOWS] == 1
+
+
 # dynamic loss scaling
 
 

@@ -379,7 +379,7 @@ def adam_update_lanes(param, grad, m, v, compute, state, hypers, active, partial
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     args = (compute, state, hypers, active, compute is not param, quads)
     if partials is not None:
-        kernels[3][(PARTIALS, lanes), SQUARES_THREADS, streams.current()](param, grad, m, v, compute, state, partials,
-                                                                          *args[2:])
+        kernels[3][(PARTIALS, lanes), SQUARES_THREADS, streams.current()](param, grad, m, v, compute, state,
+                                                                            partials, *args[2:])
         return
     kernels[2][(_quad_grid(param.shape[1]), lanes), THREADS, streams.current()](param, grad, m, v, *args)

@@ -30,8 +30,9 @@ STAGED = PARTIALS  # the partials a launch stages in shared memory: sum_of_squar
 # chains' for the rules record_norm also applies (its last thread)
 THREADS = max(STAGED, CHAINS + 1)
 
-# One block: its threads sum the partials' chains (_sum_chains), then one thread takes the decisions (a handful
-# of scalars; a launch is cheaper than a round-trip).
+
+# One block: its threads sum the partials' chains (compiled_rules.sum_chains), then one thread takes the decisions (a
+# handful of scalars; a launch is cheaper than a round-trip).
 @kernel_cache.jit
 def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2,
                        dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor, advance):
@@ -42,7 +43,7 @@ def finish_step_kernel(partials, state, lr_schedule, grad_norms, max_norm, beta1
     if cuda.threadIdx.x == 0:
         norm = record(sums, state, grad_norms)
         apply_rules(norm, state, lr_schedule, max_norm, beta1, beta2, dynamic_scaling, growth_factor,
-                     backoff_factor, growth_interval)
+                    backoff_factor, growth_interval)
         if advance != 0:
             cursor[0] += advance
 
@@ -51,7 +52,7 @@ def finish_step(partials, state, lr_schedule, grad_norms, max_norm, beta1, beta2
                 dynamic_scaling, growth_factor, backoff_factor, growth_interval, cursor=None, advance=0):
     """See `mlptrain.optim.step_state.finish_step`; partials float32 (at most STAGED), the rest float64 device
     arrays. Then cursor[0] += advance (`cursor` a window's 1-element int64 data cursor, None with advance 0)."""
-    _checkrecord(partials, state, grad_norms, None)
+    _check_record(partials, state, grad_norms, None)
     _check_schedule(lr_schedule, None)
     finish_step_kernel[1, THREADS, streams.current()](
         partials, state, lr_schedule, grad_norms, float(max_norm), float(beta1), float(beta2),
@@ -94,7 +95,7 @@ def record_norm(partials, state, grad_norms, cursor=None, advance=0, prepare=Non
     float64. With `prepare` (lr_schedule, beta1, beta2), also `prepare_step`'s writes, in the same launch: the
     update before it took them from its own copy (`optim.adam_update`'s `prepare`). Then cursor[0] += advance,
     as `finish_step`."""
-    _checkrecord(partials, state, grad_norms, None)
+    _check_record(partials, state, grad_norms, None)
     schedule, beta1, beta2 = (state, 0.0, 0.0) if prepare is None else prepare
     if prepare is not None:
         _check_schedule(schedule, None)
@@ -109,7 +110,7 @@ def _advanced(cursor, advance):
     return checked_cursor(cursor), int64(advance)
 
 
-def _checkrecord(partials, state, grad_norms, lanes):
+def _check_record(partials, state, grad_norms, lanes):
     """The operands a norm is recorded from and into: one run's (lanes None) or `lanes` lanes'."""
     if lanes is None:
         require("partials", partials, "float32", (None,))
@@ -160,7 +161,7 @@ def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, a
     if t == 0:
         norm = record(sums, state[z], grad_norms[z])
         apply_rules(norm, state[z], lr_schedule[z], rules[0], rules[1], rules[2], rules[3] != 0.0, rules[4],
-                     rules[5], rules[6])
+                    rules[5], rules[6])
 
 
 def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, norm_later=False):
@@ -173,12 +174,12 @@ def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, 
     (`mlptrain.backends.lanes.lane_view`); an inactive lane is not touched.
     """
     lanes = _check_lanes(active, hypers)
-    _checkrecord(partials, state, grad_norms, lanes)
+    _check_record(partials, state, grad_norms, lanes)
     _check_schedule(lr_schedule, lanes)
     if lanes == 0:
         return
     finish_step_lanes_kernel[lanes, THREADS, streams.current()](partials, state, lr_schedule, grad_norms, hypers,
-                                                               active, bool(norm_later))
+                                                                active, bool(norm_later))
 
 
 # Block z owns lane z's step state and record, as in finish_step_lanes_kernel.
@@ -200,7 +201,7 @@ def record_norm_lanes(partials, state, grad_norms, hypers, active):
     """`record_norm` for every active lane z whose rules (hypers[z], as `finish_step_lanes` reads them) are under
     `step_state.norm_later`, in one launch; the other lanes' norms were recorded before their update."""
     lanes = _check_lanes(active, hypers)
-    _checkrecord(partials, state, grad_norms, lanes)
+    _check_record(partials, state, grad_norms, lanes)
     if lanes == 0:
         return
     record_norm_lanes_kernel[lanes, THREADS, streams.current()](partials, state, grad_norms, hypers, active)
