@@ -258,29 +258,47 @@ def load_function(image: bytes, name: str):
     return check(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
 
 
-def launch(function, grid: tuple, block: tuple, stream, parameters: int, early: bool = False) -> None:
+def launch(function, grid: tuple, block: tuple, stream, parameters: int, early: bool = False,
+           cluster: tuple | None = None) -> None:
     """Queue `function` with the kernel parameters at address `parameters` (an array of pointers). `early`: with
     programmatic stream serialization, so the GPU may launch it before the kernel ahead of it in the stream has
-    ended (a kernel that waits for that one first: numba_kernels.grid_order; see dependent_launches)."""
-    if early:
-        check(cu.cuLaunchKernelEx(_early_config(grid, block, int(handle(stream))), function, parameters, 0),
+    ended (a kernel that waits for that one first: numba_kernels.grid_order; see dependent_launches). `cluster`:
+    the grid's blocks in thread-block clusters of these dimensions (numba_kernels.cluster; see
+    cluster_launches)."""
+    if early or cluster is not None:
+        check(cu.cuLaunchKernelEx(_config(grid, block, int(handle(stream)), early, cluster), function, parameters, 0),
               "cuLaunchKernelEx")
     else:
         check(cu.cuLaunchKernel(function, *grid, *block, 0, handle(stream), parameters, 0), "cuLaunchKernel")
 
 
 @functools.lru_cache(maxsize=512)
-def _early_config(grid: tuple, block: tuple, stream: int):
-    """The launch configuration of an `early` launch (kept: a step launches the same few shapes every time)."""
-    attribute = cu.CUlaunchAttribute()
-    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute.value.programmaticStreamSerializationAllowed = 1
+def _config(grid: tuple, block: tuple, stream: int, early: bool, cluster: tuple | None):
+    """The launch configuration of an `early` or clustered launch (kept: a step launches the same few shapes every
+    time)."""
+    attributes = []
+    if early:
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        attributes.append(attribute)
+    if cluster is not None:
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster
+        attributes.append(attribute)
     config = cu.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = 0, cu.CUstream(stream)
-    config.attrs, config.numAttrs = [attribute], 1
+    config.attrs, config.numAttrs = attributes, len(attributes)
     return config
+
+
+@functools.cache
+def cluster_launches(device: int) -> bool:
+    """Whether kernels on `device` may be launched in thread-block clusters: compute capability 9.0 or later."""
+    return capability(device) >= (9, 0)
 
 
 @functools.cache

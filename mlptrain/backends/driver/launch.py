@@ -89,15 +89,16 @@ def _split(items: str) -> list[str]:
     return out
 
 
-def launch(function, typenames: tuple, args, grid, block, stream) -> None:
+def launch(function, typenames: tuple, args, grid, block, stream, cluster=None) -> None:
     """Queue `function` (a CUfunction of a numba kernel compiled for `typenames`) with `args`; early (see
     api.launch) where EARLY and the GPU allow it: every kernel of the package opens with
-    numba_kernels.grid_order's wait."""
+    numba_kernels.grid_order's wait. `cluster`: the dimensions of its thread-block clusters (api.launch)."""
     packed = layout(typenames).pack(*values(args))
     slots = ctypes.create_string_buffer(packed, len(packed))
     base = ctypes.addressof(slots)
     pointers = (ctypes.c_void_p * (len(packed) // 8))(*range(base, base + len(packed), 8))
-    api.launch(function, _dim3(grid), _dim3(block), stream, ctypes.addressof(pointers), early())
+    api.launch(function, _dim3(grid), _dim3(block), stream, ctypes.addressof(pointers), early(),
+               None if cluster is None else _dim3(cluster))
 
 
 def early() -> bool:

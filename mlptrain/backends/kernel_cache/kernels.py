@@ -25,12 +25,13 @@ _building = threading.Lock()  # numba's dispatchers are made (and their code bou
 
 class Kernel:
     """A @cuda.jit kernel whose compiled versions come from and go to the disk cache; while `planning()` is
-    active a launch only records the kernel and its argument types."""
+    active a launch only records the kernel and its argument types. `cluster_z`: launched with its (3-D) grid's z
+    axis one thread-block cluster (numba_kernels.cluster), which only the driver path can do."""
 
-    __slots__ = ("py_func", "options", "_dispatcher", "_functions", "_identity")
+    __slots__ = ("py_func", "options", "cluster_z", "_dispatcher", "_functions", "_identity")
 
-    def __init__(self, py_func, options: dict):
-        self.py_func, self.options = py_func, dict(options)
+    def __init__(self, py_func, options: dict, cluster_z: bool = False):
+        self.py_func, self.options, self.cluster_z = py_func, dict(options), cluster_z
         self._dispatcher = None
         self._functions = {}  # (GPU, argument type names) -> the loaded CUfunction; False: numba launches it
         self._identity = None
@@ -48,6 +49,8 @@ class Kernel:
         plan = getattr(_planning, "plan", None)
         if plan is not None:
             return functools.partial(plan.record, self)
+        if not DEFERRED or len(launch) > 3:
+            self._numba_may_launch()
         if not DEFERRED:
             return self.dispatcher[launch]
         if len(launch) > 3:  # dynamic shared memory (none of ours has any): numba launches it
@@ -62,10 +65,18 @@ class Kernel:
         if function is None:
             function = self.load(names, args)
         if function is False:  # numba launches what the driver path cannot
+            self._numba_may_launch()
             cache.STATS.numba_launches += 1
             self.dispatcher[grid, block, _numba_stream(stream)](*args)
             return
-        launch.launch(function, names, args, grid, block, stream)
+        launch.launch(function, names, args, grid, block, stream, (1, 1, grid[2]) if self.cluster_z else None)
+
+    def _numba_may_launch(self):
+        """Refuses a launch numba would make of a cluster kernel: numba sets no cluster, and the kernel's cluster
+        barrier would then wait for blocks that are not in its cluster."""
+        if self.cluster_z:
+            raise RuntimeError(f"{self.py_func.__name__} runs in thread-block clusters, which only the driver path "
+                               "launches (kernel_cache.cluster_launches)")
 
     def load(self, names: tuple, args):
         """This kernel's function for these argument types, loaded into the current GPU's context: from the
@@ -127,6 +138,16 @@ class Kernel:
         return (api.current_device(), names) in self._functions
 
 
+def cluster_launches() -> bool:
+    """Whether this thread's GPU takes the package's cluster kernels (`jit(cluster_z=True)`): on the driver path, on
+    a GPU of compute capability 9.0 or later (api.cluster_launches)."""
+    if not DEFERRED:
+        return False
+    api = _driver()[0]
+    device = api.current_device()
+    return device is not None and api.cluster_launches(device)
+
+
 def early_launches() -> bool:
     """Whether this thread's GPU gets the package's kernels launched early (backends.driver.launch.EARLY, on a GPU
     and driver that allow it: api.dependent_launches); kernels numba launches never are."""
@@ -173,10 +194,11 @@ def _dispatcher(py_func, options: dict):
     return dispatcher
 
 
-def jit(fn=None, **options):
-    """`@kernels.jit` / `@kernels.jit(**cuda_jit_options)`: cuda.jit, with the disk cache on a real GPU."""
+def jit(fn=None, cluster_z=False, **options):
+    """`@kernels.jit` / `@kernels.jit(**cuda_jit_options)`: cuda.jit, with the disk cache on a real GPU;
+    `cluster_z`: see Kernel."""
     def build(f):
-        kernel = Kernel(f, options)
+        kernel = Kernel(f, options, cluster_z)
         if not DEFERRED:  # made now, as numba's own decorator would
             kernel._dispatcher = _dispatcher(f, options)
         return kernel

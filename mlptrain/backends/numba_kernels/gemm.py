@@ -309,7 +309,8 @@ def linear_rows_workspace(rows, summed, outputs, engine="fma"):
 def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="float32"):
     """The kernel each pass of an (inputs -> outputs) dense layer storing `dtype` over `rows` samples runs, for
     the run's record: a run's own passes by `layer_engines`, "narrow", "tf32x3", "mma16" or the CUDA-core tile
-    ("tiled/<name>"), with `+split` where the forward or input gradient sums its K in chunks and `+chunks` where
+    ("tiled/<name>"), with `+split` where the forward or input gradient sums its K in chunks (`+cluster` where
+    those chunks are one thread-block cluster, gemm_split.clustered) and `+chunks` where
     the weight gradient sums the batch in chunks, given a workspace, `+bias` where the bias gradient is summed in
     the weight gradient's launch (weight_bias_plan); a trial-axis launch's ("+trials") the tile
     the CUDA cores take for all `trials` (packed groups record their engine themselves)."""
@@ -324,7 +325,8 @@ def linear_variants(rows, inputs, outputs, workspace=True, trials=None, dtype="f
         if engine == "narrow":
             return engine
         base = engine if engine in ("tf32x3", "mma16") else f"tiled/{pick_tile(M, N)}"
-        suffix = "+chunks" if name == "backward_weight" else "+split"
+        suffix = "+chunks" if name == "backward_weight" else "+cluster" if gemm_split.clustered(engine, chunks) \
+            else "+split"
         grouped = name == "backward_weight" and weight_bias_plan(engine, rows, inputs, outputs, workspace)
         return base + (suffix if workspace and chunks > 1 else "") + ("+bias" if grouped else "")
 

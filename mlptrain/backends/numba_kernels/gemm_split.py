@@ -7,7 +7,9 @@ issue 31 step 1). Given a workspace, a pass of fewer than chunks.SPLIT_BELOW til
 chunks (chunks.blocks_chunk_plan, as a weight gradient's batch is): block (bx, by, z) writes chunk z's partial
 tile (on the pass's engine, make_chunk_partials), then a second launch adds each output's chunks in
 chunk order and applies the pass's epilogue (bias and activation, or the activation's derivative), rounding to
-the storage format as the one-launch pass does. A weight gradient of few tiles cuts its batch the same way
+the storage format as the one-launch pass does (on sm_90+, where RUN_CLUSTERS is on, a tensor-core pass's
+chunks of a tile may instead be one thread-block cluster that adds them itself, make_cluster_rows: the same
+bits, a launch fewer). A weight gradient of few tiles cuts its batch the same way
 (weight_chunks; chunks.add_chunks adds them). A fixed plan, read off the shapes alone, and a fixed order: the
 same bits on every run.
 """
@@ -19,13 +21,20 @@ from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import gemm_engines, streams
+from mlptrain.backends.numba_kernels.async_copy import shared_address
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, blocks_chunk_plan, make_weight_partials
+from mlptrain.backends.numba_kernels.cluster import cluster_load, cluster_sync
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, dense_operand, squash
 
 SUM_THREADS = 256  # outputs of one row a block of the second launch adds up
 ROW_STEP = 32  # every tile's BM is a multiple: a plan changes only at multiples of it
+# A pass's chunks as one thread-block cluster where the GPU and the launch path allow (clustered): the chunks' sum
+# then needs no launch of its own (three a 784-512-512-10 step at batch 128, ~3 µs each; benchmarks/NOTES.md, issue
+# 31 step 5). Off until measured on a GPU; CLUSTER_MOST blocks a cluster (the size every GPU with clusters takes).
+RUN_CLUSTERS = False
+CLUSTER_MOST = 8
 
 
 def rows_split(engine, M, summed, N):
@@ -80,11 +89,36 @@ def workspace_for(rows, outputs, chunks_at):
 
 
 @functools.cache
-def make_rows_sum(dtype, backward):
-    """Kernel (partials, other, out, activation): each output's chunks added in chunk order, then the epilogue
-    of gemm.make_linear_rows's tiles (tiles.make_epilogues), in the same steps: forward out = act(sum + b) (other
-    = b), input gradient out = sum * act'(h) (other = h), each rounded to the storage format where they round."""
+def make_rows_epilogue(dtype, backward):
+    """The device function (total, other, r, c, activation) -> output r, c in the storage format: the epilogue of
+    gemm.make_linear_rows's tiles (tiles.make_epilogues) on an output's sum, in the same steps: forward act(total +
+    b) (other = b), input gradient total * act'(h) (other = h), each rounded to the storage format where they
+    round."""
     load, store = codec(dtype)
+
+    @kernel_cache.device
+    def epilogue(total, other, r, c, activation):
+        if backward:
+            stored = store(total)
+            if activation != NONE:
+                stored = store(load(stored) * activation_grad_of(load(other[r, c]), activation))
+        else:
+            value = total + load(other[c])
+            if activation == RELU and value < float32(0):  # NaN stays NaN, as in np.maximum
+                value = float32(0)
+            stored = store(value)
+            if activation == TANH or activation == SIGMOID:
+                stored = store(squash(load(stored), activation))
+        return stored
+
+    return epilogue
+
+
+@functools.cache
+def make_rows_sum(dtype, backward):
+    """Kernel (partials, other, out, activation): each output's chunks added in chunk order, then the pass's
+    epilogue (make_rows_epilogue)."""
+    epilogue = make_rows_epilogue(dtype, backward)
 
     # Block (bx, m): row m's outputs bx*SUM_THREADS:+SUM_THREADS, a thread each (a warp's reads and writes are
     # consecutive). Every output is summed by one thread in a fixed order: no atomics.
@@ -99,33 +133,81 @@ def make_rows_sum(dtype, backward):
         total = float32(0)
         for z in range(chunks):
             total += partials[uint64(z), r, c]
-        if backward:
-            stored = store(total)
-            if activation != NONE:
-                stored = store(load(stored) * activation_grad_of(load(other[r, c]), activation))
-        else:
-            value = total + load(other[c])
-            if activation == RELU and value < float32(0):  # NaN stays NaN, as in np.maximum
-                value = float32(0)
-            stored = store(value)
-            if activation == TANH or activation == SIGMOID:
-                stored = store(squash(load(stored), activation))
-        out[r, c] = stored
+        out[r, c] = epilogue(total, other, r, c, activation)
 
     return rows_sum_kernel
+
+
+def clustered(engine, chunks):
+    """Whether a split pass of `chunks` chunks on `engine` runs as clusters (make_cluster_rows): RUN_CLUSTERS on,
+    a tensor-core engine (the CUDA-core tiles' shared memory leaves no room for the partial tile beside it, and
+    every GPU with clusters runs a run's passes on tensor cores), at most CLUSTER_MOST chunks, on a GPU and launch
+    path that take clusters."""
+    return (RUN_CLUSTERS and engine in ("tf32x3", "mma16") and 1 < chunks <= CLUSTER_MOST
+            and kernel_cache.cluster_launches())
+
+
+@functools.cache
+def make_cluster_rows(tile, dtype, engine, staging, backward):
+    """Kernel (a, w, other, out, activation, chunk) of a split pass whose grid's z axis (its chunks, at most
+    CLUSTER_MOST) is one thread-block cluster: block (bx, by, z) sums chunk z's partial tile as make_chunk_partials'
+    does, into its own shared memory; after a cluster barrier, block z adds the cluster's tiles at its share of the
+    tile's outputs, in chunk order from 0, and applies make_rows_epilogue: rows_sum_kernel's additions on the same
+    partials, so the same bits, with no workspace and no launch of their own."""
+    load, _ = codec(dtype)
+    make_product, layout = gemm_engines.engine_parts(engine, tile, dtype, staging)
+    product = make_product(dense_operand(load, True), dense_operand(load, backward))
+    epilogue = make_rows_epilogue(dtype, backward)
+    BM, BN = tile[:2]
+    TM, TN, row_of, col_of = layout
+    TILE = BM * BN
+
+    # Block (bx, by, z) alone writes its tile's outputs z * T + t, + chunks * T, ... (T threads a block), each
+    # summed by one thread in chunk order: no atomics. Its shared tile outlives every read of it: the second
+    # cluster barrier.
+    @kernel_cache.jit(cluster_z=True)
+    def cluster_rows_kernel(a, w, other, out, activation, chunk):
+        after_previous_grid()
+        rows, columns = out.shape
+        m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        z, chunks, threads = cuda.blockIdx.z, cuda.gridDim.z, cuda.blockDim.x
+        begin = z * chunk
+        acc = cuda.local.array((TM, TN), float32)
+        tile_sum = cuda.shared.array(TILE, float32)
+        if product(a, w, acc, m0, n0, rows, columns, begin, min(begin + chunk, a.shape[1])):  # else no sums here
+            for i in range(TM):
+                for j in range(TN):
+                    tile_sum[(row_of(m0, i) - m0) * BN + col_of(n0, j) - n0] = acc[i, j]
+        cluster_sync()
+        base = shared_address(tile_sum, 0)
+        for e in range(z * threads + cuda.threadIdx.x, TILE, chunks * threads):
+            r, c = m0 + e // BN, n0 + e % BN
+            if r < rows and c < columns:
+                total = float32(0)
+                for q in range(chunks):
+                    total += cluster_load(base + 4 * e, q)
+                out[uint64(r), uint64(c)] = epilogue(total, other, uint64(r), uint64(c), activation)
+        cluster_sync()
+
+    return cluster_rows_kernel
 
 
 def split_rows_pass(engine, a, w, other, out, activation, backward, workspace, staging, plan):
     """A pass of gemm._rows_pass on `engine` (forward: other = b; `backward`, the input gradient: other = h) in the
     chunks of `plan` (rows_split's, more than one) of a's columns: their partial tiles into `workspace` (float32,
-    at least chunks x M x N elements), then rows_sum_kernel adds them."""
+    at least chunks x M x N elements), then rows_sum_kernel adds them; or, where `clustered`, one launch of
+    clusters that adds them in shared memory (the workspace unused)."""
     tile, grid, threads, chunk, chunks = plan
     M, N = tuple(out.shape)
+    stream = streams.current()
+    if clustered(engine, chunks):
+        make_cluster_rows(tile, a.dtype, engine, staging, backward)[(*grid, chunks), threads, stream](
+            a, w, other, out, activation, chunk)
+        return
     if workspace.shape[0] < chunks * M * N:  # as the weight gradient's: never a silent slower path
         raise ValueError(f"workspace has {workspace.shape[0]} elements, needs {chunks * M * N} "
                          "(linear_rows_workspace(rows, summed, outputs))")
     partials = workspace[:chunks * M * N].reshape(chunks, M, N)
-    stream = streams.current()
     kernel = make_chunk_partials(tile, a.dtype, engine, staging, "backward" if backward else "forward")
     kernel[(*grid, chunks), threads, stream](a, w, partials, chunk)
     make_rows_sum(a.dtype, backward)[(math.ceil(N / SUM_THREADS), M), SUM_THREADS, stream](
