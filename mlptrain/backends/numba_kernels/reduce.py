@@ -25,7 +25,7 @@ CHUNK_ROWS = 1024
 # thread in Python: there a small grid keeps a training step to seconds.
 PARTIALS = 4 if config.ENABLE_CUDASIM else 256
 # Its blocks' threads, which Adam's update summing the squares as it reads the gradient shares (optim.adam_update's
-# partials): the partition below. 512, not 256: the update's 256 blocks then keep ~4x as many warps an SM reading
+# partials): the partition below. 512, not 256: the update's 256 blocks then keep twice as many warps an SM reading
 # (the MLP step at batch 128 -0.7 us; 1024 was 3 us slower, and the lanes' update cannot launch that wide:
 # benchmarks/NOTES.md, issue 31 step 5). The simulator runs every thread in Python.
 SQUARES_THREADS = 32 if config.ENABLE_CUDASIM else 512
