@@ -9,7 +9,8 @@ layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tile
 
 - forward, y = act(x @ w + b): `split` warps per output row (forward_grid: up to 4 for a long K); thread t of
   the row's L = 32 x split sums k = t, t + L, ... for each of the N columns, then the row's L partials of a
-  column are added in shared memory by a fixed tree (offsets L / 2, ..., 2, 1) and thread n writes column n;
+  column are added by a fixed tree (offsets L / 2, ..., 2, 1: in shared memory across the row's warps, by
+  shuffles within its first) and thread n writes column n;
 - input gradient, dx = (dy @ w.T) * act'(h): a thread per output column of a few rows, its N weights in
   registers, summing each row's N products in order;
 - weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order;
@@ -38,6 +39,10 @@ NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
 # INPUT_ROWS_FEW; batch 2048: ~203 -> ~192; 4 and 1 gained less: benchmarks/NOTES.md, issue 31 step 2e)
 ROWS = 2
 WARP = 32
+FULL_MASK = 0xFFFFFFFF
+# a forward row's tree adds its widths below this by warp shuffles (five block barriers fewer a forward); the
+# simulator has no shuffles, so there the shared-memory tree runs down to width 1: the same additions
+SHUFFLE_BELOW = 1 if config.ENABLE_CUDASIM else WARP
 # warps summing one row's K: a forward's warp is bound by its own instruction chain (~2,300 instructions for K
 # 512), so a long K is split over up to SPLIT_MOST warps, each thread keeping at least SPLIT_K of it (the fused
 # output layer 9.9 -> 8.1 µs, the step at batch 128 -2 µs; 2 warps gained as much: benchmarks/NOTES.md, issue 31
@@ -93,12 +98,24 @@ def _narrow_forward_rows(N, dtype, split):
             partials[row, n, t] = acc[n]
         cuda.syncthreads()
         width = LANES // 2
-        while width > 0:
+        while width >= SHUFFLE_BELOW:  # across the row's warps, in shared memory
             if t < width:
                 for n in range(N):
                     partials[row, n, t] += partials[row, n, t + width]
             cuda.syncthreads()
             width //= 2
+        # the last widths within the row's first warp, by shuffles: lane t adds lane t + width's value, as the
+        # shared tree would (the same additions in the same order), without a block barrier a width
+        if t < SHUFFLE_BELOW:
+            for n in range(N):
+                value = partials[row, n, t]
+                width = SHUFFLE_BELOW // 2
+                while width > 0:
+                    value += cuda.shfl_down_sync(FULL_MASK, value, width)
+                    width //= 2
+                if t == 0:
+                    partials[row, n, 0] = value
+        cuda.syncthreads()
         if m < M and t < N:
             r, c = uint64(m), uint64(t)
             value = partials[row, t, 0] + load(bias[c])

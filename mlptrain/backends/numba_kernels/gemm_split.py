@@ -7,10 +7,9 @@ issue 31 step 1). Given a workspace, a pass of fewer than chunks.SPLIT_BELOW til
 chunks (chunks.blocks_chunk_plan, as a weight gradient's batch is): block (bx, by, z) writes chunk z's partial
 tile (on the pass's engine, make_chunk_partials), then a second launch adds each output's chunks in
 chunk order and applies the pass's epilogue (bias and activation, or the activation's derivative), rounding to
-the storage format as the one-launch pass does (on sm_90+, where RUN_CLUSTERS is on, a tensor-core pass's
-chunks of a tile may instead be one thread-block cluster that adds them itself, make_cluster_rows: the same
-bits, a launch fewer). A weight gradient of few tiles cuts its batch the same way
-(weight_chunks; chunks.add_chunks adds them). A fixed plan, read off the shapes alone, and a fixed order: the
+the storage format as the one-launch pass does (on sm_90+, a tensor-core pass's chunks of a tile are instead one
+thread-block cluster that adds them itself, make_cluster_rows: the same bits, a launch fewer). A weight gradient
+of few tiles cuts its batch the same way (weight_chunks; chunks.add_chunks adds them). A fixed plan, read off the shapes alone, and a fixed order: the
 same bits on every run.
 """
 
@@ -31,9 +30,10 @@ from mlptrain.backends.numba_kernels.tiles import activation_grad_of, dense_oper
 SUM_THREADS = 256  # outputs of one row a block of the second launch adds up
 ROW_STEP = 32  # every tile's BM is a multiple: a plan changes only at multiples of it
 # A pass's chunks as one thread-block cluster where the GPU and the launch path allow (clustered): the chunks' sum
-# then needs no launch of its own (three a 784-512-512-10 step at batch 128, ~3 µs each; benchmarks/NOTES.md, issue
-# 31 step 5). Off until measured on a GPU; CLUSTER_MOST blocks a cluster (the size every GPU with clusters takes).
-RUN_CLUSTERS = False
+# then needs no launch of its own (three a 784-512-512-10 step at batch 128; the step -0.2 to -0.9 µs on an H200
+# with the remote loads batched, +1.6 to +1.9 without: benchmarks/NOTES.md, issue 31 steps 5c and 6a). CLUSTER_MOST
+# blocks a cluster (the size every GPU with clusters takes).
+RUN_CLUSTERS = True
 CLUSTER_MOST = 8
 
 
@@ -155,6 +155,40 @@ def clustered(engine, chunks):
             and kernel_cache.cluster_launches())
 
 
+@kernel_cache.device
+def _cluster_sum(address, chunks):
+    """The float32 at shared `address` in each of the cluster's first `chunks` blocks (at most CLUSTER_MOST = 8),
+    added in rank order from 0. All eight loads are issued before the first add (ranks past the last read the last
+    block again, unused): one at a time, each waited on its remote block's shared memory before the next was
+    issued (the cluster pass was 2.9 µs longer than its chunks' pass alone; benchmarks/NOTES.md, issue 31 step 5c)."""
+    last = chunks - 1
+    v0 = cluster_load(address, 0)
+    v1 = cluster_load(address, min(1, last))
+    v2 = cluster_load(address, min(2, last))
+    v3 = cluster_load(address, min(3, last))
+    v4 = cluster_load(address, min(4, last))
+    v5 = cluster_load(address, min(5, last))
+    v6 = cluster_load(address, min(6, last))
+    v7 = cluster_load(address, min(7, last))
+    total = float32(0)
+    total += v0
+    if chunks > 1:
+        total += v1
+    if chunks > 2:
+        total += v2
+    if chunks > 3:
+        total += v3
+    if chunks > 4:
+        total += v4
+    if chunks > 5:
+        total += v5
+    if chunks > 6:
+        total += v6
+    if chunks > 7:
+        total += v7
+    return total
+
+
 @functools.cache
 def make_cluster_rows(tile, dtype, engine, staging, backward):
     """Kernel (a, w, other, out, activation, chunk) of a split pass whose grid's z axis (its chunks, at most
@@ -189,9 +223,7 @@ def make_cluster_rows(tile, dtype, engine, staging, backward):
         for e in range(z * threads + cuda.threadIdx.x, TILE, chunks * threads):
             r, c = m0 + e // BN, n0 + e % BN
             if r < rows and c < columns:
-                total = float32(0)
-                for q in range(chunks):
-                    total += cluster_load(base + 4 * e, q)
+                total = _cluster_sum(base + 4 * e, chunks)
                 out[uint64(r), uint64(c)] = epilogue(total, other, uint64(r), uint64(c), activation)
         cluster_sync()
 

@@ -12,6 +12,7 @@ import pytest
 
 from mlptrain.activation import NONE, RELU, SIGMOID, TANH
 from mlptrain.backends import lanes
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.numba_kernels import chunks, current, gemm, gemm_engines, gemm_split, tiles, wide
 from tests import kernel_cases as cases
 from tests.kernel_cases import hidden_output, random
@@ -500,8 +501,14 @@ def test_a_runs_layers_take_the_narrow_engine_and_tensor_cores_and_the_record_sa
     variants = gemm.linear_variants(128, 512, 10)
     assert variants["forward"] == variants["backward_input"] == "narrow"
     assert variants["backward_weight"] == "tiled/small+bias"  # the bias gradient in the same launch
+    monkeypatch.setattr(gemm_split, "RUN_CLUSTERS", False)
     assert gemm.linear_variants(128, 784, 512) == {"forward": "tf32x3+split", "backward_input": "tf32x3+split",
                                                    "backward_weight": "tf32x3+bias"}
+    monkeypatch.setattr(gemm_split, "RUN_CLUSTERS", True)  # the default: clustered where the GPU and driver take them
+    split = "+cluster" if kernel_cache.cluster_launches() else "+split"
+    assert gemm.linear_variants(128, 784, 512) == {"forward": "tf32x3" + split, "backward_input": "tf32x3" + split,
+                                                   "backward_weight": "tf32x3+bias"}
+    monkeypatch.setattr(gemm_split, "RUN_CLUSTERS", False)
     assert gemm.linear_variants(2048, 784, 128)["backward_weight"] == "tf32x3+chunks"
     assert gemm.linear_variants(128, 784, 512, dtype=np.uint16) == {
         "forward": "tiled/small+split", "backward_input": "tiled/small", "backward_weight": "tiled/medium+bias"}
