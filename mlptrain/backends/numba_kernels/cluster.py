@@ -8,6 +8,10 @@ launch of their own:
     cluster_sync()                 returns once every thread of every block of the cluster has called it; the
                                    shared-memory writes each made before it are then visible to the whole cluster
                                    (barrier.cluster, release then acquire)
+    cluster_done()                 returns once every thread of every block of the cluster has called it, with no
+                                   memory ordering (barrier.cluster, relaxed arrive): where a block's reads of the
+                                   others' shared memory are finished (their values used) and it only has to keep
+                                   its own until they are, it does not wait for its global writes to drain
     cluster_load(address, rank)    the float32 at `address` (a block's shared-memory byte address, as
                                    async_copy.shared_address gives it) in the shared memory of the cluster's block
                                    `rank` (%cluster_ctarank: along a cluster spanning the grid's z axis, blockIdx.z)
@@ -28,10 +32,14 @@ def _simulated():
         raise NotImplementedError("the CUDA simulator has no thread-block clusters")
 
     @cuda.jit(device=True)
+    def cluster_done():
+        raise NotImplementedError("the CUDA simulator has no thread-block clusters")
+
+    @cuda.jit(device=True)
     def cluster_load(address, rank):
         raise NotImplementedError("the CUDA simulator has no thread-block clusters")
 
-    return cluster_sync, cluster_load
+    return cluster_sync, cluster_load, cluster_done
 
 
 def _inline():
@@ -52,6 +60,15 @@ def _inline():
         return types.void(), codegen
 
     @intrinsic
+    def cluster_done(typingctx):
+        def codegen(context, builder, sig, args):
+            text = "barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;"
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @intrinsic
     def cluster_load(typingctx, address, rank):
         signature = types.float32(address, rank)
 
@@ -66,7 +83,7 @@ def _inline():
 
         return signature, codegen
 
-    return cluster_sync, cluster_load
+    return cluster_sync, cluster_load, cluster_done
 
 
 @functools.cache
@@ -80,3 +97,4 @@ def _part(which):
 
 cluster_sync = Deferred(_part, (0,)) if DEFERRED else _part(0)
 cluster_load = Deferred(_part, (1,)) if DEFERRED else _part(1)
+cluster_done = Deferred(_part, (2,)) if DEFERRED else _part(2)

@@ -22,7 +22,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import gemm_engines, streams
 from mlptrain.backends.numba_kernels.async_copy import shared_address
 from mlptrain.backends.numba_kernels.chunks import SPLIT_BELOW, blocks_chunk_plan, make_weight_partials
-from mlptrain.backends.numba_kernels.cluster import cluster_load, cluster_sync
+from mlptrain.backends.numba_kernels.cluster import cluster_done, cluster_load, cluster_sync
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import activation_grad_of, dense_operand, squash
@@ -30,9 +30,10 @@ from mlptrain.backends.numba_kernels.tiles import activation_grad_of, dense_oper
 SUM_THREADS = 256  # outputs of one row a block of the second launch adds up
 ROW_STEP = 32  # every tile's BM is a multiple: a plan changes only at multiples of it
 # A pass's chunks as one thread-block cluster where the GPU and the launch path allow (clustered): the chunks' sum
-# then needs no launch of its own (three a 784-512-512-10 step at batch 128; the step -0.2 to -0.9 µs on an H200
-# with the remote loads batched, +1.6 to +1.9 without: benchmarks/NOTES.md, issue 31 steps 5c and 6a). CLUSTER_MOST
-# blocks a cluster (the size every GPU with clusters takes).
+# then needs no launch of its own (three a 784-512-512-10 step at batch 128: the step -0.7 µs in bf16, -1.2 in
+# fp32 on an H200 with the remote loads batched and the exit barrier relaxed, +1.6 to +1.9 before either;
+# benchmarks/NOTES.md, issue 31 steps 5c and 6). CLUSTER_MOST blocks a cluster (the size every GPU with clusters
+# takes).
 RUN_CLUSTERS = True
 CLUSTER_MOST = 8
 
@@ -203,8 +204,8 @@ def make_cluster_rows(tile, dtype, engine, staging, backward):
     TILE = BM * BN
 
     # Block (bx, by, z) alone writes its tile's outputs z * T + t, + chunks * T, ... (T threads a block), each
-    # summed by one thread in chunk order: no atomics. Its shared tile outlives every read of it: the second
-    # cluster barrier.
+    # summed by one thread in chunk order: no atomics. Its shared tile outlives every read of it: the exit
+    # barrier (cluster_done).
     @kernel_cache.jit(cluster_z=True)
     def cluster_rows_kernel(a, w, other, out, activation, chunk):
         after_previous_grid()
@@ -225,7 +226,9 @@ def make_cluster_rows(tile, dtype, engine, staging, backward):
             if r < rows and c < columns:
                 total = _cluster_sum(base + 4 * e, chunks)
                 out[uint64(r), uint64(c)] = epilogue(total, other, uint64(r), uint64(c), activation)
-        cluster_sync()
+        # every block's reads of the others' tiles are done (their values were added before the writes above):
+        # no release, so no block waits for its own writes to drain (ncu: stalls on a memory barrier)
+        cluster_done()
 
     return cluster_rows_kernel
 
