@@ -40,8 +40,10 @@ NARROW_MOST = 16  # columns: a forward thread holds one partial sum for each
 ROWS = 2
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
-# a forward row's tree adds its widths below this by warp shuffles (five block barriers fewer a forward); the
-# simulator has no shuffles, so there the shared-memory tree runs down to width 1: the same additions
+# a forward row's tree adds its widths below this by warp shuffles (five block barriers fewer a forward: the fused
+# output layer 8.3 -> 8.0 µs under ncu, the step at batch 128 -1.1 µs in fp32, bf16 within noise, H200;
+# benchmarks/NOTES.md, issue 31 step 6b); the simulator has no shuffles, so there the shared-memory tree runs down
+# to width 1: the same additions
 SHUFFLE_BELOW = 1 if config.ENABLE_CUDASIM else WARP
 # warps summing one row's K: a forward's warp is bound by its own instruction chain (~2,300 instructions for K
 # 512), so a long K is split over up to SPLIT_MOST warps, each thread keeping at least SPLIT_K of it (the fused
