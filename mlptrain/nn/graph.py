@@ -39,6 +39,13 @@ class StaticGraph:
         self.forward(rows)
         self.loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
 
+    def train_pass(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale, cursor,
+                   beta: float) -> None:
+        """A batch's training pass: `forward_loss` with these arguments, then `backward(rows, beta)`; a model may
+        fuse across the two (the MLP's output layer takes its input gradient in its loss's launch)."""
+        self.forward_loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
+        self.backward(rows, beta)
+
     def views(self, rows: int):
         """Row slices of every buffer for a batch of `rows`, cached so the step loop allocates nothing."""
         if rows not in self._views:

@@ -109,12 +109,29 @@ class MLP(StaticGraph):
         if not self.fused_loss:
             super().forward_loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
             return
+        self._fused_forward_loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor, None)
+
+    def train_pass(self, rows: int, row_loss, row_correct, offset: int, grad_scale: float, loss_scale, cursor,
+                   beta: float) -> None:
+        """`forward_loss` then `backward`; where the loss is fused and a hidden layer feeds the output layer, that
+        layer's input gradient comes with the loss (gemm.linear_forward_cross_entropy's input_gradient), the
+        same bits as backward's."""
+        if not self.fused_loss or self.num_layers == 1 or self.engines[-1]["backward_input"] != "narrow":
+            super().train_pass(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor, beta)
+            return
+        h, grad, _ = self.views(rows)
+        self._fused_forward_loss(rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor,
+                                 (h[-2], grad[-2], self.activation))
+        self._backward_layers(rows, beta, output_input_gradient=False)
+
+    def _fused_forward_loss(self, rows, row_loss, row_correct, offset, grad_scale, loss_scale, cursor,
+                            input_gradient) -> None:
         last = self.num_layers
         self._forward_layers(rows, last - 1)
         h, grad, labels = self.views(rows)
         self.backend.kernels.gemm.linear_forward_cross_entropy(
             h[-2], self.compute[f"fc{last}.weight"], self.compute[f"fc{last}.bias"], h[-1], labels, grad[-1],
-            row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
+            row_loss, row_correct, offset, grad_scale, loss_scale, cursor, input_gradient)
 
     def _forward_layers(self, rows: int, count: int) -> None:
         """The forward of layers 1..count: h[1..count][:rows] from h[0][:rows]."""
@@ -132,13 +149,18 @@ class MLP(StaticGraph):
 
     def backward(self, rows: int, beta: float = 0.0) -> None:
         """From dlogits in grad[-1][:rows], writes (beta=0) or adds to (beta=1) every parameter gradient."""
+        self._backward_layers(rows, beta, output_input_gradient=True)
+
+    def _backward_layers(self, rows: int, beta: float, output_input_gradient: bool) -> None:
+        """backward; without `output_input_gradient`, the output layer's input gradient (grad[-2]) is taken as
+        written already (train_pass)."""
         kernels = self.backend.kernels
         h, grad, _ = self.views(rows)
         for i in reversed(range(self.num_layers)):
             kernels.gemm.linear_backward_weight_bias(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"],
                                                      self.grads[f"fc{i + 1}.bias"], beta, self.workspace,
                                                      self.engines[i]["backward_weight"])
-            if i > 0:
+            if i > 0 and (output_input_gradient or i < self.num_layers - 1):
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
                                                    self.activation, self.engines[i]["backward_input"],
                                                    workspace=self.workspace)

@@ -112,9 +112,8 @@ class TrainingWindow:
             n = min(self.batch_size, rows - offset)
             x, labels = model.batch(n)
             k.data.gather_batch(s.images, s.labels, self.order, offset, x, labels, self.scale, self.shift, self.cursor)
-            model.forward_loss(n, self.row_loss, self.row_correct, offset, 1.0 / rows, self.step.loss_scale,
-                               self.cursor)
-            model.backward(n, beta=0.0 if offset == 0 else 1.0)
+            model.train_pass(n, self.row_loss, self.row_correct, offset, 1.0 / rows, self.step.loss_scale,
+                             self.cursor, 0.0 if offset == 0 else 1.0)
         self.step(model.params.flat, model.grads.flat, model.compute.flat, self.cursor, rows)
 
     def _capture(self, rows: int) -> None:

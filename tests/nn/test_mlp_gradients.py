@@ -11,6 +11,7 @@ import pytest
 from mlptrain.activation import ACTIVATIONS, NONE
 from mlptrain.backends.cpu import CpuBackend
 from mlptrain.backends.cuda import CudaBackend
+from mlptrain.backends.numba_kernels import gemm_narrow
 from mlptrain.backends.numpy_kernels import gemm, loss, reduce
 from mlptrain.nn.mlp import MLP
 from tests.conftest import ON_SIMULATOR
@@ -113,6 +114,11 @@ def test_whole_mlp_gradient(rng, monkeypatch, activation, backend, hidden):
     assert model.kernel_plan(rows)[f"fc{len(hidden) + 1}"]["forward"].endswith("+cross_entropy") == model.fused_loss
     model.backward(rows)
     grads = model.grads.to_host_dict()
+    # a window's pass: on CUDA the output layer's input gradient in the loss's launch; the same gradients, bit for bit
+    monkeypatch.setattr(gemm_narrow, "FUSE_INPUT_GRADIENT", True)
+    model.train_pass(rows, row_loss, correct, 0, 1.0 / rows, backend.to_device(np.ones(1)), None, 0.0)
+    for name, value in model.grads.to_host_dict().items():
+        np.testing.assert_array_equal(value.view(np.uint8), grads[name].view(np.uint8), err_msg=name)
 
     params64 = {k: v.astype(np.float64) for k, v in model.params.to_host_dict().items()}
     widths = [7, *hidden, 4]

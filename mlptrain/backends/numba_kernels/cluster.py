@@ -50,23 +50,21 @@ def _inline():
 
     i32 = ir.IntType(32)
 
-    @intrinsic
-    def cluster_sync(typingctx):
-        def codegen(context, builder, sig, args):
-            text = "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
-            return context.get_dummy_value()
+    def barrier(text):
+        """An intrinsic () -> None running the PTX `text` (a cluster barrier), which nothing moves across."""
+        @intrinsic
+        def cluster_barrier(typingctx):
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
 
-        return types.void(), codegen
+            return types.void(), codegen
 
-    @intrinsic
-    def cluster_done(typingctx):
-        def codegen(context, builder, sig, args):
-            text = "barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;"
-            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
-            return context.get_dummy_value()
+        return cluster_barrier
 
-        return types.void(), codegen
+    cluster_sync = barrier("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;")
+    cluster_done = barrier("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;")
 
     @intrinsic
     def cluster_load(typingctx, address, rank):

@@ -145,11 +145,13 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
 
 
 def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
-                                 loss_scale, cursor=None):
+                                 loss_scale, cursor=None, input_gradient=None):
     """A classifier's output layer and its loss in one launch: `linear_forward(x, w, b, logits, NONE,
     "narrow")`, then `loss.softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset,
     grad_scale, loss_scale, cursor)` on the logits as stored, with their bits (gemm_narrow.py). One run's
-    operands (no trial axis); at most NARROW_MOST classes."""
+    operands (no trial axis); at most NARROW_MOST classes. Given `input_gradient` (h, dx, activation): then
+    `linear_backward_input(dlogits, w, h, dx, activation, "narrow")`, with its bits, in the same launch where
+    gemm_narrow.FUSE_INPUT_GRADIENT is on, else in a launch of its own right after."""
     require_one_of("x", x, STORAGE_DTYPES, (None, None))
     M, K = tuple(x.shape)
     require("w", w, x.dtype, (K, None))
@@ -158,12 +160,24 @@ def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row
     require("logits", logits, x.dtype, (M, N))
     gemm_engines.check_engine("narrow", x.dtype, N)
     check_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale)
+    fused = input_gradient is not None and gemm_narrow.FUSE_INPUT_GRADIENT
+    if input_gradient is not None:
+        h, dx, activation = input_gradient
+        require("h", h, x.dtype, (M, K))
+        require("dx", dx, x.dtype, (M, K))
+        check_activation(activation)
     if M == 0:
         return
     grid, threads, split = gemm_narrow.forward_grid(M, K, 1)
-    gemm_narrow.make_narrow_cross_entropy(N, x.dtype, split)[grid[0], threads, streams.current()](
-        x, w, b, logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset, float32(grad_scale),
-        loss_scale)
+    args = (x, w, b, logits, labels, dlogits, row_loss, row_correct, checked_cursor(cursor), offset,
+            float32(grad_scale), loss_scale)
+    kernel = gemm_narrow.make_narrow_cross_entropy(N, x.dtype, split, fused)
+    if fused:
+        kernel[grid[0], threads, streams.current()](*args, h, dx, activation)
+        return
+    kernel[grid[0], threads, streams.current()](*args)
+    if input_gradient is not None:
+        linear_backward_input(dlogits, w, h, dx, activation, "narrow")
 
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):

@@ -41,7 +41,7 @@ ROWS = 2
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
 # a forward row's tree adds its widths below this by warp shuffles (five block barriers fewer a forward: the fused
-# output layer 8.3 -> 8.0 µs under ncu, the step at batch 128 -1.1 µs in fp32, bf16 within noise, H200;
+# output layer 8.3 -> 8.0 µs under ncu, the step at batch 128 -1.3 µs in fp32, bf16 within noise, H200;
 # benchmarks/NOTES.md, issue 31 step 6b); the simulator has no shuffles, so there the shared-memory tree runs down
 # to width 1: the same additions
 SHUFFLE_BELOW = 1 if config.ENABLE_CUDASIM else WARP
@@ -51,6 +51,9 @@ SHUFFLE_BELOW = 1 if config.ENABLE_CUDASIM else WARP
 # step 3b)
 SPLIT_MOST = 4
 SPLIT_K = 4
+# the output layer's input gradient in its forward and loss's launch (make_narrow_cross_entropy's
+# input_gradient): off until measured on a GPU (benchmarks/NOTES.md, issue 31 step 6d)
+FUSE_INPUT_GRADIENT = False
 THREADS = 256  # of the input and weight gradients' blocks
 ROWS_IN_FLIGHT = 8  # rows a weight-gradient thread loads before adding them
 INPUT_ROWS = 8  # rows of an input-gradient block, a thread's column of each in turn (its N weights read once)
@@ -151,20 +154,22 @@ def make_narrow_forward(N, dtype, split):
 
 
 @functools.cache
-def make_narrow_cross_entropy(N, dtype, split):
+def make_narrow_cross_entropy(N, dtype, split, input_gradient=False):
     """The forward kernel of a classifier's output layer (no activation) fused with its softmax cross-entropy
     (x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale, loss_scale; one
     run's operands, no trial axis): a block writes its rows' logits, then a thread a row takes that row's loss,
     hit and gradient with loss.make_cross_entropy_row's, from the logits as stored. One launch where there were two,
-    and the same bits."""
+    and the same bits. With `input_gradient`, the kernel takes (h, dx, activation) too and its block then writes
+    its rows of the layer's input gradient, dx = (dlogits @ w.T) * act'(h), with narrow_backward_input_kernel's
+    arithmetic (_input_gradient_value): a third launch fewer, the same bits."""
     rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype, split), make_cross_entropy_row(dtype)
+    input_value = _input_gradient_value(N, dtype)
+    load, _ = codec(dtype)
     LANES = WARP * split
 
-    @kernel_cache.jit
-    def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
-                                    grad_scale, loss_scale):
-        after_previous_grid()
-        partials = cuda.shared.array((ROWS, N, LANES), float32)
+    @kernel_cache.device
+    def forward_loss(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
+                     loss_scale, partials):
         rows(x, w, b, logits, NONE, partials)
         cuda.syncthreads()  # the block's logits are written (and visible to its threads): its rows' losses read them
         m = cuda.blockIdx.x * ROWS + cuda.threadIdx.x // LANES
@@ -172,14 +177,66 @@ def make_narrow_cross_entropy(N, dtype, split):
             cross_entropy_of_row(logits, labels, dlogits, row_loss, row_correct, m, offset + cursor[0], grad_scale,
                                  loss_scale)
 
-    return narrow_cross_entropy_kernel
+    if not input_gradient:
+        @kernel_cache.jit
+        def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
+                                        grad_scale, loss_scale):
+            after_previous_grid()
+            partials = cuda.shared.array((ROWS, N, LANES), float32)
+            forward_loss(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
+                         loss_scale, partials)
+
+        return narrow_cross_entropy_kernel
+
+    # ... then thread t of a row owns dx[m, k] for k = t, t + LANES, ...: each summed by one thread, no atomics.
+    @kernel_cache.jit
+    def narrow_cross_entropy_input_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
+                                          grad_scale, loss_scale, h, dx, activation):
+        after_previous_grid()
+        partials = cuda.shared.array((ROWS, N, LANES), float32)
+        forward_loss(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
+                     loss_scale, partials)
+        cuda.syncthreads()  # the block's rows of dlogits are written: their input gradient reads them
+        M, K = x.shape
+        m = cuda.blockIdx.x * ROWS + cuda.threadIdx.x // LANES
+        if m < M:
+            r = uint64(m)
+            column = cuda.local.array(N, float32)
+            for k in range(cuda.threadIdx.x % LANES, K, LANES):
+                c = uint64(k)
+                for n in range(N):
+                    column[n] = load(w[c, uint64(n)])
+                dx[r, c] = input_value(dlogits, column, h, r, c, activation)
+
+    return narrow_cross_entropy_input_kernel
+
+
+@functools.cache
+def _input_gradient_value(N, dtype):
+    """The device function (dy, column, h, r, c, activation) -> dx[r, c] in the storage format: row r's N products
+    with the weights `column` (w[c, :N] loaded, in float32) summed in order, then times act'(h[r, c]). Every
+    narrow input gradient computes each output with it, so a fused one gives the separate launch's bits."""
+    load, store = codec(dtype)
+
+    @kernel_cache.device
+    def input_gradient_value(grad, column, kept, r, c, activation):
+        total = float32(0)
+        for n in range(N):
+            total += load(grad[r, uint64(n)]) * column[n]
+        stored = store(total)
+        if activation != NONE:
+            stored = store(load(stored) * activation_grad_of(load(kept[r, c]), activation))
+        return stored
+
+    return input_gradient_value
 
 
 @functools.cache
 def make_narrow_backward_input(N, dtype):
     """The input-gradient kernel (dy, w, h, dx, activation, active, rows) of layers of N output columns, `rows`
     rows a block (input_grid's)."""
-    load, store = codec(dtype)
+    load, _ = codec(dtype)
+    input_value = _input_gradient_value(N, dtype)
 
     # Block (bx, by, z): columns bx*THREADS:+THREADS of rows by*rows:+rows of trial z, a thread a column, its N
     # weights held in registers: each row's N products summed in order. No atomics.
@@ -201,13 +258,7 @@ def make_narrow_backward_input(N, dtype):
         first = cuda.blockIdx.y * rows
         for m in range(first, min(first + rows, M)):
             r = uint64(m)
-            total = float32(0)
-            for n in range(N):
-                total += load(grad[r, uint64(n)]) * column[n]
-            stored = store(total)
-            if activation != NONE:
-                stored = store(load(stored) * activation_grad_of(load(kept[r, c]), activation))
-            out[r, c] = stored
+            out[r, c] = input_value(grad, column, kept, r, c, activation)
 
     return narrow_backward_input_kernel
 

@@ -9,8 +9,8 @@ tile (on the pass's engine, make_chunk_partials), then a second launch adds each
 chunk order and applies the pass's epilogue (bias and activation, or the activation's derivative), rounding to
 the storage format as the one-launch pass does (on sm_90+, a tensor-core pass's chunks of a tile are instead one
 thread-block cluster that adds them itself, make_cluster_rows: the same bits, a launch fewer). A weight gradient
-of few tiles cuts its batch the same way (weight_chunks; chunks.add_chunks adds them). A fixed plan, read off the shapes alone, and a fixed order: the
-same bits on every run.
+of few tiles cuts its batch the same way (weight_chunks; chunks.add_chunks adds them). A fixed plan, read off
+the shapes alone, and a fixed order: the same bits on every run.
 """
 
 import functools
@@ -158,35 +158,18 @@ def clustered(engine, chunks):
 
 @kernel_cache.device
 def _cluster_sum(address, chunks):
-    """The float32 at shared `address` in each of the cluster's first `chunks` blocks (at most CLUSTER_MOST = 8),
-    added in rank order from 0. All eight loads are issued before the first add (ranks past the last read the last
-    block again, unused): one at a time, each waited on its remote block's shared memory before the next was
-    issued (the cluster pass was 2.9 µs longer than its chunks' pass alone; benchmarks/NOTES.md, issue 31 step 5c)."""
-    last = chunks - 1
-    v0 = cluster_load(address, 0)
-    v1 = cluster_load(address, min(1, last))
-    v2 = cluster_load(address, min(2, last))
-    v3 = cluster_load(address, min(3, last))
-    v4 = cluster_load(address, min(4, last))
-    v5 = cluster_load(address, min(5, last))
-    v6 = cluster_load(address, min(6, last))
-    v7 = cluster_load(address, min(7, last))
+    """The float32 at shared `address` in each of the cluster's first `chunks` blocks (at most CLUSTER_MOST),
+    added in rank order from 0. All CLUSTER_MOST loads are issued before the first add (ranks past the last read
+    the last block again, unused; both loops have a constant count, so they unroll and the values stay in
+    registers): one at a time, each waited on its remote block's shared memory before the next was issued (the
+    cluster pass was 2.9 µs longer than its chunks' pass alone; benchmarks/NOTES.md, issue 31 step 5c)."""
+    values = cuda.local.array(CLUSTER_MOST, float32)
+    for q in range(CLUSTER_MOST):
+        values[q] = cluster_load(address, min(q, chunks - 1))
     total = float32(0)
-    total += v0
-    if chunks > 1:
-        total += v1
-    if chunks > 2:
-        total += v2
-    if chunks > 3:
-        total += v3
-    if chunks > 4:
-        total += v4
-    if chunks > 5:
-        total += v5
-    if chunks > 6:
-        total += v6
-    if chunks > 7:
-        total += v7
+    for q in range(CLUSTER_MOST):
+        if q < chunks:
+            total += values[q]
     return total
 
 

@@ -98,11 +98,19 @@ def linear_forward(x, w, b, y, activation, engine="fma", tiles_for=None, active=
 
 
 def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
-                                 loss_scale, cursor=None):
+                                 loss_scale, cursor=None, input_gradient=None):
     """`linear_forward(x, w, b, logits, NONE, "narrow")` then `loss.softmax_cross_entropy` on its logits, as
-    the CUDA launcher fuses them."""
+    the CUDA launcher fuses them; given `input_gradient` (h, dx, activation), then
+    `linear_backward_input(dlogits, w, h, dx, activation, "narrow")`."""
+    if input_gradient is not None:  # checked before anything is written, as the CUDA launcher does
+        h, dx, activation = input_gradient
+        for name, array in (("h", h), ("dx", dx)):
+            if array.dtype != x.dtype or array.shape != x.shape:
+                raise ValueError(f"{name} must be {x.dtype} of shape {x.shape}, got {array.dtype} {array.shape}")
     linear_forward(x, w, b, logits, NONE, "narrow")
     softmax_cross_entropy(logits, labels, dlogits, row_loss, row_correct, offset, grad_scale, loss_scale, cursor)
+    if input_gradient is not None:
+        linear_backward_input(dlogits, w, h, dx, activation, "narrow")
 
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):

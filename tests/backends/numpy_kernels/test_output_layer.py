@@ -4,6 +4,8 @@ on the CUDA backend (shared cases: `tests.kernel_output_layer_cases`)."""
 import numpy as np
 import pytest
 
+from mlptrain.activation import RELU
+
 from tests import kernel_cases as cases
 from tests import kernel_output_layer_cases as output_layer
 
@@ -14,6 +16,10 @@ BACKEND = cases.numpy_backend()
                                           ((3, 5, 1), np.float16)])
 def test_fused_is_forward_then_loss(rng, shape, dtype):
     output_layer.fused_is_forward_then_loss(BACKEND, rng, shape, dtype)
+
+
+def test_the_input_gradient_with_it_is_the_narrow_pass(rng):
+    output_layer.fused_is_forward_then_loss(BACKEND, rng, (9, 70, 10), np.float32, activation=RELU)
 
 
 def test_refuses_a_wide_layer(rng):
