@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from mlptrain.activation import RELU
-
 from tests import kernel_cases as cases
 from tests import kernel_output_layer_cases as output_layer
 
