@@ -66,20 +66,19 @@ def make_chunk_partials(tile, dtype, engine, staging, rows):
     a[:, chunk z] @ w (`rows` "backward": w.T), a (M, summed); else (None) a weight gradient's partials[z] =
     x[chunk z].T @ dy[chunk z]."""
     if rows is None:
-        load, _ = codec(dtype)
-        make_product, layout = gemm_engines.engine_parts(engine, tile, dtype, staging)
-        return make_weight_partials(make_product(dense_operand(load, False), dense_operand(load, False)), layout,
-                                    tile[:2])
-    product, layout = _rows_product(tile, dtype, engine, staging, rows == "backward")
+        product, layout = _tile_product(tile, dtype, engine, staging, False, False)
+        return make_weight_partials(product, layout, tile[:2])
+    product, layout = _tile_product(tile, dtype, engine, staging, True, rows == "backward")
     return make_weight_partials(product, layout, tile[:2], summed_by_a=True)
 
 
-def _rows_product(tile, dtype, engine, staging, backward):
-    """(tile product, Layout) of a forward's (w as stored) or input gradient's (`backward`: w.T) partial tile on
-    `engine`, a (M, summed) read along its rows: what make_chunk_partials and make_cluster_rows both sum."""
+def _tile_product(tile, dtype, engine, staging, a_k_contiguous, b_k_contiguous):
+    """(tile product, Layout) on `engine` of two stored operands (tiles.dense_operand, its k_contiguous per
+    operand): a weight gradient's (False, False); a forward's (True, False: w as stored) or an input gradient's
+    (True, True: w.T), a (M, summed) read along its rows. What make_chunk_partials and make_cluster_rows sum."""
     load, _ = codec(dtype)
     make_product, layout = gemm_engines.engine_parts(engine, tile, dtype, staging)
-    return make_product(dense_operand(load, True), dense_operand(load, backward)), layout
+    return make_product(dense_operand(load, a_k_contiguous), dense_operand(load, b_k_contiguous)), layout
 
 
 def workspace_for(rows, outputs, chunks_at):
@@ -180,7 +179,7 @@ def make_cluster_rows(tile, dtype, engine, staging, backward):
     does, into its own shared memory; after a cluster barrier, block z adds the cluster's tiles at its share of the
     tile's outputs, in chunk order from 0, and applies make_rows_epilogue: rows_sum_kernel's additions on the same
     partials, so the same bits, with no workspace and no launch of their own."""
-    product, layout = _rows_product(tile, dtype, engine, staging, backward)
+    product, layout = _tile_product(tile, dtype, engine, staging, True, backward)
     epilogue = make_rows_epilogue(dtype, backward)
     BM, BN = tile[:2]
     TM, TN, row_of, col_of = layout
