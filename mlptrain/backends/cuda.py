@@ -49,6 +49,8 @@ class CudaBackend:
         self._resident = resident if resident is not None else ResidentCopies()
         self._device = DriverDevice(device, own_stream) if DEFERRED else NumbaDevice(device, own_stream)
         self.stream = self._device.stream
+        self._beside_pending = False  # whether a `beside` block's launches wait for join_beside
+        self.launched_beside = False  # whether a `beside` block went to a second stream (summary.json's beside_launch)
         streams.use(self.stream)
         self.device_name = self._device.name
 
@@ -155,6 +157,36 @@ class CudaBackend:
 
     def rejoin(self, view) -> None:
         self._device.wait_for(self.stream, view.mark())
+
+    @contextlib.contextmanager
+    def beside(self):
+        """The block's launches go to a second stream of this backend (the device's `beside_stream`), after what
+        the thread's launch stream (a graph's capture stream while one records) queued so far; `join_beside`
+        makes that stream wait for them. In a captured graph they are a branch of their own. On numba's path,
+        the simulator, or with MLPTRAIN_BESIDE=0, in order on the one stream."""
+        # imported on first use: the CPU path never needs the kernel modules (loaded by __init__ here)
+        from mlptrain.backends.numba_kernels import streams
+
+        side = self._device.beside_stream()
+        if side is None:
+            yield
+            return
+        home = streams.current()
+        self._device.follow(side, home)
+        self._beside_pending = self.launched_beside = True
+        streams.use(side)
+        try:
+            yield
+        finally:
+            streams.use(home)
+
+    def join_beside(self) -> None:
+        if self._beside_pending:
+            # imported on first use: the CPU path never needs the kernel modules (loaded by __init__ here)
+            from mlptrain.backends.numba_kernels import streams
+
+            self._device.follow(streams.current(), self._device.beside_stream())
+            self._beside_pending = False
 
     def copy(self, dst, src):
         """dst = src on the device, queued after the launches so far."""

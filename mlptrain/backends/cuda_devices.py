@@ -5,9 +5,16 @@ neither."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from mlptrain.errors import UserError
+
+
+# Launches that may run beside the ones after them (CudaBackend.beside) on a second stream; MLPTRAIN_BESIDE=0 keeps
+# them in order on the one stream (the same kernels and bits: a check, and a measurement's other half).
+BESIDE = os.environ.get("MLPTRAIN_BESIDE", "1").strip() != "0"
 
 
 class DriverDevice:
@@ -26,7 +33,7 @@ class DriverDevice:
             api.use_device(device)
             self.stream = api.Stream() if own_stream else 0
             self.name = api.device_name(device)
-            self._side = self._urgent = None  # to_host_after's stream and urgent's, made on first use
+            self._side = self._urgent = self._beside = None  # to_host_after's, urgent's, beside's: made on first use
         except api.DriverError as err:  # a GPU the driver lists but will not give (busy in exclusive mode, failing)
             raise UserError(f"GPU {device} cannot be used: {err}; free it (nvidia-smi shows who holds it) "
                             "or use backend=cpu") from None
@@ -62,6 +69,15 @@ class DriverDevice:
         if self._urgent is None:
             self._urgent = self._api.Stream(priority=self._api.highest_priority())
         return self._urgent
+
+    def beside_stream(self):
+        """A second launch stream (non-blocking: work from the legacy default stream may run beside it too), made
+        on first use; None with MLPTRAIN_BESIDE=0 (CudaBackend.beside)."""
+        if not BESIDE:
+            return None
+        if self._beside is None:
+            self._beside = self._api.side_stream()
+        return self._beside
 
     def follow(self, stream, leader) -> None:
         """Work queued on `stream` from now on waits for what `leader` has queued so far."""
@@ -143,6 +159,9 @@ class NumbaDevice:
 
     def urgent_stream(self):
         return None
+
+    def beside_stream(self):
+        return None  # numba's launches and marks stay on the one stream
 
     def copy(self, dst, src, stream):
         dst.copy_to_device(src, stream=stream)

@@ -73,6 +73,15 @@ class Backend(Protocol):
     def rejoin(self, view) -> None:
         """What is queued on this backend from now on waits for the work of `view` (an `overtaking` copy)."""
 
+    def beside(self) -> Any:
+        """A context manager: the block's launches follow every launch queued before it, but those queued after it
+        may run beside them until `join_beside` (a layer's weight gradient beside the input gradients below it:
+        mlptrain.nn.mlp). The block's launches need buffers of their own; in order where the backend has a single
+        stream."""
+
+    def join_beside(self) -> None:
+        """What is queued from now on waits for every `beside` block's launches."""
+
     def copy(self, dst, src) -> None:
         """`src` copied into the existing device array `dst` (same shape and dtype), after the launches so far."""
 

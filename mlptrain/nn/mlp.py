@@ -15,6 +15,8 @@ activation gradient is stored in that format (in fp32 `compute` is `params`).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from mlptrain.activation import ACTIVATIONS, NONE
@@ -60,6 +62,8 @@ class MLP(StaticGraph):
                        gemm.linear_rows_workspace(max_rows, b, a, e["backward_input"]) if i else 0)
                    for i, (a, b, e) in enumerate(zip(self.widths[:-1], self.widths[1:], self.engines)))
         self.workspace = backend.empty((size,)) if size else None
+        # the weight gradients' own while they run beside the input gradients (_backward_layers)
+        self.beside_workspace = backend.empty((size,)) if size else None
         # the output layer's forward and the loss as one launch where it is on the narrow engine
         self.fused_loss = self.engines[-1]["forward"] == "narrow"
         self._views = {}
@@ -154,13 +158,18 @@ class MLP(StaticGraph):
     def _backward_layers(self, rows: int, beta: float, output_input_gradient: bool) -> None:
         """backward; without `output_input_gradient`, the output layer's input gradient (grad[-2]) is taken as
         written already (train_pass)."""
-        kernels = self.backend.kernels
+        kernels, backend = self.backend.kernels, self.backend
         h, grad, _ = self.views(rows)
         for i in reversed(range(self.num_layers)):
-            kernels.gemm.linear_backward_weight_bias(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"],
-                                                     self.grads[f"fc{i + 1}.bias"], beta, self.workspace,
-                                                     self.engines[i]["backward_weight"])
+            # a hidden layer's weight gradient may run beside the input gradients below it, which never read it
+            # (a GPU's few-block passes run side by side); the first layer's is the pass's last: in order
+            with backend.beside() if i else contextlib.nullcontext():
+                kernels.gemm.linear_backward_weight_bias(h[i], grad[i + 1], self.grads[f"fc{i + 1}.weight"],
+                                                         self.grads[f"fc{i + 1}.bias"], beta,
+                                                         self.beside_workspace if i else self.workspace,
+                                                         self.engines[i]["backward_weight"])
             if i > 0 and (output_input_gradient or i < self.num_layers - 1):
                 kernels.gemm.linear_backward_input(grad[i + 1], self.compute[f"fc{i + 1}.weight"], h[i], grad[i],
                                                    self.activation, self.engines[i]["backward_input"],
                                                    workspace=self.workspace)
+        backend.join_beside()

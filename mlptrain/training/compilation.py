@@ -93,7 +93,8 @@ def kernel_records(s: Session) -> dict:
     """summary.json's kernel fields: compile_s, kernels_compiled, kernels_from_cache (this process, ahead and
     during the run), first_step_s, the kernel cache's own counts (`kernel_cache`, which `write_last_run` records
     for `mlptrain cache info`), `kernel_plan`: the variant each layer's passes ran, and `early_launch`: whether
-    kernels were launched before the one ahead of them ended (numba_kernels.grid_order)."""
+    kernels were launched before the one ahead of them ended (numba_kernels.grid_order), and `beside_launch`: whether
+    some ran beside the launches after them on a second stream (CudaBackend.beside)."""
     first = s.window.first_step_at
     records = {"first_step_s": None if first is None else round(first - STARTED, 3),
                "kernel_plan": s.model.kernel_plan(s.config.train.batch_size)}
@@ -102,7 +103,7 @@ def kernel_records(s: Session) -> dict:
     from mlptrain.backends.kernel_cache import cache as kernel_cache, kernels  # GPU runs only
 
     stats = kernel_cache.STATS.as_dict()
-    return {**records, "early_launch": kernels.early_launches(),
+    return {**records, "early_launch": kernels.early_launches(), "beside_launch": s.backend.launched_beside,
             "compile_s": round(stats["compile_s"] + stats["ahead_s"], 3),
             "kernels_compiled": stats["compiled"] + stats["compiled_ahead"],
             "kernels_from_cache": stats["from_cache"] + stats["from_index"] - stats["compiled_ahead"],

@@ -1,6 +1,7 @@
 """Kernels launched early (programmatic dependent launch, numba_kernels.grid_order) against kernels launched each
-after the last has ended: the same bits in every parameter, optimizer and step-state array, metric read and
-validation row, in captured graphs and in the windows launched one by one."""
+after the last has ended, and a hidden layer's weight gradient beside the input gradients (CudaBackend.beside, on a
+second stream) against every launch on one stream: the same bits in every parameter, optimizer and step-state
+array, metric read and validation row, in captured graphs and in the windows launched one by one."""
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ CASES = {
     "mlp-fp16-accum": ({"model": {"hidden": [64, 32]}, "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1},
                         "train": {"batch_size": 16, "grad_accum_steps": 3, "clip_grad_norm": 0.5, "precision": "fp16"}},
                        64, 700),
+    # three weight gradients beside: the second stream runs two in a row, each after its own fork
+    "mlp-deep-fp32": ({"model": {"hidden": [48, 40, 24]}, "train": {"batch_size": 24}}, 30, 300),
     "autoencoder-bf16": ({"data": {"dataset": "cifar10"}, "model": {"type": "conv_autoencoder", "channels": [8, 4]},
                           "train": {"batch_size": 8, "precision": "bf16"}}, None, 90),
 }
@@ -35,19 +38,24 @@ def dataset_for(rng, features, train):
 
 
 @pytest.mark.real_gpu
+@pytest.mark.parametrize("switch", ["early", "beside"])
 @pytest.mark.parametrize("case", CASES)
-def test_early_launches_give_the_bits_of_launches_in_order(rng, case, monkeypatch):
+def test_early_and_beside_launches_give_the_bits_of_launches_in_order(rng, case, switch, monkeypatch):
+    from mlptrain.backends import cuda_devices
     from mlptrain.backends.driver import api, launch  # the driver path's (a real GPU's)
     from mlptrain.backends.kernel_cache import kernels
 
     options, features, train = CASES[case]
     dataset = dataset_for(rng, features, train)
     runs = []
-    for early in (True, False):
+    for on in (True, False):
+        early = on or switch != "early"
         monkeypatch.setattr(launch, "EARLY", early)
+        monkeypatch.setattr(cuda_devices, "BESIDE", on or switch != "beside")
         config = config_from_dict({"seed": 11, **options, "data": {**options.get("data", {}), "val_size": 8},
                                    "train": {**options["train"], "log_every": 3}})
-        session = build_session(config, CudaBackend(), dataset)
+        backend = CudaBackend()
+        session = build_session(config, backend, dataset)
         reads, passes = [], []
         for epoch in (1, 2, 3):
             train_epoch(session, epoch, reads.append)
@@ -57,6 +65,8 @@ def test_early_launches_give_the_bits_of_launches_in_order(rng, case, monkeypatc
                      [(r["step"], r["loss"], r["grad_norm"]) for r in reads], passes))
         # so the first run did launch early, and summary.json says which
         assert kernels.early_launches() == (early and api.capability(api.current_device()) >= (9, 0))
+        # and the weight gradients did go to the second stream (an MLP's only)
+        assert backend.launched_beside == ("mlp" in case and (on or switch != "beside"))
     (arrays, reads, passes), (in_order_arrays, in_order_reads, in_order_passes) = runs
     for name in in_order_arrays:
         np.testing.assert_array_equal(arrays[name], in_order_arrays[name], err_msg=name)
