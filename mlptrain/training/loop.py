@@ -238,7 +238,9 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     its last two reads are queued and not reported, and `s.window.unreported` holds (those reads, the time their
     seconds count from)."""
     config, window = s.config, s.config.train.effective_batch_size
-    s.window.start_epoch(epoch_order(s.train, config.seed, epoch))
+    ahead = s.window.order_ahead
+    s.window.start_epoch(ahead[1] if ahead is not None and ahead[0] == epoch else
+                         epoch_order(s.train, config.seed, epoch))
     reported, read_from, queued, reads, held = time.perf_counter(), first_window * window, None, 0, None
     # the read after which `pending` runs: the lanes of a group spread over the epoch's reads but its last
     reads_between = max(-(-(s.steps_per_epoch - first_window) // config.train.log_every) - 1, 1)
@@ -248,6 +250,10 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
             start = i * window
             rows = min(window, s.train.size - start)
             s.window.run(start, rows)
+            if i + 1 == s.steps_per_epoch and epoch < config.train.epochs:
+                # the next epoch's order while the GPU trains this one's queued windows: made at the epoch's
+                # start, it kept the GPU idle (~1.8 ms an H200 host's; benchmarks/NOTES.md, issue 31 step 7)
+                s.window.order_ahead = (epoch + 1, epoch_order(s.train, config.seed, epoch + 1))
             yield
             if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
                 if late is not None:  # a period into this epoch: long done

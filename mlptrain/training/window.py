@@ -11,7 +11,8 @@ The window's position is read on the device from `cursor`, which the step advanc
 consecutive windows need no host copy (a copy from pageable memory would wait for the GPU). On a GPU
 the first full window runs launch by launch (compiling the kernels), then its launches are captured as
 one CUDA graph that every later full window replays: the same kernels with the same arguments, so the
-results are bitwise those of launching them one by one. Where no graph can be captured, the launches
+results are bitwise those of launching them one by one. The epoch's last window, where it is partial, gets a
+graph of its own the same way. Where no graph can be captured, the launches
 go one by one; on a CUDA backend that is a fallback (one warning line, recorded in summary.json).
 """
 
@@ -38,6 +39,9 @@ class TrainingWindow:
         self.cursor = backend.zeros((1,), np.int64)  # the window's start in the order: a replay reads it
         self.cursor_at: int | None = None  # where the device cursor stands after the launches queued so far
         self.graph = None
+        # the epoch's last window where it is partial: (its rows, its graph or None where none was captured),
+        # captured right after its first launch (which compiles), where the full window's graph was
+        self.partial = None
         self.graph_tried = not train_config.cuda_graphs  # nothing to try when they are off
         self.graphs_off = None if train_config.cuda_graphs else "train.cuda_graphs is false"
         self.fallback: str | None = None  # the warning line when a CUDA backend runs without a graph
@@ -45,6 +49,7 @@ class TrainingWindow:
         self.rows_known = True  # whether row_loss holds every trained row of this epoch (see restore_rows)
         self.epoch_read = None  # the epoch's last read queued (training.loop): its mark and host copies
         self.unreported = None  # a queued epoch end's reads not reported yet, and their seconds' start (training.loop)
+        self.order_ahead = None  # (epoch, order): the next epoch's order, made while the GPU trains (training.loop)
 
     def kernels_made_ready(self, make) -> list[str]:
         """The fallback notes of making this window's (and the run's evaluation) kernels ready: `make()`
@@ -72,11 +77,15 @@ class TrainingWindow:
         full = rows == self.full_rows
         if full and self.graph is not None:
             self.graph.replay()
+        elif not full and self.partial is not None and self.partial[0] == rows and self.partial[1] is not None:
+            self.partial[1].replay()
         else:
             self._launches(rows)
             if full and not self.graph_tried:
                 self.graph_tried = True
                 self._capture(rows)
+            elif not full and self.graph is not None and self.partial is None:
+                self._capture_partial(rows)
         self.cursor_at = start + rows
         if self.first_step_at is None:
             self.first_step_at = time.time()
@@ -128,6 +137,15 @@ class TrainingWindow:
             self.graphs_off = self.backend.graphs_unavailable()
             if self.backend.name == "cuda":
                 self.fallback = warn(f"no CUDA graph ({self.graphs_off}); launching kernels one by one")
+
+    def _capture_partial(self, rows: int) -> None:
+        """Record the epoch's last, partial window as a graph of its own: launched one by one it cost the host
+        ~2 ms an epoch on an H200, the GPU's time for 20 windows at batch 2048 (benchmarks/NOTES.md, issue 31
+        step 7). A refused capture leaves it launched one by one, as the full window's graph already said."""
+        try:
+            self.partial = (rows, self.backend.capture(lambda: self._launches(rows)))
+        except RuntimeError:
+            self.partial = (rows, None)
 
     def graphs_record(self) -> dict:
         """summary.json's `cuda_graphs` (whether full windows replayed a graph) and `cuda_graphs_off` (why

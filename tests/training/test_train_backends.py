@@ -96,7 +96,8 @@ def test_same_seed_gives_bitwise_identical_runs_on_the_gpu(rng):
 
 
 GRAPH_CASES = {
-    # accumulation over 3 micro-batches, and a partial last window (launched one by one) in every epoch
+    # accumulation over 3 micro-batches, and a partial last window in every epoch (each case has one: launched one
+    # by one in the first epoch, then captured as a graph of its own and replayed in the next two)
     "mlp-fp32-accum": ({"model": {"hidden": [64, 32]}, "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1},
                         "train": {"batch_size": 16, "grad_accum_steps": 3, "clip_grad_norm": 0.5}}, 64),
     "mlp-fp16": ({"model": {"hidden": [64]}, "train": {"batch_size": 32, "precision": "fp16"}}, 64),
@@ -108,8 +109,9 @@ GRAPH_CASES = {
 @pytest.mark.real_gpu
 @pytest.mark.parametrize("case", GRAPH_CASES)
 def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
-    """Two epochs with full windows replayed from one CUDA graph against the same two epochs launched one
-    by one: every parameter, optimizer and step-state bit and every metric read equal, and the graph used.
+    """Three epochs with full windows replayed from one CUDA graph (and partial ones from their own) against the
+    same three epochs launched one by one: every parameter, optimizer and step-state bit and every metric read
+    equal, and the graphs used.
     The validation passes after each epoch too: launched after the first (no compile_kernels here: a capture then
     would load kernels), captured and replayed after the second and third, every row's result equal to the
     launches'."""
@@ -133,6 +135,8 @@ def test_graph_replay_is_bitwise_the_launches_it_captured(rng, case):
             loss, acc, rows = session.evaluator.evaluate_rows(session.val)
             passes.append((loss, acc, rows, session.backend.to_host(session.evaluator.row_loss)[:session.val.size]))
         assert (session.window.graph is not None) == graphs
+        partial = session.window.partial
+        assert (partial is not None and partial[1] is not None) == graphs
         assert [e.graph is not None for e in (session.evaluator.graphs or {}).values()] == ([True] if graphs else [])
         runs.append(({**session.model.params.to_host_dict(), **session.step.state_dict()},
                      [(r["step"], r["loss"], r["grad_norm"]) for r in reads], passes))
@@ -333,3 +337,23 @@ def test_an_epochs_start_queues_its_order_without_waiting_for_the_device(rng, mo
     session.window.start_epoch(np.arange(session.train.size, dtype=np.int32)[::-1].copy())
     assert calls == ["copy"]
     np.testing.assert_array_equal(session.backend.to_host(session.window.order), np.arange(session.train.size)[::-1])
+
+
+def test_the_next_epochs_order_is_made_while_this_one_trains(rng, monkeypatch):
+    """Once an epoch's last window is queued, the next epoch's order is made (training.loop.epoch_steps), and that
+    epoch starts from it: the order epoch_order gives, not made again; the last epoch makes none."""
+    from mlptrain.data.loader import epoch_order
+    from mlptrain.training import loop
+
+    config = config_from_dict({"seed": 5, "data": {"val_size": 8}, "model": {"hidden": [6]},
+                               "train": {"batch_size": 7, "epochs": 2}})
+    session = build_session(config, CpuBackend(), tiny_dataset(rng))
+    made = []
+    monkeypatch.setattr(loop, "epoch_order", lambda split, seed, epoch: made.append(epoch) or
+                        epoch_order(split, seed, epoch))
+    train_epoch(session, 1, lambda read: None)
+    assert made == [1, 2] and session.window.order_ahead[0] == 2
+    np.testing.assert_array_equal(session.window.order_ahead[1], epoch_order(session.train, 5, 2))
+    train_epoch(session, 2, lambda read: None)
+    assert made == [1, 2]  # epoch 2 took the order made ahead; epoch 3 is past train.epochs
+    np.testing.assert_array_equal(session.window.order, epoch_order(session.train, 5, 2))
