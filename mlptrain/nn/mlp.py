@@ -62,8 +62,8 @@ class MLP(StaticGraph):
                        gemm.linear_rows_workspace(max_rows, b, a, e["backward_input"]) if i else 0)
                    for i, (a, b, e) in enumerate(zip(self.widths[:-1], self.widths[1:], self.engines)))
         self.workspace = backend.empty((size,)) if size else None
-        # the weight gradients' own while they run beside the input gradients (_backward_layers)
-        self.beside_workspace = backend.empty((size,)) if size else None
+        # the hidden layers' weight gradients' own, as they run beside the input gradients (_backward_layers)
+        self.beside_workspace = backend.empty((size,)) if size and hidden else None
         # the output layer's forward and the loss as one launch where it is on the narrow engine
         self.fused_loss = self.engines[-1]["forward"] == "narrow"
         self._views = {}
