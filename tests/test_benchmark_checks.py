@@ -108,6 +108,23 @@ def test_the_sweep_host_table_counts_each_phases_calls_on_the_cpu(data_dir, tmp_
     assert flushes >= -(-50000 // 2048)  # the epoch's 25 steps (55,000 images less adam_mnist's 5,000 held out)
 
 
+def test_the_epoch_parts_table_times_each_part_of_an_epoch_on_the_cpu(data_dir, tmp_path):
+    """benchmarks/epoch_parts.py on the CPU: a run that learns, its epochs' full windows and partial one counted,
+    and the order of each timed epoch but the last made once, ahead (training.loop)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "epoch_parts.py"), "--backend", "cpu",
+                           "--epochs", "4", "--hidden", "16", "--json", str(tmp_path / "parts.json")],
+                          capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "parts.json").read_text())
+    parts = {name: part["calls"] for name, part in result["parts"].items()}
+    assert parts["full windows"] == 55000 // 2048 and parts["partial window"] == 1  # 5,000 of 60,000 held out
+    # epochs 3 and 4 timed: epoch 3 made epoch 4's order, epoch 4 none (the last); each copied its own
+    assert parts["order (epoch_order)"] == 0.5 and parts["order copied (start_epoch)"] == 1
+    assert result["loss"] < 1.0 and "| full windows |" in done.stdout
+
+
 def test_the_sweep_timeline_counts_a_packed_sweeps_steps_and_epochs_on_the_cpu(data_dir, tmp_path):
     """benchmarks/sweep_timeline.py on a tiny packed CPU sweep: it completes the sweep and counts every flush of
     the lane group, its epochs and the host's stalls (no GPU events on the CPU: their columns are "-")."""
