@@ -21,9 +21,10 @@ that does not learn is not reported.
 
     python benchmarks/mlp_mnist.py [--epochs 5] [--batch-size 128] [--hidden 512,512]
                                    [--precisions fp32,fp16,bf16] [--tools mlptrain,eager,graph,jax]
-                                   [--peer-device cuda] [--json FILE]
+                                   [--peer-device cuda] [--backend cuda] [--json FILE]
 
-(--peer-device cpu runs the eager and JAX peers on the CPU: a check of the script on a machine without a GPU.)
+(--peer-device cpu runs the eager and JAX peers on the CPU, --backend cpu mlptrain: a check of the script on a
+machine without a GPU.)
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ def mlptrain_epochs(dataset, args, precision) -> list[float]:
     from mlptrain.training.session import build_session
 
     config = config_from_dict({
-        "backend": "cuda", "seed": 0,
+        "backend": args.backend, "seed": 0,
         "model": {"hidden": args.hidden},
         "optim": {"name": "adam", "lr": 1e-3},
         "train": {"batch_size": args.batch_size, "epochs": args.epochs + 1, "precision": precision},
     })
-    backend = get_backend("cuda")
+    backend = get_backend(args.backend)
     session = build_session(config, backend, dataset)
     times, reads = [], []
     for epoch in range(args.epochs + 1):
@@ -285,6 +286,7 @@ def main() -> None:
     parser.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "fp16", "bf16"])
     parser.add_argument("--tools", type=lambda s: s.split(","), default=list(TOOLS))
     parser.add_argument("--peer-device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--backend", default="cuda", choices=["cuda", "cpu"], help="mlptrain's")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     unknown = set(args.tools) - set(TOOLS)

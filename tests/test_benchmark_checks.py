@@ -125,6 +125,27 @@ def test_the_epoch_parts_table_times_each_part_of_an_epoch_on_the_cpu(data_dir, 
     assert result["loss"] < 1.0 and "| full windows |" in done.stdout
 
 
+def test_the_alternating_variants_each_run_with_their_constants_set(data_dir, tmp_path):
+    """benchmarks/alternate.py on the CPU: each variant's round in mlp_mnist.py (which checks the loss) with its
+    constants set, one table row per variant; a constant its module lacks stops it before anything is timed."""
+    import subprocess
+
+    def alternate(*variants):
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "alternate.py"), "--rounds", "1", *variants,
+                               "--json", str(tmp_path / "variants.json"), "--", "--backend", "cpu",
+                               "--precisions", "fp32", "--epochs", "1", "--hidden", "32", "--batch-size", "1024"],
+                              capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+
+    done = alternate("base=", "unfused=gemm_narrow.FUSE_INPUT_GRADIENT=False;mlptrain.backends.cuda_devices.BESIDE=0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "variants.json").read_text())
+    assert set(results) == {"base", "unfused"} and all(len(r["fp32"]) == 1 and r["fp32"][0] > 0
+                                                       for r in results.values())
+    assert "| unfused | fp32 |" in done.stdout
+    typo = alternate("base=", "typo=gemm_narrow.FUSE_INPUT_GRADIANT=False")
+    assert typo.returncode != 0 and "has no FUSE_INPUT_GRADIANT" in typo.stderr + typo.stdout
+
+
 def test_the_sweep_timeline_counts_a_packed_sweeps_steps_and_epochs_on_the_cpu(data_dir, tmp_path):
     """benchmarks/sweep_timeline.py on a tiny packed CPU sweep: it completes the sweep and counts every flush of
     the lane group, its epochs and the host's stalls (no GPU events on the CPU: their columns are "-")."""
