@@ -141,11 +141,15 @@ class TrainingWindow:
     def _capture_partial(self, rows: int) -> None:
         """Record the epoch's last, partial window as a graph of its own: launched one by one it cost the host
         ~2 ms an epoch on an H200, the GPU's time for 20 windows at batch 2048 (benchmarks/NOTES.md, issue 31
-        step 7). A refused capture leaves it launched one by one, as the full window's graph already said."""
+        step 7). A refused capture leaves it launched one by one, as before, with one warning line (in
+        summary.json's fallbacks)."""
         try:
             self.partial = (rows, self.backend.capture(lambda: self._launches(rows)))
-        except RuntimeError:
+        except RuntimeError as err:
             self.partial = (rows, None)
+            if self.fallback is None:
+                self.fallback = warn(f"no CUDA graph for the partial last window ({err}); launching its kernels "
+                                     "one by one")
 
     def graphs_record(self) -> dict:
         """summary.json's `cuda_graphs` (whether full windows replayed a graph) and `cuda_graphs_off` (why

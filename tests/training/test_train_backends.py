@@ -357,3 +357,54 @@ def test_the_next_epochs_order_is_made_while_this_one_trains(rng, monkeypatch):
     train_epoch(session, 2, lambda read: None)
     assert made == [1, 2]  # epoch 2 took the order made ahead; epoch 3 is past train.epochs
     np.testing.assert_array_equal(session.window.order, epoch_order(session.train, 5, 2))
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_the_partial_window_replays_a_graph_of_its_own_or_warns_once(rng, monkeypatch, refused):
+    """The epoch's partial last window is captured right after its first launch, where the full window's graph was,
+    and replayed in every later epoch (a stand-in graph replays the recorded launches: the CPU has none); a refused
+    capture of it warns once (summary.json's fallbacks) and launches it one by one. Either way the parameters and
+    reads are those of a session without graphs."""
+    dataset = tiny_dataset(rng)  # 40 rows, 8 held out: 4 full windows of 7 and a partial one of 4
+    def config(graphs):
+        return config_from_dict({"seed": 3, "data": {"val_size": 8}, "model": {"hidden": [6]},
+                                 "train": {"batch_size": 7, "epochs": 3, "log_every": 2, "cuda_graphs": graphs}})
+
+    events = []
+    backend = CpuBackend()
+
+    class Replay:
+        def __init__(self, rows, record):
+            self.rows, self.record = rows, record
+
+        def replay(self):
+            events.append(("replay", self.rows))
+            self.record()
+
+    def capture(record):
+        rows = window.full_rows if window.partial is None and window.graph is None else "partial"
+        events.append(("capture", rows))
+        if refused and rows == "partial":
+            raise RuntimeError("cuStreamBeginCapture failed: CUDA_ERROR_NOT_SUPPORTED")
+        return Replay(rows, record)
+
+    monkeypatch.setattr(backend, "capture", capture)
+    session = build_session(config(True), backend, dataset)
+    window = session.window
+    plain = build_session(config(False), CpuBackend(), dataset)
+    runs = []
+    with console.capture() as printed:
+        for s in (session, plain):
+            reads = []
+            for epoch in (1, 2, 3):
+                train_epoch(s, epoch, reads.append)
+            runs.append((s.model.params.to_host_dict(), [(r["step"], r["loss"], r["grad_norm"]) for r in reads]))
+    assert events.count(("capture", 7)) == 1 and events.count(("capture", "partial")) == 1
+    assert events.count(("replay", "partial")) == (0 if refused else 2)  # epochs 2 and 3
+    assert (window.partial[1] is None) == refused
+    assert printed.get().count("no CUDA graph for the partial last window") == (1 if refused else 0)
+    assert (window.fallback or "").startswith("no CUDA graph for the partial last window") == refused
+    (params, reads), (plain_params, plain_reads) = runs
+    assert reads == plain_reads
+    for name in plain_params:
+        np.testing.assert_array_equal(params[name], plain_params[name], err_msg=name)
