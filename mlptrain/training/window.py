@@ -75,10 +75,9 @@ class TrainingWindow:
         if self.cursor_at != start:
             self.backend.copy_from_host(self.cursor, np.array([start], np.int64))
         full = rows == self.full_rows
-        if full and self.graph is not None:
-            self.graph.replay()
-        elif not full and self.partial is not None and self.partial[0] == rows and self.partial[1] is not None:
-            self.partial[1].replay()
+        graph = self.graph if full else self.partial[1] if self.partial and self.partial[0] == rows else None
+        if graph is not None:
+            graph.replay()
         else:
             self._launches(rows)
             if full and not self.graph_tried:
@@ -145,11 +144,10 @@ class TrainingWindow:
         summary.json's fallbacks)."""
         try:
             self.partial = (rows, self.backend.capture(lambda: self._launches(rows)))
-        except RuntimeError as err:
+        except RuntimeError as err:  # the full window's was captured, so nothing was said before
             self.partial = (rows, None)
-            if self.fallback is None:
-                self.fallback = warn(f"no CUDA graph for the partial last window ({err}); launching its kernels "
-                                     "one by one")
+            self.fallback = warn(f"no CUDA graph for the partial last window ({err}); launching its kernels one "
+                                 "by one")
 
     def graphs_record(self) -> dict:
         """summary.json's `cuda_graphs` (whether full windows replayed a graph) and `cuda_graphs_off` (why
