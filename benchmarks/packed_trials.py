@@ -57,12 +57,12 @@ JOBS = {  # job: (recipe overrides, learning rates the K trials cycle through, t
 }
 
 
-def trial_config(job: str, k: int, epochs: int):
+def trial_config(job: str, k: int, epochs: int, backend: str = "cuda"):
     from mlptrain.config.load import config_from_dict
 
     base, lrs, _ = JOBS[job]
     raw = json.loads(json.dumps(base))
-    raw.update({"backend": "cuda", "seed": k // len(lrs), "optim": {"name": "adam", "lr": lrs[k % len(lrs)]},
+    raw.update({"backend": backend, "seed": k // len(lrs), "optim": {"name": "adam", "lr": lrs[k % len(lrs)]},
                 "schedule": {"name": "cosine"}})
     raw["train"].update({"epochs": epochs})
     return config_from_dict(raw)
@@ -81,13 +81,13 @@ def sessions(job: str, trials: int, epochs: int, dataset):
     return built
 
 
-def lane_sessions(job: str, trials: int, epochs: int):
+def lane_sessions(job: str, trials: int, epochs: int, backend: str = "cuda"):
     """The trials built in lanes of one group (mlptrain.packing.lane_group): (the group, their sessions)."""
     from mlptrain.training.experiment import Resources
     from mlptrain.packing.lane_group import slots
 
-    group, views = slots(trial_config(job, 0, epochs), Resources(), trials)
-    return group, [view.session(trial_config(job, k, epochs)) for k, view in enumerate(views)]
+    group, views = slots(trial_config(job, 0, epochs, backend), Resources(), trials)
+    return group, [view.session(trial_config(job, k, epochs, backend)) for k, view in enumerate(views)]
 
 
 def lanes_lockstep(group, lanes, epochs: int) -> tuple[list, list]:

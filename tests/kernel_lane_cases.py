@@ -85,8 +85,7 @@ def gather_lanes(be, rng, dtype=np.float32, rows=5, width=13, start=2):
         solo.append((be.to_host(solo_x), be.to_host(solo_y)))
     check_lanes(be.to_host(d_x), [s[0] for s in solo], x)
     check_lanes(y.after(), [s[1] for s in solo], poison((LANES, rows), np.int32))
-    data.advance_lanes(cursor.view, 4, be.to_device(ACTIVE))
-    same_bits(cursor.after(), cursors + 4 * ACTIVE[:, None])
+    same_bits(cursor.after(), cursors)  # read, not moved: the step's last rules launch moves it
 
 
 # loss
@@ -224,6 +223,57 @@ def norm_later_lanes(be, rng):
         rules.record_norm(be.to_device(lane[2]), solo_state, solo_norms)
     check_lanes(be.to_host(d_state), [be.to_host(s[0]) for s in solo], state)
     check_lanes(be.to_host(d_norms), [be.to_host(s[1]) for s in solo], norms)
+
+
+def adam_step_lanes(be, rng, size=37):
+    """A packed Adam step's tail as lane_step launches it, three windows: the squares summed, finish_step_lanes
+    (norm_later: the lane whose norm nothing reads first only prepares), adam_update_lanes given partials,
+    record_norm_lanes moving the cursors on. Against each lane's own step: finish_step then adam_update for lane 0
+    (it clips), prepare_step, adam_update given partials and record_norm for lane 2; the inactive lane untouched,
+    the cursors moved for the active lanes only."""
+    count = be.kernels.reduce.PARTIALS
+    table = np.stack([np.linspace(1e-3, 1e-4, 5) * (z + 1) for z in range(LANES)])
+    state = np.zeros((LANES, step_state.SIZE))
+    state[:, step_state.LOSS_SCALE], state[:, step_state.LR_FACTOR] = 1.0, 1.0
+    state[1] = np.nan
+    norms = poison((LANES, 4), np.float64)
+    norms[np.flatnonzero(ACTIVE)] = 0.0
+    param = rng.standard_normal((LANES, size)).astype(np.float32)
+    m, v = rng.standard_normal((LANES, size)).astype(np.float32), np.abs(rng.standard_normal((LANES, size)))
+    v = v.astype(np.float32)
+    cursor = Slab(be, np.arange(LANES * 3, dtype=np.int64).reshape(LANES, 3), 1, (1,))
+    lanes = [be.to_device(a) for a in (param, m, v, state, table, norms, LATER_RULES, ACTIVE)]
+    d_param, d_m, d_v, d_state, d_table, d_norms, d_rules, d_active = lanes
+    d_partials, d_hypers = be.to_device(poison((LANES, count))), be.to_device(np.float32([adam_row(*r) for r in ADAM]))
+    solo = [[be.to_device(a[z]) for a in (param, m, v, state, norms)] + [be.to_device(poison(count))]
+            for z in range(LANES)]
+    k = be.kernels
+    for _ in range(3):
+        grad = rng.standard_normal((LANES, size)).astype(np.float32)
+        d_grad = be.to_device(grad)
+        k.reduce.sum_of_squares_lanes(d_grad, d_partials)
+        k.step_rules.finish_step_lanes(d_partials, d_state, d_table, d_norms, d_rules, d_active, norm_later=True)
+        k.optim.adam_update_lanes(d_param, d_grad, d_m, d_v, d_param, d_state, d_hypers, d_active,
+                                  partials=d_partials)
+        k.step_rules.record_norm_lanes(d_partials, d_state, d_norms, d_rules, d_active, cursor=cursor.view,
+                                       advance=3)
+        for z in np.flatnonzero(ACTIVE):
+            p, mz, vz, st, nz, partials = solo[z]
+            g, solo_table = be.to_device(grad[z]), be.to_device(table[z])
+            if z == 0:
+                k.reduce.sum_of_squares(g, partials)
+                k.step_rules.finish_step(partials, st, solo_table, nz, *LATER_RULES[z])
+                k.optim.adam_update(p, g, mz, vz, p, st, *ADAM[z], partials=partials)
+            else:
+                k.step_rules.prepare_step(st, solo_table, *LATER_RULES[z, 1:3])
+                k.optim.adam_update(p, g, mz, vz, p, st, *ADAM[z], partials=partials)
+                k.step_rules.record_norm(partials, st, nz)
+    for k_, (device, before) in enumerate(zip((d_param, d_m, d_v, d_state, d_norms), (param, m, v, state, norms))):
+        check_lanes(be.to_host(device), [be.to_host(solo[z][k_]) for z in range(LANES)], before)
+    partials = be.to_host(d_partials)  # (the squares' launch sums every lane's, the inactive one's too)
+    for z in np.flatnonzero(ACTIVE):
+        same_bits(partials[z], be.to_host(solo[z][5]))
+    same_bits(cursor.after(), np.array([[1 + 9], [4], [7 + 9]], np.int64))
 
 
 # each lane's solo hyperparameters, and the float32 row its lane update reads (as optimizers.py builds it)

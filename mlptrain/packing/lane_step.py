@@ -4,8 +4,11 @@ A lane's own window (mlptrain.training.window) launches, per micro-batch, a gath
 the softmax cross-entropy, each layer's weight gradient, bias gradient and input gradient; then the gradient's
 sum of squares, `finish_step`, the fused update and the cursor's advance (Adam's without clipping or loss
 scaling: the update, preparing its own rules and summing the squares, then `record_norm`). Here each of these is
-one launch for all K lanes (the lanes' rules prepared in `finish_step_lanes`' launch, before the update): every operand carries the lane axis (a slab of mlptrain.packing.lane_slabs, or a lane view of one
-for a layer's weights), and each lane reads its own order, cursor, step state, lr table and hyperparameters.
+one launch for all K lanes (the lanes' rules prepared in `finish_step_lanes`' launch, before the update; the
+cursors moved on in the last rules launch): every operand carries the lane axis (a slab of
+mlptrain.packing.lane_slabs, or a lane view of one for a layer's weights), and each lane reads its own order,
+cursor, step state, lr table and hyperparameters. A hidden layer's weight and bias gradients (one launch where
+gemm_weight groups them) run beside the input gradients below it, as a run's own (CudaBackend.beside).
 The lanes' activations live in buffers of their own here, one set per micro-batch size.
 
 A lane's arithmetic is its own window's, launch for launch, except the dense GEMMs: their tile is chosen for
@@ -20,6 +23,7 @@ GEMM blocks return at once (a lane between epochs costs the others almost nothin
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -160,15 +164,16 @@ class LaneStep:
             k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
                                                1.0 / rows, o.loss_scale, o.cursor, o.active)
             self._backward(o, h, grad, 0.0 if offset == 0 else 1.0)
+        # the cursors' advance in the step's last rules launch, not one of its own
+        later = self.update_sums_norm
         if self.plan:
             k.reduce.sum_of_squares_lanes(o.grads, o.partials)
-        later = self.update_sums_norm
         k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
-                                       norm_later=later)
+                                       norm_later=later, **({} if later else {"cursor": o.cursor, "advance": rows}))
         self._update(o)
         if later:
-            k.step_rules.record_norm_lanes(o.partials, o.state, o.grad_norms, o.step_hypers, o.active)
-        k.data.advance_lanes(o.cursor, rows, o.active)
+            k.step_rules.record_norm_lanes(o.partials, o.state, o.grad_norms, o.step_hypers, o.active,
+                                           cursor=o.cursor, advance=rows)
 
     def _pass_engine(self, M: int, N: int, narrow: int) -> str:
         """The engine of a pass with M x N outputs a lane, of a layer of `narrow` outputs: the group's, except
@@ -191,19 +196,22 @@ class LaneStep:
                                 self._pass_engine(rows, width, width), tiles_for=self.tiles_for, active=o.active)
 
     def _backward(self, o, h, grad, beta: float) -> None:
-        k = self.backend.kernels
+        k, backend = self.backend.kernels, self.backend
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
             fan_in, fan_out = tuple(dw.shape)[1:]
-            k.gemm.linear_backward_weight(h[i], grad[i + 1], dw, beta,
-                                          engine=self._pass_engine(fan_in, fan_out, fan_out),
-                                          tiles_for=self.tiles_for, active=o.active)
-            k.reduce.bias_backward_lanes(grad[i + 1], db, beta)
+            # a hidden layer's weight and bias gradients may run beside the input gradients below it, which never
+            # read them (as a run's own: nn.mlp); the first layer's are the pass's last: in order
+            with backend.beside() if i else contextlib.nullcontext():
+                k.gemm.linear_backward_weight_bias(h[i], grad[i + 1], dw, db, beta,
+                                                   engine=self._pass_engine(fan_in, fan_out, fan_out),
+                                                   tiles_for=self.tiles_for, active=o.active)
             if i > 0:
                 rows = tuple(grad[i].shape)[1]
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
                                              self._pass_engine(rows, fan_in, fan_out), tiles_for=self.tiles_for,
                                              active=o.active)
+        backend.join_beside()  # before the next micro-batch's forward rewrites what they read, and the update
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

@@ -206,6 +206,12 @@ def jit(fn=None, cluster_z=False, **options):
     return build(fn) if fn is not None else build
 
 
+def launch_bounds(threads, blocks):
+    """`jit` options capping a kernel's registers so that `blocks` blocks of `threads` fit an SM; the simulator
+    takes no such option."""
+    return {} if SIMULATOR else {"launch_bounds": (threads, blocks)}
+
+
 def device(fn):
     """`@kernels.device`: a device function that NVVM inlines into every kernel calling it (the
     `alwaysinline` attribute, numba-cuda's forceinline). numba's own IR-level inlining (`inline="always"`)

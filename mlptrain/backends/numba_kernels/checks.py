@@ -80,6 +80,17 @@ def checked_cursor(cursor):
     return cursor
 
 
+def checked_lane_cursors(cursor, advance, lanes):
+    """The lanes' cursors a launch moves on by `advance`: the ones given ((lanes, 1) int64, a lane view or a
+    slab's rows), or, given none, a shared (1, 1) zero that a launch of advance 0 never reads."""
+    if cursor is None:
+        if advance != 0:
+            raise ValueError("advance needs a cursor")
+        return _zero_cursor(current.device()).reshape(1, 1)
+    require_lanes("cursor", cursor, "int64", (lanes, 1))
+    return cursor
+
+
 @functools.cache
 def _zero_cursor(device: int):
     """One per GPU: a sweep's threads train on several GPUs of one process, and a launch reads its own GPU's."""

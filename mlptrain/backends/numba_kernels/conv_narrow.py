@@ -45,12 +45,6 @@ def fits(size, outputs):
     return outputs <= NARROW_OUT and size * size * outputs <= MAX_TAP_OUTPUTS
 
 
-def launch_bounds(threads, blocks):
-    """cuda.jit options capping registers so that `blocks` blocks of `threads` fit an SM; the
-    simulator takes no such option."""
-    return {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, blocks)}
-
-
 def even_segment(width, most):
     """Pixels per row segment: the row cut into the fewest segments of at most `most` pixels, as
     even as they come (32 = 4 x 8, not 3 x 10 + 2)."""
@@ -174,7 +168,7 @@ def _make_narrow_forward(dtype, size, outputs, segment, channels):
     # channels l, l + 32, ... and the butterfly leaves lane l the total of the segment's l-th output,
     # y viewed (pixels, Cout) being contiguous along it. Every thread of the block reaches every
     # barrier and exchange (warps past the end compute zeros), as the simulator's exchange needs.
-    @kernel_cache.jit(**launch_bounds(WARPS * LANES, blocks))
+    @kernel_cache.jit(**kernel_cache.launch_bounds(WARPS * LANES, blocks))
     def narrow_forward_kernel(x, w, b, y, rows, height, width, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); rows = N*H
         after_previous_grid()

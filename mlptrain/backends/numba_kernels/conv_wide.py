@@ -22,7 +22,7 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
-from mlptrain.backends.numba_kernels.conv_narrow import LANES, even_segment, launch_bounds
+from mlptrain.backends.numba_kernels.conv_narrow import LANES, even_segment
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
 WIDE_IN = 4  # convolutions summing at most this many channels a tap...
@@ -112,7 +112,7 @@ def _make_wide_forward(dtype, size, summed, stretch, segment):
     # Block (bx, by) owns pixels (row, w0:w0 + stretch) of output channels by * blockDim:+blockDim,
     # thread t one channel cout of them: a warp's 32 threads write 32 adjacent channels of a pixel
     # (coalesced). One writer per output: no atomics, and each sum runs in the fixed order of `sums`.
-    @kernel_cache.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
+    @kernel_cache.jit(**kernel_cache.launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
     def wide_forward_kernel(x, w, b, y, height, width, channels, activation):
         # x (N*H*W*Cin,), w (KS*KS*Cin*Cout,), b (Cout,), y (N*H*W*Cout,); channels = Cout
         after_previous_grid()
@@ -155,7 +155,7 @@ def _make_wide_backward_input(dtype, size, summed, stretch, segment):
     # As the forward, with dy for x and the flipped kernel w'[dh, dw, cout, cin] = w[KS-1-dh,
     # KS-1-dw, cin, cout] for w: thread t owns input channel cin, a gather of every (tap, cout)
     # contribution to dx[pixel, cin], so again one writer per output and no atomics.
-    @kernel_cache.jit(**launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
+    @kernel_cache.jit(**kernel_cache.launch_bounds(WIDE_THREADS, _wide_blocks(size, summed)))
     def wide_backward_input_kernel(dy, w, h, dx, height, width, channels, activation):
         # dy (N*H*W*Cout,), w (KS*KS*Cin*Cout,), h and dx (N*H*W*Cin,); channels = Cin
         after_previous_grid()

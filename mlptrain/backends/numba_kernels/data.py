@@ -4,7 +4,7 @@ import functools
 import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import (
     checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
@@ -17,7 +17,6 @@ THREADS = 256
 # 27.6 -> 13.9 µs under ncu on an H200 (benchmarks/NOTES.md, issue 30 step 15). The values are the same.
 COLUMN_STEPS = 4  # gather_rows is written out for four
 MAX_ROW_BLOCKS = 65535  # the grid's y limit; more rows loop
-LANE_THREADS = 32  # advance_lanes: one thread per lane, and lanes are few
 
 
 def _column_blocks(width):
@@ -130,22 +129,3 @@ def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, act
     grid = (_column_blocks(width), min(n, MAX_ROW_BLOCKS), lanes)
     _make_gather(x.dtype)[1][grid, THREADS, streams.current()](images, labels, indices, cursor, start, x, y,
                                                                float32(scale), float32(shift), active)
-
-
-# Thread z owns lane z's cursor: no atomics.
-@kernel_cache.jit
-def advance_lanes_kernel(cursor, by, active):
-    after_previous_grid()
-    z = cuda.grid(1)
-    if z < active.shape[0] and active[z] != 0:
-        cursor[z, 0] += by
-
-
-def advance_lanes(cursor, by, active):
-    """cursor[z, 0] += by for every active lane z (active[z] != 0), on the device; cursor (K, 1) int64."""
-    require("active", active, "int32", (None,))
-    lanes = active.shape[0]
-    require_lanes("cursor", cursor, "int64", (lanes, 1))
-    if lanes == 0:
-        return
-    advance_lanes_kernel[math.ceil(lanes / LANE_THREADS), LANE_THREADS, streams.current()](cursor, int64(by), active)

@@ -34,7 +34,7 @@ from mlptrain.backends.numba_kernels.checks import (
 from mlptrain.backends.numba_kernels.chunks import add_chunks
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.gemm_weight import (
-    make_linear_backward_weight, make_linear_backward_weight_bias, weight_bias_plan)
+    lanes_weight_bias_plan, make_linear_backward_weight, make_linear_backward_weight_bias, weight_bias_plan)
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.tiles import check_activation, dense_operand, make_epilogues, pick_tile
 
@@ -242,23 +242,36 @@ def _rows_pass(a, w, other, out, activation, M, N, lead, backward, engine, tiles
 
 # --- backward weight: dw = beta * dw + x.T @ dy (the kernels: gemm_weight.py) --------------------------
 
-def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma"):
+def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma", tiles_for=None, active=None):
     """linear_backward_weight(x, dy, dw, beta, workspace, engine), then reduce.bias_backward(dy, db, beta,
-    workspace), one run's operands: in one launch where weight_bias_plan gives one (a step's launch fewer a
-    layer), with the bits of the two."""
+    workspace): in one launch where weight_bias_plan gives one (a step's launch fewer a layer), with the bits of
+    the two. With a leading trial axis (packed lanes: db (T, N)), linear_backward_weight's trial-axis launch
+    (`tiles_for`, `active`) and reduce.bias_backward_lanes for the active trials, in one launch where
+    lanes_weight_bias_plan gives one."""
     B, K = tuple(x.shape)[-2:]
     N = tuple(dy.shape)[-1]
-    plan = weight_bias_plan(engine, B, K, N, workspace is not None) if len(x.shape) == 2 else None
+    lead = _trial_axis(x)
+    if lead:
+        plan = lanes_weight_bias_plan(engine, B, K, N, lead[0], tiles_for)
+    else:
+        plan = weight_bias_plan(engine, B, K, N, workspace is not None)
     if plan is None:
-        linear_backward_weight(x, dy, dw, beta, workspace, engine)
-        reduce.bias_backward(dy, db, beta, workspace)
+        linear_backward_weight(x, dy, dw, beta, workspace, engine, tiles_for, active)
+        if lead:
+            reduce.bias_backward_lanes(dy, db, beta)
+        else:
+            reduce.bias_backward(dy, db, beta, workspace)
         return
     _check_weight_gradient(x, dy, dw, beta, engine)
-    require("db", db, "float32", (N,))
+    _checks(lead)("db", db, "float32", (*lead, N))
     tile, grid, threads, width, weight_rows = plan
-    make_linear_backward_weight_bias(tile, x.dtype, engine, gemm_engines.engine_staging(engine, x, dy), width,
-                                     threads)[grid, threads, streams.current()](
-        x, dy, dw, db.reshape(1, N), float32(beta), weight_rows)
+    kernel = make_linear_backward_weight_bias(tile, x.dtype, engine, gemm_engines.engine_staging(engine, x, dy),
+                                              width, threads, bool(lead))
+    if lead:
+        kernel[grid, threads, streams.current()](x, dy, dw, db, float32(beta), weight_rows,
+                                                 *_trial_mask(lead, active))
+        return
+    kernel[grid, threads, streams.current()](x, dy, dw, db.reshape(1, N), float32(beta), weight_rows)
 
 
 def _check_weight_gradient(x, dy, dw, beta, engine):

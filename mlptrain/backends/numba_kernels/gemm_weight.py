@@ -76,11 +76,13 @@ def make_linear_backward_weight(tile, dtype, trials=False, engine="fma", staging
 
 
 @functools.cache
-def make_linear_backward_weight_bias(tile, dtype, engine, staging, width, threads):
+def make_linear_backward_weight_bias(tile, dtype, engine, staging, width, threads, trials=False):
     """The kernel (x, dy, dw, db, beta, weight_rows) of a layer's weight and bias gradients in one launch:
     blocks (bx, by < weight_rows) are make_linear_backward_weight's, block (bx, weight_rows + j) sums db's
     columns (j * gridDim.x + bx) * width:+width over every row as bias_backward's one-chunk blocks do, its
-    `threads` threads (a multiple of width) as column t % width, group t // width: the bits of the two launches."""
+    `threads` threads (a multiple of width) as column t % width, group t // width: the bits of the two launches.
+    With `trials`, (x, dy, dw, db, beta, weight_rows, active) of packed lanes, block z's lane z's (db (K, N)):
+    the bits of linear_backward_weight's trial-axis launch and reduce.bias_backward_lanes'."""
     weight_tile, column_sum = make_weight_tile(tile, dtype, engine, staging), make_column_sum(dtype, width)
     SPAN = threads // width  # groups of bias rows summed at once: a thread sums groups g, g + SPAN, ...
 
@@ -99,7 +101,39 @@ def make_linear_backward_weight_bias(tile, dtype, engine, staging, width, thread
         if t < width and n < dy.shape[1]:
             accumulate(db, 0, n, total, beta)
 
+    if trials:  # block z's of lane z: an inactive lane's blocks return at once, its gradients untouched
+        @kernel_cache.jit
+        def trial_weight_bias_kernel(x, dy, dw, db, beta, weight_rows, active):
+            after_previous_grid()
+            z = cuda.blockIdx.z
+            if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
+                return
+            if cuda.blockIdx.y < weight_rows:
+                weight_tile(x[z], dy[z], dw[z], beta)
+                return
+            t, lane = cuda.threadIdx.x, dy[z]
+            c = t % width
+            n = ((cuda.blockIdx.y - weight_rows) * cuda.gridDim.x + cuda.blockIdx.x) * width + c
+            total = column_sum(lane, n, 0, lane.shape[0], c, t // width, SPAN)
+            if t < width and n < lane.shape[1]:
+                accumulate(db, z, n, total, beta)
+
+        return trial_weight_bias_kernel
     return linear_backward_weight_bias_kernel
+
+
+def lanes_weight_bias_plan(engine, rows, inputs, outputs, lanes, tiles_for=None):
+    """weight_bias_plan's (tile, grid, threads, width, weight_rows) for a trial-axis launch of `lanes` lanes (the
+    tile chosen for `tiles_for`, as linear_backward_weight's), or None where the two launch apart: each lane's
+    bias sums its rows in one chunk, as reduce.bias_backward_lanes does."""
+    if not GROUP_BIAS or engine == "narrow" or rows == 0 or inputs == 0 or outputs == 0 or lanes == 0:
+        return None
+    tile, grid, threads = gemm_engines.engine_launch(engine, inputs, outputs, lanes, (lanes,), tiles_for)
+    width = column_width(outputs)
+    if not isinstance(threads, int) or threads % width:
+        return None
+    bias_blocks = -(-outputs // width)
+    return tile, (grid[0], grid[1] + -(-bias_blocks // grid[0]), grid[2]), threads, width, grid[1]
 
 
 def weight_bias_plan(engine, rows, inputs, outputs, workspace=True):

@@ -105,6 +105,18 @@ def _quad_grid(size):
     return _grid(-(-size // 4))
 
 
+# Blocks of a squares-summing update (reduce's fixed grid, SQUARES_THREADS a block) an SM holds at once, their
+# registers capped to fit: uncapped, Adam's took 80 registers a thread, one block an SM, and 134 µs for 16 lanes of
+# adam_mnist (2.0 TB/s); capped for two, 64 registers and 90 µs, the lanes' step 337.7 -> 291.4 µs; for three, 40
+# and 92 µs; a run's own step the same (51.1 µs; H200, benchmarks/NOTES.md, issue 30 step 26)
+UPDATE_BLOCKS_PER_SM = 2
+
+
+def _update_bounds():
+    """The jit options of an update on reduce's fixed grid (None: registers uncapped)."""
+    return {} if UPDATE_BLOCKS_PER_SM is None else kernel_cache.launch_bounds(SQUARES_THREADS, UPDATE_BLOCKS_PER_SM)
+
+
 @functools.cache
 def _make_updates(dtype):
     """The three update kernels writing the compute copy in this storage format (write_compute False: fp32, where
@@ -191,7 +203,7 @@ def _make_updates(dtype):
     # adam_update_kernel on reduce's fixed grid, also writing the gradient's sum of squares: thread 0 of block b
     # writes partials[b], as reduce.sum_of_squares would. No atomics. Its scalars come from the block's copy of
     # the state, with prepare_step's rules applied to it where `prepare` (compiled_rules.prepared_state).
-    @kernel_cache.jit
+    @kernel_cache.jit(**_update_bounds())
     def adam_norm_update_kernel(param, grad, m, v, compute, state, partials, lr_schedule, bias_beta1, bias_beta2,
                                 prepare, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay,
                                 decoupled, write_compute, quads):
@@ -307,7 +319,7 @@ def _make_lane_updates(dtype):
 
     # adam_update_lanes_kernel on reduce's fixed grid in x, also writing each lane's sum of squares: thread 0 of
     # block (b, z) writes partials[z, b], as reduce.sum_of_squares_lanes would. No atomics.
-    @kernel_cache.jit
+    @kernel_cache.jit(**_update_bounds())
     def adam_norm_update_lanes_kernel(param, grad, m, v, compute, state, partials, hypers, active, write_compute,
                                       quads):
         after_previous_grid()

@@ -18,7 +18,7 @@ next window when given one: a graph's step then ends in its last rule, not in a 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, float64, int64
 from mlptrain.backends.numba_kernels import streams
-from mlptrain.backends.numba_kernels.checks import checked_cursor, require, require_lanes
+from mlptrain.backends.numba_kernels.checks import checked_cursor, checked_lane_cursors, require, require_lanes
 from mlptrain.backends.numba_kernels.compiled_rules import apply_rules, is_norm_later, prepare_rules, record, sum_chains
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import PARTIALS
@@ -140,18 +140,20 @@ def _check_lanes(active, hypers):
     return lanes
 
 
-# Block z owns lane z's step state and grad-norm record: no atomics. Its threads sum lane z's partials' chains,
-# then one thread applies the same device functions the solo kernels run to lane z's rows; hypers[z] is in
+# Block z owns lane z's step state, grad-norm record and cursor: no atomics. Its threads sum lane z's partials'
+# chains, then one thread applies the same device functions the solo kernels run to lane z's rows; hypers[z] is in
 # step_state.LANE_HYPERS order. With `norm_later`, a lane under step_state.norm_later only prepares: its norm is
 # recorded after the update (record_norm_lanes).
 @kernel_cache.jit
-def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, active, norm_later):
+def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, active, norm_later, cursor, advance):
     after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
     sums = cuda.shared.array(CHAINS, float64)  # a line of its own: the simulator tells shared arrays by line
     z, t = cuda.blockIdx.x, cuda.threadIdx.x
     if active[z] == 0:
         return
+    if advance != 0 and t == 0:
+        cursor[z, 0] += advance
     rules = hypers[z]
     if norm_later and is_norm_later(rules[0], rules[3] != 0.0):
         if t == 0:
@@ -164,44 +166,55 @@ def finish_step_lanes_kernel(partials, state, lr_schedule, grad_norms, hypers, a
                     rules[5], rules[6])
 
 
-def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, norm_later=False):
+def finish_step_lanes(partials, state, lr_schedule, grad_norms, hypers, active, norm_later=False, cursor=None,
+                      advance=0):
     """`finish_step` for every active lane z (active[z] != 0) in one launch, on lane z's rows: partials
     (K, PARTIALS) float32, state (K, step_state.SIZE), lr_schedule (K, T), grad_norms (K, W) and hypers
     (K, 7) float64, active (K,) int32. hypers[z] holds lane z's rules in `step_state.LANE_HYPERS` order:
     [max_norm, beta1, beta2, dynamic_scaling (0 or 1), growth_factor, backoff_factor, growth_interval].
     With `norm_later`, a lane whose rules are under `step_state.norm_later` gets `prepare_step` instead (its
-    partials unread): `record_norm_lanes` records its norm after the update. Lane operands may be lane views
-    (`mlptrain.backends.lanes.lane_view`); an inactive lane is not touched.
+    partials unread): `record_norm_lanes` records its norm after the update. Then cursor[z, 0] += advance for every
+    active lane (`cursor` the lanes' (K, 1) int64 data cursors, None with advance 0). Lane operands may be lane
+    views (`mlptrain.backends.lanes.lane_view`); an inactive lane is not touched.
     """
     lanes = _check_lanes(active, hypers)
     _check_record(partials, state, grad_norms, lanes)
     _check_schedule(lr_schedule, lanes)
+    cursor = checked_lane_cursors(cursor, advance, lanes)
     if lanes == 0:
         return
     finish_step_lanes_kernel[lanes, THREADS, streams.current()](partials, state, lr_schedule, grad_norms, hypers,
-                                                                active, bool(norm_later))
+                                                                active, bool(norm_later), cursor, int64(advance))
 
 
-# Block z owns lane z's step state and record, as in finish_step_lanes_kernel.
+# Block z owns lane z's step state, record and cursor, as in finish_step_lanes_kernel.
 @kernel_cache.jit
-def record_norm_lanes_kernel(partials, state, grad_norms, hypers, active):
+def record_norm_lanes_kernel(partials, state, grad_norms, hypers, active, cursor, advance):
     after_previous_grid()
     staged = cuda.shared.array(STAGED, float32)
     sums = cuda.shared.array(CHAINS, float64)  # a line of its own: the simulator tells shared arrays by line
-    z = cuda.blockIdx.x
+    z, t = cuda.blockIdx.x, cuda.threadIdx.x
+    if active[z] == 0:
+        return
+    if advance != 0 and t == 0:
+        cursor[z, 0] += advance
     rules = hypers[z]
-    if active[z] == 0 or not is_norm_later(rules[0], rules[3] != 0.0):
+    if not is_norm_later(rules[0], rules[3] != 0.0):  # the whole block: its norm was recorded before the update
         return
     sum_chains(partials[z], staged, sums)
-    if cuda.threadIdx.x == 0:
+    if t == 0:
         record(sums, state[z], grad_norms[z])
 
 
-def record_norm_lanes(partials, state, grad_norms, hypers, active):
+def record_norm_lanes(partials, state, grad_norms, hypers, active, cursor=None, advance=0):
     """`record_norm` for every active lane z whose rules (hypers[z], as `finish_step_lanes` reads them) are under
-    `step_state.norm_later`, in one launch; the other lanes' norms were recorded before their update."""
+    `step_state.norm_later`, in one launch; the other lanes' norms were recorded before their update. Then
+    cursor[z, 0] += advance for every active lane, as `finish_step_lanes`."""
     lanes = _check_lanes(active, hypers)
     _check_record(partials, state, grad_norms, lanes)
+    cursor = checked_lane_cursors(cursor, advance, lanes)
     if lanes == 0:
         return
-    record_norm_lanes_kernel[lanes, THREADS, streams.current()](partials, state, grad_norms, hypers, active)
+    record_norm_lanes_kernel[lanes, THREADS, streams.current()](partials, state, grad_norms, hypers, active, cursor,
+                                                                int64(advance))
+

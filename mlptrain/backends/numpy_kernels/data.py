@@ -24,9 +24,3 @@ def gather_lanes(images, labels, indices, start, x, y, scale, shift, cursor, act
     its cursor or indices are read."""
     for z in np.flatnonzero(active):
         gather_batch(images, labels, indices[z], start, x[z], y[z], scale, shift, cursor[z])
-
-
-def advance_lanes(cursor, by, active):
-    """cursor[z, 0] += by for every active lane z (active[z] != 0)."""
-    for z in np.flatnonzero(active):
-        cursor[z, 0] += by

@@ -153,8 +153,13 @@ def layer_engines(outputs, dtype):
     return {"forward": "fma", "backward_input": "fma", "backward_weight": "fma"}
 
 
-def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma"):
-    """`linear_backward_weight` then `reduce.bias_backward`, as the CUDA launcher groups them."""
+def linear_backward_weight_bias(x, dy, dw, db, beta, workspace=None, engine="fma", tiles_for=None, active=None):
+    """`linear_backward_weight` then `reduce.bias_backward`, as the CUDA launcher groups them; with `active`
+    (a leading trial axis), each active trial's."""
+    if active is not None:
+        for z in _active_trials(active):
+            linear_backward_weight_bias(x[z], dy[z], dw[z], db[z], beta, engine=engine)
+        return
     linear_backward_weight(x, dy, dw, beta, workspace, engine)
     bias_backward(dy, db, beta, workspace)
 

@@ -158,6 +158,10 @@ def test_norm_later_lanes_follow_each_lanes_own_path(rng):
     lane_cases.norm_later_lanes(BACKEND, rng)
 
 
+def test_an_adam_lane_steps_rules_and_cursors_follow_each_lanes_own_path(rng):
+    lane_cases.adam_step_lanes(BACKEND, rng)
+
+
 @pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
 def test_adam_lanes_sum_the_gradient_as_the_solo_update(rng, dtype):
     lane_cases.update_lanes(BACKEND, rng, "adam", dtype, sums=True)

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 
+from mlptrain.backends.lanes import lane_view
 from mlptrain.backends.numba_kernels import gemm, gemm_weight
 from tests import kernel_cases as cases
 from tests import reference as ref
@@ -64,3 +65,54 @@ def test_one_launch_gives_the_bits_of_two_production_sizes(rng, monkeypatch, sha
     two = gradients(np.random.default_rng(seed), shape, 1.0, np.float32, engine, True, False, monkeypatch)
     for grouped, apart in zip(one[:2], two[:2]):
         np.testing.assert_array_equal(grouped.view(np.uint32), apart.view(np.uint32))
+
+
+def lane_gradients(rng, shape, beta, engine, grouped, monkeypatch):
+    """(dw slab, db slab) after one trial-axis launch (or two) of three lanes, the middle one inactive: dw and db
+    lane views of one gradient slab, as a packed group's flat gradients give them."""
+    lanes, (rows, inputs, outputs) = 3, shape
+    monkeypatch.setattr(gemm_weight, "GROUP_BIAS", grouped)
+    assert (gemm_weight.lanes_weight_bias_plan(engine, rows, inputs, outputs, lanes) is not None) == grouped
+    x = rng.standard_normal((lanes, rows, inputs)).astype(np.float32)
+    dy = rng.standard_normal((lanes, rows, outputs)).astype(np.float32)
+    size = inputs * outputs + outputs
+    slab = rng.standard_normal((lanes, size + 7)).astype(np.float32)
+    if beta == 0.0:  # beta 0 must not read dw or db
+        slab[:, 3:3 + size] = np.nan
+    grads = BACKEND.to_device(slab)
+    dw, db = lane_view(grads, 3, (inputs, outputs)), lane_view(grads, 3 + inputs * outputs, (outputs,))
+    gemm.linear_backward_weight_bias(BACKEND.to_device(x), BACKEND.to_device(dy), dw, db, beta, engine=engine,
+                                     active=BACKEND.to_device(np.array([1, 0, 1], np.int32)))
+    return slab, BACKEND.to_host(grads), (x, dy)
+
+
+# the simulator takes ~40 s for one tf32x3 case of three lanes: the larger cases on a GPU only
+@pytest.mark.parametrize("shape, beta, engine", [
+    ((5, 7, 10), 1.0, "fma"), ((6, 9, 20), 0.0, "tf32x3"),
+    pytest.param((9, 20, 70), 0.0, "fma", marks=pytest.mark.real_gpu),  # bias columns past a row of weight blocks
+    pytest.param((7, 12, 40), 1.0, "tf32x3", marks=pytest.mark.real_gpu),
+    pytest.param((128, 784, 512), 1.0, "tf32x3", marks=pytest.mark.real_gpu),
+    pytest.param((128, 512, 512), 0.0, "fma", marks=pytest.mark.real_gpu)])
+def test_one_lane_launch_gives_the_bits_of_two(rng, monkeypatch, shape, beta, engine):
+    """Packed lanes' weight and bias gradients in one trial-axis launch: an active lane's bits are those of the
+    trial-axis weight gradient and bias_backward_lanes launched apart, within float32 of the float64 sums; the
+    inactive lane's gradients and the slab's other columns are not touched."""
+    seed = int(rng.integers(1 << 30))
+    before, one, (x, dy) = lane_gradients(np.random.default_rng(seed), shape, beta, engine, True, monkeypatch)
+    _, two, _ = lane_gradients(np.random.default_rng(seed), shape, beta, engine, False, monkeypatch)
+    rows, inputs, outputs = shape
+    size = inputs * outputs + outputs
+    for z in (0, 2):
+        np.testing.assert_array_equal(one[z].view(np.uint32), two[z].view(np.uint32))
+        old = np.nan_to_num(before[z, 3:3 + size].astype(np.float64))
+        want = np.concatenate([(x[z].astype(np.float64).T @ dy[z]).ravel(), dy[z].astype(np.float64).sum(0)])
+        np.testing.assert_allclose(one[z, 3:3 + size], want + beta * old, rtol=1e-3, atol=1e-4 * np.sqrt(rows))
+    np.testing.assert_array_equal(one[1].view(np.uint32), before[1].view(np.uint32))
+    for z in (0, 2):  # the columns around the lane's gradients
+        np.testing.assert_array_equal(one[z, :3].view(np.uint32), before[z, :3].view(np.uint32))
+        np.testing.assert_array_equal(one[z, 3 + size:].view(np.uint32), before[z, 3 + size:].view(np.uint32))
+
+
+def test_a_lane_launch_on_the_narrow_engine_launches_apart():
+    assert gemm_weight.lanes_weight_bias_plan("narrow", 128, 512, 10, 16) is None
+    assert gemm_weight.lanes_weight_bias_plan("tf32x3", 128, 512, 512, 16) is not None
