@@ -125,6 +125,26 @@ def test_the_epoch_parts_table_times_each_part_of_an_epoch_on_the_cpu(data_dir, 
     assert result["loss"] < 1.0 and "| full windows |" in done.stdout
 
 
+def test_the_lane_step_table_times_packed_steps_of_lanes_that_learn_on_the_cpu(data_dir, tmp_path):
+    """benchmarks/lane_step.py on the CPU: two lanes of the MNIST job, each round's steps timed, every lane's loss
+    below its warm windows' (else exit 1); rounds that do not fit in an epoch stop it before anything runs."""
+    import subprocess
+
+    def lane_step(*flags):
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lane_step.py"), "--backend", "cpu",
+                               "--lanes", "2", *flags], capture_output=True, text=True,
+                              env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+
+    done = lane_step("--steps", "3", "--rounds", "2", "--warm", "2", "--json", str(tmp_path / "lanes.json"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "lanes.json").read_text())
+    assert result["lanes"] == 2 and len(result["step_us"]) == 2 and result["engine"] == "fma"
+    assert all(last < first for first, last in zip(result["loss_first"], result["loss_last"]))
+    assert "| µs a step (median) |" in done.stdout
+    too_many = lane_step("--steps", "300", "--rounds", "2")
+    assert too_many.returncode == 1 and "must fit in an epoch's 429 windows" in too_many.stderr
+
+
 def test_the_alternating_variants_each_run_with_their_constants_set(data_dir, tmp_path):
     """benchmarks/alternate.py on the CPU: each variant's round in mlp_mnist.py (which checks the loss) with its
     constants set, one table row per variant; a constant its module lacks stops it before anything is timed."""
