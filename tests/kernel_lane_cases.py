@@ -196,17 +196,23 @@ LATER_RULES = np.array([[0.5, 0.9, 0.999, 0.0, 2.0, 0.5, 1.0],
                         [0.0, 0.8, 0.99, 0.0, 2.0, 0.5, 1.0]])
 
 
-def norm_later_lanes(be, rng):
-    """finish_step_lanes(norm_later=True) then record_norm_lanes against each lane's own path: finish_step for
-    the lane whose norm is read first, prepare_step then record_norm for the lane under step_state.norm_later;
-    the inactive lane untouched."""
-    count = be.kernels.reduce.PARTIALS
+def later_rules_inputs(be):
+    """(the partials' count, the lanes' lr tables, step states and grad-norm records) of the LATER_RULES cases: the
+    inactive lane's state NaN and its record poisoned."""
     table = np.stack([np.linspace(1e-3, 1e-4, 5) * (z + 1) for z in range(LANES)])
     state = np.zeros((LANES, step_state.SIZE))
     state[:, step_state.LOSS_SCALE], state[:, step_state.LR_FACTOR] = 1.0, 1.0
     state[1] = np.nan
     norms = poison((LANES, 4), np.float64)
     norms[np.flatnonzero(ACTIVE)] = 0.0
+    return be.kernels.reduce.PARTIALS, table, state, norms
+
+
+def norm_later_lanes(be, rng):
+    """finish_step_lanes(norm_later=True) then record_norm_lanes against each lane's own path: finish_step for
+    the lane whose norm is read first, prepare_step then record_norm for the lane under step_state.norm_later;
+    the inactive lane untouched."""
+    count, table, state, norms = later_rules_inputs(be)
     d_state, d_table, d_norms, d_active = (be.to_device(a) for a in (state, table, norms, ACTIVE))
     d_rules = be.to_device(LATER_RULES)
     solo = [(be.to_device(state[z]), be.to_device(norms[z])) for z in range(LANES)]
@@ -231,13 +237,7 @@ def adam_step_lanes(be, rng, size=37):
     record_norm_lanes moving the cursors on. Against each lane's own step: finish_step then adam_update for lane 0
     (it clips), prepare_step, adam_update given partials and record_norm for lane 2; the inactive lane untouched,
     the cursors moved for the active lanes only."""
-    count = be.kernels.reduce.PARTIALS
-    table = np.stack([np.linspace(1e-3, 1e-4, 5) * (z + 1) for z in range(LANES)])
-    state = np.zeros((LANES, step_state.SIZE))
-    state[:, step_state.LOSS_SCALE], state[:, step_state.LR_FACTOR] = 1.0, 1.0
-    state[1] = np.nan
-    norms = poison((LANES, 4), np.float64)
-    norms[np.flatnonzero(ACTIVE)] = 0.0
+    count, table, state, norms = later_rules_inputs(be)
     param = rng.standard_normal((LANES, size)).astype(np.float32)
     m, v = rng.standard_normal((LANES, size)).astype(np.float32), np.abs(rng.standard_normal((LANES, size)))
     v = v.astype(np.float32)

@@ -87,10 +87,9 @@ def make_linear_backward_weight_bias(tile, dtype, engine, staging, width, thread
     SPAN = threads // width  # groups of bias rows summed at once: a thread sums groups g, g + SPAN, ...
 
     # Both passes read dy and nothing the other writes; the branch is the whole block's, so every barrier in
-    # either is met by all its threads. No atomics.
-    @kernel_cache.jit
-    def linear_backward_weight_bias_kernel(x, dy, dw, db, beta, weight_rows):
-        after_previous_grid()
+    # either is met by all its threads. Column n's bias goes to db[row, n]. No atomics.
+    @kernel_cache.device
+    def weight_bias_block(x, dy, dw, db, beta, weight_rows, row):
         if cuda.blockIdx.y < weight_rows:
             weight_tile(x, dy, dw, beta)
             return
@@ -99,26 +98,23 @@ def make_linear_backward_weight_bias(tile, dtype, engine, staging, width, thread
         n = ((cuda.blockIdx.y - weight_rows) * cuda.gridDim.x + cuda.blockIdx.x) * width + c
         total = column_sum(dy, n, 0, dy.shape[0], c, t // width, SPAN)
         if t < width and n < dy.shape[1]:
-            accumulate(db, 0, n, total, beta)
+            accumulate(db, row, n, total, beta)
 
     if trials:  # block z's of lane z: an inactive lane's blocks return at once, its gradients untouched
         @kernel_cache.jit
         def trial_weight_bias_kernel(x, dy, dw, db, beta, weight_rows, active):
             after_previous_grid()
             z = cuda.blockIdx.z
-            if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
-                return
-            if cuda.blockIdx.y < weight_rows:
-                weight_tile(x[z], dy[z], dw[z], beta)
-                return
-            t, lane = cuda.threadIdx.x, dy[z]
-            c = t % width
-            n = ((cuda.blockIdx.y - weight_rows) * cuda.gridDim.x + cuda.blockIdx.x) * width + c
-            total = column_sum(lane, n, 0, lane.shape[0], c, t // width, SPAN)
-            if t < width and n < lane.shape[1]:
-                accumulate(db, z, n, total, beta)
+            if active[z] != 0:  # the whole block, uniformly: none of its barriers is left waiting
+                weight_bias_block(x[z], dy[z], dw[z], db, beta, weight_rows, z)
 
         return trial_weight_bias_kernel
+
+    @kernel_cache.jit
+    def linear_backward_weight_bias_kernel(x, dy, dw, db, beta, weight_rows):
+        after_previous_grid()
+        weight_bias_block(x, dy, dw, db, beta, weight_rows, 0)
+
     return linear_backward_weight_bias_kernel
 
 

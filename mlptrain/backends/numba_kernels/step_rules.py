@@ -217,4 +217,3 @@ def record_norm_lanes(partials, state, grad_norms, hypers, active, cursor=None, 
         return
     record_norm_lanes_kernel[lanes, THREADS, streams.current()](partials, state, grad_norms, hypers, active, cursor,
                                                                 int64(advance))
-
