@@ -2,7 +2,7 @@
 gradients beside the input gradients (CudaBackend.beside, on a second stream) and each layer's bias gradient in
 its weight gradient's launch (gemm_weight.GROUP_BIAS) give the bits of every launch apart and in order, in every
 lane's parameters, optimizer state, step state, grad-norm record and cursor, over captured and partial windows,
-with a lane that clips (its rules launched before the update) beside lanes that do not (theirs in it)."""
+with a lane that clips (its norm summed before the update) beside lanes that do not (theirs summed by it)."""
 
 import dataclasses
 
