@@ -268,8 +268,8 @@ def adam_step_lanes(be, rng, size=37):
                 k.step_rules.prepare_step(st, solo_table, *LATER_RULES[z, 1:3])
                 k.optim.adam_update(p, g, mz, vz, p, st, *ADAM[z], partials=partials)
                 k.step_rules.record_norm(partials, st, nz)
-    for k_, (device, before) in enumerate(zip((d_param, d_m, d_v, d_state, d_norms), (param, m, v, state, norms))):
-        check_lanes(be.to_host(device), [be.to_host(solo[z][k_]) for z in range(LANES)], before)
+    for index, (device, before) in enumerate(zip((d_param, d_m, d_v, d_state, d_norms), (param, m, v, state, norms))):
+        check_lanes(be.to_host(device), [be.to_host(solo[z][index]) for z in range(LANES)], before)
     partials = be.to_host(d_partials)  # (the squares' launch sums every lane's, the inactive one's too)
     for z in np.flatnonzero(ACTIVE):
         same_bits(partials[z], be.to_host(solo[z][5]))
