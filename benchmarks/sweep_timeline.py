@@ -132,7 +132,9 @@ def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
     if not flushes:
         sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
     config = yaml.safe_load((folder / "runs" / name / Path(trials[0]["run_dir"]).name / "config.yaml").read_text())
-    return {"wall_s": wall, **summarise(flushes, int(config["train"]["log_every"]))}
+    host = [flushes[i][0] - flushes[i - 1][0] for i in range(1, len(flushes))]  # flush to flush, on the host
+    return {"wall_s": wall, **summarise(flushes, int(config["train"]["log_every"])),
+            "host_interval_us": 1e6 * statistics.median(host), "flushes_raw": flushes}
 
 
 def main() -> None:
@@ -147,7 +149,7 @@ def main() -> None:
                ("steps_ms", "steps ms", "{:.1f}"), ("median_step_us", "step µs", "{:.1f}"),
                ("gaps_epoch_ends_ms", "gaps at epoch ends ms", "{:.1f}"), ("gaps_reads_ms", "at reads ms", "{:.1f}"),
                ("gaps_other_ms", "elsewhere ms", "{:.1f}"), ("host_stalls", "host stalls > 20 ms", "{:d}"),
-               ("host_stall_s", "their s", "{:.3f}")]
+               ("host_stall_s", "their s", "{:.3f}"), ("host_interval_us", "host µs a flush (median)", "{:.1f}")]
     print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}: "
           f"{runs[0]['flushes']} flushes in {runs[0]['epochs']} epochs")
     print("| sweep | " + " | ".join(title for _, title, _ in columns) + " |")

@@ -108,6 +108,26 @@ def test_the_sweep_host_table_counts_each_phases_calls_on_the_cpu(data_dir, tmp_
     assert flushes >= -(-50000 // 2048)  # the epoch's 25 steps (55,000 images less adam_mnist's 5,000 held out)
 
 
+def test_the_sweep_samples_table_names_what_each_phase_ran_on_the_cpu(data_dir, tmp_path):
+    """benchmarks/sweep_samples.py on a tiny packed CPU sweep: it completes the sweep, then names the command's
+    own function on the feeding thread in the start and the packed workers' in the end (hundreds of samples each),
+    and --json keeps every sample of the run, each at a time within the process."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_samples.py"), "--trials", "2",
+                           "--epochs", "1", "--flags", "--pack 2", "--set", "backend=cpu", "--set", "model.hidden=[8]",
+                           "--set", "train.batch_size=2048", "--json", str(tmp_path / "samples.json")],
+                          capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]) for line in done.stdout.splitlines()
+            if line.startswith(("| start", "| end"))}
+    assert ("start", "feeding", "mlptrain.cli.sweep:sweep") in rows
+    assert ("end", "feeding", "mlptrain.sweep.engine:work_packed") in rows
+    run = json.loads((tmp_path / "samples.json").read_text())["runs"][0]
+    assert 0 < run["first_step_s"] < run["last_step_s"] < run["end_s"]
+    assert all(0 <= now <= run["end_s"] for now, _, _ in run["raw"]["samples"]) and run["raw"]["samples"]
+
+
 def test_the_epoch_parts_table_times_each_part_of_an_epoch_on_the_cpu(data_dir, tmp_path):
     """benchmarks/epoch_parts.py on the CPU: a run that learns, its epochs' full windows and partial one counted,
     and the order of each timed epoch but the last made once, ahead (training.loop)."""

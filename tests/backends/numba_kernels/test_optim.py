@@ -107,7 +107,9 @@ def test_skipped_update_touches_nothing(rng, dtype):
     cases.skipped_update_touches_nothing(BACKEND, rng, 300, dtype)
 
 
-@pytest.mark.parametrize("size, apply", [(1, True), (300, True), (1030, False), pytest.param(669_706, True, marks=pytest.mark.real_gpu)])
+# 1030: 257 quads on the simulator's 128 threads of reduce's grid, so threads with a second quad and one a third
+@pytest.mark.parametrize("size, apply", [(1, True), (300, True), (1030, False), (1030, True),
+                                         pytest.param(669_706, True, marks=pytest.mark.real_gpu)])
 @pytest.mark.parametrize("dtype", cases.FORMATS, ids=cases.FORMAT_IDS)
 def test_adam_sums_the_gradient_as_sum_of_squares(rng, size, apply, dtype):
     cases.adam_sums_the_gradient(BACKEND, rng, size, dtype, apply)
