@@ -132,9 +132,9 @@ def exiting(code):  # the command ends by os._exit: the record first
     dump()
     _exit(code)
 os._exit = exiting
-import mlptrain.cli
 sys.argv = ["mlptrain"] + sys.argv[1:]
-mlptrain.cli.main()
+import mlptrain.__main__  # as the command starts and ends (its first steps; os._exit once Python's exit steps ran)
+mlptrain.__main__.main()
 """
 
 

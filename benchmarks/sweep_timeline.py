@@ -90,9 +90,9 @@ def exiting(code):
 os._exit = exiting
 import atexit
 atexit.register(dump)
-import mlptrain.cli
 sys.argv = ["mlptrain"] + sys.argv[1:]
-mlptrain.cli.main()
+import mlptrain.__main__  # as the command starts and ends (its first steps; os._exit once Python's exit steps ran)
+mlptrain.__main__.main()
 """
 
 
