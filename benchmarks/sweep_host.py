@@ -126,20 +126,31 @@ def dump():
     with open(out, "w") as file:
         json.dump({"calls": calls, "end": time.perf_counter() - T0}, file)
 
+"""
+
+
+# The end of every profiling child (this script's, sweep_timeline.py's, sweep_samples.py's): its `dump()` run at the
+# command's end, then the command run as `mlptrain` runs it (mlptrain.__main__: its first steps, and os._exit once
+# Python's exit steps have run, which the wrapper makes write the record first), so the child's wall time is the
+# command's.
+COMMAND = r"""
+import atexit
 atexit.register(dump)
 _exit = os._exit
-def exiting(code):  # the command ends by os._exit: the record first
-    dump()
-    _exit(code)
+def exiting(code):
+    try:
+        dump()
+    finally:
+        _exit(code)
 os._exit = exiting
 sys.argv = ["mlptrain"] + sys.argv[1:]
-import mlptrain.__main__  # as the command starts and ends (its first steps; os._exit once Python's exit steps ran)
+import mlptrain.__main__
 mlptrain.__main__.main()
 """
 
 
 def child_code() -> str:
-    return f"TARGETS = {TARGETS!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD
+    return f"TARGETS = {TARGETS!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD + COMMAND
 
 
 def sweep_in_child(args, folder: Path, name: str, epochs: int, code: str, out_variable: str) -> tuple[float, list]:

@@ -31,17 +31,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sweep_host import sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
+from sweep_host import COMMAND, sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
 
 # The child: a sampler thread records (seconds since the start, thread, stack id) and the stacks as lists of
-# "module:function"; the first and last step's launch times and thread; then the file at os._exit. It runs the
-# command as `mlptrain` does (mlptrain.__main__), so its wall time is the command's.
+# "module:function"; the first and last step's launch times and thread; `dump()` writes them, at the command's end
+# (sweep_host.COMMAND runs the command after this, as `mlptrain` runs it).
 CHILD = r"""
-import os, sys, threading, time, json, atexit
+import os, sys, threading, time, json
 T0 = time.perf_counter()
 out, interval = os.environ["SWEEP_SAMPLES_OUT"], float(os.environ["SWEEP_SAMPLES_INTERVAL"])
 stacks, samples, names, steps, codes = {}, [], {}, [], {}
-taking, done = threading.Lock(), threading.Event()  # a sample whole, or the record: never one while the other is half made
+# a sample whole, or the record: never one while the other is half made
+taking, done = threading.Lock(), threading.Event()
 
 def label(code):
     known = codes.get(code)
@@ -97,15 +98,6 @@ def dump():
         json.dump({"samples": samples, "stacks": ordered, "names": names, "end": time.perf_counter() - T0,
                    "steps": [steps[0], steps[-1]] if steps else []}, file)
 
-atexit.register(dump)
-_exit = os._exit
-def exiting(code):  # the command ends by os._exit: the record first
-    dump()
-    _exit(code)
-os._exit = exiting
-sys.argv = ["mlptrain"] + sys.argv[1:]
-import mlptrain.__main__  # as the command starts and ends (its first steps; os._exit once Python's exit steps ran)
-mlptrain.__main__.main()
 """
 
 # A thread whose innermost frame is one of these waits for work (a pool's queue, a timed wait): not counted.
@@ -120,7 +112,7 @@ OWN = ("mlptrain.", "optuna.")
 def one_sweep(args, folder: Path, name: str) -> dict:
     """One sampled sweep: {"wall_s", "first_step_s", "last_step_s", "end_s", "ms": {phase | thread | function: ms},
     "phase_ms": {phase: wall ms}}; exits on a failed or incomplete sweep."""
-    wall, _ = sweep_in_child(args, folder, name, args.epochs, CHILD, "SWEEP_SAMPLES_OUT")
+    wall, _ = sweep_in_child(args, folder, name, args.epochs, CHILD + COMMAND, "SWEEP_SAMPLES_OUT")
     data = json.loads((folder / f"{name}.json").read_text())
     if not data["steps"]:
         sys.exit("WRONG RESULT: no optimizer step was seen")
@@ -148,7 +140,8 @@ def one_sweep(args, folder: Path, name: str) -> dict:
             ms[key] = ms.get(key, 0.0) + weight
         key = f"{phase} | {thread} | {innermost[stack]}"
         inner[key] = inner.get(key, 0.0) + weight
-    return {"wall_s": wall, "first_step_s": first, "last_step_s": last, "end_s": data["end"], "ms": ms, "innermost": inner,
+    return {"wall_s": wall, "first_step_s": first, "last_step_s": last, "end_s": data["end"], "ms": ms,
+            "innermost": inner,
             "phase_ms": {"start": first * 1e3, "training": (last - first) * 1e3, "end": (data["end"] - last) * 1e3},
             "raw": {**data, "feeding": feeding}}  # every sample, for a timeline drawn afterwards
 
@@ -167,9 +160,9 @@ def main() -> None:
         runs = [one_sweep(args, folder, f"sampled-{i}") for i in range(args.repeats)]
     median = {key: statistics.median(run[key] for run in runs) for key in ("wall_s", "first_step_s", "last_step_s",
                                                                            "end_s")}
-    print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}; median of "
-          f"{args.repeats}: wall {median['wall_s']:.2f} s; in the process, the first step at {median['first_step_s']:.3f}"
-          f" s, the last at {median['last_step_s']:.3f} s, the end at {median['end_s']:.3f} s; sampled every "
+    print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}; "
+          f"median of {args.repeats}: wall {median['wall_s']:.2f} s; in the process, the first step at "
+          f"{median['first_step_s']:.3f} s, the last at {median['last_step_s']:.3f} s, the end at {median['end_s']:.3f} s; sampled every "
           f"{args.interval_ms:g} ms")
     for table, heading in (("ms", "function (inclusive)"), ("innermost", "innermost frame < the project's deepest")):
         keys = sorted({key for run in runs for key in run[table]})

@@ -25,12 +25,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sweep_host import sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
+from sweep_host import COMMAND, sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
 
 HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
 
 # The child: records (host start s, host end s, its lanes ending an epoch, GPU ms of the step, GPU ms of the gap
-# before it) for each flush, then the file; its end is os._exit (mlptrain.__main__), wrapped to write first.
+# before it) for each flush; `dump()` writes them, at the command's end (sweep_host.COMMAND runs the command after
+# this, as `mlptrain` runs it, its os._exit wrapped to write first).
 CHILD = r"""
 import os, sys, time, json
 T0 = time.perf_counter()
@@ -81,18 +82,6 @@ def dump():
     with open(out, "w") as file:
         json.dump({"flushes": flushes, "end": time.perf_counter() - T0}, file)
 
-_exit = os._exit
-def exiting(code):
-    try:
-        dump()
-    finally:
-        _exit(code)
-os._exit = exiting
-import atexit
-atexit.register(dump)
-sys.argv = ["mlptrain"] + sys.argv[1:]
-import mlptrain.__main__  # as the command starts and ends (its first steps; os._exit once Python's exit steps ran)
-mlptrain.__main__.main()
 """
 
 
@@ -127,7 +116,7 @@ def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
     """One sweep in a child, timed; exits on a failed or incomplete sweep, or one whose steps no lane group ran."""
     import yaml
 
-    wall, trials = sweep_in_child(args, folder, name, epochs, CHILD, "SWEEP_TIMELINE_OUT")
+    wall, trials = sweep_in_child(args, folder, name, epochs, CHILD + COMMAND, "SWEEP_TIMELINE_OUT")
     flushes = json.loads((folder / f"{name}.json").read_text())["flushes"]
     if not flushes:
         sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
