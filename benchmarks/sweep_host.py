@@ -204,20 +204,31 @@ def sweep_arguments(doc: str, flags_help: str) -> argparse.ArgumentParser:
     return parser
 
 
+def profiled_sweeps(args, one_sweep, prefix: str) -> tuple[list, dict]:
+    """An untimed one-epoch sweep (the kernels in the cache, as for a user's second sweep), then args.repeats
+    profiled by `one_sweep(args, folder, name)` (a dict with wall_s, first_step_s, last_step_s and end_s): (their
+    records, the medians of those four)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        folder = Path(scratch)
+        one_sweep(argparse.Namespace(**{**vars(args), "epochs": 1}), folder, "warm")
+        runs = [one_sweep(args, folder, f"timed-{i}") for i in range(args.repeats)]
+    keys = ("wall_s", "first_step_s", "last_step_s", "end_s")
+    return runs, {key: statistics.median(run[key] for run in runs) for key in keys}
+
+
+def headline(args, median: dict) -> str:
+    return (f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}; median "
+            f"of {args.repeats}: wall {median['wall_s']:.2f} s; in the process, the first step at "
+            f"{median['first_step_s']:.3f} s, the last at {median['last_step_s']:.3f} s, the end at "
+            f"{median['end_s']:.3f} s")
+
+
 def main() -> None:
     parser = sweep_arguments(__doc__, "the sweep's flags, e.g. '--pack 16' or ''")
     parser.add_argument("--top", type=int, default=15, help="rows per phase")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sweep-host-") as scratch:
-        folder = Path(scratch)
-        untimed = argparse.Namespace(**{**vars(args), "epochs": 1})
-        one_sweep(untimed, folder, "warm")  # the kernels in the cache, as for a user's second sweep
-        runs = [one_sweep(args, folder, f"timed-{i}") for i in range(args.repeats)]
-    median = {key: statistics.median(run[key] for run in runs) for key in ("wall_s", "first_step_s", "last_step_s",
-                                                                           "end_s")}
-    print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}; median of "
-          f"{args.repeats}: wall {median['wall_s']:.2f} s; in the process, the first step at {median['first_step_s']:.3f}"
-          f" s, the last at {median['last_step_s']:.3f} s, the end at {median['end_s']:.3f} s")
+    runs, median = profiled_sweeps(args, one_sweep, "sweep-host-")
+    print(headline(args, median))
     keys = sorted({key for run in runs for key in run["sums"]})
     rows = []
     for key in keys:

@@ -28,10 +28,10 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-from sweep_host import COMMAND, sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
+# its neighbour: the script's folder is on the path
+from sweep_host import COMMAND, headline, profiled_sweeps, sweep_arguments, sweep_in_child
 
 # The child: a sampler thread records (seconds since the start, thread, stack id) and the stacks as lists of
 # "module:function"; the first and last step's launch times and thread; `dump()` writes them, at the command's end
@@ -153,17 +153,8 @@ def main() -> None:
     parser.add_argument("--phases", default="start,end", help="which phases' tables to print")
     args = parser.parse_args()
     os.environ["SWEEP_SAMPLES_INTERVAL"] = str(args.interval_ms / 1e3)  # the child's, as sweep_in_child passes it on
-    with tempfile.TemporaryDirectory(prefix="sweep-samples-") as scratch:
-        folder = Path(scratch)
-        untimed = type(args)(**{**vars(args), "epochs": 1})
-        one_sweep(untimed, folder, "warm")  # the kernels in the cache, as for a user's second sweep
-        runs = [one_sweep(args, folder, f"sampled-{i}") for i in range(args.repeats)]
-    median = {key: statistics.median(run[key] for run in runs) for key in ("wall_s", "first_step_s", "last_step_s",
-                                                                           "end_s")}
-    print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}; "
-          f"median of {args.repeats}: wall {median['wall_s']:.2f} s; in the process, the first step at "
-          f"{median['first_step_s']:.3f} s, the last at {median['last_step_s']:.3f} s, the end at {median['end_s']:.3f} s; sampled every "
-          f"{args.interval_ms:g} ms")
+    runs, median = profiled_sweeps(args, one_sweep, "sweep-samples-")
+    print(f"{headline(args, median)}; sampled every {args.interval_ms:g} ms")
     for table, heading in (("ms", "function (inclusive)"), ("innermost", "innermost frame < the project's deepest")):
         keys = sorted({key for run in runs for key in run[table]})
         rows = [(*key.split(" | "), statistics.median(run[table].get(key, 0.0) for run in runs)) for key in keys]
