@@ -15,6 +15,8 @@ library's own work), on the feeding thread (the one that launches the steps) and
 The table: per phase and thread, the functions with the most milliseconds inclusive (a function counted once a
 sample however deep it recurs; the median over --repeats), and the share of the phase. A thread waiting for the
 interpreter's lock is sampled where it waits, so a phase's rows add up to more than its wall time across threads.
+The sampler holds that lock itself each millisecond: a 16-lane sweep took ~0.6-0.8 s longer sampled on an H200
+host (benchmarks/NOTES.md, issue 30 step 27), so compare its phases with each other, not its wall with a command's.
 The sweep must complete every trial before anything is printed.
 
 `--set backend=cpu --set model.hidden=[16]` checks it on any machine (there the workers are processes, and the
