@@ -34,7 +34,7 @@ from rich.markup import escape
 from mlptrain.backends.cuda import gpu_count
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims
-from mlptrain.sweep.engine import requeue_stale
+from mlptrain.sweep.study_trials import requeue_stale
 from mlptrain.sweep.gpu_processes import BLAS_THREADS, die_with_parent
 from mlptrain.sweep.report import format_metric, format_params, trial_rows
 from mlptrain.util.console import console

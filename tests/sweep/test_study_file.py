@@ -5,7 +5,7 @@ damaged copy is replaced, never trusted."""
 import optuna
 import pytest
 
-from mlptrain.sweep import engine
+from mlptrain.sweep import study_trials
 from mlptrain.sweep import database
 from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
@@ -46,7 +46,7 @@ def test_the_first_study_leaves_an_empty_copy_that_the_next_starts_from(tmp_path
     second, storage = _open(tmp_path, "second")
     assert made == [True]  # opened from the copy, its tables and version checks not made again
     assert _queued(second) == _queued(study) == [{"seed": 0}, {"seed": 1}, {"seed": 2}]
-    claimed = engine.claim_next(second, storage, storage.get_study_id_from_name("second"))
+    claimed = study_trials.claim_next(second, storage, storage.get_study_id_from_name("second"))
     assert claimed is not None  # a working study: the claim's own SQL runs on the copied tables
     assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["second"]  # nothing of the first
 

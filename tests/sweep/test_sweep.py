@@ -23,6 +23,8 @@ from mlptrain.cli.sweep import sweep
 from mlptrain.config.builtins import builtin_configs, builtin_sweeps
 from mlptrain.errors import UserError
 from mlptrain.sweep import claims, engine
+from mlptrain.sweep import study_trials as trial_claims
+from mlptrain.sweep.study_trials import claim_next, requeue_stale
 from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
 from mlptrain.training.experiment import Resources
@@ -76,7 +78,7 @@ def test_grid_runs_exactly_its_product(tmp_path, tiny_mnist, trains):
 
 
 def test_without_pruning_every_epochs_report_is_in_the_study_when_it_ends(tmp_path, tiny_mnist):
-    """The reports of a sweep that does not prune are written behind the training (mlptrain.sweep.reports); the
+    """The reports of a sweep that does not prune are written behind the training (mlptrain.sweep.study_trials); the
     study holds each epoch's before it holds the trial's outcome."""
     path = write_sweep(tmp_path, {"optim.lr": [1e-3, 3e-3]})
     results = run_sweep(path, tmp_path / "runs", ["train.epochs=3"])
@@ -166,7 +168,7 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
     study, storage = studies.open_study(spec, tmp_path / "runs" / "s", "s", location(kind, tmp_path / "runs" / "s"))
     with monkeypatch.context() as patch:
         patch.setattr(claims, "this_worker", dead_worker)  # the claim's worker is then gone
-        trial, _ = engine.claim_next(study, storage, storage.get_study_id_from_name("s"))
+        trial, _ = claim_next(study, storage, storage.get_study_id_from_name("s"))
     assert trial.number == 0
 
     results = run_sweep(path, tmp_path / "runs")  # on this machine a dead pid is seen at once, no grace period
@@ -178,16 +180,16 @@ def test_resume_reruns_a_trial_whose_worker_died(tmp_path, tiny_mnist, trains, m
 
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_a_live_worker_here_keeps_its_trial_and_a_silent_one_elsewhere_loses_it(tmp_path, monkeypatch, kind):
-    monkeypatch.setattr(engine, "GRACE_S", 1)
+    monkeypatch.setattr(trial_claims, "GRACE_S", 1)
     spec = load_sweep(write_sweep(tmp_path, {"optim.lr": [1e-3, 2e-3]}), [])
     study, storage = studies.open_study(spec, tmp_path, "s", location(kind, tmp_path))
     study_id = storage.get_study_id_from_name("s")
-    engine.claim_next(study, storage, study_id)  # this process: alive, and it never beats again
+    claim_next(study, storage, study_id)  # this process: alive, and it never beats again
     with monkeypatch.context() as patch:
         patch.setattr(claims, "this_worker", lambda: {"host": "elsewhere", "boot": "", "pid": 1, "started": None})
-        engine.claim_next(study, storage, study_id)  # a worker on another machine
+        claim_next(study, storage, study_id)  # a worker on another machine
     time.sleep(2.5)  # SQLite keeps heartbeats to the second: both heartbeats have lapsed
-    engine.requeue_stale(study, storage, study_id)
+    requeue_stale(study, storage, study_id)
     here, elsewhere, retry = study.get_trials()
     assert here.state.name == "RUNNING"  # a starved worker on this machine is not taken for dead
     assert elsewhere.state.name == "FAIL" and retry.state.name == "WAITING"
@@ -203,7 +205,7 @@ def test_a_worker_of_this_machines_sweep_exits_when_nothing_is_queued(tmp_path, 
     with storage.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL: WAL syncs at checkpoints
-    engine.claim_next(study, storage, storage.get_study_id_from_name("s"))  # held by a live worker (this one)
+    claim_next(study, storage, storage.get_study_id_from_name("s"))  # held by a live worker (this one)
     worker_study, worker_storage = studies.open_study(spec, tmp_path, "s", url, worker=True)
     monkeypatch.setattr(engine, "_run_trial", lambda *args: pytest.fail("nothing was queued"))
     started = time.monotonic()

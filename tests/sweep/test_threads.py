@@ -17,7 +17,7 @@ import time
 import optuna
 import pytest
 
-from mlptrain.sweep import engine, threads
+from mlptrain.sweep import claims, engine, threads
 from mlptrain.sweep import study as studies
 from mlptrain.sweep.spec import load_sweep
 from mlptrain.sweep.gpu_processes import PROCESS_PER_GPU_ENV
@@ -139,7 +139,7 @@ def test_a_threaded_sweep_runs_every_trial_exactly_once(tmp_path, tiny_mnist, tr
     assert sorted((c.optim.lr, c.seed) for c in trains) == sorted(
         (lr, seed) for lr in (0.001, 0.002, 0.003, 0.004, 0.005) for seed in (0, 1))
     trials = study_trials(tmp_path / "runs" / "s")
-    assert len({t.system_attrs[engine.claims.WORKER]["pid"] for t in trials}) == 1  # one process ran them all
+    assert len({t.system_attrs[claims.WORKER]["pid"] for t in trials}) == 1  # one process ran them all
 
 
 def test_a_stopped_trial_is_queued_again_and_no_other_is_taken(tmp_path, tiny_mnist, monkeypatch):
