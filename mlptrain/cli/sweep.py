@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from datetime import datetime
 from importlib import import_module
 from pathlib import Path
@@ -61,14 +62,14 @@ def sweep(
     from mlptrain.backends.driver.early import start_driver
     from mlptrain.config.load import config_from_dict
     from mlptrain.sweep.gpu_processes import gpu_shares, process_per_gpu, visible_slots
-    from mlptrain.sweep.prefork import drop_planned
+    from mlptrain.sweep.prefork import drop_planned, trainer_planned
     from mlptrain.sweep.spec import load_sweep
     from mlptrain.sweep.storage import absolute, check_storage, default_storage
     from mlptrain.packing.side_by_side import check_pack
 
     began = datetime.now()  # trials its workers finish from now on are reported (Optuna's clock)
-    if workers == 1 or worker:  # nothing to fork: the driver's start while the sweep file is read
-        start_driver()
+    if (workers == 1 or worker) and not trainer_planned():  # nothing to fork: the driver's start while the sweep
+        start_driver()  # file is read (a trainer forked at the command's start starts its own)
     path = resolve_sweep(sweep_file)
     spec = load_sweep(path, overrides or [])
     name = check_run_name(name if name is not None else path.stem)
@@ -82,19 +83,26 @@ def sweep(
     url = absolute(storage) if storage is not None else default_storage(sweep_dir)
     command = [sys.executable, "-m", "mlptrain", "sweep", str(path), *(overrides or []), "--runs-dir",
                str(runs_dir), "--name", name, "--storage", url, "--workers", "1", "--pack", str(pack), "--worker"]
-    children, forked, pool = {}, None, None  # forked: (the GPUs' CUDA_VISIBLE_DEVICES, each one's share)
+    children, forked, pool, trainer = {}, None, None, None  # forked: (the GPUs' CUDA_VISIBLE_DEVICES, each one's share)
     try:
         slots = visible_slots() if not worker and base_config.backend != "cpu" and workers > 1 else None
         if slots and process_per_gpu(workers, len(slots)):
             # first, before this process starts CUDA or a thread: the children start where it stands
             forked = _fork_gpu_processes(children, sweep_file, overrides, runs_dir, name, url, sweep_dir, slots,
                                          gpu_shares(workers, len(slots)), pack)
+        if workers == 1 and not worker and base_config.backend != "cpu":
+            trainer = _trainer(dict(sweep_file=str(path), overrides=overrides or [], sweep_dir=str(sweep_dir),
+                                    pack=pack))
         drop_planned()  # children forked at the command's start that it does not use (a CPU sweep, say)
-        pool, resources, shares = _start_here(base_config, workers, worker, forked)
+        # a trainer process trains on the GPU: none of this here
+        pool, resources, shares = (None, None, None) if trainer else _start_here(base_config, workers, worker, forked)
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
-        from mlptrain.sweep import engine, study as studies
+        from mlptrain.sweep import study as studies
         from mlptrain.sweep.report import trial_rows, write_results
         from mlptrain.sweep.workers import announce, blas_share, gpu_slots, start_workers
+
+        # the training's modules (0.1-0.3 s of imports): not where a trainer process trains
+        engine = None if trainer else import_module("mlptrain.sweep.engine")
 
         gpus = len(pool.devices) if pool is not None else 0
         processes = len(shares) if shares else workers if pool is None else 1
@@ -117,6 +125,8 @@ def sweep(
             check_inputs(base_config, resources, ask_driver=False)
             announce(processes, slots, sweep_dir, threads=shares)
     except BaseException:
+        if trainer is not None:
+            trainer.stop()  # it has taken no trial: nothing of its work is anyone's
         _stop_children(children)
         if pool is not None:
             _end_threads(pool, base_config, pool.cancel)
@@ -130,7 +140,12 @@ def sweep(
     problems = []
     try:
         with sigterm_as_interrupt():
-            if forked or (pool is not None and children):  # a process per GPU
+            if trainer is not None:
+                if not _work_in_trainer(trainer, study, study_storage, spec, sweep_dir, save, pack) and created:
+                    shutil.rmtree(sweep_dir, ignore_errors=True)  # refused before its first trial: nothing left
+                    raise typer.Exit(2)
+                _rest_here(study, study_storage, spec, sweep_dir, save)
+            elif forked or (pool is not None and children):  # a process per GPU
                 problems = _work_in_processes(engine, pool, study, study_storage, spec, sweep_dir, resources, save,
                                               base_config, command, children, slots, shares, began, pack)
             elif pool is not None:
@@ -204,10 +219,14 @@ def _as_worker(call: dict) -> None:
 def serve_planned(waiting) -> NoReturn:
     """A child forked at the command's start (mlptrain.sweep.prefork): what its trials need is imported while
     the command reads the sweep file; then it runs the command's call, a `--worker` of the sweep with its
-    share of the workers, and exits with its code (mlptrain.sweep.forked). Without a call it exits at once."""
+    share of the workers, and exits with its code (mlptrain.sweep.forked). Without a call it exits at once.
+    A single-GPU sweep's trainer: `serve_trainer`."""
     # the command's own modules, imported when it runs: --help and the other commands start without them
     from mlptrain.sweep.forked import open_log, run_child
     from mlptrain.sweep.prefork import early_output
+
+    if waiting.trainer:
+        serve_trainer(waiting)
 
     try:
         import_module("mlptrain.training.experiment")
@@ -227,6 +246,152 @@ def serve_planned(waiting) -> NoReturn:
         return log
 
     run_child(start, lambda: _as_worker(call), waiting.done)
+
+
+def _trainer(call: dict):
+    """The trainer process forked at the command's start (mlptrain.sweep.prefork), sent its `call`, where one
+    was forked and is alive; otherwise None, and the sweep trains in this process (one that died before its
+    call is said in one line)."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.prefork import take_trainer
+
+    trainer, words = take_trainer()
+    if trainer is not None and trainer.send(call):
+        return trainer
+    if trainer is not None:
+        words = trainer.last_words()
+        trainer.stop()
+    if words is not None:
+        said = f" (its last words: {escape(words)})" if words else ""
+        console.print(f"[yellow]warning:[/] the sweep's trainer process ended before the sweep began{said}: its "
+                      "trials train in this process instead", highlight=False)
+    return None
+
+
+def serve_trainer(waiting) -> NoReturn:
+    """The trainer forked at a single-GPU sweep command's start (mlptrain.sweep.prefork): what its trials need
+    is imported while the command reads the sweep file and opens the study; then it trains the sweep's
+    trials, asking the command for each (mlptrain.sweep.trainer_pipe), and exits with its code, its output
+    the command's. Without a call it exits at once."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.sweep.forked import run_child
+
+    try:
+        import_module("mlptrain.sweep.engine")
+        import_module("mlptrain.run_dirs.event_files").import_tensorboardx()  # tensorboardX, without torch
+    except Exception:  # imported again where it is used, which reports the failure
+        pass
+    call = waiting.call()
+    if call is None:
+        os._exit(0)
+    run_child(waiting.to_the_command_streams, lambda: _train_for_the_command(call, waiting), waiting.done)
+
+
+def _train_for_the_command(call: dict, waiting) -> None:
+    """In the trainer: the sweep's one worker, its trials from the command. Ctrl-C or SIGTERM (forwarded by
+    the command) sets a stop: each trial is queued again after its step, then it is raised."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.cli.signals import StopOnSignal, Terminated
+    from mlptrain.config.load import config_from_dict
+    from mlptrain.sweep.engine import run_packed, run_trials
+    from mlptrain.sweep.spec import load_sweep
+    from mlptrain.sweep.trainer_pipe import PipeTrials
+    from mlptrain.training.experiment import Resources
+
+    spec = load_sweep(Path(call["sweep_file"]), call["overrides"])
+    sweep_dir, pack = Path(call["sweep_dir"]), call["pack"]
+    source = PipeTrials(waiting.ask, waiting.answers)
+    with StopOnSignal() as stop:
+        try:
+            view = Resources().on_gpu(0)  # as a worker thread's (mlptrain.sweep.threads)
+            view.prepare(config_from_dict(spec.raw), logs=True)  # the data's refusals, before any trial
+            if pack != 1:
+                run_packed(lambda: source, spec, sweep_dir, view, pack, stop)
+            else:
+                run_trials(source, spec, sweep_dir, view, wait_for_others=False, stop=stop)
+        except BaseException:
+            source.close(check=False)
+            raise
+        source.close()
+    if stop.signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stop.signum:
+        raise Terminated(stop.signum)
+
+
+def _work_in_trainer(trainer, study, study_storage, spec, sweep_dir, save, pack: int | str) -> bool:
+    """Serve the trainer process its trials from the study (mlptrain.sweep.trainer_pipe) until it ends, saving
+    the results after each. Ctrl-C or SIGTERM here is passed on to it, and raised once it has queued its
+    trials again. Returns False where it refused the sweep before taking a trial (it said why: exit code 2);
+    raises typer.Exit with its code where it failed otherwise. A trainer killed outright leaves its trials
+    queued again, for this process to train (`_rest_here`)."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from mlptrain.cli.signals import Terminated
+    from mlptrain.sweep.forked import POLL_S, Forked
+    from mlptrain.sweep.study_trials import StudyTrials
+    from mlptrain.sweep.threads import WAIT_S
+    from mlptrain.sweep.trainer_pipe import serve
+    from mlptrain.sweep.trial_source import FAIL
+
+    if pack != 1:
+        console.print(f"one worker{packed(pack)}")
+    source = StudyTrials(study, study_storage, spec, on_trial_end=save, inline=True)
+    failed = []
+
+    def serving():  # in a thread of its own: a signal lands in the main thread, never mid-write here
+        try:
+            for claim in serve(trainer.requests, trainer.answers, source):  # what a trainer that died held
+                source.requeue(claim)
+                source.tell(claim, FAIL, {}).result()
+                console.print(f"trial {claim.number}: the trainer process ended during it; queued again")
+        except BaseException as err:  # the study's storage, say: raised in the main thread
+            failed.append(err)
+
+    server = threading.Thread(target=serving, name="sweep-trainer-pipe", daemon=True)
+    server.start()
+    child, interrupted = Forked(trainer.pid, trainer.done), None
+    trainer.done = None  # the Forked's now, which closes it
+    while server.is_alive() or child.poll() is None:
+        try:
+            server.join(WAIT_S) if server.is_alive() else time.sleep(POLL_S)
+        except KeyboardInterrupt as err:  # each trial is queued again once its step is done, there
+            interrupted = interrupted or err
+            child.send_signal(getattr(err, "signum", signal.SIGINT))
+    trainer.close()  # its pipes; the process has said its code and ends on its own (the driver's teardown)
+    code = child.returncode
+    if interrupted is not None:
+        raise interrupted
+    if failed:
+        raise failed[0]
+    if code == 0:
+        return True
+    if code == 2 and not source.claimed:
+        return False
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):  # stopped from elsewhere
+        raise Terminated(code - 128) if code != 128 + signal.SIGINT else KeyboardInterrupt
+    if code > 0:  # it said what failed
+        raise typer.Exit(code)
+    console.print(f"[yellow]warning:[/] the sweep's trainer process was killed ({signal.Signals(-code).name}); "
+                  "its trials train in this process instead", highlight=False)
+    return True
+
+
+def _rest_here(study, study_storage, spec, sweep_dir, save) -> None:
+    """After a trainer process: the trials left queued (it was killed) or running elsewhere (other machines'
+    workers: when one dies, its trial is queued again and run here), trained in this process."""
+    # the command's own modules, imported when it runs: --help and the other commands start without them
+    from optuna.trial import TrialState
+
+    from mlptrain.backends.driver.early import start_driver
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        return  # nothing left: the training's modules are not imported
+    start_driver()
+    # imported when used: the training's modules
+    from mlptrain.sweep.engine import work
+    from mlptrain.training.experiment import Resources
+
+    work(study, study_storage, spec, sweep_dir, Resources().on_gpu(0), on_trial_end=save)
 
 
 def _start_here(base_config, workers: int, worker: bool, forked):

@@ -22,6 +22,7 @@ ends, which the system then reaps.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -129,17 +130,23 @@ def open_log(log_path: Path):
 
 
 def run_child(start, run, say_done: int) -> NoReturn:
-    """The rest of a forked child's life: start() (which returns its open log), its output to that log,
-    run(), and its exit code said through the pipe `say_done` and ended with (`os._exit`: the command goes
-    on once it has the code). Anything start() raises ends the child with 1 (2: a refusal)."""
+    """The rest of a forked child's life: start() (which returns its open log, or None where it pointed the
+    child's output elsewhere itself), its output to that log, run(), and its exit code said through the pipe
+    `say_done` and ended with (`os._exit`: the command goes on once it has the code). Anything start() raises
+    ends the child with 1 (2: a refusal)."""
     code = 1
     try:
         log = start()
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        log.close()
-        reopen_console()  # a log, not the command's terminal: no colours, no live display
+        if log is not None:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            log.close()
+        reopen_console()  # a log, not the command's terminal (no colours, no live display), or the terminal
         code = exit_code(run)
+        # the exit handlers its work registered, as the interpreter's exit runs them: the drawing processes'
+        # shutdown, which waits for their images (os._exit below skips them, and left those processes holding
+        # the command's output pipe)
+        atexit._run_exitfuncs()
     except UserError:  # the log could not be opened: nowhere to say more, the code says it
         code = 2
     finally:

@@ -18,6 +18,11 @@ The command itself trains on none of the GPUs: it opens the study, watches its c
 a CUDA context it ends at once after the last trial, where a process with one takes 0.1-0.15 s to end (its
 context's teardown), and no thread of its own competes with a trial for its interpreter.
 
+A sweep of one worker on a GPU forks one child the same way, its trainer (`take_trainer`): it starts CUDA and
+imports what training needs while the command imports Optuna and opens the study, then trains the sweep's
+trials, asking the command for each over a pipe (mlptrain.sweep.trainer_pipe). Its output is the command's
+terminal once its call comes. $MLPTRAIN_SWEEP_TRAINER_PROCESS=0 keeps such a sweep in the command's process.
+
 Standard library only, besides the driver's early start: nothing here starts a thread before the fork.
 """
 
@@ -27,6 +32,7 @@ import atexit
 import json
 import os
 import signal
+import sys
 
 from mlptrain.backends.driver.early import make_context_early, start_driver
 from mlptrain.sweep.gpu_processes import BLAS_THREADS, can_fork, detach, gpu_shares, process_per_gpu, visible_slots
@@ -34,13 +40,16 @@ from mlptrain.sweep.gpu_processes import BLAS_THREADS, can_fork, detach, gpu_sha
 GPU_COMMANDS = ("run", "sweep")  # the commands that start the CUDA driver first thing (a thread; harmless on a CPU)
 WORK_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # read by the CUDA driver as it makes a context
 MAX_WORDS = 300  # of a child's last line, quoted when it died before its call
+TRAINER_ENV = "MLPTRAIN_SWEEP_TRAINER_PROCESS"  # "0": a single-GPU sweep trains in the command's own process
 
 
 class Planned:
     """In the command: a child forked at its start for GPU `slot`, waiting for its call."""
 
-    def __init__(self, pid: int, slot: str, go: int, done: int, out: int):
+    def __init__(self, pid: int, slot: str, go: int, done: int, out: int, requests: int | None = None,
+                 answers: int | None = None):
         self.pid, self.slot, self.go, self.done, self.out = pid, slot, go, done, out
+        self.requests, self.answers = requests, answers  # a trainer's pipes (mlptrain.sweep.trainer_pipe)
         self.ended = False  # reaped: its pid may be another process's now
 
     def last_words(self) -> str:
@@ -66,11 +75,17 @@ class Planned:
         finally:
             os.close(self.go)
             os.close(self.out)  # the child copies it into its log
+            self.go = self.out = None
+
+    def close(self) -> None:
+        """Its pipes and file closed, here."""
+        for fd in (self.go, self.done, self.out, self.requests, self.answers):
+            if fd is not None:
+                os.close(fd)
+        self.go = self.done = self.out = self.requests = self.answers = None
 
     def stop(self) -> None:
-        os.close(self.go)
-        os.close(self.done)
-        os.close(self.out)
+        self.close()
         if not self.ended:
             os.kill(self.pid, signal.SIGKILL)  # it has done nothing anyone sees: nothing to let it finish
             os.waitpid(self.pid, 0)
@@ -80,8 +95,29 @@ class Planned:
 class Waiting:
     """In a child forked at the command's start: worker process `index`, until the command's call comes."""
 
-    def __init__(self, index: int, go: int, done: int, out: int):
+    def __init__(self, index: int, go: int, done: int, out: int, ask: int | None = None, answers: int | None = None,
+                 streams: tuple[int, int] | None = None):
         self.index, self.go, self.done, self.out = index, go, done, out
+        self.ask, self.answers = ask, answers  # a trainer's pipes to the command (mlptrain.sweep.trainer_pipe)
+        self.streams = streams  # a trainer's: the command's stdout and stderr, its own once its call comes
+
+    @property
+    def trainer(self) -> bool:
+        return self.ask is not None
+
+    def to_the_command_streams(self) -> None:
+        """A trainer's output from now on: the command's stdout and stderr, starting with what it wrote
+        before its call (its imports' warnings)."""
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for target, saved in zip((1, 2), self.streams):
+            os.dup2(saved, target)
+            os.close(saved)
+        said = early_output(self.out)
+        os.close(self.out)
+        if said:
+            sys.stderr.write(said)
+            sys.stderr.flush()
 
     def call(self) -> dict | None:
         """The command's call for this child (blocks until it comes); None when the command will not fork
@@ -94,6 +130,7 @@ class Waiting:
 
 
 PLANNED: dict[int, Planned] = {}  # in the command: its children forked at its start, by worker-process index
+TRAINER: list[Planned] = []  # in the command: the trainer forked at its start, if any
 
 
 def start_early(argv: list[str]) -> Waiting | None:
@@ -117,9 +154,37 @@ def start_early(argv: list[str]) -> Waiting | None:
                     return waiting
             import_numpy_alone()
             return None  # no driver here: the command trains on none of its GPUs
+        if workers == 1 and slots and trainer_process() and can_fork():
+            atexit.register(drop_planned)
+            return _fork_trainer()  # None here: the command starts the driver only if it trains after all
         work_queues(max(shares))
     start_driver()
     return None
+
+
+def trainer_process() -> bool:
+    """Whether a single-GPU sweep trains in a trainer process (unless $MLPTRAIN_SWEEP_TRAINER_PROCESS=0)."""
+    return os.environ.get(TRAINER_ENV) != "0"
+
+
+def trainer_planned() -> bool:
+    """Whether the command forked a trainer at its start that it has neither taken nor stopped: until it
+    decides, it starts no CUDA driver of its own."""
+    return bool(TRAINER)
+
+
+def take_trainer() -> tuple[Planned | None, str | None]:
+    """The trainer forked at the command's start, alive: the caller sends it its call and serves it. Otherwise
+    (None, its last words when it had died before its call: "" if it said nothing), and None, None when
+    none was forked."""
+    if not TRAINER:
+        return None, None
+    trainer = TRAINER.pop()
+    if trainer.alive():
+        return trainer, None
+    words = trainer.last_words()
+    trainer.stop()
+    return None, words
 
 
 def import_numpy_alone() -> None:
@@ -184,6 +249,8 @@ def drop_planned() -> None:
     or runs it otherwise)."""
     while PLANNED:
         PLANNED.popitem()[1].stop()
+    while TRAINER:
+        TRAINER.pop().stop()
 
 
 def early_output(out: int) -> str:
@@ -194,13 +261,45 @@ def early_output(out: int) -> str:
         return ""
 
 
+def _early_file(name: str) -> int:
+    """Where a child forked at the start writes until its call: a file in memory."""
+    try:
+        return os.memfd_create(name)
+    except (AttributeError, OSError):  # not Linux, or an old kernel: what it says before its call is lost
+        return os.open(os.devnull, os.O_WRONLY)
+
+
+def _fork_trainer() -> Waiting | None:
+    """Fork the trainer of a single-GPU sweep (see the module's docstring); in the child its Waiting."""
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+    ask_read, ask_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    out = _early_file("mlptrain-trainer")
+    pid = os.fork()
+    if pid:
+        for fd in (go_read, done_write, ask_write, answers_read):
+            os.close(fd)
+        os.set_blocking(done_read, False)
+        TRAINER.append(Planned(pid, "", go_write, done_read, out, requests=ask_read, answers=answers_write))
+        return None
+    for fd in (go_write, done_read, ask_read, answers_write):
+        os.close(fd)
+    atexit.unregister(drop_planned)
+    detach(None)  # Ctrl-C reaches it from the command, which queues nothing until the trainer has
+    streams = os.dup(1), os.dup(2)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    work_queues(1)
+    start_driver()
+    make_context_early(0)
+    return Waiting(0, go_read, done_write, out, ask=ask_write, answers=answers_read, streams=streams)
+
+
 def _fork(index: int, slot: str, share: int) -> Waiting | None:
     go_read, go_write = os.pipe()
     done_read, done_write = os.pipe()
-    try:
-        out = os.memfd_create(f"mlptrain-worker-{index}")
-    except (AttributeError, OSError):  # not Linux, or an old kernel: what it says before its call is lost
-        out = os.open(os.devnull, os.O_WRONLY)
+    out = _early_file(f"mlptrain-worker-{index}")
     pid = os.fork()
     if pid:
         os.close(go_read)

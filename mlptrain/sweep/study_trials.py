@@ -81,6 +81,7 @@ class StudyTrials:
         self.on_trial_end, self.inline = on_trial_end, inline
         self.study_id = storage.get_study_id_from_name(study.study_name)
         self.trials: dict[int, optuna.trial.Trial] = {}  # by trial id, while claimed here
+        self.claimed = 0  # how many trials this source has handed out
 
     def claim(self) -> Claim | None:
         requeue_stale(self.study, self.storage, self.study_id)
@@ -89,6 +90,7 @@ class StudyTrials:
             return None
         trial, trial_id = claimed
         self.trials[trial_id] = trial
+        self.claimed += 1
         return Claim(trial.number, trial_id, self.sweep.suggest(trial))
 
     def running(self) -> list[int]:

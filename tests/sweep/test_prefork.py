@@ -46,7 +46,8 @@ def _fresh(script: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(script)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
                           env={**{k: v for k, v in os.environ.items() if k not in (
-                                   "NUMBA_ENABLE_CUDASIM", "MLPTRAIN_SWEEP_PROCESS_PER_GPU", "CUDA_DEVICE_MAX_CONNECTIONS")},
+                                   "NUMBA_ENABLE_CUDASIM", "MLPTRAIN_SWEEP_PROCESS_PER_GPU", "CUDA_DEVICE_MAX_CONNECTIONS",
+                                   "MLPTRAIN_SWEEP_TRAINER_PROCESS")},
                                "PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": "2,0,1"})
 
 
@@ -122,6 +123,7 @@ def test_children_the_command_does_not_use_are_stopped(tmp_path, take):
 
 def test_only_a_multi_gpu_sweep_forks_and_only_gpu_commands_start_the_driver(tmp_path):
     done = _fresh("""
+        os.environ["MLPTRAIN_SWEEP_TRAINER_PROCESS"] = "0"  # a single-GPU sweep trains in its own process
         started = []
         prefork.start_driver = lambda: started.append(1)  # counted, not started
         for argv in (["mlptrain", "sweep", "s.yaml"], ["mlptrain", "sweep", "s.yaml", "--workers", "1"],
@@ -135,6 +137,66 @@ def test_only_a_multi_gpu_sweep_forks_and_only_gpu_commands_start_the_driver(tmp
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:7] == ["None 0 1", "None 0 1", "None 0 1", "None 0 0", "None 0 0", "None 0 1",
                                            "None 0"]
+
+
+@pytest.mark.parametrize("argv", [["sweep", "s.yaml"], ["sweep", "s.yaml", "--workers", "1", "--pack", "4"]])
+def test_a_single_gpu_sweep_forks_its_trainer_which_is_silent_until_its_call(tmp_path, argv):
+    """One worker on a GPU: a trainer forked first (its own session, its context sized for one worker), the
+    command starting no driver; what the trainer wrote before its call comes out on the command's stderr
+    once the call comes, and its output is the command's from then on."""
+    done = _fresh(f"""
+        started = []
+        prefork.start_driver = lambda: started.append(os.getpid())
+        waiting = prefork.start_early(["mlptrain", *{argv!r}])
+        if waiting is not None:
+            print("before the call", flush=True)
+            call = waiting.call()
+            waiting.to_the_command_streams()
+            print("trainer", waiting.trainer, call["x"], os.getsid(0) == os.getpid(),
+                  os.environ["CUDA_DEVICE_MAX_CONNECTIONS"], started == [os.getpid()], flush=True)
+            os._exit(3)
+        print("planned", prefork.trainer_planned(), len(prefork.PLANNED), started, flush=True)
+        trainer, words = prefork.take_trainer()
+        print("taken", words, prefork.trainer_planned(), trainer.send({{"x": 7}}), flush=True)
+        from mlptrain.sweep.forked import Forked
+        print("code", Forked(trainer.pid, trainer.done).wait(60))
+        print("again", prefork.take_trainer())
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:5] == ["planned True 0 []", "taken None False True", "trainer True 7 True 2 True",
+                                           "code 3", "again (None, None)"]
+    assert done.stderr == "before the call\n"
+
+
+def test_a_trainer_the_command_does_not_take_is_stopped(tmp_path):
+    """A sweep that trains in the command after all (a CPU backend, say) stops its trainer, which said nothing;
+    one that died before its call is named with its last words."""
+    done = _fresh("""
+        waiting = prefork.start_early(["mlptrain", "sweep", "s.yaml"])
+        if waiting is not None:
+            print("a trainer ran", flush=True)
+            time.sleep(60)
+            os._exit(0)
+        pid = prefork.TRAINER[0].pid
+        prefork.drop_planned()
+        print("dropped", prefork.trainer_planned(), flush=True)
+        try:
+            os.kill(pid, 0)
+            print("alive")
+        except ProcessLookupError:
+            print("gone")
+        waiting = prefork.start_early(["mlptrain", "sweep", "s.yaml"])
+        if waiting is not None:
+            print("a trainer ran", flush=True)
+            os._exit(0)
+        while "a trainer ran" not in prefork.early_output(prefork.TRAINER[0].out):
+            time.sleep(0.01)
+        time.sleep(0.5)
+        print("taken", prefork.take_trainer())
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["dropped False", "gone", "taken (None, 'a trainer ran')"]
+    assert "a trainer ran" not in done.stderr
 
 
 def test_a_refused_sweep_says_so_once_and_leaves_no_child(tmp_path):
@@ -169,6 +231,7 @@ def test_a_sweeps_gpu_contexts_get_two_work_queues_a_worker(tmp_path):
     done = _fresh("""
         prefork.start_driver = lambda: None
         os.environ["MLPTRAIN_SWEEP_PROCESS_PER_GPU"] = "0"  # threads: nothing forked, every GPU in this process
+        os.environ["MLPTRAIN_SWEEP_TRAINER_PROCESS"] = "0"
         for argv in (["mlptrain", "sweep", "s.yaml"], ["mlptrain", "sweep", "s.yaml", "--workers", "5"],
                      ["mlptrain", "sweep", "s.yaml", "--workers", "2", "--worker"], ["mlptrain", "run", "adam_mnist"]):
             os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
@@ -247,6 +310,43 @@ def test_a_sweep_forked_per_gpu_refuses_its_data_in_one_line_and_leaves_nothing(
     """The command checks the data once its study is open (the children wait for it): a refusal then stops
     the children and removes the new sweep's folder."""
     done = _sweep_on_three_gpus(tmp_path, data_dir, "data.val_size=100000000", *SMALL[:3])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("error:") == 1 and "data.val_size" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "runs" / "s").exists()
+
+
+def _sweep_in_a_trainer(tmp_path, data_dir, *args) -> subprocess.CompletedProcess:
+    """`mlptrain sweep` of one worker through its entry on a machine whose NVIDIA driver lists GPUs and whose
+    CUDA offers none: its trainer falls back to the CPU backend, as a run would."""
+    (tmp_path / "s.yaml").write_text("base: adam_mnist\nmethod: grid\nmetric: val_acc\n"
+                                     "parameters:\n  seed: [0, 1, 2]\n")
+    return _fresh(f"""
+        sys.argv = ["mlptrain", "sweep", "s.yaml", *{list(args)!r}, "--runs-dir", "runs", "--name", "s"]
+        os.environ["MLPTRAIN_DATA_DIR"] = {str(data_dir)!r}
+        from mlptrain import __main__ as entry
+        try:
+            entry.main()
+        finally:  # the command's, as it ends (the trainer ends with os._exit before this)
+            print("numba here", "numba" in sys.modules, flush=True)
+    """, tmp_path)
+
+
+def test_a_single_gpu_sweep_trains_in_its_trainer_and_the_command_keeps_the_study(tmp_path, data_dir):
+    """Every trial trained once, in the trainer (the command never imports the training's modules), the
+    study and the results written by the command."""
+    done = _sweep_in_a_trainer(tmp_path, data_dir, *SMALL, "--pack", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "one worker, each training 2 trials at once" in out and "numba here False" in out
+    assert all(f"trial {i}: val_acc" in out for i in range(3))
+    results = json.loads((tmp_path / "runs" / "s" / "results.json").read_text())
+    assert sorted(t["params"]["seed"] for t in results["trials"]) == [0, 1, 2]
+    assert {t["state"] for t in results["trials"]} == {"complete"}
+    assert sorted(p.name for p in (tmp_path / "runs" / "s").glob("trial-*")) == [f"trial-000{i}" for i in range(3)]
+
+
+def test_a_sweeps_trainer_refuses_its_data_in_one_line_and_leaves_nothing(tmp_path, data_dir):
+    done = _sweep_in_a_trainer(tmp_path, data_dir, "data.val_size=100000000", *SMALL[:3])
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("error:") == 1 and "data.val_size" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "runs" / "s").exists()
