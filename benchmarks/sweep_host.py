@@ -66,8 +66,11 @@ import atexit, importlib, inspect, json, os, sys, threading, time
 T0 = time.perf_counter()
 calls, out = [], os.environ["SWEEP_HOST_OUT"]
 
-def record(label, start, seconds, new=True):
-    calls.append((label, threading.get_ident(), start - T0, seconds, new))
+def record(label, start, seconds, new=True):  # a thread as "pid-ident": the trainer's and the command's apart
+    calls.append((label, f"{os.getpid()}-{threading.get_ident()}", start - T0, seconds, new))
+
+def after_fork():  # the trainer (sweep_host.COMMAND): its own calls only
+    calls.clear()
 
 def timed(fn, label):
     sized = label.endswith(SIZED)
@@ -132,10 +135,18 @@ def dump():
 # The end of every profiling child (this script's, sweep_timeline.py's, sweep_samples.py's): its `dump()` run at the
 # command's end, then the command run as `mlptrain` runs it (mlptrain.__main__: its first steps, and os._exit once
 # Python's exit steps have run, which the wrapper makes write the record first), so the child's wall time is the
-# command's.
+# command's. A process the command forks (a single-GPU sweep's trainer, mlptrain.sweep.prefork) inherits all of it:
+# its `after_fork()` (each CHILD's) starts its record afresh, written beside the command's (`records`).
 COMMAND = r"""
 import atexit
 atexit.register(dump)
+
+def trainers_record():
+    global out
+    out += ".trainer"
+    after_fork()
+
+os.register_at_fork(after_in_child=trainers_record)
 _exit = os._exit
 def exiting(code):
     try:
@@ -173,11 +184,21 @@ def sweep_in_child(args, folder: Path, name: str, epochs: int, code: str, out_va
     return wall, trials
 
 
+def records(folder: Path, name: str) -> tuple[dict, dict | None]:
+    """A profiled sweep's records: the command's, and its trainer's where a trainer process trained (None
+    where the command trained itself)."""
+    trainer = folder / f"{name}.json.trainer"
+    return (json.loads((folder / f"{name}.json").read_text()),
+            json.loads(trainer.read_text()) if trainer.exists() else None)
+
+
 def one_sweep(args, folder: Path, name: str) -> dict:
-    """One sweep in a child: its calls by phase and thread, and its wall time; exits on a failed or incomplete
-    sweep."""
+    """One sweep in a child: its calls by phase and thread (the trainer's with the command's), and its wall time;
+    exits on a failed or incomplete sweep."""
     wall, _ = sweep_in_child(args, folder, name, args.epochs, child_code(), "SWEEP_HOST_OUT")
-    data = json.loads((folder / f"{name}.json").read_text())
+    data, trainer = records(folder, name)
+    if trainer is not None:
+        data["calls"] += trainer["calls"]
     steps = [(start, thread) for label, thread, start, _, _ in data["calls"] if label.endswith(STEPS)]
     if not steps:
         sys.exit("WRONG RESULT: no optimizer step was timed")

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 # its neighbour: the script's folder is on the path
-from sweep_host import COMMAND, headline, profiled_sweeps, sweep_arguments, sweep_in_child
+from sweep_host import COMMAND, headline, profiled_sweeps, records, sweep_arguments, sweep_in_child
 
 # The child: a sampler thread records (seconds since the start, thread, stack id) and the stacks as lists of
 # "module:function"; the first and last step's launch times and thread; `dump()` writes them, at the command's end
@@ -75,13 +75,14 @@ def sample():
                     key.append(label(frame.f_code))
                     frame = frame.f_back
                 key = tuple(key)
-                samples.append((now, ident, stacks.setdefault(key, len(stacks))))
-                if ident not in names:
-                    names.update((t.ident, t.name) for t in threading.enumerate())
+                tagged = f"{os.getpid()}-{ident}"  # the trainer's threads apart from the command's
+                samples.append((now, tagged, stacks.setdefault(key, len(stacks))))
+                if tagged not in names:
+                    names.update((f"{os.getpid()}-{t.ident}", t.name) for t in threading.enumerate())
 
 def stepped(fn):
     def wrapper(*args, **kwargs):
-        steps.append((time.perf_counter() - T0, threading.get_ident()))
+        steps.append((time.perf_counter() - T0, f"{os.getpid()}-{threading.get_ident()}"))
         return fn(*args, **kwargs)
     return wrapper
 
@@ -89,6 +90,13 @@ import mlptrain.packing.lane_group as lane_group, mlptrain.training.window as wi
 lane_group.LaneGroup.flush = stepped(lane_group.LaneGroup.flush)
 window.TrainingWindow.run = stepped(window.TrainingWindow.run)
 threading.Thread(target=sample, name="sampler", daemon=True).start()
+
+def after_fork():  # the trainer (sweep_host.COMMAND): a sampler of its own (threads do not survive a fork)
+    global taking, done
+    taking, done = threading.Lock(), threading.Event()
+    for kept in (stacks, samples, names, steps):
+        kept.clear()
+    threading.Thread(target=sample, name="sampler", daemon=True).start()
 
 def dump():
     with taking:
@@ -115,7 +123,13 @@ def one_sweep(args, folder: Path, name: str) -> dict:
     """One sampled sweep: {"wall_s", "first_step_s", "last_step_s", "end_s", "ms": {phase | thread | function: ms},
     "phase_ms": {phase: wall ms}}; exits on a failed or incomplete sweep."""
     wall, _ = sweep_in_child(args, folder, name, args.epochs, CHILD + COMMAND, "SWEEP_SAMPLES_OUT")
-    data = json.loads((folder / f"{name}.json").read_text())
+    data, trainer = records(folder, name)
+    if trainer is not None:  # its stacks numbered after the command's
+        data["samples"] += [(now, ident, stack + len(data["stacks"])) for now, ident, stack in trainer["samples"]]
+        data["samples"].sort(key=lambda sample: sample[0])
+        data["stacks"] += trainer["stacks"]
+        data["names"].update(trainer["names"])
+        data["steps"] = trainer["steps"]
     if not data["steps"]:
         sys.exit("WRONG RESULT: no optimizer step was seen")
     (first, feeding), (last, _) = data["steps"]
@@ -124,7 +138,7 @@ def one_sweep(args, folder: Path, name: str) -> dict:
     # where the time was spent: the innermost frame, after the deepest of the project's own (mlptrain, optuna)
     innermost = [" < ".join(dict.fromkeys([stack[0], next((f for f in stack if f.startswith(OWN)), "-")]))
                  for stack in stacks]
-    previous: dict[int, float] = {}
+    previous: dict[str, float] = {}
     ms: dict[str, float] = {}
     inner: dict[str, float] = {}
     for now, ident, stack in data["samples"]:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sweep_host import COMMAND, sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
+from sweep_host import COMMAND, records, sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
 
 HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
 
@@ -68,6 +68,10 @@ def flush(self):
     events.append((pre, post))
 
 lane_group.LaneGroup.flush = flush
+
+def after_fork():  # the trainer (sweep_host.COMMAND): its own flushes only
+    for kept in (flushes, events, spare, context):
+        kept.clear()
 
 def dump():
     if getattr(dump, "done", False):
@@ -117,7 +121,8 @@ def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
     import yaml
 
     wall, trials = sweep_in_child(args, folder, name, epochs, CHILD + COMMAND, "SWEEP_TIMELINE_OUT")
-    flushes = json.loads((folder / f"{name}.json").read_text())["flushes"]
+    command, trainer = records(folder, name)
+    flushes = (trainer or command)["flushes"]
     if not flushes:
         sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
     config = yaml.safe_load((folder / "runs" / name / Path(trials[0]["run_dir"]).name / "config.yaml").read_text())
