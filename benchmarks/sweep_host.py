@@ -103,24 +103,26 @@ def timed(fn, label):
     return wrapper
 
 wrapped = {}
-for target in TARGETS.split():
-    module_name, attr = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-        owner, name = (getattr(module, attr.split(".")[0]), attr.split(".")[1]) if "." in attr else (module, attr)
-        fn = getattr(owner, name)
-    except (ImportError, AttributeError) as err:
-        print(f"sweep_host: cannot time {target}: {err}", file=sys.stderr)
-        continue
-    label = attr if "." in attr else f"{module_name.rsplit('.', 1)[-1]}.{attr}"
-    replacement = timed(fn, label)
-    setattr(owner, name, replacement)
-    wrapped[id(fn)] = (fn, replacement)
-for module_name, module in list(sys.modules.items()):  # names imported before the wrapping: the wrapper too
-    if module_name.startswith(("mlptrain", "optuna")):
-        for key, value in list(vars(module).items()):
-            if id(value) in wrapped and wrapped[id(value)][0] is value:
-                setattr(module, key, wrapped[id(value)][1])
+
+def instrument():  # run by COMMAND: at once, or in the trainer only (--trainer)
+    for target in TARGETS.split():
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+            owner, name = (getattr(module, attr.split(".")[0]), attr.split(".")[1]) if "." in attr else (module, attr)
+            fn = getattr(owner, name)
+        except (ImportError, AttributeError) as err:
+            print(f"sweep_host: cannot time {target}: {err}", file=sys.stderr)
+            continue
+        label = attr if "." in attr else f"{module_name.rsplit('.', 1)[-1]}.{attr}"
+        replacement = timed(fn, label)
+        setattr(owner, name, replacement)
+        wrapped[id(fn)] = (fn, replacement)
+    for module_name, module in list(sys.modules.items()):  # names imported before the wrapping: the wrapper too
+        if module_name.startswith(("mlptrain", "optuna")):
+            for key, value in list(vars(module).items()):
+                if id(value) in wrapped and wrapped[id(value)][0] is value:
+                    setattr(module, key, wrapped[id(value)][1])
 
 def dump():
     if getattr(dump, "done", False):
@@ -136,15 +138,22 @@ def dump():
 # command's end, then the command run as `mlptrain` runs it (mlptrain.__main__: its first steps, and os._exit once
 # Python's exit steps have run, which the wrapper makes write the record first), so the child's wall time is the
 # command's. A process the command forks (a single-GPU sweep's trainer, mlptrain.sweep.prefork) inherits all of it:
-# its `after_fork()` (each CHILD's) starts its record afresh, written beside the command's (`records`).
+# its `after_fork()` (each CHILD's) starts its record afresh, written beside the command's (`records`). The command
+# forks its trainer only while no thread but its main one runs, which each CHILD's `instrument()` (imports that
+# start NumPy's BLAS threads, a sampler thread) would end: `--trainer` runs it in the trainer alone, after the fork.
 COMMAND = r"""
 import atexit
 atexit.register(dump)
+TRAINER_ONLY = os.environ.get("SWEEP_PROFILE_TRAINER") == "1"  # nothing started here: the command can fork
+if not TRAINER_ONLY:
+    instrument()
 
 def trainers_record():
     global out
     out += ".trainer"
     after_fork()
+    if TRAINER_ONLY:
+        instrument()
 
 os.register_at_fork(after_in_child=trainers_record)
 _exit = os._exit
@@ -174,7 +183,8 @@ def sweep_in_child(args, folder: Path, name: str, epochs: int, code: str, out_va
                *args.flags.split()]
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, out_variable: str(folder / f"{name}.json")})
+                          env={**os.environ, out_variable: str(folder / f"{name}.json"),
+                               "SWEEP_PROFILE_TRAINER": "1" if args.trainer else "0"})
     wall = time.perf_counter() - began
     if done.returncode:
         sys.exit(f"FAILED ({done.returncode}): {' '.join(command[3:])}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -222,6 +232,9 @@ def sweep_arguments(doc: str, flags_help: str) -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], help="a config override, e.g. backend=cpu")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--trainer", action="store_true", help="profile the trainer process of a single-GPU sweep "
+                        "(mlptrain.sweep.prefork) alone; without it the profiling starts threads before the command's "
+                        "first line, which then trains in its own process")
     return parser
 
 

@@ -86,17 +86,19 @@ def stepped(fn):
         return fn(*args, **kwargs)
     return wrapper
 
-import mlptrain.packing.lane_group as lane_group, mlptrain.training.window as window
-lane_group.LaneGroup.flush = stepped(lane_group.LaneGroup.flush)
-window.TrainingWindow.run = stepped(window.TrainingWindow.run)
-threading.Thread(target=sample, name="sampler", daemon=True).start()
+def instrument():  # run by COMMAND: at once, or in the trainer only (--trainer)
+    import mlptrain.packing.lane_group as lane_group, mlptrain.training.window as window
+    lane_group.LaneGroup.flush = stepped(lane_group.LaneGroup.flush)
+    window.TrainingWindow.run = stepped(window.TrainingWindow.run)
+    threading.Thread(target=sample, name="sampler", daemon=True).start()
 
 def after_fork():  # the trainer (sweep_host.COMMAND): a sampler of its own (threads do not survive a fork)
     global taking, done
     taking, done = threading.Lock(), threading.Event()
     for kept in (stacks, samples, names, steps):
         kept.clear()
-    threading.Thread(target=sample, name="sampler", daemon=True).start()
+    if not TRAINER_ONLY:  # else instrument() starts it
+        threading.Thread(target=sample, name="sampler", daemon=True).start()
 
 def dump():
     with taking:

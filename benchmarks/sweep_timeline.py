@@ -36,9 +36,8 @@ CHILD = r"""
 import os, sys, time, json
 T0 = time.perf_counter()
 out = os.environ["SWEEP_TIMELINE_OUT"]
-import mlptrain.packing.lane_group as lane_group
 flushes, events, spare, context = [], [], [], []
-real = lane_group.LaneGroup.flush
+real = lane_group = None  # instrument() wraps its flush
 cu = api = None  # the driver's calls, imported at a CUDA group's first flush
 
 def refill():
@@ -67,7 +66,11 @@ def flush(self):
     flushes.append([began, time.perf_counter() - T0, ending])
     events.append((pre, post))
 
-lane_group.LaneGroup.flush = flush
+def instrument():  # run by COMMAND: at once, or in the trainer only (--trainer)
+    global lane_group, real
+    import mlptrain.packing.lane_group as lane_group
+    real = lane_group.LaneGroup.flush
+    lane_group.LaneGroup.flush = flush
 
 def after_fork():  # the trainer (sweep_host.COMMAND): its own flushes only
     for kept in (flushes, events, spare, context):
