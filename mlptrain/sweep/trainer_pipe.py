@@ -27,11 +27,13 @@ HEADER = struct.Struct("!I")  # a message's length in bytes
 ASKED = ("claim", "running", "set_run_dir", "report", "should_prune", "requeue", "tell", "trial_ended")
 
 
-class CommandGone(RuntimeError):
-    """The sweep's command ended (or closed the pipe) before it answered."""
+class CommandGone(KeyboardInterrupt):
+    """The sweep's command ended (or closed the pipe) before it answered. The trainer stops as a Ctrl-C stops
+    it, quietly: not a trial's failure, and nothing to tell (the command, which would report it, is gone, and
+    a re-run queues its trials again once their heartbeats have lapsed)."""
 
     def __init__(self):
-        super().__init__("the sweep's command ended; its trials are queued again when it is re-run")
+        super().__init__("the sweep's command ended")
 
 
 def send(fd: int, message) -> None:
