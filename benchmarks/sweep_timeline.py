@@ -25,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sweep_host import COMMAND, records, sweep_arguments, sweep_in_child  # its neighbour: the script's folder is on the path
+# its neighbour: the script's folder is on the path
+from sweep_host import COMMAND, records, sweep_arguments, sweep_in_child
 
 HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
 

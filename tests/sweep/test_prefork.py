@@ -46,8 +46,8 @@ def _fresh(script: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(script)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
                           env={**{k: v for k, v in os.environ.items() if k not in (
-                                   "NUMBA_ENABLE_CUDASIM", "MLPTRAIN_SWEEP_PROCESS_PER_GPU", "CUDA_DEVICE_MAX_CONNECTIONS",
-                                   "MLPTRAIN_SWEEP_TRAINER_PROCESS")},
+                                   "NUMBA_ENABLE_CUDASIM", "MLPTRAIN_SWEEP_PROCESS_PER_GPU",
+                                   "CUDA_DEVICE_MAX_CONNECTIONS", "MLPTRAIN_SWEEP_TRAINER_PROCESS")},
                                "PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": "2,0,1"})
 
 
