@@ -98,7 +98,7 @@ def sweep(
         pool, resources, shares = (None, None, None) if trainer else _start_here(base_config, workers, worker, forked)
         # Optuna takes a quarter second to import: only this command pays (on the CPU, after its children start)
         from mlptrain.sweep import study as studies
-        from mlptrain.sweep.report import trial_rows, write_results
+        from mlptrain.sweep.report import show_results, trial_rows, write_results
         from mlptrain.sweep.workers import announce, blas_share, gpu_slots, start_workers
 
         # the training's modules (0.1-0.3 s of imports): not where a trainer process trains
@@ -166,7 +166,7 @@ def sweep(
     rows = trial_rows(study, spec)
     write_results(sweep_dir, spec, rows)
     studies.close_storage(study_storage)
-    _show(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})")
+    show_results(rows, spec, f"{name}: {len(rows)} trials ranked by {spec.metric} ({spec.direction})")
     for row in rows:
         if row["error"]:
             console.print(f"trial {row['number']} failed: {row['error']}", highlight=False)
@@ -437,19 +437,6 @@ def packed(pack) -> str:
     if pack == "auto":
         return ", each training as many trials at once as add throughput (--pack auto)"
     return f", each training {pack} trials at once" if pack > 1 else ""
-
-
-def _show(rows, spec, title: str) -> None:
-    """The ranked table: a terminal gets Rich's at its width (wrapped, the best row coloured); a log or a pipe gets
-    it whole, not squeezed into 80 columns, as plain text (mlptrain.sweep.report.results_text)."""
-    # the command's own modules, imported when it runs: --help and the other commands start without them
-    from mlptrain.sweep.report import results_table, results_text
-
-    if console.is_terminal:
-        console.print(results_table(rows, spec, title))
-    else:
-        console.file.write(results_text(rows, spec, title))
-        console.file.flush()
 
 
 def _make_folder(sweep_dir: Path) -> None:

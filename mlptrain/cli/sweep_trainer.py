@@ -120,8 +120,11 @@ def serve(trainer, study, study_storage, spec, sweep_dir, save) -> bool:
     child, interrupted = Forked(trainer.pid, trainer.done), None
     trainer.done = None  # the Forked's now, which closes it
     while server.is_alive() or child.poll() is None:
-        try:
-            server.join(WAIT_S) if server.is_alive() else time.sleep(POLL_S)
+        try:  # timed waits: a signal still reaches this (the main) thread
+            if server.is_alive():
+                server.join(WAIT_S)
+            else:
+                time.sleep(POLL_S)
         except KeyboardInterrupt as err:  # each trial is queued again once its step is done, there
             interrupted = interrupted or err
             child.send_signal(getattr(err, "signum", signal.SIGINT))

@@ -17,6 +17,7 @@ from rich.text import Text
 from mlptrain.config.load import load_config
 from mlptrain.training.hparams import hparam_values, log_session
 from mlptrain.util.atomic import write_text
+from mlptrain.util.console import console
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
 _ORDER = {"complete": 0, "pruned": 1, "running": 2, "waiting": 3, "failed": 4}
@@ -129,6 +130,16 @@ def results_text(rows: list[dict], sweep, title: str) -> str:
     out.print(Segments(out.render(Text(title), out.options.update(justify="center"))), end="")
     return above.getvalue() + "\n".join([rule("┏", "┳", "┓", "━"), line("┃", header), rule("┡", "╇", "┩", "━"),
                                          *(line("│", row) for row in cells), rule("└", "┴", "┘", "─")]) + "\n"
+
+
+def show_results(rows: list[dict], sweep, title: str) -> None:
+    """The ranked table on the console: a terminal gets Rich's at its width (wrapped, the best row coloured); a log or
+    a pipe gets it whole, not squeezed into 80 columns, as plain text (`results_text`)."""
+    if console.is_terminal:
+        console.print(results_table(rows, sweep, title))
+    else:
+        console.file.write(results_text(rows, sweep, title))
+        console.file.flush()
 
 
 def _ranked_cells(rows: list[dict], sweep) -> tuple[list[str], list[list[str]], int | None]:
