@@ -103,7 +103,7 @@ def serve(trainer, study, study_storage, spec, sweep_dir, save) -> bool:
     from mlptrain.sweep.trainer_pipe import serve as answer
     from mlptrain.sweep.trial_source import FAIL
 
-    source = StudyTrials(study, study_storage, spec, on_trial_end=save, inline=True)
+    source = StudyTrials(study, study_storage, spec, on_trial_end=save)
     failed = []
 
     def serving():  # in a thread of its own: a signal lands in the main thread, never mid-write here

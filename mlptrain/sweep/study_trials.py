@@ -61,24 +61,17 @@ def requeue_stale(study, storage, study_id: int) -> int:
     return queued
 
 
-def done(value) -> Future:
-    """A Future that holds `value` already."""
-    future = Future()
-    future.set_result(value)
-    return future
-
-
 class StudyTrials:
     """A worker's trial source (mlptrain.sweep.trial_source) on `study` in this process. The reports, the run
     folders' records and the outcomes are written on one background thread of the process, in the order asked
     (each a journal append, ~2.6 ms on the GPU machine: the lanes of a packed sweep paid them in turn at every
-    epoch's end while the GPU idled), unless `inline` (the command serving a trainer process: its serving
-    thread writes them as they come).
+    epoch's end while the GPU idled); the command serving a trainer process waits for each in turn
+    (mlptrain.sweep.trainer_pipe.serve).
     `on_trial_end()` runs after each trial with an outcome."""
 
-    def __init__(self, study, storage, sweep: Sweep, on_trial_end=None, inline: bool = False):
+    def __init__(self, study, storage, sweep: Sweep, on_trial_end=None):
         self.study, self.storage, self.sweep = study, storage, sweep
-        self.on_trial_end, self.inline = on_trial_end, inline
+        self.on_trial_end = on_trial_end
         self.study_id = storage.get_study_id_from_name(study.study_name)
         self.trials: dict[int, optuna.trial.Trial] = {}  # by trial id, while claimed here
         self.claimed = 0  # how many trials this source has handed out
@@ -102,8 +95,6 @@ class StudyTrials:
             yield
 
     def _behind(self, work, *args) -> Future:
-        if self.inline:
-            return done(work(*args))
         return pool("reports", 1).submit(work, *args)
 
     def set_run_dir(self, claim: Claim, run_dir: str) -> Future:

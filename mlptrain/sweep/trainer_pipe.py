@@ -143,9 +143,9 @@ class PipeTrials:
 
 
 def serve(requests: int, answers: int, source) -> list:
-    """In the command: answer the trainer's requests from `source` (a StudyTrials writing inline), in the order
-    they come, until the trainer closes its pipe; each trial it claims beats its heartbeat here until its
-    outcome is told. Returns the claims it left without an outcome (it died, or the command stops)."""
+    """In the command: answer the trainer's requests from `source` (a StudyTrials), in the order they come, each
+    written before the next is read, until the trainer closes its pipe; each trial it claims beats its heartbeat
+    here until its outcome is told. Returns the claims it left without an outcome (it died, or the command stops)."""
     beating: dict[int, tuple] = {}  # by trial id: (its claim, its heartbeat's context)
     try:
         while True:
@@ -166,8 +166,8 @@ def serve(requests: int, answers: int, source) -> list:
                     stack = ExitStack()
                     stack.enter_context(source.beating(value))
                     beating[value.trial_id] = value, stack
-                elif name == "tell":
-                    beating.pop(args[0].trial_id, (None, ExitStack()))[1].close()
+                elif name == "tell" and args[0].trial_id in beating:
+                    beating.pop(args[0].trial_id)[1].close()
                 answer = ("ok", value)
             except Exception as err:  # the trainer raises it where it asked
                 answer = ("raise", err)
