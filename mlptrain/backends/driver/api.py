@@ -9,6 +9,8 @@ import weakref
 
 from cuda.bindings import driver as cu
 
+from mlptrain.backends.driver import host_pages
+
 OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"
 
 
@@ -243,8 +245,20 @@ def rows_to_host(host_address: int, pointer: int, row_bytes: int, rows: int, pit
 def pinned(nbytes: int) -> tuple[int, int]:
     """(address, nbytes) of page-locked host memory, which a copy from the device fills while the host goes on
     (into ordinary memory, cuMemcpyDtoHAsync returns once it is done); portable: any context may copy into it.
-    Kept until the process ends (mlptrain.backends.host_copies pools it)."""
-    return int(check(cu.cuMemHostAlloc(max(nbytes, 1), cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")), nbytes
+    Kept until the process ends (mlptrain.backends.host_copies pools it). Memory of the process's own
+    (host_pages, which says why) registered with the driver; cuMemHostAlloc's where the GPU cannot register it."""
+    if not host_register_supported(current_device()):
+        return int(check(cu.cuMemHostAlloc(max(nbytes, 1), cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")), nbytes
+    pages = host_pages.mapped(nbytes)
+    check(cu.cuMemHostRegister(pages.ctypes.data, pages.nbytes, cu.CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister")
+    return int(pages.ctypes.data), nbytes
+
+
+@functools.cache
+def host_register_supported(device: int) -> bool:
+    handle = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    attribute = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED
+    return bool(check(cu.cuDeviceGetAttribute(attribute, handle), "cuDeviceGetAttribute"))
 
 
 def zero(pointer: int, nbytes: int, stream) -> None:
