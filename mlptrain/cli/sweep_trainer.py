@@ -76,7 +76,7 @@ def _train(call: dict, waiting) -> None:
             view = Resources().on_gpu(0)  # as a worker thread's (mlptrain.sweep.threads)
             view.prepare(config_from_dict(spec.raw), logs=True)  # the data's refusals, before any trial
             if pack != 1:
-                run_packed(lambda: source, spec, sweep_dir, view, pack, stop)
+                run_packed(lambda: source, spec, sweep_dir, view, pack, stop, source.claim_ahead)
             else:
                 run_trials(source, spec, sweep_dir, view, wait_for_others=False, stop=stop)
         except BaseException:

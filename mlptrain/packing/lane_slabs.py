@@ -108,6 +108,14 @@ class LaneBackend:
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
+    def free_bytes(self) -> int | None:
+        """The device's free memory, for the group's first session (mlptrain.training.memory_plan.check_fits); None
+        (nothing to check) once the slabs exist: that session allocated every lane's rows (the lanes' shapes are the
+        same: lane_signature), after lane_group checked that all K fit, so a later lane's session allocates nothing new
+        (an allocation that still fails is refused where it is made). Asking the driver took ~2.4 ms a lane in a
+        packed sweep's start (benchmarks/NOTES.md, issue 30 step 29)."""
+        return None if self.slabs.arrays else self._backend.free_bytes()
+
     @contextmanager
     def urgent(self, after=None):
         """With `overtake` (a staggered group, whose other lanes step on while this one ends its epoch): the

@@ -100,17 +100,21 @@ def work_packed(study, storage, sweep: Sweep, sweep_dir: Path, resources: Resour
     run_packed(lambda: study_source(study, storage, sweep, on_trial_end), sweep, sweep_dir, resources, pack, stop)
 
 
-def run_packed(new_source, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int | str, stop=None) -> None:
+def run_packed(new_source, sweep: Sweep, sweep_dir: Path, resources: Resources, pack: int | str, stop=None,
+               claim_ahead=None) -> None:
     """`pack` workers side by side in this thread, each taking queued trials (from a source `new_source()`
     makes for it) until none is left: `pack` trials train at once (mlptrain.packing.side_by_side): MLPs in
     lanes of one group, one launch for each kernel of all their steps (mlptrain.packing.lane_group); other
     models with their steps queued in turn, each on a stream of its own (the first on `resources`, the others
     on views of their own on its GPU). `stop` as `work_steps`'s; when one of them fails outside a trial, `stop`
     is set, so that the others queue their trials again, and it is raised. `pack` "auto": as many as
-    mlptrain.packing.auto measures for the sweep's base config (at most its trials)."""
+    mlptrain.packing.auto measures for the sweep's base config (at most its trials). `claim_ahead(count)`, where
+    given, is told how many slots are about to claim their first trials (a trainer's pipe asks for them at once)."""
     base = config_from_dict(sweep.raw)
     pack = resolve(pack, base, resources, sweep.trials)
     group, views = slots(base, resources, min(pack, sweep.trials))  # lanes no trial would fill cost a lane each
+    if claim_ahead is not None:
+        claim_ahead(len(views))
     side_by_side([work_steps(new_source(), sweep, sweep_dir, view, wait_for_others=False, stop=stop, progress=False,
                              give_way=i > 0) for i, view in enumerate(views)], stop, group)
 

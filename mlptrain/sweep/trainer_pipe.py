@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import struct
 import threading
 from collections import deque
 from concurrent.futures import Future
 from contextlib import ExitStack, nullcontext
+
+from mlptrain.sweep.trial_source import FAIL
 
 HEADER = struct.Struct("!I")  # a message's length in bytes
 ASKED = ("claim", "running", "set_run_dir", "report", "should_prune", "requeue", "tell", "trial_ended")
@@ -73,7 +76,22 @@ class PipeTrials:
         self._waiting: deque[Future] = deque()
         self._gone = False
         self._ended: list[Future] = []  # the trial_ended calls, whose errors `close` raises
+        self._ahead: deque[Future] = deque()  # claims asked for before a slot needed them (`claim_ahead`)
         threading.Thread(target=self._read_answers, name="mlptrain-sweep-answers", daemon=True).start()
+
+    def _give_back_ahead(self, quiet: bool) -> None:
+        """`quiet`: an error here is not raised (the trainer is failing already, with the error that matters)."""
+        while self._ahead:
+            try:
+                claim = self._ahead.popleft().result()
+                if claim is not None:
+                    self.requeue(claim)
+                    self.tell(claim, FAIL, {}).result()
+            except CommandGone:  # nothing to give back to: a re-run queues them again once their heartbeats lapse
+                return
+            except Exception:
+                if not quiet:
+                    raise
 
     def _read_answers(self) -> None:
         try:
@@ -105,8 +123,14 @@ class PipeTrials:
                 future.set_exception(CommandGone())
         return future
 
+    def claim_ahead(self, count: int) -> None:
+        """Ask now for the claims of `count` slots about to start (a packed worker's, each claiming first): the command
+        answers them while the first trials' sessions are built, where one round trip between two sessions cost
+        ~3-4 ms of a packed sweep's start, 16 times (benchmarks/NOTES.md, issue 30 step 29)."""
+        self._ahead.extend(self._call("claim") for _ in range(count))
+
     def claim(self):
-        return self._call("claim").result()
+        return (self._ahead.popleft() if self._ahead else self._call("claim")).result()
 
     def running(self) -> list[int]:
         return self._call("running").result()
@@ -133,9 +157,11 @@ class PipeTrials:
         self._ended.append(self._call("trial_ended"))  # the results saved behind the next trials' training
 
     def close(self, check: bool = True) -> None:
-        """Once the trainer's work is done: the results' saves waited for (`check`: the first error raised),
-        then the pipe closed, which ends the command's `serve`."""
+        """Once the trainer's work is done: the claims asked ahead that no slot took (it stopped first) queued again,
+        as an interrupted trial is; the results' saves waited for (`check`: the first error raised); then the pipe
+        closed, which ends the command's `serve`."""
         try:
+            self._give_back_ahead(quiet=not check)
             for future in self._ended if check else ():
                 future.result()
         finally:
@@ -145,10 +171,19 @@ class PipeTrials:
 def serve(requests: int, answers: int, source) -> list:
     """In the command: answer the trainer's requests from `source` (a StudyTrials), in the order they come, each
     written before the next is read, until the trainer closes its pipe; each trial it claims beats its heartbeat
-    here until its outcome is told. Returns the claims it left without an outcome (it died, or the command stops)."""
+    here until its outcome is told. Returns the claims it left without an outcome (it died, or the command stops).
+
+    A trial's end saves the sweep's results (`trial_ended`); where the trainer's next requests wait already (a
+    packed group's lanes end together: 16 tells, saves and claims in a row), the save is made once they are
+    answered, for all of them: each save reads every trial and writes two files. Its error is then raised here
+    once the trainer is done, where the trainer would have raised it."""
     beating: dict[int, tuple] = {}  # by trial id: (its claim, its heartbeat's context)
+    owed, failed = False, []  # a results' save put off while requests waited; its error
     try:
         while True:
+            if owed and not _waiting(requests):
+                owed = False
+                _save(source, failed)
             try:
                 request = receive(requests)
             except (OSError, EOFError, pickle.UnpicklingError):  # the trainer died mid-request
@@ -159,7 +194,10 @@ def serve(requests: int, answers: int, source) -> list:
             try:
                 if name not in ASKED:
                     raise ValueError(f"the sweep's trainer asked for {name!r}")
-                value = getattr(source, name)(*args)
+                if name == "trial_ended" and _waiting(requests):
+                    owed, value = True, None
+                else:
+                    value = getattr(source, name)(*args)
                 if isinstance(value, Future):
                     value = value.result()
                 if name == "claim" and value is not None:
@@ -175,10 +213,26 @@ def serve(requests: int, answers: int, source) -> list:
                 _answer(answers, answer)
             except OSError:  # the trainer closed its end: it is ending
                 break
+        if owed:
+            _save(source, failed)
     finally:
         for _, stack in beating.values():
             stack.close()
+    if failed:
+        raise failed[0]
     return [claim for claim, _ in beating.values()]
+
+
+def _waiting(fd: int) -> bool:
+    """Whether a request can be read from `fd` now."""
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _save(source, failed: list) -> None:
+    try:
+        source.trial_ended()
+    except Exception as err:  # kept for the end: the requests after it are still answered
+        failed.append(err)
 
 
 def _answer(fd: int, answer) -> None:

@@ -20,7 +20,7 @@ from mlptrain.data.loader import epoch_order
 from mlptrain.training.experiment import Resources
 from mlptrain.packing import lane_group
 from mlptrain.packing.lane_group import LaneWindow, slots
-from mlptrain.packing.lane_slabs import lane_signature
+from mlptrain.packing.lane_slabs import LaneBackend, Slabs, lane_signature
 from mlptrain.training.window import TrainingWindow
 from tests.sweep.conftest import tiny_mnist  # noqa: F401 (a fixture: a small banded MNIST in place of the real one)
 
@@ -249,7 +249,6 @@ def test_a_float32_vectors_lanes_start_16_bytes_apart_on_the_gpu(kind):
     whole 16 bytes, so a layer's weights in every lane are 16-byte aligned wherever a trial's own would be (the
     tf32x3 engine's staging reads them 16 bytes a load); the slab is the lane view of the rows without the padding.
     Other buffers, and every buffer on the CPU, are rows of one C-contiguous slab as before."""
-    from mlptrain.packing.lane_slabs import Slabs
 
     class Backend:
         name = kind
@@ -277,7 +276,6 @@ def test_a_lanes_zeroed_buffers_are_zero_where_a_lane_was_used_before(kind):
     rows untouched (padded float32 vectors on CUDA, other buffers too)."""
     from mlptrain.backends.cpu import CpuBackend
     from mlptrain.backends.cuda import CudaBackend
-    from mlptrain.packing.lane_slabs import LaneBackend, Slabs
 
     shared = CpuBackend() if kind == "cpu" else CudaBackend()
     slabs = Slabs(shared, 3)
@@ -524,3 +522,17 @@ def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_pa
         assert tensor["lanes"]["gemm"] == "tf32x3" and cuda["lanes"]["gemm"] == "fma"
         assert abs(tensor["val_loss"] - cuda["val_loss"]) <= 0.02 * cuda["val_loss"], (seed, tensor, cuda)
         assert abs(tensor["val_acc"] - cuda["val_acc"]) <= 0.005, (seed, tensor, cuda)
+
+
+def test_a_lanes_session_checks_the_free_memory_only_before_the_slabs_exist(monkeypatch):
+    """The first session of a group allocates every lane's rows (lane_group checked that K lanes fit first); the
+    later lanes' sessions allocate nothing new, so check_fits has no device memory of theirs to check."""
+    from mlptrain.backends.cpu import CpuBackend
+
+    monkeypatch.setattr(CpuBackend, "free_bytes", lambda self: 123)
+    slabs = Slabs(CpuBackend(), 4)
+    first, later = LaneBackend(slabs.backend, slabs, 0), LaneBackend(slabs.backend, slabs, 3)
+    assert first.free_bytes() == 123 and later.free_bytes() == 123
+    with first.building():
+        first.zeros((5,))
+    assert later.free_bytes() is None and first.free_bytes() is None

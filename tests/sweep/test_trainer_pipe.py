@@ -115,3 +115,78 @@ def test_a_command_that_is_gone_is_raised_in_the_trainer_not_waited_for():
         trials.report(Claim(0, 1, {}), 0.5, 1).result()
     os.close(ask_read)
     trials.close(check=False)
+
+
+class _Requeued(_Study):
+    def requeue(self, claim):
+        self.records.append(("requeue", claim.number))
+
+
+def test_claims_asked_ahead_serve_the_slots_in_order_and_those_no_slot_took_are_queued_again():
+    """A packed trainer asks for its slots' first claims at once (PipeTrials.claim_ahead); a slot that stopped before
+    taking its claim leaves it queued again and told FAIL, as an interrupted trial is, not running in the study."""
+    ask_read, ask_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    study, left = _Requeued(), []
+    server = threading.Thread(target=lambda: left.extend(serve(ask_read, answers_write, study)), daemon=True)
+    server.start()
+    trials = PipeTrials(ask_write, answers_read)
+    trials.claim_ahead(2)
+    assert trials.claim().number == 0  # the first asked ahead
+    trials.close()  # the second slot stopped before it claimed
+    server.join(10)
+    assert not server.is_alive() and [c.number for c in left] == [0]  # the taken one had no outcome yet
+    assert study.records == [("requeue", 1), ("tell", 1, "fail", None)]
+    assert study.queue and study.queue[0].number == 2  # asked ahead for two slots, not more
+    for fd in (ask_read, answers_write):
+        os.close(fd)
+
+
+class _Saving(_Study):
+    """Saves its results at each trial's end; the save of `refuse` (its count) fails."""
+
+    def __init__(self, refuse=None):
+        super().__init__()
+        self.saves, self.refuse = [], refuse
+
+    def trial_ended(self):
+        told = [r[1] for r in self.records if r[0] == "tell"]
+        self.saves.append(told)
+        if len(self.saves) == self.refuse:
+            raise OSError("results.json: no space left on device")
+
+
+@pytest.mark.parametrize("refuse", [None, 1])
+def test_trial_ends_that_come_together_save_the_results_once_for_all(refuse):
+    """Where the trainer's next requests wait already (a packed group's lanes end at once), the results are saved
+    once they are answered, not at each trial's end; the save still follows every tell before it. A save that
+    fails then is raised by the command once the trainer is done, every request answered meanwhile."""
+    ask_read, ask_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    study, out = _Saving(refuse), []
+
+    def command():
+        try:
+            out.append(serve(ask_read, answers_write, study))
+        except OSError as err:
+            out.append(err)
+
+    trials = PipeTrials(ask_write, answers_read)
+    for number in range(3):  # three ends queued before the command reads the first
+        claim = Claim(number, 100 + number, {})
+        trials.tell(claim, COMPLETE, {}, 0.5)
+        trials.trial_ended()
+    after = trials.set_run_dir(claim, "runs/s/trial-0003")  # a request after the ends
+    server = threading.Thread(target=command, daemon=True)
+    server.start()
+    assert after.result() is None
+    trials.close()
+    server.join(10)
+    assert not server.is_alive()
+    assert study.saves[-1] == [0, 1, 2] and len(study.saves) < 3  # after every tell, fewer saves than ends
+    if refuse:
+        assert isinstance(out[0], OSError) and "no space left" in str(out[0])
+    else:
+        assert out == [[]]
+    for fd in (ask_read, answers_write):
+        os.close(fd)
