@@ -6,10 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import itertools
 import math
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,25 +25,6 @@ def _json_value(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-# threads the process's runs share for their logging jobs: a packed sweep's 16 lanes each had one of its own, all
-# running Python (CSV rewrites, image events) beside the thread that feeds the GPU at every epoch's end
-LOGGER_THREADS = 4
-_SHARED: list[ThreadPoolExecutor] = []
-_SHARED_LOCK = threading.Lock()
-_TURNS = itertools.count()
-os.register_at_fork(after_in_child=_SHARED.clear)  # a forked child has none of its parent's threads
-
-
-def _logger_thread() -> ThreadPoolExecutor:
-    """One of the process's LOGGER_THREADS logging threads, in turn (made when first needed): a run keeps the one it
-    is given, so its jobs run in the order given."""
-    with _SHARED_LOCK:
-        turn = next(_TURNS) % LOGGER_THREADS
-        while len(_SHARED) <= turn:
-            _SHARED.append(ThreadPoolExecutor(1, thread_name_prefix="run-logger"))
-        return _SHARED[turn]
 
 
 SPLITS = ("train", "val", "test")
@@ -143,10 +122,10 @@ class RunLogger:
         self.events.add(self._summary(value=values), step)
 
     def _later(self, job) -> None:
-        """`job()` on the logger's thread (one the process's runs share: `_logger_thread`), after the jobs given before
-        it; `close` waits for them all and raises the first one's error."""
+        """`job()` on the logger's own thread, after the jobs given before it; `close` waits for them all and
+        raises the first one's error."""
         if self._drawing is None:
-            self._drawing = _logger_thread()
+            self._drawing = ThreadPoolExecutor(1, thread_name_prefix="run-logger")
         self._drawn.append(self._drawing.submit(job))
 
     def evaluation(self, record: dict) -> None:
@@ -165,8 +144,10 @@ class RunLogger:
     def close(self) -> None:
         try:
             try:
-                for job in self._drawn:
-                    job.result()  # its exception, if drawing or writing failed
+                if self._drawing is not None:
+                    self._drawing.shutdown(wait=True)
+                    for image in self._drawn:
+                        image.result()  # its exception, if drawing failed
             finally:
                 self.events.close()
                 self._metrics.close()
