@@ -34,6 +34,8 @@ CHUNK = 2**20
 class Ready:
     """Host copies made already."""
 
+    mark = None  # nothing to wait for
+
     def __init__(self, arrays: list[np.ndarray]):
         self._arrays = arrays
 
@@ -61,6 +63,11 @@ class Staged:
             self._taken = [view.copy() for view in self.views()]
             self._release()
         return self._taken
+
+    @property
+    def mark(self):
+        """The mark recorded after the copies (the launches before them are done once it is)."""
+        return self._done
 
     def views(self) -> list[np.ndarray]:
         """The arrays as they were when queued, in the pinned buffer itself: no copy, valid until `drop` gives the

@@ -92,7 +92,8 @@ class Backend(Protocol):
     def to_host_later(self, arrays: list) -> Any:
         """Host copies of `arrays` as they are after the launches queued so far, queued now and taken later:
         `.take()` returns them (a list of NumPy arrays), `.views()` the same arrays in the copies' own memory (no copy;
-        valid until `.drop()`), `.drop()` gives them up (mlptrain.backends.host_copies)."""
+        valid until `.drop()`), `.drop()` gives them up (mlptrain.backends.host_copies); `.mark` is a mark (as `mark`'s)
+        after the copies, or None where they were made at once."""
 
     def reserve_host_copies(self, *copies: list) -> None:
         """Make ready, behind the host's back, what `to_host_later(arrays)` will need for each `arrays` of

@@ -256,6 +256,11 @@ class LaneCopies:
     def __init__(self, copies, lane: int):
         self.copies, self.lane = copies, lane
 
+    @property
+    def mark(self):
+        """The copies' mark, every lane's (Backend.to_host_later)."""
+        return self.copies.mark
+
     def take(self) -> list[np.ndarray]:
         return [array[self.lane] for array in self.copies.take()]
 

@@ -32,7 +32,12 @@ class QueuedRead:
 
 def queue_read(s, epoch: int, i: int, lo: int, hi: int) -> QueuedRead:
     copies = s.window.read_copies(lo, hi, s.evaluator.classifies)
-    return QueuedRead(epoch, i + 1, lo, hi, s.backend.mark(), copies)
+    # the copies' own mark where they have one: after them, so after the period's steps. A packed group's lanes
+    # share their reads' copies (LaneGroup.read_copies), so they share one event where each recorded its own and
+    # side_by_side asked each in turn whether it was done: ~250 ms of a 16-lane sweep's feeding thread, which the
+    # GPU waits for (benchmarks/NOTES.md, issue 30 step 29)
+    mark = copies.mark if copies.mark is not None else s.backend.mark()
+    return QueuedRead(epoch, i + 1, lo, hi, mark, copies)
 
 
 def read_state(s, read: QueuedRead) -> dict:

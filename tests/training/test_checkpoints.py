@@ -132,6 +132,8 @@ class _Lent:
     """Host copies lent as they land (a GPU's pinned buffer): `drop` gives them back, after which they are not
     to be read."""
 
+    mark = None  # copied at once (Backend.to_host_later's copies made at once have none)
+
     def __init__(self, arrays, lent):
         self.arrays, self.dropped, self.viewed = arrays, False, False
         lent.append(self)

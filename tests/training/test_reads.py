@@ -116,3 +116,44 @@ def test_an_epochs_evaluation_yields_a_mark_per_split_before_reading_it():
     assert yielded == [None, None] and asked == [1]  # the CPU backend's marks: None, one per split
     assert record == ev.record(session.val, session.test, 1, 15)
     assert list(record) == ["epoch", "step", "val_loss", "val_acc", "test_loss", "test_acc"]
+
+
+def test_a_read_waits_on_its_copies_own_mark_where_they_have_one():
+    """A read's copies that land behind the host carry a mark after them (so after the period's steps): the read
+    waits on it, and a packed group's lanes, whose reads share one set of copies, share one event; copies made at
+    once have none, and the backend's own mark is taken."""
+    from types import SimpleNamespace
+
+    from mlptrain.training.reads import queue_read
+
+    class Copies:
+        def __init__(self, mark):
+            self.mark = mark
+
+    marks = []
+    backend = SimpleNamespace(mark=lambda: marks.append("recorded") or "the backend's mark")
+    landing = Copies("after the copies")
+    s = SimpleNamespace(backend=backend, evaluator=SimpleNamespace(classifies=True),
+                        window=SimpleNamespace(read_copies=lambda lo, hi, outcomes: landing))
+    read = queue_read(s, 1, 4, 0, 10)
+    assert read.mark == "after the copies" and read.copies is landing and not marks
+    landing = Copies(None)
+    assert queue_read(s, 1, 9, 10, 20).mark == "the backend's mark" and marks == ["recorded"]
+
+
+@pytest.mark.real_gpu
+def test_an_event_seen_done_is_not_asked_again(monkeypatch):
+    """A packed group's lanes wait on one event (their shared read's): once seen done it answers without the driver."""
+    from mlptrain.backends.driver import api
+
+    backend = CudaBackend(own_stream=True)
+    if backend.mark() is None:
+        pytest.skip("numba's path (MLPTRAIN_CUDA_LAUNCH=numba) marks nothing")
+    event = api.Event().record(backend.stream)
+    event.wait()
+    asked = []
+    monkeypatch.setattr(api.cu, "cuEventQuery", lambda handle: asked.append(handle))
+    assert event.done() and event.done() and not asked
+    fresh = api.Event().record(backend.stream)
+    monkeypatch.undo()
+    assert fresh.done() or (fresh.wait() is None and fresh.done())

@@ -138,9 +138,10 @@ class Event:
     """A point in a stream's work (`record`, which every maker calls first), which the host can ask about without
     waiting (`done`); when the last reference goes, kept for the context's next event."""
 
-    __slots__ = ("handle", "__weakref__")
+    __slots__ = ("handle", "_finished", "__weakref__")
 
     def __init__(self):
+        self._finished = False  # seen done: a packed group's lanes ask one event in turn
         context = current_context()
         try:
             self.handle = _SPARE_EVENTS[int(context)].pop()
@@ -151,18 +152,24 @@ class Event:
 
     def record(self, stream) -> "Event":
         check(cu.cuEventRecord(self.handle, handle(stream)), "cuEventRecord")
+        self._finished = False
         return self
 
     def done(self) -> bool:
         """Whether the stream has run everything queued before the record."""
+        if self._finished:
+            return True
         err, = cu.cuEventQuery(self.handle)
         if err == cu.CUresult.CUDA_ERROR_NOT_READY:
             return False
         check((err,), "cuEventQuery")
+        self._finished = True
         return True
 
     def wait(self) -> None:
-        check(cu.cuEventSynchronize(self.handle), "cuEventSynchronize")
+        if not self._finished:
+            check(cu.cuEventSynchronize(self.handle), "cuEventSynchronize")
+            self._finished = True
 
 
 def _spare_event(event, context: int) -> None:
