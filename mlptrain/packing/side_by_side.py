@@ -99,7 +99,10 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
     results, errors = [None] * len(active), []
     count = len(active)
     while active:
-        stepped, waiting = False, None
+        # marks seen not done this round, asked once: a lockstep group's lanes wait on one read's mark, and asking
+        # the driver 16 times a read took ~170 ms of a 16-lane sweep's feeding thread (benchmarks/NOTES.md, issue 30
+        # step 29)
+        stepped, waiting, not_done = False, None, set()
         for i, run in list(active.items()):
             if i not in active:  # closed this round, after another's error
                 continue
@@ -108,7 +111,8 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
                 continue
             if lanes is not None and lanes.waits(i):  # its window is not launched yet
                 continue
-            if run.mark is not None and not run.mark.done():
+            if run.mark is not None and (id(run.mark) in not_done or not run.mark.done()):
+                not_done.add(id(run.mark))
                 waiting = waiting or run
                 continue
             stepped = True

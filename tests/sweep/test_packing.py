@@ -92,6 +92,28 @@ def test_when_every_run_waits_the_host_waits_for_one():
     assert marks[0].waited and sorted(log) == ["a", "b"]
 
 
+
+def test_runs_waiting_on_one_mark_ask_it_once_a_round():
+    """A lockstep group's lanes wait on their read's one mark: asked once a round, not by each (each a driver call);
+    a run whose mark is its own is still asked."""
+    asked = []
+
+    class Counted(Mark):
+        def done(self):
+            asked.append(self)
+            return super().done()
+
+    shared, own, log = Counted(), Counted(), []
+
+    def reader(name, mark):
+        yield mark
+        log.append(name)
+
+    side_by_side([reader("a", shared), reader("b", shared), reader("c", shared), reader("d", own)])
+    assert sorted(log) == ["a", "b", "c", "d"] and shared.waited
+    first_round = asked[:2]
+    assert first_round == [shared, own]  # b and c were not asked after a, in the same round
+
 def test_runs_started_together_spread_their_epochs_ends_by_their_period():
     log = []
 
