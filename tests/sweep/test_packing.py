@@ -92,7 +92,6 @@ def test_when_every_run_waits_the_host_waits_for_one():
     assert marks[0].waited and sorted(log) == ["a", "b"]
 
 
-
 def test_runs_waiting_on_one_mark_ask_it_once_a_round():
     """A lockstep group's lanes wait on their read's one mark: asked once a round, not by each (each a driver call);
     a run whose mark is its own is still asked."""
@@ -113,6 +112,7 @@ def test_runs_waiting_on_one_mark_ask_it_once_a_round():
     assert sorted(log) == ["a", "b", "c", "d"] and shared.waited
     first_round = asked[:2]
     assert first_round == [shared, own]  # b and c were not asked after a, in the same round
+
 
 def test_runs_started_together_spread_their_epochs_ends_by_their_period():
     log = []

@@ -25,12 +25,12 @@ def mapped(nbytes: int) -> np.ndarray:
     (which the kernel may decline: /sys/kernel/mm/transparent_hugepage)."""
     size = -(-max(int(nbytes), 1) // PAGE) * PAGE
     huge = size >= HUGE_PAGE
-    private = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
+    flags = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
     length = size + (HUGE_PAGE if huge else 0)  # room to start on a huge page's boundary
-    if None in private:
+    if None in flags:
         mapping = mmap.mmap(-1, length)
     else:  # private: shared anonymous memory gets huge pages only where shmem's setting allows them
-        mapping = mmap.mmap(-1, length, flags=private[0] | private[1])
+        mapping = mmap.mmap(-1, length, flags=flags[0] | flags[1])
     _KEPT.append(mapping)
     whole = np.frombuffer(mapping, np.uint8)
     start = (-whole.ctypes.data) % HUGE_PAGE if huge else 0
