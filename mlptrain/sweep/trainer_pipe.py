@@ -79,20 +79,6 @@ class PipeTrials:
         self._ahead: deque[Future] = deque()  # claims asked for before a slot needed them (`claim_ahead`)
         threading.Thread(target=self._read_answers, name="mlptrain-sweep-answers", daemon=True).start()
 
-    def _give_back_ahead(self, quiet: bool) -> None:
-        """`quiet`: an error here is not raised (the trainer is failing already, with the error that matters)."""
-        while self._ahead:
-            try:
-                claim = self._ahead.popleft().result()
-                if claim is not None:
-                    self.requeue(claim)
-                    self.tell(claim, FAIL, {}).result()
-            except CommandGone:  # nothing to give back to: a re-run queues them again once their heartbeats lapse
-                return
-            except Exception:
-                if not quiet:
-                    raise
-
     def _read_answers(self) -> None:
         try:
             while (answer := receive(self._answers)) is not None:
@@ -166,6 +152,20 @@ class PipeTrials:
                 future.result()
         finally:
             os.close(self._ask)
+
+    def _give_back_ahead(self, quiet: bool) -> None:
+        """`quiet`: an error here is not raised (the trainer is failing already, with the error that matters)."""
+        while self._ahead:
+            try:
+                claim = self._ahead.popleft().result()
+                if claim is not None:
+                    self.requeue(claim)
+                    self.tell(claim, FAIL, {}).result()
+            except CommandGone:  # nothing to give back to: a re-run queues them again once their heartbeats lapse
+                return
+            except Exception:
+                if not quiet:
+                    raise
 
 
 def serve(requests: int, answers: int, source) -> list:
