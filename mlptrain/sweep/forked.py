@@ -133,7 +133,12 @@ def run_child(start, run, say_done: int) -> NoReturn:
     """The rest of a forked child's life: start() (which returns its open log, or None where it pointed the
     child's output elsewhere itself), its output to that log, run(), and its exit code said through the pipe
     `say_done` and ended with (`os._exit`: the command goes on once it has the code). Anything start() raises
-    ends the child with 1 (2: a refusal)."""
+    ends the child with 1 (2: a refusal).
+
+    After the code, the exit handlers its work registered, as the interpreter's exit runs them: the drawing
+    processes' shutdown (os._exit skips them, and left those processes holding the command's output pipe). They
+    decide nothing the command waits for, and the shutdown took ~35-50 ms of a packed sweep's end: the command
+    goes on meanwhile (benchmarks/NOTES.md, issue 30 step 30)."""
     code = 1
     try:
         log = start()
@@ -143,25 +148,27 @@ def run_child(start, run, say_done: int) -> NoReturn:
             log.close()
         reopen_console()  # a log, not the command's terminal (no colours, no live display), or the terminal
         code = exit_code(run)
-        # the exit handlers its work registered, as the interpreter's exit runs them: the drawing processes'
-        # shutdown, which waits for their images (os._exit below skips them, and left those processes holding
-        # the command's output pipe)
-        atexit._run_exitfuncs()
     except UserError:  # the log could not be opened: nowhere to say more, the code says it
         code = 2
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # the code is decided; a stream that cannot flush has nothing to add to it
-                pass
+        _flush()
         # the command may end once it has the code: its SIGTERM (die_with_parent) must not stop this exit
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
         try:
             os.write(say_done, bytes([code & 0xFF]))  # as the process's exit status would carry it
         except OSError:  # the command is gone; the exit itself tells whoever waits
             pass
+        atexit._run_exitfuncs()  # (each handler's error is printed by it, and the rest still run)
+        _flush()
         os._exit(code)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # the code is decided; a stream that cannot flush has nothing to add to it
+            pass
 
 
 def exit_code(run) -> int:

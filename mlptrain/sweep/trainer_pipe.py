@@ -77,6 +77,7 @@ class PipeTrials:
         self._gone = False
         self._ended: list[Future] = []  # the trial_ended calls, whose errors `close` raises
         self._ahead: deque[Future] = deque()  # claims asked for before a slot needed them (`claim_ahead`)
+        self._none_left = False  # the command answered a claim with none, and this trainer queued none again since
         threading.Thread(target=self._read_answers, name="mlptrain-sweep-answers", daemon=True).start()
 
     def _read_answers(self) -> None:
@@ -116,7 +117,15 @@ class PipeTrials:
         self._ahead.extend(self._call("claim") for _ in range(count))
 
     def claim(self):
-        return (self._ahead.popleft() if self._ahead else self._call("claim")).result()
+        """The next trial, or None where none is left. Once the command has said none is left, a later claim is
+        None without asking, until this trainer queues a trial again (`requeue`): its slots ask for no more once
+        told none (they do not wait for others'), and a packed group's 16 lanes, ending together, waited ~25 ms
+        at a sweep's end for one round trip each, behind their tells (benchmarks/NOTES.md, issue 30 step 30)."""
+        if self._none_left and not self._ahead:
+            return None
+        claim = (self._ahead.popleft() if self._ahead else self._call("claim")).result()
+        self._none_left = claim is None
+        return claim
 
     def running(self) -> list[int]:
         return self._call("running").result()
@@ -134,6 +143,7 @@ class PipeTrials:
         return self._call("should_prune", claim, value, epoch).result()
 
     def requeue(self, claim) -> None:
+        self._none_left = False  # a slot still running may take it
         self._call("requeue", claim).result()
 
     def tell(self, claim, state: str, metrics: dict, value=None, error: str | None = None) -> Future:

@@ -170,6 +170,31 @@ def test_a_forked_child_says_it_is_done_before_its_process_ends(tmp_path):
     assert done.stdout.split() == ["7", "True", "7", "True"]
 
 
+def test_a_forked_child_says_its_code_before_its_exit_handlers_run(tmp_path):
+    """The exit handlers a child's work registered (the drawing processes' shutdown) run after its code is said:
+    they decide nothing the command waits for. They still run, before the process ends."""
+    done = _fresh(f"""
+        import atexit, time
+        from pathlib import Path
+        from mlptrain.sweep.forked import fork_child
+
+        marker = Path({str(tmp_path)!r}) / "handler"
+
+        def work():
+            atexit.register(lambda: (time.sleep(1.5), marker.write_text("ran")))
+            return 3
+
+        child = fork_child(work, Path({str(tmp_path)!r}) / "worker-1.log", None)
+        started = time.monotonic()
+        while child.poll() is None:
+            time.sleep(0.01)
+        said = time.monotonic() - started
+        print(child.poll(), said < 1.0, marker.exists(), child.wait(timeout=30), marker.read_text())
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "True", "False", "3", "ran"]
+
+
 def test_no_fork_once_the_driver_has_started(tmp_path):
     """A child forked after cuInit could not use the GPU: once the command has started the driver (its thread
     ended or not), it forks nothing more and its workers are threads."""

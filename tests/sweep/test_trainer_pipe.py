@@ -10,7 +10,7 @@ import pytest
 
 from mlptrain.errors import UserError
 from mlptrain.sweep.trainer_pipe import CommandGone, PipeTrials, serve
-from mlptrain.sweep.trial_source import COMPLETE, Claim
+from mlptrain.sweep.trial_source import COMPLETE, FAIL, Claim
 
 
 class _Study:
@@ -138,6 +138,47 @@ def test_claims_asked_ahead_serve_the_slots_in_order_and_those_no_slot_took_are_
     assert not server.is_alive() and [c.number for c in left] == [0]  # the taken one had no outcome yet
     assert study.records == [("requeue", 1), ("tell", 1, "fail", None)]
     assert study.queue and study.queue[0].number == 2  # asked ahead for two slots, not more
+    for fd in (ask_read, answers_write):
+        os.close(fd)
+
+
+class _Counted(_Requeued):
+    """Counts the claims it is asked for."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = 0
+
+    def claim(self):
+        self.asked += 1
+        return super().claim()
+
+
+def test_once_none_is_left_a_claim_asks_no_more_until_the_trainer_queues_one_again():
+    """A packed group's lanes end together, each claiming its next trial: once the command has said none is left,
+    the other slots are told so without a round trip each; a trial this trainer queues again (a lane that does not
+    fit) is asked for again, and found."""
+    ask_read, ask_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    study, left = _Counted(), []
+    server = threading.Thread(target=lambda: left.extend(serve(ask_read, answers_write, study)), daemon=True)
+    server.start()
+    trials = PipeTrials(ask_write, answers_read)
+    taken = [trials.claim() for _ in range(3)]
+    assert [c.number for c in taken] == [0, 1, 2] and study.asked == 3
+    assert trials.claim() is None and study.asked == 4  # asked: the command says none is left
+    assert [trials.claim() for _ in range(5)] == [None] * 5 and study.asked == 4  # not asked again
+    trials.requeue(taken[2])  # queued again by this trainer, as a lane that does not fit is, and told FAIL
+    trials.tell(taken[2], FAIL, {}).result()
+    study.queue.append(taken[2])  # (this study only records a requeue)
+    again = trials.claim()
+    assert again.number == 2 and study.asked == 5
+    assert trials.claim() is None and trials.claim() is None and study.asked == 6
+    for claim in (*taken[:2], again):
+        trials.tell(claim, COMPLETE, {}, 0.5).result()
+    trials.close()
+    server.join(10)
+    assert not server.is_alive() and left == []
     for fd in (ask_read, answers_write):
         os.close(fd)
 
