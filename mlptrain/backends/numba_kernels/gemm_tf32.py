@@ -92,13 +92,6 @@ def make_multiply_slice(FM, FN, BK, a_steps, b_steps, exact=False):
     parts = exact_parts if exact else split
 
     @kernel_cache.device
-    def accumulate(acc, i, j, a, b):
-        """acc's fragment (i, j) += a's fragment i @ b's fragment j: one mma."""
-        acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = product(
-            a[i, 0], a[i, 1], a[i, 2], a[i, 3], b[j, 0], b[j, 1],
-            acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1], acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1])
-
-    @kernel_cache.device
     def multiply_slice(As, Bs, a_first, b_first, acc):
         a_big, a_small = cuda.local.array((FM, 4), uint32), cuda.local.array((FM, 4), uint32)
         b_big, b_small = cuda.local.array((FN, 2), uint32), cuda.local.array((FN, 2), uint32)
@@ -111,19 +104,19 @@ def make_multiply_slice(FM, FN, BK, a_steps, b_steps, exact=False):
                 for r in range(2):  # B[t, g], B[t + 4, g]
                     at = b_first + uint64(8 * j * B_ROW + (s + 4 * r) * B_K)
                     b_big[j, r], b_small[j, r] = parts(Bs[at])
-            # each kind of product for every fragment before the next kind: a fragment's three products depend on
-            # each other (one accumulator), so a warp issuing them in a row waited out each one's latency, with
-            # two warps an SM sub-partition in the lanes' few-block passes (benchmarks/NOTES.md, issue 30 step 30)
-            if not exact:  # (a constant of the closure: an exact slice has no small products)
-                for i in range(FM):
-                    for j in range(FN):
-                        accumulate(acc, i, j, a_small, b_big)
-                for i in range(FM):
-                    for j in range(FN):
-                        accumulate(acc, i, j, a_big, b_small)
             for i in range(FM):
                 for j in range(FN):
-                    accumulate(acc, i, j, a_big, b_big)
+                    c0, c1 = acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1]
+                    c2, c3 = acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1]
+                    if not exact:  # (a constant of the closure: an exact slice has no small products)
+                        c0, c1, c2, c3 = product(a_small[i, 0], a_small[i, 1], a_small[i, 2], a_small[i, 3],
+                                                 b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                        c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                                 b_small[j, 0], b_small[j, 1], c0, c1, c2, c3)
+                    c0, c1, c2, c3 = product(a_big[i, 0], a_big[i, 1], a_big[i, 2], a_big[i, 3],
+                                             b_big[j, 0], b_big[j, 1], c0, c1, c2, c3)
+                    acc[2 * i, 2 * j], acc[2 * i, 2 * j + 1] = c0, c1
+                    acc[2 * i + 1, 2 * j], acc[2 * i + 1, 2 * j + 1] = c2, c3
 
     return multiply_slice
 
