@@ -74,6 +74,9 @@ class LaneWindow(TrainingWindow):
     def read_copies(self, lo: int, hi: int, outcomes: bool):
         return self.group.read_copies(self, lo, hi, outcomes)
 
+    def read_metrics(self, copies, row_metrics) -> tuple[float, float]:
+        return self.group.read_metrics(self, copies, row_metrics)
+
     def kernels_made_ready(self, make) -> list[str]:
         return self.group.kernels_made_ready(make)
 
@@ -105,6 +108,7 @@ class LaneGroup:
         self.active = None  # the lanes the device's mask holds
         self.flushes = 0  # flushes so far: a read's copies are the group's for the lanes reading after one flush
         self._read = None  # (flushes, lo, hi, outcomes), and the copies of every lane's rows and step state
+        self._read_metrics = None  # those copies, and every lane's loss and accuracy in them (read_metrics)
         self._kernel_notes = {}  # LaneStep.plan -> the notes of making its kernels ready (kernels_made_ready)
 
     def kernels_made_ready(self, make) -> list[str]:
@@ -206,6 +210,21 @@ class LaneGroup:
                     *([lane_view(slabs["row_correct"], lo, (hi - lo,))] if outcomes else [])]
             self._read = (key, self.backend.to_host_later([*rows, slabs["state"]]))
         return LaneCopies(self._read[1], window.lane)
+
+    def read_metrics(self, window: LaneWindow, copies, row_metrics) -> tuple[float, float]:
+        """A lane's (loss, acc) of its read's copies (TrainingWindow.read_metrics): where they are its share of every
+        lane's (read_copies), `row_metrics` of every lane's rows at once, the first time a lane asks, and this lane's
+        of them (the same bits as its rows' alone). The lanes of a lockstep group each took their rows' means in
+        turn, 16 small NumPy calls a read that were a fifth of the feeding thread's samples in training
+        (benchmarks/NOTES.md, issue 30 step 30). The lanes' evaluators are alike (lane_signature)."""
+        if not isinstance(copies, LaneCopies):
+            return TrainingWindow.read_metrics(window, copies, row_metrics)
+        if self._read_metrics is None or self._read_metrics[0] is not copies.copies:
+            *rows, _ = copies.copies.take()
+            loss, acc, _ = row_metrics(*rows)
+            self._read_metrics = (copies.copies, loss, acc)
+        _, loss, acc = self._read_metrics
+        return float(loss[window.lane]), float(acc[window.lane]) if np.ndim(acc) else acc
 
     def _launch(self, rows: int, lanes: int) -> None:
         """As a lane's own window runs: the first full window launch by launch (compiling), then captured as a

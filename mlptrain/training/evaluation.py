@@ -147,11 +147,15 @@ class Evaluator:
                                 else None)
 
     def row_metrics(self, losses: np.ndarray, outcomes: np.ndarray | None = None) -> tuple:
-        """`read_rows` of per-sample results on the host already (`outcomes` unread for the autoencoder)."""
-        loss = float(losses.astype(np.float64).mean())
+        """`read_rows` of per-sample results on the host already (`outcomes` unread for the autoencoder). Rows with
+        a lane axis first (a packed group's, [K, n]) give a loss and an accuracy a lane, arrays: each lane's the bits
+        of its row alone (NumPy sums each row of the last, contiguous axis pairwise, as it sums a row alone)."""
+        loss = losses.astype(np.float64).mean(axis=-1)
+        loss = float(loss) if loss.ndim == 0 else loss
         if not self.classifies:
             return loss, float("nan"), None
-        return loss, float((outcomes == 1).mean()), outcomes
+        acc = (outcomes == 1).mean(axis=-1)
+        return loss, float(acc) if acc.ndim == 0 else acc, outcomes
 
     def record(self, val, test, epoch: int, step: int) -> dict:
         """Evaluate on val and, unless `test` is None, on test: epoch, step and val_loss/val_acc/test_loss/

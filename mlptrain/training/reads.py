@@ -68,9 +68,7 @@ def report_late(s, end: QueuedEnd, on_read) -> float:
 
 
 def _rows_read(s, read: QueuedRead) -> tuple[float, float]:
-    *rows, _ = read.copies.take()
-    loss, acc, _ = s.evaluator.row_metrics(*rows)
-    return loss, acc
+    return s.window.read_metrics(read.copies, s.evaluator.row_metrics)
 
 
 def _hand(read: QueuedRead, loss: float, acc: float, state: dict, seconds: float, on_read) -> None:

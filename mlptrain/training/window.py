@@ -62,6 +62,12 @@ class TrainingWindow:
         rows = [self.row_loss[lo:hi], *([self.row_correct[lo:hi]] if outcomes else [])]
         return self.backend.to_host_later([*rows, self.step.state])
 
+    def read_metrics(self, copies, row_metrics) -> tuple[float, float]:
+        """(loss, acc) of a read's copies (`read_copies`'): `row_metrics` (Evaluator.row_metrics) of its rows."""
+        *rows, _ = copies.take()
+        loss, acc, _ = row_metrics(*rows)
+        return loss, acc
+
     def start_epoch(self, order: np.ndarray) -> None:
         """Load the epoch's order: a copy queued after the last epoch's steps, which read the order before it
         (nothing waits for the device here: a packed group's lanes share a stream, and a synchronisation at each

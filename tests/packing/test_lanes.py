@@ -166,6 +166,49 @@ def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_ro
     assert sessions[0].window.read_copies(0, 60, False).copies is not reads[0].copies  # another read: its own
 
 
+def test_the_lanes_read_metrics_are_taken_once_a_read_for_every_lane_with_each_lanes_bits(tiny_mnist):
+    """A read's loss and accuracy: every lane's taken at once, the first time a lane of the flush asks, and each
+    lane's the bits of its rows alone (Evaluator.row_metrics over the lane axis)."""
+    group, sessions = build(tiny(), lanes=3)
+    calls = []
+
+    def counted(*rows):
+        calls.append(rows[0].shape)
+        return sessions[0].evaluator.row_metrics(*rows)
+
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    for turn in range(2):
+        for s in sessions:
+            s.window.run(60 * turn, 60)
+        group.flush()
+        reads = [s.window.read_copies(60 * turn, 60 * turn + 60, True) for s in sessions]
+        got = [s.window.read_metrics(read, counted) for s, read in zip(sessions, reads)]
+        assert calls == [(3, 60)] * (turn + 1)  # once a read, every lane's rows
+        for s, read, (loss, acc) in zip(sessions, reads, got):
+            alone = s.evaluator.row_metrics(*TrainingWindow.read_copies(s.window, 60 * turn, 60 * turn + 60,
+                                                                         True).take()[:2])
+            assert (loss, acc) == alone[:2] and type(loss) is float and type(acc) is float
+        assert got[0] != got[1]
+
+
+def test_row_metrics_over_a_lane_axis_are_each_rows_bits_alone():
+    """NumPy sums each row of the last axis as it sums that row alone, pairwise, at sizes past its 8,192-element
+    blocks too: so every lane's read metrics may be taken at once."""
+    from types import SimpleNamespace
+
+    from mlptrain.training.evaluation import Evaluator
+
+    rng = np.random.default_rng(5)
+    evaluator = SimpleNamespace(classifies=True)
+    for shape in [(16, 6400), (3, 1), (5, 4097), (4, 60000), (7, 8193)]:
+        losses = (rng.standard_normal(shape) * rng.uniform(0.1, 100, (shape[0], 1)) + 3).astype(np.float32)
+        outcomes = rng.integers(0, 2, shape).astype(np.int32)
+        loss, acc, _ = Evaluator.row_metrics(evaluator, losses, outcomes)
+        for z in range(shape[0]):
+            assert (float(loss[z]), float(acc[z])) == Evaluator.row_metrics(evaluator, losses[z], outcomes[z])[:2]
+
+
 def test_a_lane_that_hands_in_nothing_is_not_touched(tiny_mnist):
     group, sessions = build(tiny(), lanes=3)
     for s in sessions:
