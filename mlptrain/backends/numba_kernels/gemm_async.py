@@ -127,14 +127,12 @@ def make_ring_product(shape, BK, operands, size, stages, make_slice):
         for s in range(count):
             wait()  # this thread's copies of slice s are in
             cuda.syncthreads()  # everyone's are, and everyone is done with slice s - 1's buffer
-            # slice s + stages - 1's copies before slice s's products: into the buffer slice s - 1 left, which the
-            # barrier above frees, a slice's products earlier than after them
+            multiply_slice(As, Bs, a_first + uint64(here * A_WORDS), b_first + uint64(here * B_WORDS), acc)
             ahead = s + stages - 1
-            if ahead < count:
+            if ahead < count:  # into the buffer slice s - 1 left
                 copy_a(As, there, a, a_offsets, a_ks, a_addresses, ahead, K)
                 copy_b(Bs, there, b, b_offsets, b_ks, b_addresses, ahead, K)
             commit()
-            multiply_slice(As, Bs, a_first + uint64(here * A_WORDS), b_first + uint64(here * B_WORDS), acc)
             here = int32(here + 1) if here < int32(stages - 1) else int32(0)
             there = int32(there + 1) if there < int32(stages - 1) else int32(0)
         return True
