@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -41,6 +42,7 @@ from mlptrain.util.console import console, reopen_console
 from mlptrain.util.regular_file import open_regular
 
 POLL_S = 0.01  # how often `Forked.wait` looks
+EXIT_HANDLERS_S = 30.0  # the longest a child's exit handlers may take once it has said its code (run_child)
 
 
 class Forked:
@@ -138,7 +140,8 @@ def run_child(start, run, say_done: int) -> NoReturn:
     After the code, the exit handlers its work registered, as the interpreter's exit runs them: the drawing
     processes' shutdown (os._exit skips them, and left those processes holding the command's output pipe). They
     decide nothing the command waits for, and the shutdown took ~35-50 ms of a packed sweep's end: the command
-    goes on meanwhile (benchmarks/NOTES.md, issue 30 step 30)."""
+    goes on meanwhile (benchmarks/NOTES.md, issue 30 step 30). A handler that hangs ends with the process after
+    EXIT_HANDLERS_S: no command waits for it any more, and the child must not outlive it holding its GPU."""
     code = 1
     try:
         log = start()
@@ -158,6 +161,9 @@ def run_child(start, run, say_done: int) -> NoReturn:
             os.write(say_done, bytes([code & 0xFF]))  # as the process's exit status would carry it
         except OSError:  # the command is gone; the exit itself tells whoever waits
             pass
+        watchdog = threading.Timer(EXIT_HANDLERS_S, os._exit, (code,))
+        watchdog.daemon = True
+        watchdog.start()
         atexit._run_exitfuncs()  # (each handler's error is printed by it, and the rest still run)
         _flush()
         os._exit(code)

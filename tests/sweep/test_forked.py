@@ -195,6 +195,28 @@ def test_a_forked_child_says_its_code_before_its_exit_handlers_run(tmp_path):
     assert done.stdout.split() == ["3", "True", "False", "3", "ran"]
 
 
+def test_a_forked_child_whose_exit_handler_hangs_still_ends(tmp_path):
+    """Once its code is said no command waits for a child: an exit handler that never returns ends with the process
+    after forked.EXIT_HANDLERS_S, and the child does not outlive the command holding its GPU."""
+    done = _fresh(f"""
+        import atexit, threading, time
+        from pathlib import Path
+        from mlptrain.sweep import forked
+
+        forked.EXIT_HANDLERS_S = 1.0
+
+        def work():
+            atexit.register(lambda: threading.Event().wait())  # never returns
+            return 5
+
+        child = forked.fork_child(work, Path({str(tmp_path)!r}) / "worker-1.log", None)
+        started = time.monotonic()
+        print(child.wait(timeout=30), time.monotonic() - started < 20)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["5", "True"]
+
+
 def test_no_fork_once_the_driver_has_started(tmp_path):
     """A child forked after cuInit could not use the GPU: once the command has started the driver (its thread
     ended or not), it forks nothing more and its workers are threads."""
