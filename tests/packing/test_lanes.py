@@ -10,6 +10,7 @@ inside an epoch). The sweeps and seeds that use the lanes are tested with the pa
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from mlptrain.backends.lanes import lane_view
 from mlptrain.config.load import config_from_dict
 from mlptrain.data.loader import epoch_order
+from mlptrain.training.evaluation import Evaluator
 from mlptrain.training.experiment import Resources
 from mlptrain.packing import lane_group
 from mlptrain.packing.lane_group import LaneWindow, slots
@@ -146,17 +148,23 @@ def test_a_groups_kernels_are_made_ready_once_for_each_step_plan(tiny_mnist):
     assert sessions[0].window.kernels_made_ready(make) == ["note 2"]  # the plan the group now launches
 
 
-def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_rows(tiny_mnist):
-    """A lockstep group's lanes read the same rows after the same flush: one set of copies of every lane's rows and
-    step state (the backend copies lane views), each lane given its own, as its window alone would copy them."""
+def _flushed_reads(turns: int):
+    """A lockstep group of three lanes, each turn flushed after every lane ran 60 rows: (the sessions, the turn, each
+    lane's read copies of the turn's rows)."""
     group, sessions = build(tiny(), lanes=3)
     for s in sessions:
         s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
-    for turn in range(2):
+    for turn in range(turns):
         for s in sessions:
             s.window.run(60 * turn, 60)
         group.flush()
-        reads = [s.window.read_copies(60 * turn, 60 * turn + 60, True) for s in sessions]
+        yield sessions, turn, [s.window.read_copies(60 * turn, 60 * turn + 60, True) for s in sessions]
+
+
+def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_rows(tiny_mnist):
+    """A lockstep group's lanes read the same rows after the same flush: one set of copies of every lane's rows and
+    step state (the backend copies lane views), each lane given its own, as its window alone would copy them."""
+    for sessions, turn, reads in _flushed_reads(2):
         assert len({id(read.copies) for read in reads}) == 1
         for s, read in zip(sessions, reads):
             alone = TrainingWindow.read_copies(s.window, 60 * turn, 60 * turn + 60, True).take()
@@ -169,20 +177,13 @@ def test_the_lanes_reads_after_one_flush_share_one_copy_and_each_gets_its_own_ro
 def test_the_lanes_read_metrics_are_taken_once_a_read_for_every_lane_with_each_lanes_bits(tiny_mnist):
     """A read's loss and accuracy: every lane's taken at once, the first time a lane of the flush asks, and each
     lane's the bits of its rows alone (Evaluator.row_metrics over the lane axis)."""
-    group, sessions = build(tiny(), lanes=3)
     calls = []
 
     def counted(*rows):
         calls.append(rows[0].shape)
-        return sessions[0].evaluator.row_metrics(*rows)
+        return Evaluator.row_metrics(SimpleNamespace(classifies=True), *rows)
 
-    for s in sessions:
-        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
-    for turn in range(2):
-        for s in sessions:
-            s.window.run(60 * turn, 60)
-        group.flush()
-        reads = [s.window.read_copies(60 * turn, 60 * turn + 60, True) for s in sessions]
+    for sessions, turn, reads in _flushed_reads(2):
         got = [s.window.read_metrics(read, counted) for s, read in zip(sessions, reads)]
         assert calls == [(3, 60)] * (turn + 1)  # once a read, every lane's rows
         for s, read, (loss, acc) in zip(sessions, reads, got):
@@ -195,10 +196,6 @@ def test_the_lanes_read_metrics_are_taken_once_a_read_for_every_lane_with_each_l
 def test_row_metrics_over_a_lane_axis_are_each_rows_bits_alone():
     """NumPy sums each row of the last axis as it sums that row alone, pairwise, at sizes past its 8,192-element
     blocks too: so every lane's read metrics may be taken at once."""
-    from types import SimpleNamespace
-
-    from mlptrain.training.evaluation import Evaluator
-
     rng = np.random.default_rng(5)
     evaluator = SimpleNamespace(classifies=True)
     for shape in [(16, 6400), (3, 1), (5, 4097), (4, 60000), (7, 8193)]:

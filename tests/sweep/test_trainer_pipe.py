@@ -69,10 +69,10 @@ def _done(value):
     return future
 
 
-def _connected():
+def _connected(study=None):
     ask_read, ask_write = os.pipe()
     answers_read, answers_write = os.pipe()
-    study = _Study()
+    study = _Study() if study is None else study
     left = []
     server = threading.Thread(target=lambda: left.extend(serve(ask_read, answers_write, study)), daemon=True)
     server.start()
@@ -125,12 +125,7 @@ class _Requeued(_Study):
 def test_claims_asked_ahead_serve_the_slots_in_order_and_those_no_slot_took_are_queued_again():
     """A packed trainer asks for its slots' first claims at once (PipeTrials.claim_ahead); a slot that stopped before
     taking its claim leaves it queued again and told FAIL, as an interrupted trial is, not running in the study."""
-    ask_read, ask_write = os.pipe()
-    answers_read, answers_write = os.pipe()
-    study, left = _Requeued(), []
-    server = threading.Thread(target=lambda: left.extend(serve(ask_read, answers_write, study)), daemon=True)
-    server.start()
-    trials = PipeTrials(ask_write, answers_read)
+    trials, study, server, left, ends = _connected(_Requeued())
     trials.claim_ahead(2)
     assert trials.claim().number == 0  # the first asked ahead
     trials.close()  # the second slot stopped before it claimed
@@ -138,7 +133,7 @@ def test_claims_asked_ahead_serve_the_slots_in_order_and_those_no_slot_took_are_
     assert not server.is_alive() and [c.number for c in left] == [0]  # the taken one had no outcome yet
     assert study.records == [("requeue", 1), ("tell", 1, "fail", None)]
     assert study.queue and study.queue[0].number == 2  # asked ahead for two slots, not more
-    for fd in (ask_read, answers_write):
+    for fd in ends:
         os.close(fd)
 
 
@@ -158,12 +153,7 @@ def test_once_none_is_left_a_claim_asks_no_more_until_the_trainer_queues_one_aga
     """A packed group's lanes end together, each claiming its next trial: once the command has said none is left,
     the other slots are told so without a round trip each; a trial this trainer queues again (a lane that does not
     fit) is asked for again, and found."""
-    ask_read, ask_write = os.pipe()
-    answers_read, answers_write = os.pipe()
-    study, left = _Counted(), []
-    server = threading.Thread(target=lambda: left.extend(serve(ask_read, answers_write, study)), daemon=True)
-    server.start()
-    trials = PipeTrials(ask_write, answers_read)
+    trials, study, server, left, ends = _connected(_Counted())
     taken = [trials.claim() for _ in range(3)]
     assert [c.number for c in taken] == [0, 1, 2] and study.asked == 3
     assert trials.claim() is None and study.asked == 4  # asked: the command says none is left
@@ -179,7 +169,7 @@ def test_once_none_is_left_a_claim_asks_no_more_until_the_trainer_queues_one_aga
     trials.close()
     server.join(10)
     assert not server.is_alive() and left == []
-    for fd in (ask_read, answers_write):
+    for fd in ends:
         os.close(fd)
 
 
