@@ -215,8 +215,9 @@ class LaneGroup:
         """A lane's (loss, acc) of its read's copies (TrainingWindow.read_metrics): where they are its share of every
         lane's (read_copies), `row_metrics` of every lane's rows at once, the first time a lane asks, and this lane's
         of them (the same bits as its rows' alone). The lanes of a lockstep group each took their rows' means in
-        turn, 16 small NumPy calls a read: 372 ms of the feeding thread's sampled training in a 16-lane sweep, 215
-        as one call (benchmarks/NOTES.md, issue 30 step 30). The lanes' evaluators are alike (lane_signature)."""
+        turn, 16 small NumPy calls a read. With the epochs' means, 372 ms of the feeding thread's sampled training
+        in a 16-lane sweep; 215 with one call a read (benchmarks/NOTES.md, issue 30 step 30). The lanes' evaluators
+        are alike (lane_signature)."""
         if not isinstance(copies, LaneCopies):
             return TrainingWindow.read_metrics(window, copies, row_metrics)
         if self._read_metrics is None or self._read_metrics[0] is not copies.copies:
