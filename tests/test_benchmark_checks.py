@@ -219,3 +219,37 @@ def test_the_sweep_timeline_tells_an_epoch_end_gap_from_a_read_gap():
     assert found["gaps_epoch_ends_ms"] == 8.0 and found["gaps_reads_ms"] == 6.0 and found["gaps_other_ms"] == 1.875
     assert found["steps_ms"] == 8.0 and found["gpu_span_ms"] == 8.0 + 15.875
     assert found["host_stalls"] == 1 and abs(found["host_stall_s"] - 0.043) < 1e-9
+
+
+def test_the_sweep_against_run_table_times_both_and_checks_them_on_the_cpu(data_dir, tmp_path):
+    """benchmarks/sweep_against_run.py on the CPU: a packed sweep of two trials against one run, each timed whole,
+    with their summaries' phases; a sweep whose trials did not all complete, or a run that did not learn, stops it
+    (exit 1) before anything is printed."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_against_run.py"), "--trials", "2",
+                           "--epochs", "1", "--rounds", "1", "--flags", "--pack 2", "--set", "backend=cpu",
+                           "--set", "model.hidden=[32]", "--learned-below", "2.0", "--out", str(tmp_path / "out"),
+                           "--json",
+                           str(tmp_path / "result.json")],
+                          capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["trials"] == 2 and set(result["medians"]) == {"this", "run"}
+    assert "| sweep this |" in done.stdout and "| run |" in done.stdout and "first_step_s" in done.stdout
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from sweep_against_run import checked_run, checked_sweep
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    sweep = next((tmp_path / "out" / "sweeps").glob("this-0-*"))
+    assert len(checked_sweep(sweep, 2, 1.0)) == 2
+    with pytest.raises(SystemExit, match="WRONG RESULT"):
+        checked_sweep(sweep, 3, 1.0)  # a trial missing
+    with pytest.raises(SystemExit, match="no trial learned"):
+        checked_sweep(sweep, 2, 0.0)
+    run = next((tmp_path / "out" / "runs").glob("run-0-*"))
+    assert checked_run(run, 1.0)["train_loss"] < 1.0
+    with pytest.raises(SystemExit, match="WRONG RESULT"):
+        checked_run(run, 0.0)
