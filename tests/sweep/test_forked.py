@@ -211,7 +211,10 @@ def test_a_forked_child_whose_exit_handler_hangs_still_ends(tmp_path):
 
         child = forked.fork_child(work, Path({str(tmp_path)!r}) / "worker-1.log", None)
         started = time.monotonic()
-        print(child.wait(timeout=30), time.monotonic() - started < 20)
+        try:
+            print(child.wait(timeout=30), time.monotonic() - started < 20)
+        finally:
+            child.kill()  # a child that failed to end is not left behind
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["5", "True"]
