@@ -65,7 +65,8 @@ def checked_sweep(folder: Path, trials: int, bound: float) -> list[dict]:
         raise SystemExit(f"WRONG RESULT: {folder}: {[(row['params'], row['state']) for row in rows]}")
     found = summaries(folder)
     if min(s["train_loss"] for s in found) >= bound:
-        raise SystemExit(f"WRONG RESULT: {folder}: no trial learned (training losses {[s['train_loss'] for s in found]})")
+        losses = [s["train_loss"] for s in found]
+        raise SystemExit(f"WRONG RESULT: {folder}: no trial learned (training losses {losses})")
     return found
 
 
@@ -104,26 +105,30 @@ def main() -> None:
     flags = args.flags.split()
     stamp = time.strftime("%H%M%S")
 
-    def sweep(version, name: str, epochs: int) -> tuple[float, list[dict]]:
-        wall = timed(["sweep", str(sweep_file), f"train.epochs={epochs}", *args.set, "--runs-dir",
-                      str(args.out / "sweeps"), "--name", name, *flags], version[1], args.out / f"{name}.log")
-        return wall, checked_sweep(args.out / "sweeps" / name, trials, bound)
+    def sweep(path: str | None, name: str, epochs: int) -> tuple[float, Path]:
+        """`mlptrain sweep` of the K trials: its seconds and its folder."""
+        folder = args.out / "sweeps" / name
+        return timed(["sweep", str(sweep_file), f"train.epochs={epochs}", *args.set, "--runs-dir", str(folder.parent),
+                      "--name", name, *flags], path, args.out / f"{name}.log"), folder
 
-    def run(name: str, epochs: int) -> tuple[float, dict]:
-        wall = timed(["run", recipe, f"train.epochs={epochs}", *args.set, "--runs-dir", str(args.out / "runs"),
-                      "--name", name], versions[0][1], args.out / f"{name}.log")
-        return wall, checked_run(args.out / "runs" / name, bound)
+    def run(name: str, epochs: int) -> tuple[float, Path]:
+        """`mlptrain run` of the recipe with the first version: its seconds and its folder."""
+        folder = args.out / "runs" / name
+        return timed(["run", recipe, f"train.epochs={epochs}", *args.set, "--runs-dir", str(folder.parent),
+                      "--name", name], versions[0][1], args.out / f"{name}.log"), folder
 
     # untimed and unchecked (one epoch): a package's own digest compiles its kernels once, not in a timed command
     for name, path in versions:
-        timed(["sweep", str(sweep_file), "train.epochs=1", *args.set, "--runs-dir", str(args.out / "sweeps"),
-               "--name", f"warm-{name}-{stamp}", *flags], path, args.out / f"warm-{name}-{stamp}.log")
-    timed(["run", recipe, "train.epochs=1", *args.set, "--runs-dir", str(args.out / "runs"), "--name",
-           f"warm-{stamp}"], versions[0][1], args.out / f"warm-{stamp}.log")
+        sweep(path, f"warm-{name}-{stamp}", 1)
+    run(f"warm-{stamp}", 1)
     rounds = []
     for r in range(args.rounds):
-        done = {name: sweep((name, path), f"{name}-{r}-{stamp}", args.epochs) for name, path in versions}
-        done["run"] = run(f"run-{r}-{stamp}", args.epochs)
+        done = {}
+        for name, path in versions:
+            wall, folder = sweep(path, f"{name}-{r}-{stamp}", args.epochs)
+            done[name] = wall, checked_sweep(folder, trials, bound)
+        wall, folder = run(f"run-{r}-{stamp}", args.epochs)
+        done["run"] = wall, checked_run(folder, bound)
         rounds.append(done)
 
     print(f"{trials} trials of {recipe} x {args.epochs} epochs, `mlptrain sweep {args.flags}` against one `mlptrain "
@@ -135,7 +140,8 @@ def main() -> None:
     run_median = statistics.median(done["run"][0] for done in rounds)
     print(f"\n| | median wall s | x the run | {' | '.join(PHASES)} |")
     print(f"| --- | --- | --- | {' | '.join('---' for _ in PHASES)} |")
-    result = {"trials": trials, "epochs": args.epochs, "flags": args.flags, "rounds": [], "medians": {}}
+    result = {"trials": trials, "epochs": args.epochs, "flags": args.flags,
+              "rounds": [{key: value[0] for key, value in done.items()} for done in rounds], "medians": {}}
     for name, _ in versions:
         median = statistics.median(done[name][0] for done in rounds)
         phases = [spread(key, [done[name][1] for done in rounds]) for key in PHASES]
@@ -144,7 +150,6 @@ def main() -> None:
     run_phases = [f"{statistics.median(done['run'][1][key] for done in rounds):.3f}" for key in PHASES]
     print(f"| run | {run_median:.3f} | 1.00x | {' | '.join(run_phases)} |")
     result["medians"]["run"] = run_median
-    result["rounds"] = [{key: value[0] for key, value in done.items()} for done in rounds]
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 
