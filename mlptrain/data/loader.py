@@ -87,6 +87,12 @@ def resident_splits(dataset, backend, val_size: int | float, seed: int):
     )
 
 
+def train_rows(dataset, val_size: int | float) -> int:
+    """The rows of `resident_splits`' training split, without making it."""
+    n = len(dataset.train_images)
+    return n if dataset.has_val_split else n - held_out_rows(val_size, n)
+
+
 @functools.lru_cache(maxsize=16)
 def rows(start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) as a read-only int32 index, one array for every split that asks (a device copy each

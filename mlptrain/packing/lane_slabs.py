@@ -67,6 +67,7 @@ class Slabs:
         self.arrays = []
         self._of = {}  # id(a lane's row) -> (slab index, the row), for `slab_of`
         self._padded = []
+        self._handed = set()  # (slab index, lane) of every row handed out: the others are still as allocated, zero
 
     def _allocate(self, shape: tuple, dtype):
         per_row = ROW_ALIGN // dtype.itemsize
@@ -86,7 +87,13 @@ class Slabs:
                                f"{slab.dtype}")
         view = slab[lane]
         self._of[id(view)] = (index, view)
+        self._handed.add((index, lane))
         return view
+
+    def fresh(self, lane: int, index: int) -> bool:
+        """Whether row `lane` of slab `index` was never handed out: zero as the slab was allocated (in the stream's
+        order), so a session's zeroed buffer there needs no memset of its own."""
+        return (index, lane) not in self._handed
 
     def slab_of(self, view):
         """The slab whose lane row `view` is (a buffer a lane's session allocated)."""
@@ -163,10 +170,14 @@ class LaneBackend:
     def zeros(self, shape, dtype=np.float32):
         if not self._building:
             return self._backend.zeros(shape, dtype)
+        fresh = self.slabs.fresh(self.lane, self._next)
         view = self._row(shape, dtype)
-        # a lane used before; set on the device, not copied from a host array of zeros (a lane's gradients and
-        # Adam's moments are ~11 MB for adam_mnist)
-        self._backend.zero(view)
+        # a row never handed out is zero as allocated, so a new group's lanes make no memsets of their own (7 driver
+        # calls a lane of adam_mnist, each handing the interpreter to the start's other threads: benchmarks/NOTES.md,
+        # issue 30 step 31). A lane used before is set on the device, not copied from a host array of zeros (a
+        # lane's gradients and Adam's moments are ~11 MB for adam_mnist).
+        if not fresh:
+            self._backend.zero(view)
         return view
 
     def to_device(self, array):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mlptrain.backends.counting import CountingBackend
 from mlptrain.config.schema import steps_per_epoch
 from mlptrain.data.dataset import held_out_rows
-from mlptrain.data.loader import resident_splits, whole_split
+from mlptrain.data.loader import resident_splits, train_rows, whole_split
 from mlptrain.errors import OutOfMemory, UserError
 from mlptrain.nn import make_model
 from mlptrain.optim import make_optimizer
@@ -58,22 +58,25 @@ def _device_bytes(config, backend, dataset, rows: int) -> tuple[int, int, int]:
     return counting.bytes + DEVICE_BYTES_PER_STEP * min(steps, MAX_TOTAL_STEPS + 1), model.layout.size, steps
 
 
-def estimate(config, backend, dataset) -> tuple[Need, int, int]:
+def estimate(config, backend, dataset, device: bool = True) -> tuple[Need, int, int]:
     """(what the run needs, its batch rows, its optimizer steps) for a dataset already passed through
-    `nn.model_dataset`."""
+    `nn.model_dataset`. Without `device`, the host's need alone (Need.device and per_row_device 0): the run's
+    buffers are not laid out, twice, only its parameters."""
     n = len(dataset.train_images)
     val_size = min(held_out_rows(config.data.val_size, n), n)
     rows = buffer_rows(config, n - val_size, max(val_size, len(dataset.test_images)))
-    device, params, steps = _device_bytes(config, backend, dataset, rows)
-    more, _, _ = _device_bytes(config, backend, dataset, rows + 1)
-    largest_layer = max((math.prod(s) for s in _layout(config, backend, dataset).shapes), default=0)
+    layout = make_model(config, CountingBackend(backend), dataset, 1).layout
+    if device:
+        device_bytes, params, steps = _device_bytes(config, backend, dataset, rows)
+        more, _, _ = _device_bytes(config, backend, dataset, rows + 1)
+    else:
+        device_bytes = more = 0
+        params, steps = layout.size, config.train.epochs * steps_per_epoch(
+            train_rows(dataset, config.data.val_size), config.train)
+    largest_layer = max((math.prod(s) for s in layout.shapes), default=0)
     # initialisation draws each layer in float64; a checkpoint copies parameters and optimizer state twice
     host = 8 * largest_layer + 2 * 4 * params * 4 + HOST_BYTES_PER_STEP * min(steps, MAX_TOTAL_STEPS + 1)
-    return Need(device, host, more - device), rows, steps
-
-
-def _layout(config, backend, dataset):
-    return make_model(config, CountingBackend(backend), dataset, 1).layout
+    return Need(device_bytes, host, more - device_bytes), rows, steps
 
 
 def available(backend) -> tuple[int | None, int | None]:
@@ -82,12 +85,15 @@ def available(backend) -> tuple[int | None, int | None]:
 
 
 def check_fits(config, backend, dataset) -> None:
-    """Refuse, with one line saying what would fit, a run whose buffers exceed the memory free now."""
-    need, rows, steps = estimate(config, backend, dataset)
+    """Refuse, with one line saying what would fit, a run whose buffers exceed the memory free now. Where the
+    GPU's free memory is not known (a packed group's later lanes, which allocate nothing new:
+    lane_slabs.LaneBackend.free_bytes), only the host's need is estimated: laying the buffers out twice for nothing
+    was ~2 ms a lane at a packed sweep's start (benchmarks/NOTES.md, issue 30 step 31)."""
+    device_free, host_free = available(backend)
+    need, rows, steps = estimate(config, backend, dataset, device=device_free is not None or backend.name != "cuda")
     if steps > MAX_TOTAL_STEPS:
         raise UserError(f"train.epochs={config.train.epochs}: {steps:,} optimizer steps; a run takes at most "
                         f"{MAX_TOTAL_STEPS:,} (its step counter and per-step records)")
-    device_free, host_free = available(backend)
     where = "GPU" if backend.name == "cuda" else "host"
     device_need = need.device + (need.host if backend.name != "cuda" else 0)
     if device_free is not None and device_need > HEADROOM * device_free:

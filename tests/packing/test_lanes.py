@@ -333,6 +333,37 @@ def test_a_lanes_zeroed_buffers_are_zero_where_a_lane_was_used_before(kind):
             np.testing.assert_array_equal(shared.to_host(slabs.arrays[index][lane]), np.full(shape, lane + 2, dtype))
 
 
+def test_a_new_groups_lanes_make_no_memsets_of_their_own():
+    """Rows never handed out are zero as their slab was allocated: a new group's lanes build with no memset, and a
+    lane built again (its next trial) zeroes its own rows alone."""
+    from mlptrain.backends.cpu import CpuBackend
+
+    shared, zeroed = CpuBackend(), []
+    memset = shared.zero
+    shared.zero = lambda array: (zeroed.append(array.shape), memset(array))
+    slabs = Slabs(shared, 3)
+    lanes = [LaneBackend(shared, slabs, lane) for lane in range(3)]
+    shapes = [((10,), np.float32), ((2, 5), np.float32)]
+
+    def build(lane):
+        with lane.building():
+            rows = [lane.zeros(shape, np.float32) for shape, _ in shapes] + [lane.empty((3,), np.float32)]
+        for row, (shape, dtype) in zip(rows, shapes):
+            np.testing.assert_array_equal(row, np.zeros(shape, dtype))
+        for row in rows:
+            row[...] = lane.lane + 1
+        return rows
+
+    for lane in lanes:
+        build(lane)
+    assert zeroed == []
+    build(lanes[1])
+    assert zeroed == [(10,), (2, 5)]
+    for index in range(len(shapes)):
+        for lane in range(3):
+            assert (slabs.arrays[index][lane] == lane + 1).all()
+
+
 def test_a_lanes_evaluation_leaves_the_shared_stream_alone():
     """A lane's `urgent` block (its evaluation, which yields to the other lanes inside it) must not switch the
     stream the lanes share: the backend's own `urgent` would, for every lane at once."""

@@ -223,6 +223,44 @@ def test_the_estimate_covers_what_training_allocates():
     assert session.model.max_rows == rows and need.device <= allocated * 1.1 and need.device >= allocated * 0.5
 
 
+@pytest.mark.parametrize("val_size, own_val", [(100, False), (0.25, False), (100, True)])
+def test_the_hosts_need_alone_is_the_whole_estimates(val_size, own_val):
+    """Without the device's layout (a packed group's later lanes), the host's need and the optimizer steps are the
+    whole estimate's, for a held-out split (a count, a fraction) and a dataset's own validation split."""
+    import dataclasses
+
+    dataset = synthetic_dataset(train=900)
+    if own_val:
+        dataset = dataclasses.replace(dataset, val_images=dataset.test_images[:50], val_labels=dataset.test_labels[:50])
+    config = config_from_dict({**config_to_dict(make_config(64, 2, epochs=3)), "data": {"val_size": val_size}})
+    dataset = model_dataset(config, dataset)
+    whole, rows, steps = estimate(config, CpuBackend(), dataset)
+    host, host_rows, host_steps = estimate(config, CpuBackend(), dataset, device=False)
+    assert (host.host, host_rows, host_steps) == (whole.host, rows, steps) and host.device == host.per_row_device == 0
+    assert steps == 3 * -(-build_session(config, CpuBackend(), dataset).train.size // 128)
+
+
+def test_a_gpu_that_will_not_say_its_free_memory_is_checked_on_the_host_alone(monkeypatch):
+    """A later lane's backend (free memory unknown: nothing new is allocated on the device) is checked on the host
+    without laying the device buffers out, and a host that is too small still refuses it."""
+    import mlptrain.training.memory_plan as memory
+
+    class Lane(CpuBackend):
+        name = "cuda"
+
+    config = make_config(64, 2)
+    dataset = model_dataset(config, synthetic_dataset())
+    laid_out = []
+    monkeypatch.setattr(memory, "_device_bytes", lambda *args: laid_out.append(args) or (0, 0, 0))
+    monkeypatch.setattr(memory, "available", lambda backend: (None, 10**12))
+    check_fits(config, Lane(), dataset)
+    assert laid_out == []
+    monkeypatch.setattr(memory, "available", lambda backend: (None, 1000))
+    with pytest.raises(UserError, match="of host memory") as info:
+        check_fits(config, Lane(), dataset)
+    assert laid_out == [] and "\n" not in str(info.value)
+
+
 def test_a_batch_too_large_for_memory_names_one_that_fits(monkeypatch):
     import mlptrain.training.memory_plan as memory
 
