@@ -35,9 +35,7 @@ from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
 
 TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
-# what of the output layer's passes its forward's launch takes where they can be one (_fused_output): "loss" (its
-# loss), "input" (its loss and its input gradient), None (neither)
-FUSE_OUTPUT = "loss"
+FUSE_OUTPUT = True  # the output layer, its loss and its input gradient in one launch where they can be (_fused_output)
 # tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
 # forward (128 x 10, K = 512) took 44 µs for 16 lanes on it against 19 on "fma"'s K-split tiles (ncu, H200;
 # benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
@@ -165,16 +163,16 @@ class LaneStep:
             k.data.gather_lanes(self.images, self.labels, o.order, offset, h[0], labels, self.scale, self.shift,
                                 o.cursor, o.active)
             fused = self._fused_output()
-            self._forward(o, h, len(o.weights) - bool(fused))
-            if fused:  # the output layer and its loss in one launch (as a run's own: nn.mlp)
+            self._forward(o, h, len(o.weights) - fused)
+            if fused:  # the output layer, its loss and its input gradient in one launch (as a run's own: nn.mlp)
                 w, b = o.weights[-1]
                 k.gemm.linear_forward_cross_entropy_lanes(
                     h[-2], w, b, h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset, 1.0 / rows,
-                    o.loss_scale, o.cursor, o.active, (h[-2], grad[-2], self.activation) if fused == "input" else None)
+                    o.loss_scale, o.cursor, o.active, (h[-2], grad[-2], self.activation))
             else:
                 k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
                                                    1.0 / rows, o.loss_scale, o.cursor, o.active)
-            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0, output_input=fused != "input")
+            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0, output_input=not fused)
         # the cursors' advance in the step's last rules launch, not one of its own
         later = self.update_sums_norm
         if self.plan:
@@ -199,12 +197,12 @@ class LaneStep:
             return "fma"
         return self.engine
 
-    def _fused_output(self) -> str | None:
-        """FUSE_OUTPUT where the output layer is on the narrow engine and a hidden layer feeds it, else None. Its
-        forward, loss and input gradient apart took 26.4 µs of 16 lanes of adam_mnist's step under ncu, the forward
-        13.6 of them (H200; benchmarks/NOTES.md, issue 30 step 30)."""
+    def _fused_output(self) -> bool:
+        """Whether the output layer's forward, the loss and the layer's input gradient are one launch: where a
+        hidden layer feeds an output layer on the narrow engine. Its three launches apart took 26.4 µs of 16 lanes
+        of adam_mnist's step under ncu, the forward 13.6 of them (H200; benchmarks/NOTES.md, issue 30 step 30)."""
         width = self.widths[-1]
-        return FUSE_OUTPUT if len(self.widths) > 2 and self._pass_engine(1, width, width) == "narrow" else None
+        return FUSE_OUTPUT and len(self.widths) > 2 and self._pass_engine(1, width, width) == "narrow"
 
     def _forward(self, o, h, count: int) -> None:
         """The forward of layers 1..count."""

@@ -181,12 +181,12 @@ def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row
 
 
 def linear_forward_cross_entropy_lanes(x, w, b, logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
-                                       loss_scale, cursor, active, input_gradient=None):
-    """`linear_forward_cross_entropy` for every active lane z (active[z] != 0) of packed lanes: lane z's
-    `linear_forward(x, w, b, logits, NONE, "narrow")` and `loss.softmax_cross_entropy_lanes`, then given
-    `input_gradient` (h, dx, activation) `linear_backward_input(dlogits, w, h, dx, activation, "narrow")`, in one
-    launch, each with its bits. Every operand but offset and grad_scale carries the lane axis (x, h, dx (K, M, D),
-    w (K, D, N), b (K, N); the loss's as softmax_cross_entropy_lanes takes them)."""
+                                       loss_scale, cursor, active, input_gradient):
+    """`linear_forward_cross_entropy` for every active lane z (active[z] != 0) of packed lanes, with the layer's
+    input gradient (`input_gradient`: h, dx, activation) in the same launch: lane z's `linear_forward(x, w, b,
+    logits, NONE, "narrow")`, `loss.softmax_cross_entropy_lanes` and `linear_backward_input(dlogits, w, h, dx,
+    activation, "narrow")`, each with its bits. Every operand but offset and grad_scale carries the lane axis
+    (x, h, dx (K, M, D), w (K, D, N), b (K, N); the loss's as softmax_cross_entropy_lanes takes them)."""
     lanes, rows = check_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale, cursor,
                                             active)
     require_lanes("x", x, logits.dtype, (lanes, rows, None))
@@ -194,17 +194,16 @@ def linear_forward_cross_entropy_lanes(x, w, b, logits, labels, dlogits, row_los
     require_lanes("w", w, x.dtype, (lanes, K, N))
     require_lanes("b", b, x.dtype, (lanes, N))
     gemm_engines.check_engine("narrow", x.dtype, N)
-    if input_gradient is not None:
-        h, dx, activation = input_gradient
-        require_lanes("h", h, x.dtype, (lanes, rows, K))
-        require_lanes("dx", dx, x.dtype, (lanes, rows, K))
-        check_activation(activation)
+    h, dx, activation = input_gradient
+    require_lanes("h", h, x.dtype, (lanes, rows, K))
+    require_lanes("dx", dx, x.dtype, (lanes, rows, K))
+    check_activation(activation)
     if rows == 0 or lanes == 0:
         return
     grid, threads, split = gemm_narrow.forward_grid(rows, K, lanes)
-    kernel = gemm_narrow.make_narrow_cross_entropy(N, x.dtype, split, input_gradient is not None, True)
-    kernel[grid, threads, streams.current()](x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
-                                             float32(grad_scale), loss_scale, *(input_gradient or ()), active)
+    gemm_narrow.make_narrow_cross_entropy(N, x.dtype, split, True, True)[grid, threads, streams.current()](
+        x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, float32(grad_scale), loss_scale, h,
+        dx, activation, active)
 
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):

@@ -162,10 +162,11 @@ def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False
     hit and gradient with loss.make_cross_entropy_row's, from the logits as stored. One launch where there were two,
     and the same bits. With `input_gradient`, the kernel takes (h, dx, activation) too and its block then writes
     its rows of the layer's input gradient, dx = (dlogits @ w.T) * act'(h), with narrow_backward_input_kernel's
-    arithmetic (_input_gradient_value): a third launch fewer, the same bits. With `lanes`, every operand but offset
-    and grad_scale carries a leading trial axis (loss_scale (T, 1), cursor (T, 1)) and the kernel takes `active`
-    last: block (bx, z) does trial z's rows as the solo kernel's block bx, where active[z] is not 0 (the narrow
-    forward's and loss.softmax_cross_entropy_lanes' launches, and the narrow input gradient's, in one: their bits)."""
+    arithmetic (_input_gradient_value): a third launch fewer, the same bits. With `lanes` (and `input_gradient`),
+    every operand but offset and grad_scale carries a leading trial axis (loss_scale (T, 1), cursor (T, 1)) and
+    the kernel takes `active` last: block (bx, z) does trial z's rows as the solo kernel's block bx, where
+    active[z] is not 0 (the narrow forward's, loss.softmax_cross_entropy_lanes' and the narrow input gradient's
+    launches in one, their bits)."""
     rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype, split), make_cross_entropy_row(dtype)
     input_value = _input_gradient_value(N, dtype)
     load, _ = codec(dtype)
@@ -180,6 +181,17 @@ def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False
         if cuda.threadIdx.x % LANES == 0 and m < x.shape[0]:
             cross_entropy_of_row(logits, labels, dlogits, row_loss, row_correct, m, offset + cursor[0], grad_scale,
                                  loss_scale)
+
+    if not input_gradient:
+        @kernel_cache.jit
+        def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
+                                        grad_scale, loss_scale):
+            after_previous_grid()
+            partials = cuda.shared.array((ROWS, N, LANES), float32)
+            forward_loss(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
+                         loss_scale, partials)
+
+        return narrow_cross_entropy_kernel
 
     # ... then thread t of a row owns dx[m, k] for k = t, t + LANES, ...: each summed by one thread, no atomics.
     @kernel_cache.device
@@ -199,17 +211,6 @@ def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False
                     column[n] = load(w[c, uint64(n)])
                 dx[r, c] = input_value(dlogits, column, h, r, c, activation)
 
-    if not input_gradient and not lanes:
-        @kernel_cache.jit
-        def narrow_cross_entropy_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
-                                        grad_scale, loss_scale):
-            after_previous_grid()
-            partials = cuda.shared.array((ROWS, N, LANES), float32)
-            forward_loss(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
-                         loss_scale, partials)
-
-        return narrow_cross_entropy_kernel
-
     if not lanes:
         @kernel_cache.jit
         def narrow_cross_entropy_input_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor,
@@ -221,28 +222,13 @@ def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False
 
         return narrow_cross_entropy_input_kernel
 
-    # block (bx, z): trial z's rows as the solo kernel's block bx
-    if not input_gradient:
-        @kernel_cache.jit
-        def narrow_cross_entropy_lanes_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
-                                              grad_scale, loss_scale, active):
-            after_previous_grid()
-            partials = cuda.shared.array((ROWS, N, LANES), float32)
-            z = cuda.blockIdx.y
-            if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
-                return
-            forward_loss(x[z], w[z], b[z], logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z], cursor[z],
-                         offset, grad_scale, loss_scale[z], partials)
-
-        return narrow_cross_entropy_lanes_kernel
-
     @kernel_cache.jit
     def narrow_cross_entropy_input_lanes_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor,
                                                 offset, grad_scale, loss_scale, h, dx, activation, active):
         after_previous_grid()
         partials = cuda.shared.array((ROWS, N, LANES), float32)
         z = cuda.blockIdx.y
-        if active[z] == 0:
+        if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
             return
         forward_loss_input(x[z], w[z], b[z], logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z],
                            cursor[z], offset, grad_scale, loss_scale[z], h[z], dx[z], activation, partials)
