@@ -3,8 +3,7 @@
 A lane's own window (mlptrain.training.window) launches, per micro-batch, a gather, each layer's forward GEMM,
 the softmax cross-entropy, each layer's weight gradient, bias gradient and input gradient; then the gradient's
 sum of squares, `finish_step`, the fused update and the cursor's advance (Adam's without clipping or loss
-scaling: the update, preparing its own rules and summing the squares, then `record_norm`); an output layer on the
-narrow engine takes its forward, the loss and its input gradient in one launch. Here each of these is
+scaling: the update, preparing its own rules and summing the squares, then `record_norm`). Here each of these is
 one launch for all K lanes (the lanes' rules prepared in `finish_step_lanes`' launch, before the update; the
 cursors moved on in the last rules launch): every operand carries the lane axis (a slab of
 mlptrain.packing.lane_slabs, or a lane view of one for a layer's weights), and each lane reads its own order,
@@ -35,7 +34,6 @@ from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
 
 TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
-FUSE_OUTPUT = True  # the output layer, its loss and its input gradient in one launch where they can be (_fused_output)
 # tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
 # forward (128 x 10, K = 512) took 44 µs for 16 lanes on it against 19 on "fma"'s K-split tiles (ncu, H200;
 # benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
@@ -162,17 +160,10 @@ class LaneStep:
             h, grad, labels = self._views(n, o.lanes)
             k.data.gather_lanes(self.images, self.labels, o.order, offset, h[0], labels, self.scale, self.shift,
                                 o.cursor, o.active)
-            fused = self._fused_output()
-            self._forward(o, h, len(o.weights) - fused)
-            if fused:  # the output layer, its loss and its input gradient in one launch (as a run's own: nn.mlp)
-                w, b = o.weights[-1]
-                k.gemm.linear_forward_cross_entropy_lanes(
-                    h[-2], w, b, h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset, 1.0 / rows,
-                    o.loss_scale, o.cursor, o.active, (h[-2], grad[-2], self.activation))
-            else:
-                k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
-                                                   1.0 / rows, o.loss_scale, o.cursor, o.active)
-            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0, output_input=not fused)
+            self._forward(o, h)
+            k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
+                                               1.0 / rows, o.loss_scale, o.cursor, o.active)
+            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0)
         # the cursors' advance in the step's last rules launch, not one of its own
         later = self.update_sums_norm
         if self.plan:
@@ -197,26 +188,15 @@ class LaneStep:
             return "fma"
         return self.engine
 
-    def _fused_output(self) -> bool:
-        """Whether the output layer's forward, the loss and the layer's input gradient are one launch: where a
-        hidden layer feeds an output layer on the narrow engine. Its three launches apart took 26.4 µs of 16 lanes
-        of adam_mnist's step under ncu, the forward 13.6 of them (H200; benchmarks/NOTES.md, issue 30 step 30)."""
-        width = self.widths[-1]
-        return FUSE_OUTPUT and len(self.widths) > 2 and self._pass_engine(1, width, width) == "narrow"
-
-    def _forward(self, o, h, count: int) -> None:
-        """The forward of layers 1..count."""
+    def _forward(self, o, h) -> None:
         gemm, last = self.backend.kernels.gemm, len(o.weights) - 1
-        for i, (w, b) in enumerate(o.weights[:count]):
+        for i, (w, b) in enumerate(o.weights):
             rows, width = tuple(h[i + 1].shape)[1:]
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation,
                                 self._pass_engine(rows, width, width), tiles_for=self.tiles_for, active=o.active)
 
-    def _backward(self, o, h, grad, beta: float, output_input: bool = True) -> None:
-        """Every layer's weight and bias gradients and input gradients; without `output_input`, the output layer's
-        input gradient is taken as written already (_fused_output)."""
+    def _backward(self, o, h, grad, beta: float) -> None:
         k, backend = self.backend.kernels, self.backend
-        last = len(o.weights) - 1
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
             fan_in, fan_out = tuple(dw.shape)[1:]
@@ -226,7 +206,7 @@ class LaneStep:
                 k.gemm.linear_backward_weight_bias(h[i], grad[i + 1], dw, db, beta,
                                                    engine=self._pass_engine(fan_in, fan_out, fan_out),
                                                    tiles_for=self.tiles_for, active=o.active)
-            if i > 0 and (output_input or i < last):
+            if i > 0:
                 rows = tuple(grad[i].shape)[1]
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
                                              self._pass_engine(rows, fan_in, fan_out), tiles_for=self.tiles_for,

@@ -595,36 +595,6 @@ def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_pa
         assert abs(tensor["val_acc"] - cuda["val_acc"]) <= 0.005, (seed, tensor, cuda)
 
 
-@pytest.mark.real_gpu
-def test_lanes_output_layer_in_one_launch_gives_the_three_launches_bits(tmp_path, data_dir, monkeypatch):
-    """16 float32 lanes (tf32x3, the output layer on the narrow engine): the output layer, its loss and its input
-    gradient in one launch (lane_step.FUSE_OUTPUT) give every seed's checkpoint the bits of the three launches."""
-    from mlptrain.backends.numba_kernels import gemm
-    from mlptrain.config.load import load_config
-    from mlptrain.packing import lane_step
-    from mlptrain.seeds.runner import run_seeds
-    from tests.cli.test_cli import REPO
-
-    monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
-    config = load_config(REPO / "configs" / "adam_mnist.yaml",
-                         ["backend=cuda", "train.epochs=1", "model.hidden=[64]", "data.val_size=1000",
-                          "train.batch_size=256", "train.cuda_graphs=false"])
-    fused_launches, launch = [], gemm.linear_forward_cross_entropy_lanes
-    monkeypatch.setattr(gemm, "linear_forward_cross_entropy_lanes",
-                        lambda *args: fused_launches.append(1) or launch(*args))
-    groups = []
-    for name, fuse in (("one-launch", True), ("three", False)):
-        monkeypatch.setattr(lane_step, "FUSE_OUTPUT", fuse)
-        before = len(fused_launches)
-        groups.append(run_seeds(config, list(range(16)), tmp_path, name, "adam_mnist", Resources(), pack=16)[0])
-        assert (len(fused_launches) > before) == fuse
-    for seed in range(16):
-        checkpoints = [np.load(g / f"seed-{seed}" / "checkpoints" / "last.npz") for g in groups]
-        for key in checkpoints[0].files:
-            if not key.startswith("meta/"):
-                np.testing.assert_array_equal(checkpoints[0][key], checkpoints[1][key], err_msg=f"seed {seed} {key}")
-
-
 def test_a_lanes_session_checks_the_free_memory_only_before_the_slabs_exist(monkeypatch):
     """The first session of a group allocates every lane's rows (lane_group checked that K lanes fit first); the
     later lanes' sessions allocate nothing new, so check_fits has no device memory of theirs to check."""

@@ -97,25 +97,6 @@ def _zero_cursor(device: int):
     return current.to_device(np.zeros(1, np.int64))
 
 
-def check_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale, cursor, active):
-    """(lanes, rows) of logits (K, M, C), after checking `loss.softmax_cross_entropy_lanes`' operands (and those of
-    gemm's packed output layer fused with it)."""
-    require("active", active, "int32", (None,))
-    lanes = active.shape[0]
-    require_lanes_one_of("logits", logits, STORAGE_DTYPES, (lanes, None, None))
-    _, rows, classes = tuple(logits.shape)
-    require_lanes("labels", labels, "int32", (lanes, rows))
-    require_lanes("dlogits", dlogits, logits.dtype, (lanes, rows, classes))
-    require_lanes("row_loss", row_loss, "float32", (lanes, None))
-    require_lanes("row_correct", row_correct, "int32", (lanes, None))
-    require_lanes("loss_scale", loss_scale, "float64", (lanes, 1))
-    require_lanes("cursor", cursor, "int64", (lanes, 1))
-    if classes == 0:
-        raise ValueError("logits must have at least one class column")
-    check_rows(offset, rows, row_loss.shape[1], row_correct.shape[1])
-    return lanes, rows
-
-
 def check_rows(offset, rows, row_loss_length, row_correct_length):
     """Rows offset..offset + rows of the per-sample results fit both arrays (a loss's launches)."""
     if offset < 0 or offset + rows > min(row_loss_length, row_correct_length):

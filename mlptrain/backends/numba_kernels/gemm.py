@@ -30,7 +30,7 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
 from mlptrain.backends.numba_kernels import current, gemm_engines, gemm_narrow, gemm_split, reduce, streams, tensor_core
 from mlptrain.backends.numba_kernels.checks import (
-    check_cross_entropy, check_cross_entropy_lanes, checked_cursor, require, require_lanes, require_one_of)
+    check_cross_entropy, checked_cursor, require, require_lanes, require_one_of)
 from mlptrain.backends.numba_kernels.chunks import add_chunks
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.gemm_weight import (
@@ -178,32 +178,6 @@ def linear_forward_cross_entropy(x, w, b, logits, labels, dlogits, row_loss, row
     kernel[grid[0], threads, streams.current()](*args)
     if input_gradient is not None:
         linear_backward_input(dlogits, w, h, dx, activation, "narrow")
-
-
-def linear_forward_cross_entropy_lanes(x, w, b, logits, labels, dlogits, row_loss, row_correct, offset, grad_scale,
-                                       loss_scale, cursor, active, input_gradient):
-    """`linear_forward_cross_entropy` for every active lane z (active[z] != 0) of packed lanes, with the layer's
-    input gradient (`input_gradient`: h, dx, activation) in the same launch: lane z's `linear_forward(x, w, b,
-    logits, NONE, "narrow")`, `loss.softmax_cross_entropy_lanes` and `linear_backward_input(dlogits, w, h, dx,
-    activation, "narrow")`, each with its bits. Every operand but offset and grad_scale carries the lane axis
-    (x, h, dx (K, M, D), w (K, D, N), b (K, N); the loss's as softmax_cross_entropy_lanes takes them)."""
-    lanes, rows = check_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale, cursor,
-                                            active)
-    require_lanes("x", x, logits.dtype, (lanes, rows, None))
-    K, N = tuple(x.shape)[2], tuple(logits.shape)[2]
-    require_lanes("w", w, x.dtype, (lanes, K, N))
-    require_lanes("b", b, x.dtype, (lanes, N))
-    gemm_engines.check_engine("narrow", x.dtype, N)
-    h, dx, activation = input_gradient
-    require_lanes("h", h, x.dtype, (lanes, rows, K))
-    require_lanes("dx", dx, x.dtype, (lanes, rows, K))
-    check_activation(activation)
-    if rows == 0 or lanes == 0:
-        return
-    grid, threads, split = gemm_narrow.forward_grid(rows, K, lanes)
-    gemm_narrow.make_narrow_cross_entropy(N, x.dtype, split, True, True)[grid, threads, streams.current()](
-        x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, float32(grad_scale), loss_scale, h,
-        dx, activation, active)
 
 
 def linear_backward_input(dy, w, h, dx, activation, engine="fma", tiles_for=None, active=None, workspace=None):

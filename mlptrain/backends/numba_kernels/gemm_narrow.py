@@ -14,8 +14,8 @@ layer took 19.3 µs for the forward (K = 512 summed by 64 blocks of 32 x 32 tile
 - input gradient, dx = (dy @ w.T) * act'(h): a thread per output column of a few rows, its N weights in
   registers, summing each row's N products in order;
 - weight gradient, dw = beta * dw + x.T @ dy: a thread per output element, summing its rows in order;
-- a classifier's output layer and its softmax cross-entropy in one launch: the forward's blocks, each then taking
-  its rows' losses from the logits it wrote (and its rows' input gradient: one run's, or packed lanes').
+- a classifier's output layer and its softmax cross-entropy in one launch (one run's, no trial axis): the
+  forward's blocks, each then taking its rows' losses from the logits it wrote.
 
 Every output is summed by one thread or one block in a fixed order: no atomics, the same bits on every run. The
 order differs from the tile engines', so a layer's outputs differ from theirs by float32 rounding. Operands carry
@@ -155,18 +155,14 @@ def make_narrow_forward(N, dtype, split):
 
 
 @functools.cache
-def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False):
+def make_narrow_cross_entropy(N, dtype, split, input_gradient=False):
     """The forward kernel of a classifier's output layer (no activation) fused with its softmax cross-entropy
     (x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale, loss_scale; one
     run's operands, no trial axis): a block writes its rows' logits, then a thread a row takes that row's loss,
     hit and gradient with loss.make_cross_entropy_row's, from the logits as stored. One launch where there were two,
     and the same bits. With `input_gradient`, the kernel takes (h, dx, activation) too and its block then writes
     its rows of the layer's input gradient, dx = (dlogits @ w.T) * act'(h), with narrow_backward_input_kernel's
-    arithmetic (_input_gradient_value): a third launch fewer, the same bits. With `lanes` (and `input_gradient`),
-    every operand but offset and grad_scale carries a leading trial axis (loss_scale (T, 1), cursor (T, 1)) and
-    the kernel takes `active` last: block (bx, z) does trial z's rows as the solo kernel's block bx, where
-    active[z] is not 0 (the narrow forward's, loss.softmax_cross_entropy_lanes' and the narrow input gradient's
-    launches in one, their bits)."""
+    arithmetic (_input_gradient_value): a third launch fewer, the same bits."""
     rows, cross_entropy_of_row = _narrow_forward_rows(N, dtype, split), make_cross_entropy_row(dtype)
     input_value = _input_gradient_value(N, dtype)
     load, _ = codec(dtype)
@@ -194,9 +190,11 @@ def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False
         return narrow_cross_entropy_kernel
 
     # ... then thread t of a row owns dx[m, k] for k = t, t + LANES, ...: each summed by one thread, no atomics.
-    @kernel_cache.device
-    def forward_loss_input(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
-                           loss_scale, h, dx, activation, partials):
+    @kernel_cache.jit
+    def narrow_cross_entropy_input_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset,
+                                          grad_scale, loss_scale, h, dx, activation):
+        after_previous_grid()
+        partials = cuda.shared.array((ROWS, N, LANES), float32)
         forward_loss(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
                      loss_scale, partials)
         cuda.syncthreads()  # the block's rows of dlogits are written: their input gradient reads them
@@ -211,29 +209,7 @@ def make_narrow_cross_entropy(N, dtype, split, input_gradient=False, lanes=False
                     column[n] = load(w[c, uint64(n)])
                 dx[r, c] = input_value(dlogits, column, h, r, c, activation)
 
-    if not lanes:
-        @kernel_cache.jit
-        def narrow_cross_entropy_input_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor,
-                                              offset, grad_scale, loss_scale, h, dx, activation):
-            after_previous_grid()
-            partials = cuda.shared.array((ROWS, N, LANES), float32)
-            forward_loss_input(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor, offset, grad_scale,
-                               loss_scale, h, dx, activation, partials)
-
-        return narrow_cross_entropy_input_kernel
-
-    @kernel_cache.jit
-    def narrow_cross_entropy_input_lanes_kernel(x, w, b, logits, labels, dlogits, row_loss, row_correct, cursor,
-                                                offset, grad_scale, loss_scale, h, dx, activation, active):
-        after_previous_grid()
-        partials = cuda.shared.array((ROWS, N, LANES), float32)
-        z = cuda.blockIdx.y
-        if active[z] == 0:  # the whole block, uniformly: none of its barriers is left waiting
-            return
-        forward_loss_input(x[z], w[z], b[z], logits[z], labels[z], dlogits[z], row_loss[z], row_correct[z],
-                           cursor[z], offset, grad_scale, loss_scale[z], h[z], dx[z], activation, partials)
-
-    return narrow_cross_entropy_input_lanes_kernel
+    return narrow_cross_entropy_input_kernel
 
 
 @functools.cache

@@ -7,7 +7,7 @@ from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32
 from mlptrain.backends.numba_kernels import streams
 from mlptrain.backends.numba_kernels.checks import (
-    check_cross_entropy, check_cross_entropy_lanes, checked_cursor, require, require_one_of)
+    check_cross_entropy, check_rows, checked_cursor, require, require_lanes, require_lanes_one_of, require_one_of)
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 
@@ -111,8 +111,19 @@ def softmax_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, 
     and offset are every lane's. Lane operands may be lane views (`mlptrain.backends.lanes.lane_view`:
     loss_scale is a column of the lanes' step states). An inactive lane is not touched.
     """
-    lanes, rows = check_cross_entropy_lanes(logits, labels, dlogits, row_loss, row_correct, offset, loss_scale, cursor,
-                                            active)
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes_one_of("logits", logits, STORAGE_DTYPES, (lanes, None, None))
+    _, rows, classes = tuple(logits.shape)
+    require_lanes("labels", labels, "int32", (lanes, rows))
+    require_lanes("dlogits", dlogits, logits.dtype, (lanes, rows, classes))
+    require_lanes("row_loss", row_loss, "float32", (lanes, None))
+    require_lanes("row_correct", row_correct, "int32", (lanes, None))
+    require_lanes("loss_scale", loss_scale, "float64", (lanes, 1))
+    require_lanes("cursor", cursor, "int64", (lanes, 1))
+    if classes == 0:
+        raise ValueError("logits must have at least one class column")
+    check_rows(offset, rows, row_loss.shape[1], row_correct.shape[1])
     if rows == 0 or lanes == 0:
         return
     blocks = (math.ceil(rows / THREADS), lanes)
