@@ -173,9 +173,9 @@ class LaneBackend:
         fresh = self.slabs.fresh(self.lane, self._next)
         view = self._row(shape, dtype)
         # a row never handed out is zero as allocated, so a new group's lanes make no memsets of their own (7 driver
-        # calls a lane of adam_mnist, each handing the interpreter to the start's other threads: benchmarks/NOTES.md,
-        # issue 30 step 31). A lane used before is set on the device, not copied from a host array of zeros (a
-        # lane's gradients and Adam's moments are ~11 MB for adam_mnist).
+        # calls a lane of adam_mnist: benchmarks/NOTES.md, issue 30 step 31). A lane used before is set on the
+        # device, not copied from a host array of zeros (a lane's gradients and Adam's moments are ~11 MB for
+        # adam_mnist).
         if not fresh:
             self._backend.zero(view)
         return view

@@ -60,8 +60,8 @@ def _device_bytes(config, backend, dataset, rows: int) -> tuple[int, int, int]:
 
 def estimate(config, backend, dataset, device: bool = True) -> tuple[Need, int, int]:
     """(what the run needs, its batch rows, its optimizer steps) for a dataset already passed through
-    `nn.model_dataset`. Without `device`, the host's need alone (Need.device and per_row_device 0): the run's
-    buffers are not laid out, twice, only its parameters."""
+    `nn.model_dataset`. Without `device`, the host's need alone (Need.device and per_row_device 0), from the
+    parameters' layout, without laying the run's buffers out (twice)."""
     n = len(dataset.train_images)
     val_size = min(held_out_rows(config.data.val_size, n), n)
     rows = buffer_rows(config, n - val_size, max(val_size, len(dataset.test_images)))
@@ -87,8 +87,9 @@ def available(backend) -> tuple[int | None, int | None]:
 def check_fits(config, backend, dataset) -> None:
     """Refuse, with one line saying what would fit, a run whose buffers exceed the memory free now. Where the
     GPU's free memory is not known (a packed group's later lanes, which allocate nothing new:
-    lane_slabs.LaneBackend.free_bytes), only the host's need is estimated: laying the buffers out twice for nothing
-    was ~2 ms a lane at a packed sweep's start (benchmarks/NOTES.md, issue 30 step 31)."""
+    lane_slabs.LaneBackend.free_bytes), only the host's need is estimated: the whole estimate, which lays the
+    buffers out twice, took 4.1 ms a lane of a packed sweep's start under a profiler (benchmarks/NOTES.md, issue 30
+    step 31)."""
     device_free, host_free = available(backend)
     need, rows, steps = estimate(config, backend, dataset, device=device_free is not None or backend.name != "cuda")
     if steps > MAX_TOTAL_STEPS:
