@@ -34,8 +34,6 @@ from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
 
 TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
-# the engines whose groups update the layers past the first beside the first layer's weight gradient (_split_update)
-SPLIT_UPDATE = ("tf32x3",)
 # tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
 # forward (128 x 10, K = 512) took 44 µs for 16 lanes on it against 19 on "fma"'s K-split tiles (ncu, H200;
 # benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
@@ -157,7 +155,6 @@ class LaneStep:
         """Every active lane's optimizer step over the `rows` samples at its cursor (a window of its epoch), in
         one launch per kernel over lanes [0, `lanes`) (default all: the active ones among them step)."""
         k, o = self.backend.kernels, self._lanes(lanes or self.lanes)
-        split = self._split_update()
         for offset in range(0, rows, self.batch_size):
             n = min(self.batch_size, rows - offset)
             h, grad, labels = self._views(n, o.lanes)
@@ -166,17 +163,14 @@ class LaneStep:
             self._forward(o, h)
             k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
                                                1.0 / rows, o.loss_scale, o.cursor, o.active)
-            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0, split and offset + n >= rows)
+            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0)
         # the cursors' advance in the step's last rules launch, not one of its own
         later = self.update_sums_norm
         if self.plan:
             k.reduce.sum_of_squares_lanes(o.grads, o.partials)
-        if split:  # the rules came before the later layers' update (_backward); the first layer's now
-            self._update_share(o, first=True)
-        else:
-            k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
-                                           norm_later=later, **({} if later else {"cursor": o.cursor, "advance": rows}))
-            self._update(o)
+        k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
+                                       norm_later=later, **({} if later else {"cursor": o.cursor, "advance": rows}))
+        self._update(o)
         if later:
             k.step_rules.record_norm_lanes(o.partials, o.state, o.grad_norms, o.step_hypers, o.active,
                                            cursor=o.cursor, advance=rows)
@@ -201,10 +195,7 @@ class LaneStep:
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation,
                                 self._pass_engine(rows, width, width), tiles_for=self.tiles_for, active=o.active)
 
-    def _backward(self, o, h, grad, beta: float, split: bool = False) -> None:
-        """Every layer's gradients; with `split` (the window's last micro-batch, _split_update), the rules and the
-        update of the layers past the first once their input gradients are taken, beside the first layer's weight
-        gradient."""
+    def _backward(self, o, h, grad, beta: float) -> None:
         k, backend = self.backend.kernels, self.backend
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
@@ -220,39 +211,7 @@ class LaneStep:
                 k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
                                              self._pass_engine(rows, fan_in, fan_out), tiles_for=self.tiles_for,
                                              active=o.active)
-            if split and i == 1:  # every weight past the first is read for the last time: update them beside
-                k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
-                                               norm_later=True)
-                with backend.beside():
-                    self._update_share(o, first=False)
         backend.join_beside()  # before the next micro-batch's forward rewrites what they read, and the update
-
-    def _split_update(self) -> bool:
-        """Whether the step updates the layers past the first beside the first layer's weight gradient, and the
-        first layer's after it: Adam's update with no lane reading its norm first (so the rules need no norm and come
-        before the backward ends), on an engine of SPLIT_UPDATE, in a model of two layers or more. The update streams
-        ~90 µs of the lanes' ~294-µs step while the tensor cores idle, and that weight gradient does not read those
-        layers' weights (benchmarks/NOTES.md, issue 30 step 31). Each element's update is the same; the gradient's
-        squares are summed by two grids of half the blocks, so its recorded norm rounds otherwise."""
-        return self.engine in SPLIT_UPDATE and not self.plan and len(self.layers) > 2 \
-            and not isinstance(self.optimizer, (SGD, Momentum))
-
-    def _update_share(self, o, first: bool) -> None:
-        """Adam's update of the first layer's parameters (`first`) or of the rest, its squares in the first or the
-        second half of the partials' columns."""
-        cut, half = self.layers[2][0], tuple(o.partials.shape)[1] // 2
-        size = tuple(o.params.shape)[1]
-        start, width = (0, cut) if first else (cut, size - cut)
-
-        def share(array):
-            return lane_view(array, start, (width,))
-
-        columns = (0, (half,)) if first else (half, (tuple(o.partials.shape)[1] - half,))
-        params = share(o.params)
-        compute = params if o.compute is o.params else share(o.compute)  # fp32: the parameters, not written twice
-        self.backend.kernels.optim.adam_update_lanes(
-            params, share(o.grads), share(o.optim_m), share(o.optim_v), compute, o.state, o.optimizer_hypers, o.active,
-            partials=lane_view(o.partials, *columns))
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

@@ -595,66 +595,6 @@ def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_pa
         assert abs(tensor["val_acc"] - cuda["val_acc"]) <= 0.005, (seed, tensor, cuda)
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_a_split_update_is_the_whole_update_on_the_cpu(tiny_mnist, tmp_path, monkeypatch, accumulate):
-    """The lanes' update split in two (the layers past the first after their input gradients, then the first;
-    lane_step.SPLIT_UPDATE, forced here on the CPU's engine) gives every seed's parameters and optimizer state the
-    bits of the whole update after the backward, with and without accumulated micro-batches; the gradient norms
-    within rounding."""
-    from mlptrain.packing import lane_step
-    from mlptrain.seeds.runner import run_seeds
-
-    config = tiny(optim__name="adamw", optim__weight_decay=0.01, train__epochs=2, train__grad_accum_steps=accumulate)
-    split = []
-    real = lane_step.LaneStep._update_share
-    monkeypatch.setattr(lane_step.LaneStep, "_update_share", lambda self, o, first: split.append(first) or
-                        real(self, o, first))
-    groups = []
-    for name, engines in (("split", ("fma",)), ("whole", ())):
-        monkeypatch.setattr(lane_step, "SPLIT_UPDATE", engines)
-        before = len(split)
-        groups.append(run_seeds(config, [0, 1], tmp_path, name, "tiny", Resources(), pack=2)[0])
-        assert (len(split) > before) == bool(engines)
-    assert split.count(True) == split.count(False) > 0
-    for seed in (0, 1):
-        checkpoints = [np.load(g / f"seed-{seed}" / "checkpoints" / "last.npz") for g in groups]
-        for key in checkpoints[0].files:
-            if key.startswith(("params/", "optim/")):
-                np.testing.assert_array_equal(checkpoints[0][key], checkpoints[1][key], err_msg=f"seed {seed} {key}")
-        norms = [np.load(g / f"seed-{seed}" / "grad_norms.npy") for g in groups]
-        assert len(norms[0]) > 0
-        np.testing.assert_allclose(norms[0], norms[1], rtol=1e-5)
-
-
-@pytest.mark.real_gpu
-def test_lanes_updating_their_later_layers_beside_the_first_layers_gradient_keep_their_bits(tmp_path, data_dir,
-                                                                                            monkeypatch):
-    """16 float32 lanes (tf32x3): the layers past the first updated beside the first layer's weight gradient, the
-    first after it (lane_step.SPLIT_UPDATE), give every seed's parameters and optimizer state the bits of the one
-    update after the backward; the recorded gradient norms, summed in another order, stay within rounding."""
-    from mlptrain.config.load import load_config
-    from mlptrain.packing import lane_step
-    from mlptrain.seeds.runner import run_seeds
-    from tests.cli.test_cli import REPO
-
-    monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
-    config = load_config(REPO / "configs" / "adam_mnist.yaml",
-                         ["backend=cuda", "train.epochs=1", "model.hidden=[64, 32]", "data.val_size=1000",
-                          "train.batch_size=256"])
-    groups = []
-    for name, engines in (("split", ("tf32x3",)), ("whole", ())):
-        monkeypatch.setattr(lane_step, "SPLIT_UPDATE", engines)
-        groups.append(run_seeds(config, list(range(16)), tmp_path, name, "adam_mnist", Resources(), pack=16)[0])
-    for seed in range(16):
-        checkpoints = [np.load(g / f"seed-{seed}" / "checkpoints" / "last.npz") for g in groups]
-        for key in checkpoints[0].files:
-            if key.startswith(("params/", "optim/")):
-                np.testing.assert_array_equal(checkpoints[0][key], checkpoints[1][key], err_msg=f"seed {seed} {key}")
-        norms = [np.load(g / f"seed-{seed}" / "grad_norms.npy") for g in groups]
-        assert len(norms[0]) > 0
-        np.testing.assert_allclose(norms[0], norms[1], rtol=1e-5)
-
-
 def test_a_lanes_session_checks_the_free_memory_only_before_the_slabs_exist(monkeypatch):
     """The first session of a group allocates every lane's rows (lane_group checked that K lanes fit first); the
     later lanes' sessions allocate nothing new, so check_fits has no device memory of theirs to check."""
