@@ -74,7 +74,7 @@ def _momentum_element(param, grad, velocity, i, lr, multiplier, momentum, weight
 
 
 @kernel_cache.device
-def _adam_scalars(state, weight_decay, decoupled):
+def adam_scalars(state, weight_decay, decoupled):
     """(multiplier, step size, bias correction 2, decay, l2): what every element's Adam update reads."""
     lr, multiplier = _step_scalars(state)
     step_size = lr / float32(state[BIAS_CORRECTION1])
@@ -84,8 +84,8 @@ def _adam_scalars(state, weight_decay, decoupled):
 
 
 @kernel_cache.device
-def _adam_value(p, g, m_i, v_i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps):
-    """One element's Adam update (scalars from _adam_scalars), from its parameter p, its raw gradient g and its
+def adam_value(p, g, m_i, v_i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps):
+    """One element's Adam update (scalars from adam_scalars), from its parameter p, its raw gradient g and its
     moments m_i, v_i: (p, m_i, v_i) updated. The only place the update's arithmetic is written, so every kernel
     and path that applies it (a quad at a time or an element at a time, a lane or a run alone) rounds alike."""
     multiplier, step_size, bias_correction2, decay, l2 = scalars
@@ -150,7 +150,7 @@ def _make_updates(dtype):
 
     # Thread t owns quads t, t + stride, ... (elements 4q..4q+3; with `quads`, param, grad, m and v 16-byte
     # aligned (wide.aligned_quads), each buffer's four read and written in one access), then the last size % 4
-    # elements one each: reduce.sum_of_squares's partition. No atomics; each element's arithmetic is _adam_value.
+    # elements one each: reduce.sum_of_squares's partition. No atomics; each element's arithmetic is adam_value.
     # Updates only where `apply`; returns the sum of the raw gradient's squares it read, in sum_of_squares's order
     # (an update that ignores it compiles without it).
     @kernel_cache.device
@@ -171,10 +171,10 @@ def _make_updates(dtype):
             squares += g2 * g2
             squares += g3 * g3
             if apply:
-                p0, a0, b0 = _adam_value(p0, g0, a0, b0, *rules)
-                p1, a1, b1 = _adam_value(p1, g1, a1, b1, *rules)
-                p2, a2, b2 = _adam_value(p2, g2, a2, b2, *rules)
-                p3, a3, b3 = _adam_value(p3, g3, a3, b3, *rules)
+                p0, a0, b0 = adam_value(p0, g0, a0, b0, *rules)
+                p1, a1, b1 = adam_value(p1, g1, a1, b1, *rules)
+                p2, a2, b2 = adam_value(p2, g2, a2, b2, *rules)
+                p3, a3, b3 = adam_value(p3, g3, a3, b3, *rules)
                 store_quad(m, i, a0, a1, a2, a3, quads)
                 store_quad(v, i, b0, b1, b2, b3, quads)
                 store_quad(param, i, p0, p1, p2, p3, quads)
@@ -185,7 +185,7 @@ def _make_updates(dtype):
             g = grad[i]
             squares += g * g
             if apply:
-                p, m[i], v[i] = _adam_value(param[i], g, m[i], v[i], *rules)
+                p, m[i], v[i] = adam_value(param[i], g, m[i], v[i], *rules)
                 param[i] = p
                 if write_compute:
                     compute[i] = store(p)
@@ -197,7 +197,7 @@ def _make_updates(dtype):
         after_previous_grid()
         if state[APPLY] == 0:
             return
-        adam_span(param, grad, m, v, compute, _adam_scalars(state, weight_decay, decoupled), beta1, beta2,
+        adam_span(param, grad, m, v, compute, adam_scalars(state, weight_decay, decoupled), beta1, beta2,
                   one_minus_beta1, one_minus_beta2, eps, write_compute, quads, True)
 
     # adam_update_kernel on reduce's fixed grid, also writing the gradient's sum of squares: thread 0 of block b
@@ -210,7 +210,7 @@ def _make_updates(dtype):
         after_previous_grid()
         rules = cuda.shared.array(SIZE, float64)  # a module constant: numba types step_state.SIZE as a variable
         prepared_state(state, lr_schedule, bias_beta1, bias_beta2, prepare, rules)
-        squares = adam_span(param, grad, m, v, compute, _adam_scalars(rules, weight_decay, decoupled), beta1, beta2,
+        squares = adam_span(param, grad, m, v, compute, adam_scalars(rules, weight_decay, decoupled), beta1, beta2,
                             one_minus_beta1, one_minus_beta2, eps, write_compute, quads, rules[APPLY] != 0)
         total = square_sum(squares)
         if cuda.threadIdx.x == 0:
@@ -314,7 +314,7 @@ def _make_lane_updates(dtype):
         if active[z] == 0 or state[z, APPLY] == 0:
             return
         rules = hypers[z]
-        adam_span(param[z], grad[z], m[z], v[z], compute[z], _adam_scalars(state[z], rules[5], rules[6] != float32(0)),
+        adam_span(param[z], grad[z], m[z], v[z], compute[z], adam_scalars(state[z], rules[5], rules[6] != float32(0)),
                   rules[0], rules[1], rules[2], rules[3], rules[4], write_compute, quads, True)
 
     # adam_update_lanes_kernel on reduce's fixed grid in x, also writing each lane's sum of squares: thread 0 of
@@ -328,7 +328,7 @@ def _make_lane_updates(dtype):
             return
         rules = hypers[z]
         squares = adam_span(param[z], grad[z], m[z], v[z], compute[z],
-                            _adam_scalars(state[z], rules[5], rules[6] != float32(0)), rules[0], rules[1], rules[2],
+                            adam_scalars(state[z], rules[5], rules[6] != float32(0)), rules[0], rules[1], rules[2],
                             rules[3], rules[4], write_compute, quads, state[z, APPLY] != 0)
         total = square_sum(squares)
         if cuda.threadIdx.x == 0:
