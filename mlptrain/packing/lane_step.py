@@ -34,6 +34,8 @@ from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
 
 TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
+# the engines whose groups update the first layer in its weight gradient's epilogue (_epilogue_update)
+EPILOGUE_UPDATE = ("tf32x3",)
 # tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
 # forward (128 x 10, K = 512) took 44 µs for 16 lanes on it against 19 on "fma"'s K-split tiles (ncu, H200;
 # benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
@@ -155,6 +157,7 @@ class LaneStep:
         """Every active lane's optimizer step over the `rows` samples at its cursor (a window of its epoch), in
         one launch per kernel over lanes [0, `lanes`) (default all: the active ones among them step)."""
         k, o = self.backend.kernels, self._lanes(lanes or self.lanes)
+        fused = self._epilogue_update(rows)
         for offset in range(0, rows, self.batch_size):
             n = min(self.batch_size, rows - offset)
             h, grad, labels = self._views(n, o.lanes)
@@ -163,14 +166,17 @@ class LaneStep:
             self._forward(o, h)
             k.loss.softmax_cross_entropy_lanes(h[-1], labels, grad[-1], o.row_loss, o.row_correct, offset,
                                                1.0 / rows, o.loss_scale, o.cursor, o.active)
-            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0)
+            self._backward(o, h, grad, 0.0 if offset == 0 else 1.0, fused)
         # the cursors' advance in the step's last rules launch, not one of its own
         later = self.update_sums_norm
         if self.plan:
             k.reduce.sum_of_squares_lanes(o.grads, o.partials)
-        k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
-                                       norm_later=later, **({} if later else {"cursor": o.cursor, "advance": rows}))
-        self._update(o)
+        if fused:  # the rules and the first layer's update came with its weight gradient (_backward): the rest now
+            self._update_rest(o, fused)
+        else:
+            k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
+                                           norm_later=later, **({} if later else {"cursor": o.cursor, "advance": rows}))
+            self._update(o)
         if later:
             k.step_rules.record_norm_lanes(o.partials, o.state, o.grad_norms, o.step_hypers, o.active,
                                            cursor=o.cursor, advance=rows)
@@ -195,11 +201,16 @@ class LaneStep:
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation,
                                 self._pass_engine(rows, width, width), tiles_for=self.tiles_for, active=o.active)
 
-    def _backward(self, o, h, grad, beta: float) -> None:
+    def _backward(self, o, h, grad, beta: float, fused: int = 0) -> None:
+        """Every layer's gradients; with `fused` (_epilogue_update's blocks), the rules, then the first layer's
+        gradients with its update in their epilogue, their squares in the partials' first `fused` columns."""
         k, backend = self.backend.kernels, self.backend
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
             fan_in, fan_out = tuple(dw.shape)[1:]
+            if fused and i == 0:
+                self._first_layer_update(o, h[0], grad[1], fused)
+                continue
             # a hidden layer's weight and bias gradients may run beside the input gradients below it, which never
             # read them (as a run's own: nn.mlp); the first layer's are the pass's last: in order
             with backend.beside() if i else contextlib.nullcontext():
@@ -212,6 +223,51 @@ class LaneStep:
                                              self._pass_engine(rows, fan_in, fan_out), tiles_for=self.tiles_for,
                                              active=o.active)
         backend.join_beside()  # before the next micro-batch's forward rewrites what they read, and the update
+
+    def _epilogue_update(self, rows: int) -> int:
+        """The first layer's weight-and-bias blocks a lane where its update comes in their epilogue (0: not): Adam
+        with no lane reading its norm first (the rules need no norm, so they come before the backward ends), a window
+        of one micro-batch, an engine of EPILOGUE_UPDATE with one weight-and-bias launch for the first layer, a model
+        of two layers or more. The update streams ~90 µs of 16 lanes' ~294-µs step; the first layer's gradient is
+        ~60% of adam_mnist's parameters, and in the epilogue it is neither written nor read back (benchmarks/NOTES.md,
+        issue 30 step 31). Each element's update is the same; the squares are summed in another order."""
+        if self.engine not in EPILOGUE_UPDATE or self.plan or len(self.layers) <= 2 or rows > self.batch_size \
+                or isinstance(self.optimizer, (SGD, Momentum)):
+            return 0
+        from mlptrain.backends.numba_kernels.gemm_update import update_blocks  # the GPU's path only
+
+        fan_in, fan_out = self.layers[0][1]
+        engine = self._pass_engine(fan_in, fan_out, fan_out)
+        blocks = update_blocks(engine, self.batch_size, fan_in, fan_out, self.lanes, self.tiles_for)
+        return blocks if blocks is not None and blocks < self.backend.kernels.reduce.PARTIALS else 0
+
+    def _first_layer_update(self, o, x, dy, blocks: int) -> None:
+        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update
+
+        k = self.backend.kernels
+        k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
+                                       norm_later=True)
+        (w_at, w_shape), (b_at, b_shape) = self.layers[:2]
+        fan_in, fan_out = w_shape
+        weight = [lane_view(a, w_at, w_shape) for a in (o.params, o.optim_m, o.optim_v)]
+        bias = [lane_view(a, b_at, b_shape) for a in (o.params, o.optim_m, o.optim_v)]
+        linear_backward_weight_bias_update(x, dy, weight, bias, o.state, o.optimizer_hypers,
+                                           lane_view(o.partials, 0, (blocks,)), o.active,
+                                           self._pass_engine(fan_in, fan_out, fan_out), self.tiles_for)
+
+    def _update_rest(self, o, blocks: int) -> None:
+        """Adam's update of the parameters past the first layer's, its squares in the partials' columns past the
+        first layer's blocks."""
+        cut, size, count = self.layers[2][0], tuple(o.params.shape)[1], tuple(o.partials.shape)[1]
+
+        def rest(array):
+            return lane_view(array, cut, (size - cut,))
+
+        params = rest(o.params)
+        compute = params if o.compute is o.params else rest(o.compute)  # fp32: the parameters, not written twice
+        self.backend.kernels.optim.adam_update_lanes(
+            params, rest(o.grads), rest(o.optim_m), rest(o.optim_v), compute, o.state, o.optimizer_hypers, o.active,
+            partials=lane_view(o.partials, blocks, (count - blocks,)))
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

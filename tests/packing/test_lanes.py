@@ -595,6 +595,41 @@ def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_pa
         assert abs(tensor["val_acc"] - cuda["val_acc"]) <= 0.005, (seed, tensor, cuda)
 
 
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("engines, lanes", [(("fma",), 2), (("tf32x3",), 16)])
+def test_lanes_updating_the_first_layer_in_its_gradients_epilogue_keep_their_bits(tmp_path, data_dir, monkeypatch,
+                                                                                  engines, lanes):
+    """The first layer's update in its weight gradient's epilogue (lane_step.EPILOGUE_UPDATE; forced on CUDA cores
+    for 2 lanes, as it runs for 16 on tf32x3) gives every seed's parameters and optimizer state the bits of the one
+    update after the backward; the recorded gradient norms, summed in another order, stay within rounding."""
+    from mlptrain.backends.numba_kernels import gemm_update
+    from mlptrain.config.load import load_config
+    from mlptrain.packing import lane_step
+    from mlptrain.seeds.runner import run_seeds
+    from tests.cli.test_cli import REPO
+
+    monkeypatch.setenv("MLPTRAIN_DATA_DIR", str(data_dir))
+    config = load_config(REPO / "configs" / "adam_mnist.yaml",
+                         ["backend=cuda", "train.epochs=1", "model.hidden=[64, 32]", "data.val_size=1000",
+                          "train.batch_size=256", "train.cuda_graphs=false"])
+    fused, launch = [], gemm_update.linear_backward_weight_bias_update
+    monkeypatch.setattr(gemm_update, "linear_backward_weight_bias_update", lambda *a: fused.append(1) or launch(*a))
+    groups = []
+    for name, on in (("epilogue", engines), ("apart", ())):
+        monkeypatch.setattr(lane_step, "EPILOGUE_UPDATE", on)
+        before = len(fused)
+        groups.append(run_seeds(config, list(range(lanes)), tmp_path, name, "adam_mnist", Resources(), pack=lanes)[0])
+        assert (len(fused) > before) == bool(on)
+    for seed in range(lanes):
+        checkpoints = [np.load(g / f"seed-{seed}" / "checkpoints" / "last.npz") for g in groups]
+        for key in checkpoints[0].files:
+            if key.startswith(("params/", "optim/")):
+                np.testing.assert_array_equal(checkpoints[0][key], checkpoints[1][key], err_msg=f"seed {seed} {key}")
+        norms = [np.load(g / f"seed-{seed}" / "grad_norms.npy") for g in groups]
+        assert len(norms[0]) > 0
+        np.testing.assert_allclose(norms[0], norms[1], rtol=1e-5)
+
+
 def test_a_lanes_session_checks_the_free_memory_only_before_the_slabs_exist(monkeypatch):
     """The first session of a group allocates every lane's rows (lane_group checked that K lanes fit first); the
     later lanes' sessions allocate nothing new, so check_fits has no device memory of theirs to check."""
