@@ -381,21 +381,17 @@ def adam_update_lanes(param, grad, m, v, compute, state, hypers, active, partial
     """`adam_update` for every active lane z, as `sgd_update_lanes`; hypers (K, 7) float32 holds lane z's
     [beta1, beta2, 1 - beta1, 1 - beta2, eps, weight_decay, decoupled (0 or 1)], each the float32 the solo
     launcher passes (1 - beta rounded from the float64 beta; decoupled 0 without weight decay). Given `partials`
-    (K, PARTIALS) float32, also writes every active lane's sum of squares there, as `adam_update` does; partials
-    (K, n) with n < PARTIALS (a lane view of some of the columns) run the update on n blocks a lane instead, the
-    squares summed by that grid's partition (a share of a step's update: mlptrain.packing.lane_step)."""
+    (K, PARTIALS) float32, also writes every active lane's sum of squares there, as `adam_update` does."""
     lanes = _check_lane_buffers(param, state, compute, hypers, 7, active, grad=grad, m=m, v=v)
     if partials is not None:
-        require_lanes("partials", partials, "float32", (lanes, None))
-        if not 1 <= partials.shape[1] <= PARTIALS:
-            raise ValueError(f"partials: {partials.shape[1]} columns, not 1 to {PARTIALS}")
+        require_lanes("partials", partials, "float32", (lanes, PARTIALS))
     if lanes == 0:
         return
     kernels = _make_lane_updates(compute.dtype)
     quads = all(wide.aligned_quads(a) for a in (param, grad, m, v))
     args = (compute, state, hypers, active, compute is not param, quads)
     if partials is not None:
-        kernels[3][(partials.shape[1], lanes), SQUARES_THREADS, streams.current()](param, grad, m, v, compute, state,
-                                                                                     partials, *args[2:])
+        kernels[3][(PARTIALS, lanes), SQUARES_THREADS, streams.current()](param, grad, m, v, compute, state,
+                                                                            partials, *args[2:])
         return
     kernels[2][(_quad_grid(param.shape[1]), lanes), THREADS, streams.current()](param, grad, m, v, *args)

@@ -169,40 +169,6 @@ def test_adam_lanes_sum_the_gradient_as_the_solo_update(rng, dtype):
     lane_cases.update_lanes(BACKEND, rng, "adam", dtype, sums=True)
 
 
-def test_adam_lanes_on_a_share_of_the_partials_update_as_the_whole_grid(rng):
-    """adam_update_lanes given some of reduce's partials columns (a lane view: a share of a step's update, as
-    mlptrain.packing.lane_step splits it) runs on that many blocks a lane: every element gets the whole grid's bits,
-    the squares are summed by its own partition (their total within rounding), the other columns are untouched."""
-    from mlptrain.backends.lanes import lane_view
-    from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR
-
-    lanes, size, count = 2, 301, reduce.PARTIALS
-    half = count // 2
-    param, grad, m = (rng.standard_normal((lanes, size)).astype(np.float32) for _ in range(3))
-    v = np.abs(rng.standard_normal((lanes, size))).astype(np.float32)
-    state = np.zeros((lanes, SIZE))
-    state[:, APPLY], state[:, LR], state[:, GRAD_MULTIPLIER] = 1.0, [0.05, 0.01], 0.5
-    state[:, BIAS_CORRECTION1], state[:, BIAS_CORRECTION2] = 0.1, 0.0316
-    hypers = current.to_device(np.float32([lane_cases.adam_row(*rules) for rules in lane_cases.ADAM[:lanes]]))
-    results = []
-    for share in (False, True):
-        buffers = [current.to_device(a.copy()) for a in (param, m, v)]
-        partials = current.to_device(np.full((lanes, count), np.nan, np.float32))
-        optim.adam_update_lanes(buffers[0], current.to_device(grad), *buffers[1:], buffers[0], current.to_device(state),
-                                hypers, current.to_device(np.ones(lanes, np.int32)),
-                                partials=lane_view(partials, half, (count - half,)) if share else partials)
-        results.append(([a.copy_to_host() for a in buffers], partials.copy_to_host()))
-    for whole, shared in zip(results[0][0], results[1][0]):
-        np.testing.assert_array_equal(whole.view(np.uint32), shared.view(np.uint32))
-    whole, shared = results[0][1], results[1][1]
-    assert np.isnan(shared[:, :half]).all() and not np.isnan(shared[:, half:]).any()
-    np.testing.assert_allclose(shared[:, half:].sum(1, dtype=np.float64), whole.sum(1, dtype=np.float64), rtol=1e-5)
-    with pytest.raises(ValueError, match="partials: 0 columns"):
-        optim.adam_update_lanes(*[current.to_device(a) for a in (param, grad, m, v, param)], current.to_device(state),
-                                hypers, current.to_device(np.ones(lanes, np.int32)),
-                                partials=current.to_device(np.zeros((lanes, 0), np.float32)))
-
-
 def test_lane_launchers_reject_bad_arguments():
     param, active = current.to_device(np.zeros((2, 5), np.float32)), current.to_device(np.ones(2, np.int32))
     state = current.to_device(np.zeros((2, SIZE)))
