@@ -98,6 +98,7 @@ class LaneStep:
         # of its own runs only while a lane here reads its norm first (clipping, loss scaling)
         self.update_sums_norm = step.optimizer.sums_norm
         self._norm_first = set()
+        self._squares = None  # (K, blocks): the first layer's squares where its update is in its epilogue
 
     @property
     def plan(self) -> bool:
@@ -203,7 +204,7 @@ class LaneStep:
 
     def _backward(self, o, h, grad, beta: float, fused: int = 0) -> None:
         """Every layer's gradients; with `fused` (_epilogue_update's blocks), the rules, then the first layer's
-        gradients with its update in their epilogue, their squares in the partials' first `fused` columns."""
+        gradients with its update in their epilogue, their squares by block."""
         k, backend = self.backend.kernels, self.backend
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
@@ -239,7 +240,11 @@ class LaneStep:
         fan_in, fan_out = self.layers[0][1]
         engine = self._pass_engine(fan_in, fan_out, fan_out)
         blocks = update_blocks(engine, self.batch_size, fan_in, fan_out, self.lanes, self.tiles_for)
-        return blocks if blocks is not None and blocks < self.backend.kernels.reduce.PARTIALS else 0
+        if blocks is None:
+            return 0
+        if self._squares is None or tuple(self._squares.shape)[1] != blocks:  # made before any capture: planning
+            self._squares = self.backend.empty((self.lanes, blocks), np.float32)
+        return blocks
 
     def _first_layer_update(self, o, x, dy, blocks: int) -> None:
         from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update
@@ -251,14 +256,15 @@ class LaneStep:
         fan_in, fan_out = w_shape
         weight = [lane_view(a, w_at, w_shape) for a in (o.params, o.optim_m, o.optim_v)]
         bias = [lane_view(a, b_at, b_shape) for a in (o.params, o.optim_m, o.optim_v)]
-        linear_backward_weight_bias_update(x, dy, weight, bias, o.state, o.optimizer_hypers,
-                                           lane_view(o.partials, 0, (blocks,)), o.active,
-                                           self._pass_engine(fan_in, fan_out, fan_out), self.tiles_for)
+        linear_backward_weight_bias_update(x, dy, weight, bias, o.state, o.optimizer_hypers, self._squares[:o.lanes],
+                                           o.active, self._pass_engine(fan_in, fan_out, fan_out), self.tiles_for)
 
     def _update_rest(self, o, blocks: int) -> None:
-        """Adam's update of the parameters past the first layer's, its squares in the partials' columns past the
-        first layer's blocks."""
-        cut, size, count = self.layers[2][0], tuple(o.params.shape)[1], tuple(o.partials.shape)[1]
+        """Adam's update of the parameters past the first layer's, summing their squares into the partials, then the
+        first layer's squares added to them."""
+        from mlptrain.backends.numba_kernels.gemm_update import add_squares
+
+        cut, size = self.layers[2][0], tuple(o.params.shape)[1]
 
         def rest(array):
             return lane_view(array, cut, (size - cut,))
@@ -267,7 +273,8 @@ class LaneStep:
         compute = params if o.compute is o.params else rest(o.compute)  # fp32: the parameters, not written twice
         self.backend.kernels.optim.adam_update_lanes(
             params, rest(o.grads), rest(o.optim_m), rest(o.optim_v), compute, o.state, o.optimizer_hypers, o.active,
-            partials=lane_view(o.partials, blocks, (count - blocks,)))
+            partials=o.partials)
+        add_squares(self._squares[:o.lanes], blocks, o.partials, o.active)
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

@@ -23,6 +23,7 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import gemm_engines, streams
 from mlptrain.backends.numba_kernels.block_sums import make_block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes
+from mlptrain.backends.numba_kernels.reduce import PARTIALS
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_weight import lanes_weight_bias_plan
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
@@ -137,3 +138,29 @@ def linear_backward_weight_bias_update(x, dy, weight, bias, state, hypers, squar
         raise ValueError(f"squares: {tuple(squares.shape)[1]} columns, the launch writes {grid[0] * grid[1]}")
     kernel = make_weight_bias_update(tile, x.dtype, engine, gemm_engines.engine_staging(engine, x, dy), width, threads)
     kernel[grid, threads, streams.current()](x, dy, *weight, *bias, state, hypers, squares, weight_rows, active)
+
+
+# Thread z owns partials[z, 0]: it adds lane z's squares in order, after the update that wrote the partials. No atomics.
+@kernel_cache.jit
+def add_squares_kernel(squares, count, partials, active):
+    after_previous_grid()
+    z = cuda.grid(1)
+    if z < partials.shape[0] and active[z] != 0:
+        total = float32(0)
+        for b in range(count):
+            total += squares[z, b]
+        partials[z, 0] += total
+
+
+def add_squares(squares, count, partials, active):
+    """partials[z, 0] += the sum of squares[z, :count] in order, for every active lane z: the first layer's squares
+    (linear_backward_weight_bias_update's) into the partials the rest of the update wrote (optim.adam_update_lanes),
+    which step_rules.record_norm_lanes then adds up."""
+    require("active", active, "int32", (None,))
+    lanes = active.shape[0]
+    require_lanes("squares", squares, "float32", (lanes, None))
+    require_lanes("partials", partials, "float32", (lanes, PARTIALS))
+    if not 0 <= count <= tuple(squares.shape)[1]:
+        raise ValueError(f"squares: {count} columns asked of {tuple(squares.shape)[1]}")
+    if lanes:
+        add_squares_kernel[-(-lanes // 32), 32, streams.current()](squares, count, partials, active)

@@ -63,3 +63,21 @@ def test_the_update_in_the_epilogue_is_the_launches_apart(rng, shape, engine):
         np.testing.assert_allclose(squares[z, :blocks].astype(np.float64).sum(), (g[z] ** 2).sum(), rtol=1e-5)
         assert np.isnan(squares[z, blocks:]).all()
     assert np.isnan(squares[1]).all()
+
+
+def test_the_first_layers_squares_are_added_to_each_active_lanes_first_partial(rng):
+    """add_squares: partials[z, 0] += squares[z, :count] added in order, for the active lanes; nothing else moves."""
+    be, count = BACKEND, 5
+    squares = rng.random((3, 7)).astype(np.float32)
+    partials = rng.random((3, gemm_update.PARTIALS)).astype(np.float32)
+    d_partials = be.to_device(partials)
+    gemm_update.add_squares(be.to_device(squares), count, d_partials, be.to_device(np.array([1, 0, 1], np.int32)))
+    got, want = be.to_host(d_partials), partials.copy()
+    for z in (0, 2):
+        total = np.float32(0)
+        for b in range(count):
+            total = np.float32(total + squares[z, b])
+        want[z, 0] = np.float32(want[z, 0] + total)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="8 columns asked of 7"):
+        gemm_update.add_squares(be.to_device(squares), 8, d_partials, be.to_device(np.ones(3, np.int32)))
