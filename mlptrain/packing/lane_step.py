@@ -34,8 +34,12 @@ from mlptrain.optim import step_state
 from mlptrain.optim.optimizers import SGD, Momentum
 
 TF32_LANES = 16  # lanes from which a float32 group's GEMMs run on the tf32x3 engine
-# the engines whose groups update the first layer in its weight gradient's epilogue (_epilogue_update)
-EPILOGUE_UPDATE = ("tf32x3",)
+# The engines whose groups update the hidden layers in their weight gradients' epilogue (_epilogue_update): none.
+# Correct (the parameters' bits of the update apart), but 16 adam_mnist lanes' step took 332 µs with fc1 and fc2
+# fused against 292 apart: each fused launch ran as long as its weight gradient and its share of the update apart
+# (fc1 96 µs, fc2 70), and fc2's no longer ran beside fc2's input gradient (H200; benchmarks/NOTES.md, issue 30
+# step 32). ("tf32x3",) turns it on.
+EPILOGUE_UPDATE = ()
 # tf32x3 has one tile and no K split: an output of few tiles sums its long K in few blocks. An output layer's
 # forward (128 x 10, K = 512) took 44 µs for 16 lanes on it against 19 on "fma"'s K-split tiles (ncu, H200;
 # benchmarks/NOTES.md, issue 30 step 13), where outputs of 128 tiles or more ran 1.3-1.7x faster on it
@@ -172,7 +176,7 @@ class LaneStep:
         later = self.update_sums_norm
         if self.plan:
             k.reduce.sum_of_squares_lanes(o.grads, o.partials)
-        if fused:  # the rules and the first layer's update came with its weight gradient (_backward): the rest now
+        if fused:  # the rules and the fused layers' updates came with their weight gradients (_backward): the rest now
             self._update_rest(o, fused)
         else:
             k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
@@ -202,15 +206,22 @@ class LaneStep:
             gemm.linear_forward(h[i], w, b, h[i + 1], NONE if i == last else self.activation,
                                 self._pass_engine(rows, width, width), tiles_for=self.tiles_for, active=o.active)
 
-    def _backward(self, o, h, grad, beta: float, fused: int = 0) -> None:
-        """Every layer's gradients; with `fused` (_epilogue_update's blocks), the rules, then the first layer's
-        gradients with its update in their epilogue, their squares by block."""
+    def _backward(self, o, h, grad, beta: float, fused: tuple = ()) -> None:
+        """Every layer's gradients; with `fused` (_epilogue_update's layers), the rules first, and those layers'
+        gradients with their update in their epilogue, their squares by block."""
         k, backend = self.backend.kernels, self.backend
+        epilogue = dict(fused)
+        if fused:  # the rules need no norm here: before the epilogues that read them
+            k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
+                                           norm_later=True)
         for i in reversed(range(len(o.weights))):
             dw, db = o.weight_grads[i]
             fan_in, fan_out = tuple(dw.shape)[1:]
-            if fused and i == 0:
-                self._first_layer_update(o, h[0], grad[1], fused)
+            if i in epilogue:  # the layer's input gradient reads its weights: it comes first
+                if i > 0:
+                    self._input_gradient(o, i, grad, h)
+                with backend.beside() if i else contextlib.nullcontext():
+                    self._update_in_epilogue(o, i, h[i], grad[i + 1], epilogue[i])
                 continue
             # a hidden layer's weight and bias gradients may run beside the input gradients below it, which never
             # read them (as a run's own: nn.mlp); the first layer's are the pass's last: in order
@@ -219,52 +230,62 @@ class LaneStep:
                                                    engine=self._pass_engine(fan_in, fan_out, fan_out),
                                                    tiles_for=self.tiles_for, active=o.active)
             if i > 0:
-                rows = tuple(grad[i].shape)[1]
-                k.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
-                                             self._pass_engine(rows, fan_in, fan_out), tiles_for=self.tiles_for,
-                                             active=o.active)
+                self._input_gradient(o, i, grad, h)
         backend.join_beside()  # before the next micro-batch's forward rewrites what they read, and the update
 
-    def _epilogue_update(self, rows: int) -> int:
-        """The first layer's weight-and-bias blocks a lane where its update comes in their epilogue (0: not): Adam
-        with no lane reading its norm first (the rules need no norm, so they come before the backward ends), a window
-        of one micro-batch, an engine of EPILOGUE_UPDATE with one weight-and-bias launch for the first layer, a model
-        of two layers or more. The update streams ~90 µs of 16 lanes' ~294-µs step; the first layer's gradient is
-        ~60% of adam_mnist's parameters, and in the epilogue it is neither written nor read back (benchmarks/NOTES.md,
-        issue 30 step 31). Each element's update is the same; the squares are summed in another order."""
-        if self.engine not in EPILOGUE_UPDATE or self.plan or len(self.layers) <= 2 or rows > self.batch_size \
+    def _input_gradient(self, o, i: int, grad, h) -> None:
+        fan_in, fan_out = self.layers[2 * i][1]
+        rows = tuple(grad[i].shape)[1]
+        self.backend.kernels.gemm.linear_backward_input(grad[i + 1], o.weights[i][0], h[i], grad[i], self.activation,
+                                                        self._pass_engine(rows, fan_in, fan_out),
+                                                        tiles_for=self.tiles_for, active=o.active)
+
+    def _epilogue_update(self, rows: int) -> tuple:
+        """The layers whose update comes in their weight-and-bias blocks' epilogue, as (layer, its first column of
+        the squares) pairs (none: ()): Adam with no lane reading its norm first (the rules need no norm, so they
+        come before the backward), a window of one micro-batch, and the hidden layers from the first whose
+        weight gradient runs on an engine of EPILOGUE_UPDATE in one weight-and-bias launch. The update streams ~90
+        µs of 16 lanes' ~294-µs step; in the epilogue a gradient is neither written nor read back
+        (benchmarks/NOTES.md, issue 30 steps 31 and 32). Each element's update is the same; the squares are summed
+        in another order."""
+        if self.engine not in EPILOGUE_UPDATE or self.plan or rows > self.batch_size \
                 or isinstance(self.optimizer, (SGD, Momentum)):
-            return 0
+            return ()
         from mlptrain.backends.numba_kernels.gemm_update import update_blocks  # the GPU's path only
 
-        fan_in, fan_out = self.layers[0][1]
+        fused, columns = [], 0
+        for i in range(len(self.layers) // 2 - 1):  # never the output layer
+            fan_in, fan_out = self.layers[2 * i][1]
+            engine = self._pass_engine(fan_in, fan_out, fan_out)
+            blocks = update_blocks(engine, self.batch_size, fan_in, fan_out, self.lanes, self.tiles_for) \
+                if engine in EPILOGUE_UPDATE else None
+            if blocks is None:
+                break
+            fused.append((i, columns))
+            columns += blocks
+        if fused and (self._squares is None or tuple(self._squares.shape)[1] != columns):  # before any capture
+            self._squares = self.backend.empty((self.lanes, columns), np.float32)
+        return tuple(fused)
+
+    def _update_in_epilogue(self, o, i: int, x, dy, first: int) -> None:
+        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update, update_blocks
+
+        (w_at, w_shape), (b_at, b_shape) = self.layers[2 * i:2 * i + 2]
+        fan_in, fan_out = w_shape
         engine = self._pass_engine(fan_in, fan_out, fan_out)
         blocks = update_blocks(engine, self.batch_size, fan_in, fan_out, self.lanes, self.tiles_for)
-        if blocks is None:
-            return 0
-        if self._squares is None or tuple(self._squares.shape)[1] != blocks:  # made before any capture: planning
-            self._squares = self.backend.empty((self.lanes, blocks), np.float32)
-        return blocks
-
-    def _first_layer_update(self, o, x, dy, blocks: int) -> None:
-        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update
-
-        k = self.backend.kernels
-        k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
-                                       norm_later=True)
-        (w_at, w_shape), (b_at, b_shape) = self.layers[:2]
-        fan_in, fan_out = w_shape
-        weight = [lane_view(a, w_at, w_shape) for a in (o.params, o.optim_m, o.optim_v)]
+        weight = [lane_view(a, w_at, (fan_in * fan_out,)) for a in (o.params, o.optim_m, o.optim_v)]
         bias = [lane_view(a, b_at, b_shape) for a in (o.params, o.optim_m, o.optim_v)]
-        linear_backward_weight_bias_update(x, dy, weight, bias, o.state, o.optimizer_hypers, self._squares[:o.lanes],
-                                           o.active, self._pass_engine(fan_in, fan_out, fan_out), self.tiles_for)
+        linear_backward_weight_bias_update(x, dy, weight, bias, o.state, o.optimizer_hypers,
+                                           lane_view(self._squares[:o.lanes], first, (blocks,)), o.active, engine,
+                                           self.tiles_for)
 
-    def _update_rest(self, o, blocks: int) -> None:
-        """Adam's update of the parameters past the first layer's, summing their squares into the partials, then the
-        first layer's squares added to them."""
+    def _update_rest(self, o, fused: tuple) -> None:
+        """Adam's update of the parameters past the fused layers', summing their squares into the partials, then
+        the fused layers' squares added to them."""
         from mlptrain.backends.numba_kernels.gemm_update import add_squares
 
-        cut, size = self.layers[2][0], tuple(o.params.shape)[1]
+        cut, size = self.layers[2 * len(fused)][0], tuple(o.params.shape)[1]
 
         def rest(array):
             return lane_view(array, cut, (size - cut,))
@@ -274,7 +295,8 @@ class LaneStep:
         self.backend.kernels.optim.adam_update_lanes(
             params, rest(o.grads), rest(o.optim_m), rest(o.optim_v), compute, o.state, o.optimizer_hypers, o.active,
             partials=o.partials)
-        add_squares(self._squares[:o.lanes], blocks, o.partials, o.active)
+        squares = self._squares[:o.lanes]
+        add_squares(squares, tuple(squares.shape)[1], o.partials, o.active)
 
     def _update(self, o) -> None:
         optim = self.backend.kernels.optim

@@ -15,13 +15,16 @@ pytestmark = pytest.mark.gpu
 BACKEND = cases.numba_backend()
 
 
-@pytest.mark.parametrize("shape, engine", [((6, 9, 20), "fma"),
-                                           pytest.param((6, 9, 20), "tf32x3", marks=pytest.mark.real_gpu),
-                                           pytest.param((128, 784, 512), "tf32x3", marks=pytest.mark.real_gpu)])
-def test_the_update_in_the_epilogue_is_the_launches_apart(rng, shape, engine):
+@pytest.mark.parametrize("shape, engine, at", [((6, 9, 20), "fma", 4), ((5, 7, 13), "fma", 5), ((6, 9, 20), "fma", 5),
+                                               pytest.param((6, 9, 20), "tf32x3", 4, marks=pytest.mark.real_gpu),
+                                               pytest.param((37, 70, 45), "tf32x3", 5, marks=pytest.mark.real_gpu),
+                                               pytest.param((128, 784, 512), "tf32x3", 4, marks=pytest.mark.real_gpu)])
+def test_the_update_in_the_epilogue_is_the_launches_apart(rng, shape, engine, at):
     """Three lanes, lane 1 inactive, one with its update not applied (its window skipped): every active lane's
     parameters and moments get the bits of the gradients written and then updated; the inactive lane's are untouched;
-    the squares' columns add up to the gradient's squared norm within float32 rounding."""
+    the squares' columns add up to the gradient's squared norm within float32 rounding. The layer's parameters at
+    column `at` of their slab: 16-byte aligned rows (4, with outputs a multiple of 4) updated a quad at a load, or
+    not (an element at a time)."""
     rows, inputs, outputs = shape
     size, lanes, be = inputs * outputs + outputs, 3, BACKEND
     x, dy = (cases.random(rng, lanes, rows, n) for n in (inputs, outputs))
@@ -36,28 +39,28 @@ def test_the_update_in_the_epilogue_is_the_launches_apart(rng, shape, engine):
     results = []
     for fused in (True, False):
         slabs = [be.to_device(a.copy()) for a in flat]  # param, m, v
-        weight = [lane_view(a, 4, (inputs, outputs)) for a in slabs]
-        bias = [lane_view(a, 4 + inputs * outputs, (outputs,)) for a in slabs]
+        weight = [lane_view(a, at, (inputs * outputs,)) for a in slabs]
+        bias = [lane_view(a, at + inputs * outputs, (outputs,)) for a in slabs]
         if fused:
-            squares = be.to_device(np.full((lanes, 64), np.nan, np.float32))
+            blocks = gemm_update.update_blocks(engine, rows, inputs, outputs, lanes)
+            squares = be.to_device(np.full((lanes, blocks + 3), np.nan, np.float32))
             gemm_update.linear_backward_weight_bias_update(d_x, d_dy, weight, bias, d_state, hypers, squares, active,
                                                            engine)
         else:
             grads = be.to_device(np.full((lanes, size + 8), np.nan, np.float32))
-            gemm.linear_backward_weight_bias(d_x, d_dy, lane_view(grads, 4, (inputs, outputs)),
-                                             lane_view(grads, 4 + inputs * outputs, (outputs,)), 0.0, engine=engine,
+            gemm.linear_backward_weight_bias(d_x, d_dy, lane_view(grads, at, (inputs, outputs)),
+                                             lane_view(grads, at + inputs * outputs, (outputs,)), 0.0, engine=engine,
                                              active=active)
-            share = [lane_view(a, 4, (size,)) for a in slabs]
-            optim.adam_update_lanes(share[0], lane_view(grads, 4, (size,)), share[1], share[2], share[0], d_state,
+            share = [lane_view(a, at, (size,)) for a in slabs]
+            optim.adam_update_lanes(share[0], lane_view(grads, at, (size,)), share[1], share[2], share[0], d_state,
                                     hypers, active)
-            g = be.to_host(grads)[:, 4:4 + size].astype(np.float64)
+            g = be.to_host(grads)[:, at:at + size].astype(np.float64)
         results.append([be.to_host(a) for a in slabs] + [be.to_host(squares) if fused else g])
     for got, want in zip(results[0][:3], results[1][:3]):
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     for got, original in zip(results[0][:3], flat):
         np.testing.assert_array_equal(got[1].view(np.uint32), original[1].view(np.uint32))  # inactive
         np.testing.assert_array_equal(got[2].view(np.uint32), original[2].view(np.uint32))  # not applied
-    blocks = gemm_update.update_blocks(engine, rows, inputs, outputs, lanes)
     squares, g = results[0][3], results[1][3]
     for z in (0, 2):
         np.testing.assert_allclose(squares[z, :blocks].astype(np.float64).sum(), (g[z] ** 2).sum(), rtol=1e-5)
@@ -66,18 +69,23 @@ def test_the_update_in_the_epilogue_is_the_launches_apart(rng, shape, engine):
 
 
 def test_the_first_layers_squares_are_added_to_each_active_lanes_first_partial(rng):
-    """add_squares: partials[z, 0] += squares[z, :count] added in order, for the active lanes; nothing else moves."""
-    be, count = BACKEND, 5
-    squares = rng.random((3, 7)).astype(np.float32)
+    """add_squares: partials[z, 0] += squares[z, :count] summed in add_squares' fixed order, for the active lanes;
+    nothing else moves."""
+    be, count = BACKEND, 75
+    squares = rng.random((3, 77)).astype(np.float32)
     partials = rng.random((3, gemm_update.PARTIALS)).astype(np.float32)
     d_partials = be.to_device(partials)
     gemm_update.add_squares(be.to_device(squares), count, d_partials, be.to_device(np.array([1, 0, 1], np.int32)))
     got, want = be.to_host(d_partials), partials.copy()
     for z in (0, 2):
-        total = np.float32(0)
+        sums = np.zeros(gemm_update.SQUARES_WARP, np.float32)  # thread t: columns t, t + 32, ... in order
         for b in range(count):
-            total = np.float32(total + squares[z, b])
-        want[z, 0] = np.float32(want[z, 0] + total)
+            sums[b % gemm_update.SQUARES_WARP] += squares[z, b]
+        width = gemm_update.SQUARES_WARP // 2
+        while width:  # the block's tree: partial t + width into partial t
+            sums[:width] += sums[width:2 * width]
+            width //= 2
+        want[z, 0] = np.float32(want[z, 0] + sums[0])
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    with pytest.raises(ValueError, match="8 columns asked of 7"):
-        gemm_update.add_squares(be.to_device(squares), 8, d_partials, be.to_device(np.ones(3, np.int32)))
+    with pytest.raises(ValueError, match="78 columns asked of 77"):
+        gemm_update.add_squares(be.to_device(squares), 78, d_partials, be.to_device(np.ones(3, np.int32)))
