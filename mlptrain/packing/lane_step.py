@@ -210,7 +210,7 @@ class LaneStep:
         """Every layer's gradients; with `fused` (_epilogue_update's layers), the rules first, and those layers'
         gradients with their update in their epilogue, their squares by block."""
         k, backend = self.backend.kernels, self.backend
-        epilogue = dict(fused)
+        epilogue = {i: (first, blocks) for i, first, blocks in fused}
         if fused:  # the rules need no norm here: before the epilogues that read them
             k.step_rules.finish_step_lanes(o.partials, o.state, o.lr_table, o.grad_norms, o.step_hypers, o.active,
                                            norm_later=True)
@@ -221,7 +221,7 @@ class LaneStep:
                 if i > 0:
                     self._input_gradient(o, i, grad, h)
                 with backend.beside() if i else contextlib.nullcontext():
-                    self._update_in_epilogue(o, i, h[i], grad[i + 1], epilogue[i])
+                    self._update_in_epilogue(o, i, h[i], grad[i + 1], *epilogue[i])
                 continue
             # a hidden layer's weight and bias gradients may run beside the input gradients below it, which never
             # read them (as a run's own: nn.mlp); the first layer's are the pass's last: in order
@@ -242,7 +242,7 @@ class LaneStep:
 
     def _epilogue_update(self, rows: int) -> tuple:
         """The layers whose update comes in their weight-and-bias blocks' epilogue, as (layer, its first column of
-        the squares) pairs (none: ()): Adam with no lane reading its norm first (the rules need no norm, so they
+        the squares, its columns: blocks a lane) triples (none: ()): Adam with no lane reading its norm first (the rules need no norm, so they
         come before the backward), a window of one micro-batch, and the hidden layers from the first whose
         weight gradient runs on an engine of EPILOGUE_UPDATE in one weight-and-bias launch. The update streams ~90
         µs of 16 lanes' ~294-µs step; in the epilogue a gradient is neither written nor read back
@@ -261,19 +261,18 @@ class LaneStep:
                 if engine in EPILOGUE_UPDATE else None
             if blocks is None:
                 break
-            fused.append((i, columns))
+            fused.append((i, columns, blocks))
             columns += blocks
         if fused and (self._squares is None or tuple(self._squares.shape)[1] != columns):  # before any capture
             self._squares = self.backend.empty((self.lanes, columns), np.float32)
         return tuple(fused)
 
-    def _update_in_epilogue(self, o, i: int, x, dy, first: int) -> None:
-        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update, update_blocks
+    def _update_in_epilogue(self, o, i: int, x, dy, first: int, blocks: int) -> None:
+        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update
 
         (w_at, w_shape), (b_at, b_shape) = self.layers[2 * i:2 * i + 2]
         fan_in, fan_out = w_shape
         engine = self._pass_engine(fan_in, fan_out, fan_out)
-        blocks = update_blocks(engine, self.batch_size, fan_in, fan_out, self.lanes, self.tiles_for)
         weight = [lane_view(a, w_at, (fan_in * fan_out,)) for a in (o.params, o.optim_m, o.optim_v)]
         bias = [lane_view(a, b_at, b_shape) for a in (o.params, o.optim_m, o.optim_v)]
         linear_backward_weight_bias_update(x, dy, weight, bias, o.state, o.optimizer_hypers,

@@ -24,12 +24,11 @@ from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint64
 from mlptrain.backends.numba_kernels import gemm_engines, streams, wide
 from mlptrain.backends.numba_kernels.block_sums import make_block_sum
 from mlptrain.backends.numba_kernels.checks import require, require_lanes
-from mlptrain.backends.numba_kernels.reduce import PARTIALS
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_weight import lanes_weight_bias_plan
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.optim import adam_scalars, adam_value
-from mlptrain.backends.numba_kernels.reduce import make_column_sum
+from mlptrain.backends.numba_kernels.reduce import PARTIALS, make_column_sum
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 from mlptrain.backends.numba_kernels.wide import load_quad, store_quad
 from mlptrain.optim.step_state import APPLY
@@ -191,9 +190,9 @@ def linear_backward_weight_bias_update(x, dy, weight, bias, state, hypers, squar
     """For every active lane z: dw = x[z].T @ dy[z] and db = the column sums of dy[z], as
     gemm.linear_backward_weight_bias(x, dy, dw, db, 0.0, engine=engine, ...) computes them, each element then
     updated by Adam into its (param, m, v) of `weight` (flat (K, inputs * outputs) lane views each, row-major)
-    and `bias` ((K, outputs)), as optim.adam_update_lanes would from them, without writing dw or db. state (K, step_state.SIZE)
-    holds each lane's rules already; hypers (K, 7) float32; squares (K, n) float32 with n >= update_blocks(...):
-    lane z's columns hold its blocks' sums of the gradient's squares."""
+    and `bias` ((K, outputs)), as optim.adam_update_lanes would from them, without writing dw or db. state (K,
+    step_state.SIZE) holds each lane's rules already; hypers (K, 7) float32; squares (K, n) float32 with n >=
+    update_blocks(...): lane z's columns hold its blocks' sums of the gradient's squares."""
     lead = tuple(x.shape)[:1]
     require_lanes("x", x, "float32", (*lead, None, None))
     lanes, rows, inputs = tuple(x.shape)
