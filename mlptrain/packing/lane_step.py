@@ -242,12 +242,11 @@ class LaneStep:
 
     def _epilogue_update(self, rows: int) -> tuple:
         """The layers whose update comes in their weight-and-bias blocks' epilogue, as (layer, its first column of
-        the squares, its columns: blocks a lane) triples (none: ()): Adam with no lane reading its norm first (the rules need no norm, so they
-        come before the backward), a window of one micro-batch, and the hidden layers from the first whose
-        weight gradient runs on an engine of EPILOGUE_UPDATE in one weight-and-bias launch. The update streams ~90
-        µs of 16 lanes' ~294-µs step; in the epilogue a gradient is neither written nor read back
-        (benchmarks/NOTES.md, issue 30 steps 31 and 32). Each element's update is the same; the squares are summed
-        in another order."""
+        the squares, its columns: blocks a lane) triples (none: ()): Adam with no lane reading its norm first (the
+        rules need no norm, so they come before the backward), a window of one micro-batch, and the hidden layers
+        from the first whose weight gradient runs on an engine of EPILOGUE_UPDATE in one weight-and-bias launch. In
+        the epilogue a gradient is neither written nor read back (benchmarks/NOTES.md, issue 30 steps 31 and 32).
+        Each element's update is the same; the squares are summed in another order."""
         if self.engine not in EPILOGUE_UPDATE or self.plan or rows > self.batch_size \
                 or isinstance(self.optimizer, (SGD, Momentum)):
             return ()
@@ -268,7 +267,7 @@ class LaneStep:
         return tuple(fused)
 
     def _update_in_epilogue(self, o, i: int, x, dy, first: int, blocks: int) -> None:
-        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update
+        from mlptrain.backends.numba_kernels.gemm_update import linear_backward_weight_bias_update  # the GPU's path
 
         (w_at, w_shape), (b_at, b_shape) = self.layers[2 * i:2 * i + 2]
         fan_in, fan_out = w_shape
@@ -282,7 +281,7 @@ class LaneStep:
     def _update_rest(self, o, fused: tuple) -> None:
         """Adam's update of the parameters past the fused layers', summing their squares into the partials, then
         the fused layers' squares added to them."""
-        from mlptrain.backends.numba_kernels.gemm_update import add_squares
+        from mlptrain.backends.numba_kernels.gemm_update import add_squares  # the GPU's path only
 
         cut, size = self.layers[2 * len(fused)][0], tuple(o.params.shape)[1]
 

@@ -6,10 +6,11 @@ variant measured (benchmarks/NOTES.md, issue 30 step 31). Here the blocks of gem
 apply the update to the gradient they hold instead of writing it: nothing is written or read back, and the update's
 launch goes for the layer's parameters.
 
-Each element's update is optim.adam_value on the gradient the weight-gradient blocks would have written (a window of
-one micro-batch: beta 0), so the parameters and moments get the bits of the two launches apart. The gradient's squares
-are summed per block (a thread's elements in the tile's order, then the block's fixed tree) into `squares` (K, blocks),
-another order than the update's own partition: the recorded norm rounds otherwise. No atomics.
+Each element's update is update_math.adam_value on the gradient the weight-gradient blocks would have written (a
+window of one micro-batch: beta 0), so the parameters and moments get the bits of the two launches apart. The
+gradient's squares are summed per block (each thread's quads of the staged rows, then the block's fixed tree) into
+`squares` (K, blocks), another order than the update's own partition: the recorded norm rounds otherwise. No
+atomics.
 
 The rules (lr, bias corrections, apply) must be in the lanes' step state before the launch (step_rules'
 prepare, as finish_step_lanes writes them for a lane whose norm comes later), and the layer's weights must have
@@ -27,7 +28,7 @@ from mlptrain.backends.numba_kernels.checks import require, require_lanes
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_weight import lanes_weight_bias_plan
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
-from mlptrain.backends.numba_kernels.optim import adam_scalars, adam_value
+from mlptrain.backends.numba_kernels.update_math import adam_scalars, adam_value
 from mlptrain.backends.numba_kernels.reduce import PARTIALS, make_column_sum
 from mlptrain.backends.numba_kernels.tiles import dense_operand
 from mlptrain.backends.numba_kernels.wide import load_quad, store_quad

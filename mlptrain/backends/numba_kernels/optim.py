@@ -20,9 +20,11 @@ from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.compiled_rules import prepared_state
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.reduce import PARTIALS, SQUARES_THREADS, square_sum
+from mlptrain.backends.numba_kernels.update_math import (adam_scalars, adam_value, momentum_element, sgd_element,
+                                                         step_scalars)
 from mlptrain.backends.numba_kernels.wide import load_quad, store_quad
 from mlptrain.optim import step_state
-from mlptrain.optim.step_state import APPLY, BIAS_CORRECTION1, BIAS_CORRECTION2, GRAD_MULTIPLIER, LR, SIZE
+from mlptrain.optim.step_state import APPLY, SIZE
 
 THREADS = 256
 MAX_BLOCKS = 2048  # grid-stride beyond this: enough to fill any current GPU
@@ -37,67 +39,6 @@ def _check_buffers(param, state, compute, **like_param):
         require(name, array, "float32", param.shape)
     require_one_of("compute", compute, STORAGE_DTYPES, param.shape)
     require("state", state, "float64", (step_state.SIZE,))
-
-
-# --- the updates' arithmetic, written once for the solo and the lane kernels --------------------------
-
-
-@kernel_cache.device
-def _step_scalars(state):
-    """(lr, gradient multiplier) of this step, in float32."""
-    return float32(state[LR]), float32(state[GRAD_MULTIPLIER])
-
-
-@kernel_cache.device
-def _sgd_element(param, grad, i, lr, multiplier, weight_decay):
-    """Updates param[i]; returns it."""
-    g = grad[i] * multiplier
-    if weight_decay != float32(0):
-        g = g + weight_decay * param[i]
-    p = param[i] - lr * g
-    param[i] = p
-    return p
-
-
-@kernel_cache.device
-def _momentum_element(param, grad, velocity, i, lr, multiplier, momentum, weight_decay, nesterov):
-    """Updates velocity[i] and param[i]; returns param[i]."""
-    g = grad[i] * multiplier
-    if weight_decay != float32(0):
-        g = g + weight_decay * param[i]
-    v = momentum * velocity[i] + g
-    velocity[i] = v
-    step = g + momentum * v if nesterov else v
-    p = param[i] - lr * step
-    param[i] = p
-    return p
-
-
-@kernel_cache.device
-def adam_scalars(state, weight_decay, decoupled):
-    """(multiplier, step size, bias correction 2, decay, l2): what every element's Adam update reads."""
-    lr, multiplier = _step_scalars(state)
-    step_size = lr / float32(state[BIAS_CORRECTION1])
-    decay = float32(1) - lr * weight_decay if decoupled else float32(1)
-    l2 = float32(0) if decoupled else weight_decay
-    return multiplier, step_size, float32(state[BIAS_CORRECTION2]), decay, l2
-
-
-@kernel_cache.device
-def adam_value(p, g, m_i, v_i, scalars, beta1, beta2, one_minus_beta1, one_minus_beta2, eps):
-    """One element's Adam update (scalars from adam_scalars), from its parameter p, its raw gradient g and its
-    moments m_i, v_i: (p, m_i, v_i) updated. The only place the update's arithmetic is written, so every kernel
-    and path that applies it (a quad at a time or an element at a time, a lane or a run alone) rounds alike."""
-    multiplier, step_size, bias_correction2, decay, l2 = scalars
-    g = g * multiplier
-    if decay != float32(1):  # AdamW: decoupled decay
-        p = p * decay
-    if l2 != float32(0):  # Adam with weight decay: L2 in the gradient
-        g = g + l2 * p
-    m_i = beta1 * m_i + one_minus_beta1 * g
-    v_i = beta2 * v_i + one_minus_beta2 * g * g
-    p = p - step_size * m_i / (math.sqrt(v_i) / bias_correction2 + eps)
-    return p, m_i, v_i
 
 
 def _quad_grid(size):
@@ -129,9 +70,9 @@ def _make_updates(dtype):
         after_previous_grid()
         if state[APPLY] == 0:
             return
-        lr, multiplier = _step_scalars(state)
+        lr, multiplier = step_scalars(state)
         for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-            p = _sgd_element(param, grad, i, lr, multiplier, weight_decay)
+            p = sgd_element(param, grad, i, lr, multiplier, weight_decay)
             if write_compute:
                 compute[i] = store(p)
 
@@ -142,9 +83,9 @@ def _make_updates(dtype):
         after_previous_grid()
         if state[APPLY] == 0:
             return
-        lr, multiplier = _step_scalars(state)
+        lr, multiplier = step_scalars(state)
         for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-            p = _momentum_element(param, grad, velocity, i, lr, multiplier, momentum, weight_decay, nesterov)
+            p = momentum_element(param, grad, velocity, i, lr, multiplier, momentum, weight_decay, nesterov)
             if write_compute:
                 compute[i] = store(p)
 
@@ -280,11 +221,11 @@ def _make_lane_updates(dtype):
         z = cuda.blockIdx.y
         if active[z] == 0 or state[z, APPLY] == 0:
             return
-        lr, multiplier = _step_scalars(state[z])
+        lr, multiplier = step_scalars(state[z])
         weight_decay = hypers[z, 0]
         lane_param, lane_grad, lane_compute = param[z], grad[z], compute[z]
         for i in range(cuda.grid(1), lane_param.shape[0], cuda.gridsize(1)):
-            p = _sgd_element(lane_param, lane_grad, i, lr, multiplier, weight_decay)
+            p = sgd_element(lane_param, lane_grad, i, lr, multiplier, weight_decay)
             if write_compute:
                 lane_compute[i] = store(p)
 
@@ -295,11 +236,11 @@ def _make_lane_updates(dtype):
         z = cuda.blockIdx.y
         if active[z] == 0 or state[z, APPLY] == 0:
             return
-        lr, multiplier = _step_scalars(state[z])
+        lr, multiplier = step_scalars(state[z])
         momentum, weight_decay, nesterov = hypers[z, 0], hypers[z, 1], hypers[z, 2] != float32(0)
         lane_param, lane_grad, lane_velocity, lane_compute = param[z], grad[z], velocity[z], compute[z]
         for i in range(cuda.grid(1), lane_param.shape[0], cuda.gridsize(1)):
-            p = _momentum_element(lane_param, lane_grad, lane_velocity, i, lr, multiplier, momentum, weight_decay,
+            p = momentum_element(lane_param, lane_grad, lane_velocity, i, lr, multiplier, momentum, weight_decay,
                                   nesterov)
             if write_compute:
                 lane_compute[i] = store(p)
