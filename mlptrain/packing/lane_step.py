@@ -102,7 +102,7 @@ class LaneStep:
         # of its own runs only while a lane here reads its norm first (clipping, loss scaling)
         self.update_sums_norm = step.optimizer.sums_norm
         self._norm_first = set()
-        self._squares = None  # (K, blocks): the first layer's squares where its update is in its epilogue
+        self._squares = None  # (K, columns): the fused layers' squares by block (_epilogue_update)
 
     @property
     def plan(self) -> bool:

@@ -597,11 +597,12 @@ def test_lanes_on_tensor_cores_stay_within_float32_rounding_of_cuda_cores(tmp_pa
 
 @pytest.mark.real_gpu
 @pytest.mark.parametrize("engines, lanes", [(("fma",), 2), (("tf32x3",), 16)])
-def test_lanes_updating_the_first_layer_in_its_gradients_epilogue_keep_their_bits(tmp_path, data_dir, monkeypatch,
-                                                                                  engines, lanes):
-    """The first layer's update in its weight gradient's epilogue (lane_step.EPILOGUE_UPDATE; forced on CUDA cores
-    for 2 lanes, as it runs for 16 on tf32x3) gives every seed's parameters and optimizer state the bits of the one
-    update after the backward; the recorded gradient norms, summed in another order, stay within rounding."""
+def test_lanes_updating_their_hidden_layers_in_the_gradients_epilogue_keep_their_bits(tmp_path, data_dir, monkeypatch,
+                                                                                     engines, lanes):
+    """The hidden layers' update in their weight gradients' epilogue (lane_step.EPILOGUE_UPDATE, off by default;
+    forced on CUDA cores for 2 lanes, where both hidden layers fuse, and on tf32x3 for 16) gives every seed's
+    parameters and optimizer state the bits of the one update after the backward; the recorded gradient norms,
+    summed in another order, stay within rounding."""
     from mlptrain.backends.numba_kernels import gemm_update
     from mlptrain.config.load import load_config
     from mlptrain.packing import lane_step

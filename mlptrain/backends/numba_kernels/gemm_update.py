@@ -45,7 +45,7 @@ EPILOGUE_QUADS = 4
 
 
 @functools.cache
-def make_weight_bias_update(tile, dtype, engine, staging, width, threads, chunk=EPILOGUE_QUADS):
+def make_weight_bias_update(tile, dtype, engine, staging, width, threads, quads_ahead=EPILOGUE_QUADS):
     """The kernel (x, dy, weight, bias, state, hypers, squares, weight_rows, active, quads) of lanes'
     weight-and-bias blocks (gemm_weight.make_linear_backward_weight_bias's, trial axis z = blockIdx.z) whose
     epilogue applies Adam: weight a (param, m, v) triple of flat (K, inputs * outputs) lane views, bias one of (K,
@@ -72,7 +72,7 @@ def make_weight_bias_update(tile, dtype, engine, staging, width, threads, chunk=
         STAGE_ROWS //= 2
     ROUNDS = BM // STAGE_ROWS
     STAGE_QUADS, STAGE = STAGE_ROWS * QUADS_ROW, STAGE_ROWS * ROW  # STAGE: an array's size numba takes as a constant
-    CHUNK = chunk
+    CHUNK = quads_ahead  # a thread's quads loaded before any of them is updated
 
     @kernel_cache.device
     def stage_rows(acc, stage, owner, r0):
