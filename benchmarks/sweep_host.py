@@ -1,7 +1,7 @@
 """Where a sweep's host time goes: its start, its training and its end, by the functions the host calls.
 
     python benchmarks/sweep_host.py [--trials 16] [--epochs 10] [--flags "--pack 16"] [--repeats 1]
-                                    [--top 15] [--set KEY=VALUE ...] [--json FILE]
+                                    [--top 15] [--also "module:function ..."] [--set KEY=VALUE ...] [--json FILE]
 
 Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's sweep file: its learning rates x as
 many seeds as needed) in a child process whose chosen functions are wrapped by timers, as benchmarks/startup.py does for a run.
@@ -169,8 +169,9 @@ mlptrain.__main__.main()
 """
 
 
-def child_code() -> str:
-    return f"TARGETS = {TARGETS!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD + COMMAND
+def child_code(also: str = "") -> str:
+    """The child's code, timing TARGETS and `also` (more module:function names, space-separated)."""
+    return f"TARGETS = {TARGETS + ' ' + also!r}\nSTEPS = {STEPS!r}\nSIZED = {SIZED!r}\n" + CHILD + COMMAND
 
 
 def sweep_in_child(args, folder: Path, name: str, epochs: int, code: str, out_variable: str) -> tuple[float, list]:
@@ -205,7 +206,7 @@ def records(folder: Path, name: str) -> tuple[dict, dict | None]:
 def one_sweep(args, folder: Path, name: str) -> dict:
     """One sweep in a child: its calls by phase and thread (the trainer's with the command's), and its wall time;
     exits on a failed or incomplete sweep."""
-    wall, _ = sweep_in_child(args, folder, name, args.epochs, child_code(), "SWEEP_HOST_OUT")
+    wall, _ = sweep_in_child(args, folder, name, args.epochs, child_code(args.also), "SWEEP_HOST_OUT")
     data, trainer = records(folder, name)
     if trainer is not None:
         data["calls"] += trainer["calls"]
@@ -260,6 +261,7 @@ def headline(args, median: dict) -> str:
 def main() -> None:
     parser = sweep_arguments(__doc__, "the sweep's flags, e.g. '--pack 16' or ''")
     parser.add_argument("--top", type=int, default=15, help="rows per phase")
+    parser.add_argument("--also", default="", help="more functions to time, as TARGETS names them (space-separated)")
     args = parser.parse_args()
     runs, median = profiled_sweeps(args, one_sweep, "sweep-host-")
     print(headline(args, median))

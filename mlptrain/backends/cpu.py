@@ -52,6 +52,8 @@ class CpuBackend:
     def copy_from_host(self, dst, src):
         dst[...] = src
 
+    copy_from_host_later = copy_from_host  # nothing runs behind the host's back here
+
     def synchronize(self):
         pass
 

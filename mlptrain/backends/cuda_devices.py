@@ -106,6 +106,13 @@ class DriverDevice:
 
         return host_copies.stage(host_copies.pool(self._api.pinned), arrays, stream, self.mark)
 
+    def copy_from_host_later(self, dst, src, stream) -> bool:
+        """The copy queued from pinned memory (host_copies.send); False where the pool gave none."""
+        # imported on first use: only a GPU's runs need it
+        from mlptrain.backends import host_copies
+
+        return host_copies.send(host_copies.pool(self._api.pinned), dst, src, stream, self.mark)
+
     def reserve_host_copies(self, copies) -> None:
         # imported on first use: only checkpoints taken on a GPU need it
         from mlptrain.backends import host_copies
@@ -171,6 +178,9 @@ class NumbaDevice:
 
     def to_host_later(self, arrays, stream):
         return None  # copied at once (CudaBackend.to_host): numba's pinned arrays are not worth its path
+
+    def copy_from_host_later(self, dst, src, stream) -> bool:
+        return False  # copied at once (CudaBackend.copy_from_host), as to_host_later
 
     def reserve_host_copies(self, copies) -> None:
         pass

@@ -112,9 +112,11 @@ class PinnedPool:
         self._reserving: list[threading.Thread] = []
         self._chunk, self._cut = None, 0  # the chunk small buffers are cut from, and how much of it is cut
         self._cutting = threading.Lock()  # one chunk pinned at a time
+        self._sending: list[tuple] = []  # (mark, buffer): a copy to the device from the buffer, queued (send)
 
-    def take(self, nbytes: int) -> np.ndarray | None:
-        """A buffer of at least `nbytes` (uint8), or None past the limits."""
+    def take(self, nbytes: int, reserved: bool = True) -> np.ndarray | None:
+        """A buffer of at least `nbytes` (uint8), or None past the limits; `reserved` False: none of the
+        reservations on their way (they hold an epoch end's copies) is waited for."""
         while True:
             with self._lock:
                 fits = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
@@ -123,7 +125,7 @@ class PinnedPool:
                     del self._free[next(i for i, b in enumerate(self._free) if b is buffer)]  # not ==: elementwise
                     return buffer
                 # a small buffer is no reservation's (those hold an epoch end's copies): cut at once
-                waiting = self._reserving[:1] if nbytes > CARVED_MOST else []
+                waiting = self._reserving[:1] if nbytes > CARVED_MOST and reserved else []
             if not waiting:
                 return self._new(nbytes, self._allocate)
             waiting[0].join()  # a buffer on its way may be this one's
@@ -184,6 +186,20 @@ class PinnedPool:
         with self._lock:
             self._free.append(buffer)
 
+    def give_back_after(self, buffer: np.ndarray, mark) -> None:
+        """`buffer` back once `mark` (an event after the copy that reads it) is done, as seen by a later `reclaim`."""
+        with self._lock:
+            self._sending.append((mark, buffer))
+
+    def reclaim(self) -> None:
+        """The buffers of `give_back_after` whose copies are done, back in the pool."""
+        with self._lock:
+            sending, self._sending = self._sending, []
+        done = [mark.done() for mark, _ in sending]  # driver calls: outside the lock
+        with self._lock:
+            self._free += [buffer for (_, buffer), finished in zip(sending, done) if finished]
+            self._sending += [entry for entry, finished in zip(sending, done) if not finished]
+
 
 _POOL: list[PinnedPool] = []  # the process's pool, made on first use
 _POOL_LOCK = threading.Lock()
@@ -204,6 +220,22 @@ def layout(arrays) -> tuple[list[int], int]:
         offsets.append(end)
         end += -(-array.nbytes // ALIGN) * ALIGN
     return offsets, end
+
+
+def send(pool: PinnedPool, dst, src: np.ndarray, stream, record) -> bool:
+    """`src` (C-contiguous, `dst`'s dtype and size) copied into a buffer of `pool` and queued from there into `dst`
+    (a driver DeviceArray) on `stream`: from pinned memory the copy is the copy engine's alone, and the host goes on
+    at once. The buffer goes back to the pool once `record(stream)`'s mark is done (seen at a later send). False
+    where the pool gives no buffer."""
+    pool.reclaim()
+    buffer = pool.take(src.nbytes, reserved=False)  # a run's first epoch starts while its reservations are made
+    if buffer is None:
+        return False
+    view = buffer[:src.nbytes].view(src.dtype).reshape(src.shape)
+    np.copyto(view, src)
+    dst.copy_to_device(view, stream)
+    pool.give_back_after(buffer, record(stream))
+    return True
 
 
 def stage(pool: PinnedPool, arrays, stream, record) -> Staged | None:

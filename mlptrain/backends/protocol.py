@@ -53,6 +53,10 @@ class Backend(Protocol):
     def copy_from_host(self, dst, src) -> None:
         """`src` (host) written into the existing device array `dst`."""
 
+    def copy_from_host_later(self, dst, src) -> None:
+        """`copy_from_host`, queued after the launches so far without the host waiting for them to run: `src` may
+        change as soon as this returns."""
+
     def synchronize(self) -> None:
         """Wait until every queued launch has finished."""
 

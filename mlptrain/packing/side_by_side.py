@@ -128,19 +128,32 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
                 if stop is not None:
                     stop.signum = stop.signum or signal.SIGTERM
                 else:
-                    for other in active.values():
-                        other.steps.close()
-                    active.clear()
+                    _close_all(active)
             else:
                 run.stream = launch_stream()  # the stream its backend made (or switched to) this step
         if lanes is not None and lanes.ready():
-            lanes.flush()
+            try:
+                lanes.flush()
+            except BaseException:  # no run can go on without its windows: each closed here, its files with it
+                _close_all(active)  # (left open, they were closed at the interpreter's exit, which hung there)
+                raise
             stepped = True
         if not stepped and waiting is not None:  # every run waits for the device: so does the host
             waiting.mark.wait()
     if errors:
         raise errors[0]
     return results
+
+
+def _close_all(active: dict) -> None:
+    """Close every run of `active` where it stands (its loop's cleanup runs now, in this thread), then forget them;
+    a run whose cleanup raises does not keep the others open."""
+    for run in active.values():
+        try:
+            run.steps.close()
+        except Exception:  # the error being raised comes first: a run's own failure to close is secondary
+            pass
+    active.clear()
 
 
 def _ended(active: dict, i: int, lanes) -> None:

@@ -245,14 +245,17 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     # the read after which `pending` runs: the lanes of a group spread over the epoch's reads but its last
     reads_between = max(-(-(s.steps_per_epoch - first_window) // config.train.log_every) - 1, 1)
     done, turn = s.steps_per_epoch, getattr(s.window, "lane", 0) % reads_between
+    ahead_at = min(s.steps_per_epoch, (first_window // config.train.log_every + 1) * config.train.log_every)
     try:
         for i in range(first_window, s.steps_per_epoch):
             start = i * window
             rows = min(window, s.train.size - start)
             s.window.run(start, rows)
-            if i + 1 == s.steps_per_epoch and epoch < config.train.epochs:
+            if i + 1 == ahead_at and epoch < config.train.epochs:
                 # the next epoch's order while the GPU trains this one's queued windows: made at the epoch's
-                # start, it kept the GPU idle (~1.8 ms an H200 host's; benchmarks/NOTES.md, issue 31 step 7)
+                # start, it kept the GPU idle (~1.8 ms an H200 host's; benchmarks/NOTES.md, issue 31 step 7); at its
+                # last window, a packed group's lanes made theirs in turn at the epoch's end, ~0.2 ms each (issue 30
+                # step 33): at its first read, the host is a period ahead of the GPU
                 s.window.order_ahead = (epoch + 1, epoch_order(s.train, config.seed, epoch + 1))
             yield
             if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:

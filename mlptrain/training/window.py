@@ -71,8 +71,9 @@ class TrainingWindow:
     def start_epoch(self, order: np.ndarray) -> None:
         """Load the epoch's order: a copy queued after the last epoch's steps, which read the order before it
         (nothing waits for the device here: a packed group's lanes share a stream, and a synchronisation at each
-        lane's epoch start drained every other lane's queued steps)."""
-        self.backend.copy_from_host(self.order, order)
+        lane's epoch start drained every other lane's queued steps; the copy is queued from pinned memory,
+        Backend.copy_from_host_later, as one from pageable memory waited for the stream to reach it)."""
+        self.backend.copy_from_host_later(self.order, order)
 
     def run(self, start: int, rows: int) -> None:
         """One optimizer step over the `rows` samples at `start` in the epoch's order: its micro-batches add

@@ -2,6 +2,7 @@
 buffers behind them (mlptrain.backends.host_copies) are reused, bounded and never given out twice."""
 
 import ctypes
+import threading
 
 import numpy as np
 import pytest
@@ -214,3 +215,79 @@ def test_small_buffers_are_cut_from_one_pinned_chunk_without_waiting_for_a_reser
     fresh.reserve([2 * host_copies.CARVED_MOST], slow)
     assert fresh.take(2000).nbytes == 2000 and not released.is_set()  # cut at once, the reservation under way
     released.set()
+
+
+class _Mark:
+    def __init__(self):
+        self.finished = False
+
+    def done(self):
+        return self.finished
+
+
+class _Target:
+    """A stand-in for a driver DeviceArray: what a copy to it read, when queued (the copy engine's source)."""
+
+    def __init__(self):
+        self.sources = []
+
+    def copy_to_device(self, host, stream):
+        self.sources.append(host)
+
+
+def test_a_copy_to_the_device_is_sent_from_a_pinned_buffer_held_until_its_mark_is_done(monkeypatch):
+    """Backend.copy_from_host_later on the driver's path (host_copies.send): the source copied into a pool buffer,
+    the device copy queued from it, the caller's array free at once; the buffer back in the pool only once the mark
+    after the copy is done, and never waiting for a reservation (a run's first epoch starts beside its own)."""
+    monkeypatch.setattr(host_copies, "CARVED_MOST", 0)  # pinned alone, as an epoch's order is
+    allocations, marks, target = _Allocations(), [], _Target()
+    pool = PinnedPool(allocations)
+
+    def record(stream):
+        marks.append(_Mark())
+        return marks[-1]
+
+    release = threading.Event()
+
+    def reserving(nbytes):  # a reservation still on its way while the copy is sent (10 s at most: no hang)
+        release.wait(10)
+        return allocations(nbytes)
+
+    pool.reserve([10**6], reserving)
+    order = np.arange(1000, dtype=np.int32)
+    assert host_copies.send(pool, target, order, 0, record)
+    assert pool._reserving[0].is_alive()  # not waited for
+    release.set()
+    sent = target.sources[0]
+    order[:] = -1  # the caller's array, changed at once: the copy reads the buffer
+    np.testing.assert_array_equal(sent, np.arange(1000, dtype=np.int32))
+    assert sent.dtype == np.int32 and not np.shares_memory(sent, order)
+    assert host_copies.send(pool, target, order, 0, record)  # the first copy not done: another buffer
+    assert not np.shares_memory(target.sources[1], sent)
+    marks[0].finished = True
+    assert host_copies.send(pool, target, order, 0, record)  # the first buffer back, and taken again
+    assert np.shares_memory(target.sources[2], sent)
+    monkeypatch.setattr(host_copies, "PINNED_LIMIT", 0)
+    assert not host_copies.send(pool, target, np.zeros(10**5, np.int32), 0, record)  # no buffer: the caller copies
+
+
+def test_the_cpu_backend_copies_from_the_host_later_at_once():
+    backend, source = CpuBackend(), np.arange(5, dtype=np.int32)
+    target = backend.zeros((5,), np.int32)
+    backend.copy_from_host_later(target, source)
+    source[:] = 0
+    np.testing.assert_array_equal(target, np.arange(5))
+
+
+@pytest.mark.gpu
+def test_a_gpu_backends_copy_from_the_host_later_holds_the_source_as_it_was():
+    """On every path the device array gets the source as it was when the copy was asked for, in order with the
+    stream's work before and after it."""
+    backend = CudaBackend(own_stream=True)
+    target = backend.zeros((300_000,), np.int32)  # over 64 KB: from pageable memory the host waited for the stream
+    source = np.arange(300_000, dtype=np.int32)
+    for round in range(3):
+        backend.copy_from_host_later(target, source + round)
+        source[:] = -7  # at once: the copy holds the values asked for
+        np.testing.assert_array_equal(backend.to_host(target), np.arange(300_000) + round)
+        source = np.arange(300_000, dtype=np.int32)

@@ -148,6 +148,38 @@ def test_without_a_stop_an_error_closes_the_others_where_they_stand():
     assert closed == [True] and log == [("a", 0), ("b", 0), ("a", 1)]
 
 
+def test_an_error_launching_the_lanes_closes_every_run_where_it_stands():
+    """The lanes' flush failing (a launch refused): no run can go on, so each is closed at once, in this thread, its
+    cleanup run (left open, a packed sweep's runs were closed at the interpreter's exit, and it hung there)."""
+    closed = []
+
+    class Lanes:
+        stagger = False
+
+        def waits(self, lane):
+            return False
+
+        def ready(self):
+            return True
+
+        def flush(self):
+            raise RuntimeError("cuGraphLaunch failed")
+
+    def watched(name):
+        try:
+            yield from counter(name, 5, [])
+        finally:
+            closed.append(name)
+
+    try:
+        side_by_side([watched("a"), watched("b")], Stop(), lanes=Lanes())
+    except RuntimeError as err:  # checked here, while its traceback holds side_by_side's frame and its runs
+        assert "cuGraphLaunch" in str(err)
+        assert sorted(closed) == ["a", "b"]
+    else:
+        pytest.fail("the lanes' error was not raised")
+
+
 def trial_results(runs_dir, name):
     results = json.loads((runs_dir / name / "results.json").read_text())
     by_params = {}

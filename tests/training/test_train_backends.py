@@ -325,37 +325,40 @@ def test_a_refused_capture_ahead_is_tried_once_and_the_split_launched(rng, monke
 
 def test_an_epochs_start_queues_its_order_without_waiting_for_the_device(rng, monkeypatch):
     """The epoch's order is a copy queued behind the last epoch's steps, with no synchronisation: in a packed
-    group, whose lanes share a stream, one at each lane's epoch start drained every other lane's queued steps."""
+    group, whose lanes share a stream, one at each lane's epoch start drained every other lane's queued steps. It is
+    queued to be made later (copy_from_host_later: from pinned memory on a GPU, the host not waiting for it)."""
     dataset = tiny_dataset(rng)
     config = config_from_dict({"seed": 3, "data": {"val_size": 7}, "model": {"hidden": [6]},
                                "train": {"batch_size": 8}})
     session = build_session(config, CpuBackend(), dataset)
     calls = []
     monkeypatch.setattr(session.backend, "synchronize", lambda: calls.append("synchronize"))
-    copy = session.backend.copy_from_host
-    monkeypatch.setattr(session.backend, "copy_from_host", lambda dst, src: (calls.append("copy"), copy(dst, src)))
+    copy = session.backend.copy_from_host_later
+    monkeypatch.setattr(session.backend, "copy_from_host_later",
+                        lambda dst, src: (calls.append("copy"), copy(dst, src)))
     session.window.start_epoch(np.arange(session.train.size, dtype=np.int32)[::-1].copy())
     assert calls == ["copy"]
     np.testing.assert_array_equal(session.backend.to_host(session.window.order), np.arange(session.train.size)[::-1])
 
 
 def test_the_next_epochs_order_is_made_while_this_one_trains(rng, monkeypatch):
-    """Once an epoch's last window is queued, the next epoch's order is made (training.loop.epoch_steps), and that
-    epoch starts from it: the order epoch_order gives, not made again; the last epoch makes none."""
+    """Once an epoch's first read is queued, the next epoch's order is made (training.loop.epoch_steps: at its last
+    window, a packed group's lanes made theirs in turn at the epoch's end), and that epoch starts from it: the order
+    epoch_order gives, not made again; the last epoch makes none."""
     from mlptrain.data.loader import epoch_order
     from mlptrain.training import loop
 
     config = config_from_dict({"seed": 5, "data": {"val_size": 8}, "model": {"hidden": [6]},
-                               "train": {"batch_size": 7, "epochs": 2}})
-    session = build_session(config, CpuBackend(), tiny_dataset(rng))
+                               "train": {"batch_size": 7, "epochs": 2, "log_every": 2}})
+    session = build_session(config, CpuBackend(), tiny_dataset(rng))  # 32 training rows: 5 windows an epoch
     made = []
     monkeypatch.setattr(loop, "epoch_order", lambda split, seed, epoch: made.append(epoch) or
-                        epoch_order(split, seed, epoch))
+                        made.append(session.window.cursor_at) or epoch_order(split, seed, epoch))
     train_epoch(session, 1, lambda read: None)
-    assert made == [1, 2] and session.window.order_ahead[0] == 2
+    assert made == [1, None, 2, 14] and session.window.order_ahead[0] == 2  # epoch 2's after the second window
     np.testing.assert_array_equal(session.window.order_ahead[1], epoch_order(session.train, 5, 2))
     train_epoch(session, 2, lambda read: None)
-    assert made == [1, 2]  # epoch 2 took the order made ahead; epoch 3 is past train.epochs
+    assert made == [1, None, 2, 14]  # epoch 2 took the order made ahead; epoch 3 is past train.epochs
     np.testing.assert_array_equal(session.window.order, epoch_order(session.train, 5, 2))
 
 
