@@ -111,7 +111,8 @@ class CudaBackend:
         """`src` staged in pinned host memory, from which the copy is queued (host_copies.send): a copy from
         pageable memory of 64 KB or more returned only once the stream had reached it (an epoch's order, ~0.5 ms
         a lane at each epoch start of a 16-lane sweep on an H200, the GPU idle meanwhile: benchmarks/NOTES.md,
-        issue 30 step 33). Where the device stages nothing (numba's path, the pinned limits), copy_from_host."""
+        issue 30 step 33). Where the device stages nothing (numba's path; no pinned buffer of that size held yet,
+        as at a run's first epoch, whose reservations are made meanwhile), copy_from_host."""
         if not self._device.copy_from_host_later(dst, np.ascontiguousarray(src, dtype=dst.dtype), self.stream):
             self.copy_from_host(dst, src)
 

@@ -114,9 +114,10 @@ class PinnedPool:
         self._cutting = threading.Lock()  # one chunk pinned at a time
         self._sending: list[tuple] = []  # (mark, buffer): a copy to the device from the buffer, queued (send)
 
-    def take(self, nbytes: int, reserved: bool = True) -> np.ndarray | None:
+    def take(self, nbytes: int, reserved: bool = True, pin: bool = True) -> np.ndarray | None:
         """A buffer of at least `nbytes` (uint8), or None past the limits; `reserved` False: none of the
-        reservations on their way (they hold an epoch end's copies) is waited for."""
+        reservations on their way (they hold an epoch end's copies) is waited for; `pin` False: only a buffer
+        the pool holds already (None where none fits)."""
         while True:
             with self._lock:
                 fits = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
@@ -127,7 +128,7 @@ class PinnedPool:
                 # a small buffer is no reservation's (those hold an epoch end's copies): cut at once
                 waiting = self._reserving[:1] if nbytes > CARVED_MOST and reserved else []
             if not waiting:
-                return self._new(nbytes, self._allocate)
+                return self._new(nbytes, self._allocate) if pin else None
             waiting[0].join()  # a buffer on its way may be this one's
             with self._lock:
                 if waiting[0] in self._reserving:
@@ -226,9 +227,11 @@ def send(pool: PinnedPool, dst, src: np.ndarray, stream, record) -> bool:
     """`src` (C-contiguous, `dst`'s dtype and size) copied into a buffer of `pool` and queued from there into `dst`
     (a driver DeviceArray) on `stream`: from pinned memory the copy is the copy engine's alone, and the host goes on
     at once. The buffer goes back to the pool once `record(stream)`'s mark is done (seen at a later send). False
-    where the pool gives no buffer."""
+    where the pool holds no buffer that fits: none is pinned here (pinning took ~2 ms a lane of a 16-lane sweep's
+    first epoch start, on the host's path: benchmarks/NOTES.md, issue 30 step 33), nor is a reservation on its way
+    waited for; the caller copies from pageable memory, as it would without the pool."""
     pool.reclaim()
-    buffer = pool.take(src.nbytes, reserved=False)  # a run's first epoch starts while its reservations are made
+    buffer = pool.take(src.nbytes, reserved=False, pin=False)
     if buffer is None:
         return False
     view = buffer[:src.nbytes].view(src.dtype).reshape(src.shape)

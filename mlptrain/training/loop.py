@@ -81,8 +81,11 @@ def training(s: Session, run_dir: Path, on_evaluation=None, resume: Resume | Non
     records = {**compile_kernels(s), **(records or {})}
     queues = queues_ends(s, on_evaluation is not None and evaluation_stops)
     if s.config.train.checkpoint_every_epochs > 1:  # the best epoch's checkpoint is held for epochs: its memory
-        # made while the first epoch trains; and that of an epoch end's copies, queued while the held one waits
-        s.backend.reserve_host_copies(device_arrays(s.model, s.step), *(queued_copies(s) if queues else []))
+        # made while the first epoch trains; and that of an epoch end's copies, queued while the held one waits;
+        # and a buffer for each later epoch's order (TrainingWindow.start_epoch: the first finds none, and copies
+        # from pageable memory, as nothing is queued yet)
+        s.backend.reserve_host_copies(device_arrays(s.model, s.step), *(queued_copies(s) if queues else []),
+                                      [s.window.order])
     mlflow = start_mlflow(s, run_dir)
     if mlflow is None:
         return (yield from _train(s, run_dir, on_evaluation, resume, start, records, progress, queues))

@@ -238,7 +238,8 @@ class _Target:
 def test_a_copy_to_the_device_is_sent_from_a_pinned_buffer_held_until_its_mark_is_done(monkeypatch):
     """Backend.copy_from_host_later on the driver's path (host_copies.send): the source copied into a pool buffer,
     the device copy queued from it, the caller's array free at once; the buffer back in the pool only once the mark
-    after the copy is done, and never waiting for a reservation (a run's first epoch starts beside its own)."""
+    after the copy is done. Only a buffer the pool holds: none is pinned on the caller's path, nor is a reservation
+    on its way waited for (a run's first epoch starts beside its own): the caller then copies as before."""
     monkeypatch.setattr(host_copies, "CARVED_MOST", 0)  # pinned alone, as an epoch's order is
     allocations, marks, target = _Allocations(), [], _Target()
     pool = PinnedPool(allocations)
@@ -253,22 +254,24 @@ def test_a_copy_to_the_device_is_sent_from_a_pinned_buffer_held_until_its_mark_i
         release.wait(10)
         return allocations(nbytes)
 
-    pool.reserve([10**6], reserving)
+    pool.reserve([4000], reserving)
     order = np.arange(1000, dtype=np.int32)
-    assert host_copies.send(pool, target, order, 0, record)
-    assert pool._reserving[0].is_alive()  # not waited for
+    assert not host_copies.send(pool, target, order, 0, record)  # none held yet: the caller copies
+    assert pool._reserving[0].is_alive() and not allocations.blocks and not target.sources  # not waited for
     release.set()
+    pool._reserving[0].join()
+    pool.give_back(pool._new(4000, allocations))  # a second buffer held, as a later epoch's copies leave them
+    assert host_copies.send(pool, target, order, 0, record)
     sent = target.sources[0]
     order[:] = -1  # the caller's array, changed at once: the copy reads the buffer
     np.testing.assert_array_equal(sent, np.arange(1000, dtype=np.int32))
     assert sent.dtype == np.int32 and not np.shares_memory(sent, order)
-    assert host_copies.send(pool, target, order, 0, record)  # the first copy not done: another buffer
+    assert host_copies.send(pool, target, order, 0, record)  # the first copy not done: the other buffer
     assert not np.shares_memory(target.sources[1], sent)
+    assert not host_copies.send(pool, target, order, 0, record)  # neither done: none left, none pinned
     marks[0].finished = True
     assert host_copies.send(pool, target, order, 0, record)  # the first buffer back, and taken again
-    assert np.shares_memory(target.sources[2], sent)
-    monkeypatch.setattr(host_copies, "PINNED_LIMIT", 0)
-    assert not host_copies.send(pool, target, np.zeros(10**5, np.int32), 0, record)  # no buffer: the caller copies
+    assert np.shares_memory(target.sources[2], sent) and len(allocations.blocks) == 2
 
 
 def test_the_cpu_backend_copies_from_the_host_later_at_once():
