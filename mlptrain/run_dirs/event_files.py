@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 FILE_VERSION = "brain.Event:2"
+CLOSE_POLL_S = 0.5  # how often a close waiting for the writing thread asks whether the interpreter is exiting
 
 
 def import_tensorboardx():
@@ -105,7 +106,9 @@ class EventFile:
         if not self.closing:
             self.closing = True
             _writer().put((self, None, None, None, None))
-        self.closed.wait()
+        while not self.closed.wait(CLOSE_POLL_S):
+            if sys.is_finalizing():  # a run's loop closed at the interpreter's exit: the writing thread (a daemon)
+                return  # runs no more, and waiting for it hung the process (benchmarks/NOTES.md, issue 30 step 33)
         if self.error is not None:
             raise self.error
 

@@ -109,3 +109,19 @@ def test_the_file_is_made_new_never_through_a_link(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError):
         EventFile(tmp_path, ".x")
     assert not target.exists()
+
+
+def test_a_close_at_the_interpreters_exit_does_not_wait_for_a_writer_that_runs_no_more(tmp_path, monkeypatch):
+    """A run's loop left open is closed at the interpreter's exit, when the writing thread (a daemon) no longer runs:
+    its close returns instead of waiting forever (a packed sweep hung there after an error)."""
+    file = EventFile(tmp_path)
+    file.closing = True  # its close asked already, and never to be done: as with a writer that runs no more
+    monkeypatch.setattr(event_files, "CLOSE_POLL_S", 0.01)
+    monkeypatch.setattr(event_files.sys, "is_finalizing", lambda: True)
+    began = time.perf_counter()
+    file.close()
+    assert time.perf_counter() - began < 5 and not file.closed.is_set()
+    monkeypatch.undo()
+    file.closing = False
+    file.close()  # the real close, for the writer to close the file
+    assert file.closed.is_set()

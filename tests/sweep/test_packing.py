@@ -148,11 +148,10 @@ def test_without_a_stop_an_error_closes_the_others_where_they_stand():
     assert closed == [True] and log == [("a", 0), ("b", 0), ("a", 1)]
 
 
-def test_an_error_launching_the_lanes_closes_every_run_where_it_stands():
-    """The lanes' flush failing (a launch refused): no run can go on, so each is closed at once, in this thread, its
-    cleanup run (left open, a packed sweep's runs were closed at the interpreter's exit, and it hung there)."""
-    closed = []
-
+def test_an_error_outside_the_runs_closes_every_run_where_it_stands():
+    """The lanes' flush failing (a launch refused), or the wait for a device mark: no run can go on, so each is
+    closed at once, in this thread, its cleanup run (left open, a packed sweep's runs were closed at the
+    interpreter's exit, and it hung there)."""
     class Lanes:
         stagger = False
 
@@ -165,19 +164,27 @@ def test_an_error_launching_the_lanes_closes_every_run_where_it_stands():
         def flush(self):
             raise RuntimeError("cuGraphLaunch failed")
 
-    def watched(name):
+    class Failing(Mark):
+        def wait(self):
+            raise RuntimeError("cuEventSynchronize failed")
+
+    def watched(name, closed, mark=None):
         try:
+            if mark is not None:
+                yield mark
             yield from counter(name, 5, [])
         finally:
             closed.append(name)
 
-    try:
-        side_by_side([watched("a"), watched("b")], Stop(), lanes=Lanes())
-    except RuntimeError as err:  # checked here, while its traceback holds side_by_side's frame and its runs
-        assert "cuGraphLaunch" in str(err)
-        assert sorted(closed) == ["a", "b"]
-    else:
-        pytest.fail("the lanes' error was not raised")
+    for failure, lanes, mark in (("cuGraphLaunch", Lanes(), None), ("cuEventSynchronize", None, Failing())):
+        closed = []
+        try:
+            side_by_side([watched("a", closed, mark), watched("b", closed, mark)], Stop(), lanes=lanes)
+        except RuntimeError as err:  # checked here, while its traceback holds side_by_side's frame and its runs
+            assert failure in str(err)
+            assert sorted(closed) == ["a", "b"]
+        else:
+            pytest.fail(f"{failure}: not raised")
 
 
 def trial_results(runs_dir, name):
