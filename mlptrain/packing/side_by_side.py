@@ -97,52 +97,58 @@ def side_by_side(runs: Iterable[Generator], stop=None, lanes=None) -> list:
     (their epochs' ends, when a lane is not due, come in turn while the other lanes step)."""
     active = {i: _Run(steps) for i, steps in enumerate(runs)}
     results, errors = [None] * len(active), []
-    count = len(active)
     try:
-        while active:
-            # marks seen not done this round, asked once: a lockstep group's lanes wait on one read's mark, and asking
-            # the driver 16 times a read took ~170 ms of a 16-lane sweep's feeding thread (benchmarks/NOTES.md, issue 30
-            # step 29)
-            stepped, waiting, not_done = False, None, set()
-            for i, run in list(active.items()):
-                if i not in active:  # closed this round, after another's error
-                    continue
-                if run.hold:  # its start spread (Period): it sits out whole rounds of the others
-                    run.hold -= 1
-                    continue
-                if lanes is not None and lanes.waits(i):  # its window is not launched yet
-                    continue
-                if run.mark is not None and (id(run.mark) in not_done or not run.mark.done()):
-                    not_done.add(id(run.mark))
-                    waiting = waiting or run
-                    continue
-                stepped = True
-                use_launch_stream(run.stream)
-                try:
-                    run.yielded(next(run.steps), i, count if lanes is None or lanes.stagger else 0)
-                except StopIteration as end:
-                    results[i] = end.value
-                    _ended(active, i, lanes)
-                except BaseException as err:  # kept, raised once every other run has ended
-                    errors.append(err)
-                    _ended(active, i, lanes)
-                    if stop is not None:
-                        stop.signum = stop.signum or signal.SIGTERM
-                    else:
-                        _close_all(active)
-                else:
-                    run.stream = launch_stream()  # the stream its backend made (or switched to) this step
-            if lanes is not None and lanes.ready():
-                lanes.flush()
-                stepped = True
-            if not stepped and waiting is not None:  # every run waits for the device: so does the host
-                waiting.mark.wait()
+        _rounds(active, results, errors, stop, lanes)
     except BaseException:  # the group's launch, a mark's wait: no run can go on, so each is closed here, its
         _close_all(active)  # files with it (left open, they were closed at the interpreter's exit, which hung there)
         raise
     if errors:
         raise errors[0]
     return results
+
+
+def _rounds(active: dict, results: list, errors: list, stop, lanes) -> None:
+    """side_by_side's rounds until every run of `active` has ended: each run's return value into `results`, each
+    run's error into `errors` (the others stopped, or closed without a stop)."""
+    count = len(active)
+    while active:
+        # marks seen not done this round, asked once: a lockstep group's lanes wait on one read's mark, and asking
+        # the driver 16 times a read took ~170 ms of a 16-lane sweep's feeding thread (benchmarks/NOTES.md, issue 30
+        # step 29)
+        stepped, waiting, not_done = False, None, set()
+        for i, run in list(active.items()):
+            if i not in active:  # closed this round, after another's error
+                continue
+            if run.hold:  # its start spread (Period): it sits out whole rounds of the others
+                run.hold -= 1
+                continue
+            if lanes is not None and lanes.waits(i):  # its window is not launched yet
+                continue
+            if run.mark is not None and (id(run.mark) in not_done or not run.mark.done()):
+                not_done.add(id(run.mark))
+                waiting = waiting or run
+                continue
+            stepped = True
+            use_launch_stream(run.stream)
+            try:
+                run.yielded(next(run.steps), i, count if lanes is None or lanes.stagger else 0)
+            except StopIteration as end:
+                results[i] = end.value
+                _ended(active, i, lanes)
+            except BaseException as err:  # kept, raised once every other run has ended
+                errors.append(err)
+                _ended(active, i, lanes)
+                if stop is not None:
+                    stop.signum = stop.signum or signal.SIGTERM
+                else:
+                    _close_all(active)
+            else:
+                run.stream = launch_stream()  # the stream its backend made (or switched to) this step
+        if lanes is not None and lanes.ready():
+            lanes.flush()
+            stepped = True
+        if not stepped and waiting is not None:  # every run waits for the device: so does the host
+            waiting.mark.wait()
 
 
 def _close_all(active: dict) -> None:
