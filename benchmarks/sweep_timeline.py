@@ -4,12 +4,13 @@
                                         [--set KEY=VALUE ...] [--json FILE]
 
 Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's sweep file) in a child process
-whose lane group (mlptrain.packing.lane_group) records a timing event on its stream before and after each flush
-(one optimizer step of every lane), from a pool made ahead so that no event is created between two steps. Once
+whose lane group (mlptrain.packing.lane_group) records a timing event on its stream before and after each step
+of every lane it launches (`LaneGroup._step`; in a version without it, each flush, then one step), from a pool
+made ahead so that no event is created between two steps. Once
 the sweep ends, the events give each step's GPU time and the gap before it: the GPU idle, or running other work
 queued on the lanes' stream (an epoch end's evaluations and copies). Gaps are counted where they fall: after an
 epoch's last step, after a read (every train.log_every steps), or elsewhere; the host's own intervals between two
-flushes over 20 ms are counted too. After an untimed one-epoch sweep (the kernels in the cache).
+steps over 20 ms are counted too. After an untimed one-epoch sweep (the kernels in the cache).
 
 The child is `python -c` code, not a script: a packed sweep draws its TensorBoard images in spawned processes,
 and a spawned child imports its parent's main script again, so a timing wrapper run by path would run a second
@@ -28,17 +29,18 @@ from pathlib import Path
 # its neighbour: the script's folder is on the path
 from sweep_host import COMMAND, records, sweep_arguments, sweep_in_child
 
-HOST_GAP_S = 0.02  # a host interval between two flushes counted as a stall
+HOST_GAP_S = 0.02  # a host interval between two steps counted as a stall
 
 # The child: records (host start s, host end s, its lanes ending an epoch, GPU ms of the step, GPU ms of the gap
-# before it) for each flush; `dump()` writes them, at the command's end (sweep_host.COMMAND runs the command after
+# before it) for each step (`flushes`: a flush was one step before lanes handed in their windows a read at a
+# time); `dump()` writes them, at the command's end (sweep_host.COMMAND runs the command after
 # this, as `mlptrain` runs it, its os._exit wrapped to write first).
 CHILD = r"""
 import os, sys, time, json
 T0 = time.perf_counter()
 out = os.environ["SWEEP_TIMELINE_OUT"]
 flushes, events, spare, context = [], [], [], []
-real = lane_group = None  # instrument() wraps its flush
+real = lane_group = None  # instrument() wraps its step
 cu = api = None  # the driver's calls, imported at a CUDA group's first flush
 
 def refill():
@@ -57,7 +59,10 @@ def flush(self):
         from cuda.bindings import driver as cu
         from mlptrain.backends.driver import api
         context.append(api.current_context())
-    ending = sum(1 for lane, (start, rows) in self.pending.items() if start + rows >= self.windows[lane].split.size)
+    # the lanes whose epoch's last window this step launches: each lane's first window handed in (LaneGroup.pending:
+    # a lane's windows, or one (start, rows) in a version that launched every window handed in at each flush)
+    ending = sum(1 for lane, windows in self.pending.items()
+                 if sum(windows if isinstance(windows[0], int) else windows[0]) >= self.windows[lane].split.size)
     if cuda and len(spare) < 2:
         refill()  # in batches, between two flushes' timings: no event made inside one
     began = time.perf_counter() - T0
@@ -70,8 +75,9 @@ def flush(self):
 def instrument():  # run by COMMAND: at once, or in the trainer only (--trainer)
     global lane_group, real
     import mlptrain.packing.lane_group as lane_group
-    real = lane_group.LaneGroup.flush
-    lane_group.LaneGroup.flush = flush
+    name = "_step" if hasattr(lane_group.LaneGroup, "_step") else "flush"
+    real = getattr(lane_group.LaneGroup, name)
+    setattr(lane_group.LaneGroup, name, flush)
 
 def after_fork():  # the trainer (sweep_host.COMMAND): its own flushes only
     for kept in (flushes, events, spare, context):
@@ -130,7 +136,7 @@ def one_sweep(args, folder: Path, name: str, epochs: int) -> dict:
     if not flushes:
         sys.exit("WRONG RESULT: no lane group ran the steps (an MLP sweep with --pack 2 or more has one)")
     config = yaml.safe_load((folder / "runs" / name / Path(trials[0]["run_dir"]).name / "config.yaml").read_text())
-    host = [flushes[i][0] - flushes[i - 1][0] for i in range(1, len(flushes))]  # flush to flush, on the host
+    host = [flushes[i][0] - flushes[i - 1][0] for i in range(1, len(flushes))]  # step to step, on the host
     return {"wall_s": wall, **summarise(flushes, int(config["train"]["log_every"])),
             "host_interval_us": 1e6 * statistics.median(host), "flushes_raw": flushes}
 
@@ -147,9 +153,9 @@ def main() -> None:
                ("steps_ms", "steps ms", "{:.1f}"), ("median_step_us", "step µs", "{:.1f}"),
                ("gaps_epoch_ends_ms", "gaps at epoch ends ms", "{:.1f}"), ("gaps_reads_ms", "at reads ms", "{:.1f}"),
                ("gaps_other_ms", "elsewhere ms", "{:.1f}"), ("host_stalls", "host stalls > 20 ms", "{:d}"),
-               ("host_stall_s", "their s", "{:.3f}"), ("host_interval_us", "host µs a flush (median)", "{:.1f}")]
+               ("host_stall_s", "their s", "{:.3f}"), ("host_interval_us", "host µs a step (median)", "{:.1f}")]
     print(f"{args.trials} trials x {args.epochs} epochs, `mlptrain sweep {args.flags}` {' '.join(args.set)}: "
-          f"{runs[0]['flushes']} flushes in {runs[0]['epochs']} epochs")
+          f"{runs[0]['flushes']} steps in {runs[0]['epochs']} epochs")
     print("| sweep | " + " | ".join(title for _, title, _ in columns) + " |")
     print("| --- " * (len(columns) + 1) + "|")
     for i, run in enumerate(runs):

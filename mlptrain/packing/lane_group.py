@@ -33,6 +33,7 @@ has the group's shapes (lane_slabs.lane_signature), and a backend of its own oth
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 
@@ -63,6 +64,15 @@ class LaneWindow(TrainingWindow):
         # the window's own buffers and state, taken over (TrainingWindow.__init__ would allocate new ones)
         self.__dict__.update(window.__dict__)
         self.group, self.lane = group, lane
+
+    @property
+    def spans(self) -> bool:
+        """A lockstep group's lane hands in its windows up to its next read at once (training.loop.window_spans),
+        and its group launches them step after step: the lanes' loops yield once a period instead of once a step.
+        Each lane's Python between two of its steps (its loop's turn, its hand-in) cost a 16-lane group ~90 µs of
+        host time a step, at the GPU's pace of ~300 (benchmarks/NOTES.md, issue 30 step 33). Staggered, the group
+        waits for the lanes that are due, window by window."""
+        return not self.group.stagger
 
     def run(self, start: int, rows: int) -> None:
         self.group.submit(self.lane, start, rows)
@@ -99,7 +109,8 @@ class LaneGroup:
         self.slabs = Slabs(backend, lanes)
         self.signature = None
         self.windows: list[LaneWindow | None] = [None] * lanes  # the window of the run training in each lane
-        self.pending: dict[int, tuple[int, int]] = {}  # lane -> (start, rows) handed in, not launched yet
+        # lane -> its windows (start, rows) handed in, not launched yet, in order; a lane with none has no entry
+        self.pending: dict[int, deque] = {}
         self.due: set[int] = set()  # lanes inside an epoch: the next flush waits for their windows
         self.step: LaneStep | None = None
         # a graph per lanes launched and step plan (LaneStep.plan: a trial joining may change it)
@@ -152,11 +163,12 @@ class LaneGroup:
         self.due.discard(lane)
 
     def submit(self, lane: int, start: int, rows: int) -> None:
-        self.pending[lane] = (start, rows)
+        self.pending.setdefault(lane, deque()).append((start, rows))
         self.due.add(lane)
 
     def waits(self, lane: int) -> bool:
-        """Whether lane `lane` handed in a window not launched yet (its run must not go on before the flush)."""
+        """Whether lane `lane` handed in a window not launched yet (its run must not go on before the flush
+        launches it)."""
         return lane in self.pending
 
     def ready(self) -> bool:
@@ -169,11 +181,20 @@ class LaneGroup:
         return all(w is None or lane in self.pending for lane, w in enumerate(self.windows))
 
     def flush(self) -> None:
-        """Launch the windows handed in: those of each size as one step of their lanes. A lane whose window
-        ends its epoch is not due again until it hands in the next."""
+        """Launch the windows handed in: each lane's first as one step of their lanes (those of each size as one),
+        then the next while every lane in training has one (`ready`; each lane's in the order handed in). A lane
+        whose window ends its epoch is not due again until it hands in the next."""
         use_launch_stream(getattr(self.backend, "stream", None))
+        self._step()
+        while self.ready():
+            self._step()
+        self.flushes += 1
+
+    def _step(self) -> None:
+        """One step: every lane's first window handed in, launched."""
+        heads = {lane: windows.popleft() for lane, windows in sorted(self.pending.items())}
         sizes = {}
-        for lane, (start, rows) in sorted(self.pending.items()):
+        for lane, (start, rows) in heads.items():
             sizes.setdefault(rows, []).append(lane)
             window = self.windows[lane]
             if window.cursor_at != start:
@@ -185,15 +206,15 @@ class LaneGroup:
                 self.step.set_active(mask)
                 self.active = tuple(together)
             self._launch(rows, together[-1] + 1)
-        for lane, (start, rows) in self.pending.items():
+        for lane, (start, rows) in heads.items():
             window = self.windows[lane]
             window.cursor_at = start + rows
             if window.first_step_at is None:
                 window.first_step_at = time.time()
             if window.cursor_at >= window.split.size:  # its epoch's last window: its epoch's end comes next
                 self.due.discard(lane)
-        self.pending.clear()
-        self.flushes += 1
+            if not self.pending[lane]:
+                del self.pending[lane]
 
     def read_copies(self, window: LaneWindow, lo: int, hi: int, outcomes: bool):
         """A lane's read copies (TrainingWindow.read_copies), made for every lane at once where the backend

@@ -227,7 +227,8 @@ def train_epoch(s: Session, epoch: int, on_read, first_window: int = 0) -> int:
 def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=None, late: QueuedEnd | None = None,
                 end_later: bool = False):
     """The optimizer steps of one epoch from window `first_window` (a resumed run's position) on, a generator
-    that yields after queueing each. Each `train.log_every` steps, and at the epoch's end, a read of the
+    that yields after queueing each (a packed lane's window, `s.window.spans`: each run of windows up to the
+    next read, `window_spans`). Each `train.log_every` steps, and at the epoch's end, a read of the
     per-sample losses since the last read and of the step state is queued (a copy of the state and a mark
     of the backend, Backend.mark); `on_read` gets it at the next read's turn or at the epoch's end (each
     yields the read's mark first: packed runs, mlptrain.packing.side_by_side, queue steps while it is not ready),
@@ -250,10 +251,11 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
     done, turn = s.steps_per_epoch, getattr(s.window, "lane", 0) % reads_between
     ahead_at = min(s.steps_per_epoch, (first_window // config.train.log_every + 1) * config.train.log_every)
     try:
-        for i in range(first_window, s.steps_per_epoch):
-            start = i * window
-            rows = min(window, s.train.size - start)
-            s.window.run(start, rows)
+        for begin, i in window_spans(first_window, s.steps_per_epoch, config.train.log_every, s.window.spans):
+            for j in range(begin, i + 1):  # the span's windows handed in, then one yield
+                start = j * window
+                rows = min(window, s.train.size - start)
+                s.window.run(start, rows)
             if i + 1 == ahead_at and epoch < config.train.epochs:
                 # the next epoch's order while the GPU trains this one's queued windows: made at the epoch's
                 # start, it kept the GPU idle (~1.8 ms an H200 host's; benchmarks/NOTES.md, issue 31 step 7); at its
@@ -298,6 +300,17 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
             pending()
     s.window.epoch_read = queued
     return done
+
+
+def window_spans(first: int, count: int, log_every: int, spans: bool):
+    """(first window, last window) of each run of windows [first, count) that epoch_steps hands in before it
+    yields once: one window each, or with `spans` (TrainingWindow.spans) every window up to the next read (each
+    `log_every`-th, and the epoch's last), which is where the loop next needs the host between two windows."""
+    begin = first
+    while begin < count:
+        last = min(count, (begin // log_every + 1) * log_every) - 1 if spans else begin
+        yield begin, last
+        begin = last + 1
 
 
 def _resume(s: Session, resume: Resume, run_dir: Path) -> Position:

@@ -29,6 +29,11 @@ class TrainingWindow:
     """The epoch's order, per-sample results and device cursor of the training split, allocated once
     (their addresses never change, so a captured graph stays valid), and the launches of one step."""
 
+    # whether the loop may hand in every window up to its next read before it yields (training.loop.window_spans):
+    # a run's own window launches at `run`, and its loop yields after each (a stop comes after the step it was
+    # asked in); a packed lane's (mlptrain.packing.lane_group.LaneWindow) only queues it for its group
+    spans = False
+
     def __init__(self, backend, model, step, split, scale: float, shift: float, train_config):
         self.backend, self.model, self.step, self.split = backend, model, step, split
         self.scale, self.shift = scale, shift  # pixel -> pixel * scale + shift, in the gather kernel

@@ -241,6 +241,62 @@ def test_a_group_waits_for_every_lane_in_training(tiny_mnist):
     assert group.ready()
 
 
+def test_a_lockstep_group_launches_each_lanes_windows_in_order_while_every_lane_has_one(tiny_mnist):
+    """A lockstep lane hands in its windows up to its next read at once (LaneWindow.spans): a flush launches a step
+    of every lane while each has a window, in the order handed in, and keeps the rest of a lane's for later."""
+    config = tiny(optim__lr=0.003)
+    group, sessions = build(config)
+    assert all(s.window.spans for s in sessions)
+    for s in sessions:
+        s.window.start_epoch(epoch_order(s.train, s.config.seed, 1))
+    plan = {0: [(0, 60), (60, 60), (120, 60)], 1: [(0, 60), (60, 30)]}
+    for lane, s in enumerate(sessions):
+        for window in plan[lane]:
+            s.window.run(*window)
+    flushes = group.flushes
+    group.flush()  # two steps: lane 1 has no third window
+    assert group.flushes == flushes + 1
+    assert group.waits(0) and not group.waits(1) and not group.ready()
+    assert [s.window.cursor_at for s in sessions] == [120, 90]
+    sessions[1].window.run(90, 60)
+    plan[1].append((90, 60))
+    assert group.ready()
+    group.flush()
+    assert not group.pending
+    for lane, s in enumerate(sessions):
+        params, state = solo_windows(s.config, plan[lane])
+        np.testing.assert_array_equal(s.model.params.flat, params)
+        np.testing.assert_array_equal(s.step.state, state)
+
+
+def test_a_lockstep_lanes_loop_yields_once_a_read_and_its_runs_keep_their_bits(tiny_mnist, tmp_path):
+    """Packed in lockstep, each run's loop hands in its windows from one read to the next and yields once
+    (training.loop.window_spans): the group flushes once a read, and each run's results are those of its run alone."""
+    from mlptrain.seeds.runner import run_seeds
+    from mlptrain.training.checkpoint import load_checkpoint
+
+    config = tiny(train__epochs=2, train__log_every=3)
+    flushes = []
+    real = lane_group.LaneGroup.flush
+
+    def counted(self):
+        flushes.append(sum(len(windows) for windows in self.pending.values()))
+        real(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lane_group.LaneGroup, "flush", counted)
+        run_seeds(config, [0, 1], tmp_path, "packed", "tiny", Resources(), pack=2)
+    run_seeds(config, [0, 1], tmp_path, "alone", "tiny", Resources())
+    windows = -(-Resources().session(config).train.size // 60)
+    assert len(flushes) == 2 * -(-windows // 3)  # a flush a read, each epoch's last included
+    assert max(flushes) == 2 * 3  # three windows of each lane's at a flush
+    for seed in (0, 1):
+        packed, alone = (load_checkpoint(tmp_path / group / f"seed-{seed}" / "checkpoints" / "last.npz")
+                         for group in ("packed", "alone"))
+        for key in (key for key in alone if not key.startswith("meta/")):  # the meta: wall times, the run's name
+            np.testing.assert_array_equal(packed[key], alone[key], err_msg=key)
+
+
 def test_a_staggered_groups_gemms_take_the_tile_of_all_its_lanes(tiny_mnist, monkeypatch):
     """Which lanes a staggered group launches follows the host's timing: its GEMMs take the tile chosen for all K
     lanes, so that a lane's sums never depend on it; in lockstep, the tile of the lanes launched, as before."""

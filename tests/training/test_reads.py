@@ -8,7 +8,7 @@ import pytest
 from mlptrain.backends.cpu import CpuBackend
 from mlptrain.backends.cuda import CudaBackend, ResidentCopies
 from mlptrain.config.load import config_from_dict
-from mlptrain.training.loop import epoch_steps, train_epoch
+from mlptrain.training.loop import epoch_steps, train_epoch, window_spans
 from mlptrain.training.steps import finish
 from mlptrain.training.session import build_session
 from tests.training.test_train_backends import tiny_dataset
@@ -35,6 +35,17 @@ def check_reads(session, reads, lrs):
     edges = [0, *[r["step_in_epoch"] * 2 for r in reads]]
     for r, lo, hi in zip(reads, edges, edges[1:]):
         assert r["samples"] == hi - lo and r["loss"] == pytest.approx(rows[lo:hi].astype(np.float64).mean())
+
+
+def test_a_span_of_windows_runs_to_the_next_read():
+    """A packed lane's loop hands in its windows up to its next read before it yields (window_spans): every span
+    ends at a read (each log_every-th window, and the epoch's last), a resumed epoch's first included."""
+    assert list(window_spans(0, 10, 4, True)) == [(0, 3), (4, 7), (8, 9)]
+    assert list(window_spans(5, 10, 4, True)) == [(5, 7), (8, 9)]
+    assert list(window_spans(0, 8, 4, True)) == [(0, 3), (4, 7)]
+    assert list(window_spans(0, 3, 50, True)) == [(0, 2)]
+    assert list(window_spans(2, 5, 4, False)) == [(2, 2), (3, 3), (4, 4)]  # a run's own: a window at a time
+    assert list(window_spans(3, 3, 4, True)) == []
 
 
 def test_each_read_reports_its_own_step_on_the_cpu():
