@@ -77,6 +77,9 @@ class LaneWindow(TrainingWindow):
     def run(self, start: int, rows: int) -> None:
         self.group.submit(self.lane, start, rows)
 
+    def withdraw(self) -> int:
+        return self.group.withdraw(self.lane)
+
     def plan(self, rows: int) -> None:
         self.group.plan(rows)
         super().plan(rows)
@@ -111,6 +114,7 @@ class LaneGroup:
         self.windows: list[LaneWindow | None] = [None] * lanes  # the window of the run training in each lane
         # lane -> its windows (start, rows) handed in, not launched yet, in order; a lane with none has no entry
         self.pending: dict[int, deque] = {}
+        self.withdrawn: dict[int, int] = {}  # lane -> its windows taken back at a stop, not launched (`withdraw`)
         self.due: set[int] = set()  # lanes inside an epoch: the next flush waits for their windows
         self.step: LaneStep | None = None
         # a graph per lanes launched and step plan (LaneStep.plan: a trial joining may change it)
@@ -160,11 +164,16 @@ class LaneGroup:
             self.step.clear_lane(lane)
         self.windows[lane] = None
         self.pending.pop(lane, None)
+        self.withdrawn.pop(lane, None)
         self.due.discard(lane)
 
     def submit(self, lane: int, start: int, rows: int) -> None:
         self.pending.setdefault(lane, deque()).append((start, rows))
         self.due.add(lane)
+
+    def withdraw(self, lane: int) -> int:
+        """How many of lane `lane`'s windows handed in `flush` took back, unlaunched, at a stop (0: none)."""
+        return self.withdrawn.pop(lane, 0)
 
     def waits(self, lane: int) -> bool:
         """Whether lane `lane` handed in a window not launched yet (its run must not go on before the flush
@@ -180,14 +189,19 @@ class LaneGroup:
             return self.due.issubset(self.pending)
         return all(w is None or lane in self.pending for lane, w in enumerate(self.windows))
 
-    def flush(self) -> None:
+    def flush(self, stop=None) -> None:
         """Launch the windows handed in: each lane's first as one step of their lanes (those of each size as one),
-        then the next while every lane in training has one (`ready`; each lane's in the order handed in). A lane
-        whose window ends its epoch is not due again until it hands in the next."""
+        then the next while every lane in training has one (`ready`; each lane's in the order handed in) and
+        `stop.signum` is not set (a run's step reads it after every optimizer step: the lanes take back what is
+        left, LaneWindow.withdraw). A lane whose window ends its epoch is not due again until it hands in the
+        next."""
         use_launch_stream(getattr(self.backend, "stream", None))
         self._step()
-        while self.ready():
+        while self.ready() and not (stop is not None and stop.signum):
             self._step()
+        if stop is not None and stop.signum:  # the lanes' runs go on (side_by_side waits for none) and stop there
+            for lane in list(self.pending):
+                self.withdrawn[lane] = len(self.pending.pop(lane))
         self.flushes += 1
 
     def _step(self) -> None:

@@ -145,7 +145,7 @@ def _rounds(active: dict, results: list, errors: list, stop, lanes) -> None:
             else:
                 run.stream = launch_stream()  # the stream its backend made (or switched to) this step
         if lanes is not None and lanes.ready():
-            lanes.flush()
+            lanes.flush(stop)
             stepped = True
         if not stepped and waiting is not None:  # every run waits for the device: so does the host
             waiting.mark.wait()

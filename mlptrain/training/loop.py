@@ -263,6 +263,10 @@ def epoch_steps(s: Session, epoch: int, on_read, first_window: int = 0, pending=
                 # step 33): at its first read, the host is a period ahead of the GPU
                 s.window.order_ahead = (epoch + 1, epoch_order(s.train, config.seed, epoch + 1))
             yield
+            dropped = s.window.withdraw() if s.stop_requested else 0
+            if dropped:  # a stop while the group launched the span: it launched no more, so the stop lands here
+                done = i + 1 - dropped
+                break
             if (i + 1) % config.train.log_every == 0 or i + 1 == s.steps_per_epoch:
                 if late is not None:  # a period into this epoch: long done
                     yield late.ready

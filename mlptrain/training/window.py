@@ -30,8 +30,9 @@ class TrainingWindow:
     (their addresses never change, so a captured graph stays valid), and the launches of one step."""
 
     # whether the loop may hand in every window up to its next read before it yields (training.loop.window_spans):
-    # a run's own window launches at `run`, and its loop yields after each (a stop comes after the step it was
-    # asked in); a packed lane's (mlptrain.packing.lane_group.LaneWindow) only queues it for its group
+    # a run's own window launches at `run`, and its loop yields after each; a packed lane's
+    # (mlptrain.packing.lane_group.LaneWindow) only queues it for its group. Either way a stop comes after the step
+    # it was asked in (`withdraw`)
     spans = False
 
     def __init__(self, backend, model, step, split, scale: float, shift: float, train_config):
@@ -79,6 +80,11 @@ class TrainingWindow:
         lane's epoch start drained every other lane's queued steps; the copy is queued from pinned memory,
         Backend.copy_from_host_later, as one from pageable memory waited for the stream to reach it)."""
         self.backend.copy_from_host_later(self.order, order)
+
+    def withdraw(self) -> int:
+        """Take back the windows handed in and not launched (a stop: none is launched after it); returns how many.
+        A run's own window launches at `run`: none."""
+        return 0
 
     def run(self, start: int, rows: int) -> None:
         """One optimizer step over the `rows` samples at `start` in the epoch's order: its micro-batches add

@@ -279,9 +279,9 @@ def test_a_lockstep_lanes_loop_yields_once_a_read_and_its_runs_keep_their_bits(t
     flushes = []
     real = lane_group.LaneGroup.flush
 
-    def counted(self):
+    def counted(self, stop=None):
         flushes.append(sum(len(windows) for windows in self.pending.values()))
-        real(self)
+        real(self, stop)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lane_group.LaneGroup, "flush", counted)
@@ -295,6 +295,45 @@ def test_a_lockstep_lanes_loop_yields_once_a_read_and_its_runs_keep_their_bits(t
                          for group in ("packed", "alone"))
         for key in (key for key in alone if not key.startswith("meta/")):  # the meta: wall times, the run's name
             np.testing.assert_array_equal(packed[key], alone[key], err_msg=key)
+
+
+def test_a_stop_asked_while_the_lanes_step_lands_after_that_step(tiny_mnist, tmp_path, monkeypatch):
+    """A stop asked while the group launches the lanes' windows handed in up to their next read: the group
+    launches no more, each lane takes back the rest (LaneWindow.withdraw), and its `last` checkpoint is at the step
+    the stop was asked in, with the bits of lanes that handed in a window at a time (a read a step)."""
+    import signal
+
+    from mlptrain.errors import TrainingInterrupted
+    from mlptrain.seeds.runner import run_seeds
+    from mlptrain.training.checkpoint import load_checkpoint
+
+    real = lane_group.LaneGroup._step
+
+    def stopped(log_every):
+        stop, steps = SimpleNamespace(signum=0), []
+
+        def stopping_at_step_two(self):
+            real(self)
+            steps.append(self.flushes)
+            if len(steps) == 2:
+                stop.signum = signal.SIGINT  # as Ctrl-C while the second step is launched
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lane_group.LaneGroup, "_step", stopping_at_step_two)
+            with pytest.raises(TrainingInterrupted):
+                run_seeds(tiny(train__epochs=2, train__log_every=log_every), [0, 1], tmp_path, f"every-{log_every}",
+                          "tiny", Resources(), stop=stop, pack=2)
+        assert len(steps) == 2 and steps == ([0, 0] if log_every > 2 else [0, 1])  # one flush, or a flush a step
+        lasts = [load_checkpoint(tmp_path / f"every-{log_every}" / f"seed-{seed}" / "checkpoints" / "last.npz")
+                 for seed in (0, 1)]
+        assert all((int(last["meta/epoch"]), int(last["meta/window"])) == (0, 2) for last in lasts)
+        return lasts
+
+    for spans, steps in zip(stopped(3), stopped(1)):
+        keys = [key for key in steps if not key.startswith("meta/")]  # the meta: wall times, the config
+        assert keys and sorted(keys) == sorted(key for key in spans if not key.startswith("meta/"))
+        for key in keys:
+            np.testing.assert_array_equal(spans[key], steps[key], err_msg=key)
 
 
 def test_a_staggered_groups_gemms_take_the_tile_of_all_its_lanes(tiny_mnist, monkeypatch):

@@ -161,7 +161,7 @@ def test_an_error_outside_the_runs_closes_every_run_where_it_stands():
         def ready(self):
             return True
 
-        def flush(self):
+        def flush(self, stop=None):
             raise RuntimeError("cuGraphLaunch failed")
 
     class Failing(Mark):
@@ -287,17 +287,18 @@ def test_ctrl_c_queues_every_packed_trial_again_and_a_rerun_finishes_them(tmp_pa
 
     monkeypatch.setattr(engine, "training", interrupted_midway)
     path = write_sweep(tmp_path, {"optim.lr": [0.001, 0.002, 0.003, 0.004]})
-    # a read a step: a lane's loop yields after each (it hands in its windows up to its next read, then yields once)
-    every_step = ["train.log_every=1"]
+    # two epochs: a lane's loop hands in its windows up to its next read before it yields (training.loop.window_spans),
+    # so by the fourth yield a one-epoch trial's steps were all launched
+    two_epochs = ["train.epochs=2"]
     with pytest.raises(typer.Exit) as stopped:
-        run_sweep(path, tmp_path / "runs", every_step, pack=3)
+        run_sweep(path, tmp_path / "runs", two_epochs, pack=3)
     assert stopped.value.exit_code == 130
     assert sorted(set(steps)) == [0.001, 0.002, 0.003]  # the fourth never began
     half = study_trials(tmp_path / "runs" / "s")
     retried = sorted(t.user_attrs["retry_of"] for t in half if "retry_of" in t.user_attrs)
     assert sorted(t.state.name for t in half) == ["FAIL"] * 3 + ["WAITING"] * 4 and retried == [0, 1, 2]
     monkeypatch.setattr(engine, "training", real)
-    results = run_sweep(path, tmp_path / "runs", every_step, pack=3)
+    results = run_sweep(path, tmp_path / "runs", two_epochs, pack=3)
     done = [t["params"]["optim.lr"] for t in results["trials"] if t["state"] == "complete"]
     assert sorted(done) == [0.001, 0.002, 0.003, 0.004]
 
