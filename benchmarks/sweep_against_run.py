@@ -4,8 +4,8 @@ most twice one trial's wall time", and where the two differ.
 Each round times, as whole processes, `mlptrain sweep` of packed_trials.py's K trials of the job (its learning rates
 x as many seeds as needed, `--epochs` each, with `--flags`) and `mlptrain run` of the job's recipe for as many
 epochs, each after an untimed one-epoch sweep and run that put its kernels in the cache. `--versions` alternates
-the sweep of several copies of the package within each round (each a PYTHONPATH entry put first), the run being
-the first one's. A machine's sweeps vary by ±0.2 s from round to round (benchmarks/NOTES.md, issue 30 step 30), so
+the sweep of several copies of the package within each round (each a PYTHONPATH entry put first; each round starts
+with the next one), the run being the first one's. A machine's sweeps vary by ±0.2 s from round to round (benchmarks/NOTES.md, issue 30 step 30), so
 compare versions within one call, round by round.
 
 Every sweep must complete each trial once and every run must learn (its training loss below the job's bound), or
@@ -124,7 +124,8 @@ def main() -> None:
     rounds = []
     for r in range(args.rounds):
         done = {}
-        for name, path in versions:
+        # each round starts with the next version, so that no version always runs first, right after a run
+        for name, path in versions[r % len(versions):] + versions[:r % len(versions)]:
             wall, folder = sweep(path, f"{name}-{r}-{stamp}", args.epochs)
             done[name] = wall, checked_sweep(folder, trials, bound)
         wall, folder = run(f"run-{r}-{stamp}", args.epochs)
