@@ -51,13 +51,16 @@ mlptrain.training.evaluation:Evaluator.read_rows mlptrain.training.evaluation:Ev
 mlptrain.training.evaluation:Evaluator.log mlptrain.training.checkpoint_writes:write_checkpoints
 mlptrain.training.checkpoint:save_checkpoint mlptrain.training.run_end:close_run
 mlptrain.training.diagnosis:learning_warning
-mlptrain.packing.lane_group:LaneGroup.flush mlptrain.training.window:TrainingWindow.run
+mlptrain.packing.lane_group:LaneGroup.flush mlptrain.packing.lane_group:LaneGroup._step
+mlptrain.training.window:TrainingWindow.run
 mlptrain.backends.driver.api:to_device mlptrain.backends.driver.api:to_host mlptrain.backends.driver.api:pinned
 mlptrain.backends.driver.api:memory_info mlptrain.backends.driver.api:launch
 optuna.storages.journal._file:JournalFileBackend.append_logs optuna.trial._trial:Trial.report
 optuna.trial._trial:Trial.set_user_attr optuna.study.study:Study.tell
 """
-STEPS = ("LaneGroup.flush", "TrainingWindow.run")  # what launches the optimizer steps: the phases' edges
+# what launches the optimizer steps: the phases' edges (a flush launches every lane's windows up to their next
+# read, step after step, each a `_step`; a version before that, a step a flush)
+STEPS = ("LaneGroup.flush", "LaneGroup._step", "TrainingWindow.run")
 SIZED = ("to_device", "to_host")  # the driver's copies, split by size (their third argument)
 
 # The child: wraps TARGETS, runs the command, writes [(label, thread, start s, seconds, a new call?)] and the end.

@@ -7,7 +7,7 @@ Runs `mlptrain sweep` of adam_mnist's K trials (benchmarks/packed_trials.py's sw
 sampling thread: every --interval-ms it takes every other thread's Python stack (`sys._current_frames`). Each sample
 stands for the time since that thread's previous one (the sampler waits for the interpreter's lock like any
 thread, so samples come irregularly), and is counted in its phase: the start (before the first optimizer step is
-launched: a packed group's first flush, else a run's first window), the training, and the end (after the last
+launched: a packed group's first step, else a run's first window), the training, and the end (after the last
 step's launch). benchmarks/sweep_host.py times chosen functions; this one needs no list of them: it names every
 function a phase's time was spent in, including what the sweep never calls by name (imports, the driver, a
 library's own work), on the feeding thread (the one that launches the steps) and on each of the others.
@@ -88,7 +88,10 @@ def stepped(fn):
 
 def instrument():  # run by COMMAND: at once, or in the trainer only (--trainer)
     import mlptrain.packing.lane_group as lane_group, mlptrain.training.window as window
-    lane_group.LaneGroup.flush = stepped(lane_group.LaneGroup.flush)
+    # each step a group launches: a flush launches every lane's windows up to their next read (a version before
+    # that, one step: its flush)
+    name = "_step" if hasattr(lane_group.LaneGroup, "_step") else "flush"
+    setattr(lane_group.LaneGroup, name, stepped(getattr(lane_group.LaneGroup, name)))
     window.TrainingWindow.run = stepped(window.TrainingWindow.run)
     threading.Thread(target=sample, name="sampler", daemon=True).start()
 

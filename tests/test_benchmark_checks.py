@@ -90,7 +90,7 @@ def test_the_packed_trials_benchmark_reads_a_sessions_training_loss(rng):
 
 def test_the_sweep_host_table_counts_each_phases_calls_on_the_cpu(data_dir, tmp_path):
     """benchmarks/sweep_host.py on a tiny packed CPU sweep: it completes the sweep, then puts the sessions in the
-    start, the lane group's flushes in the training and the last evaluations in the end, on the feeding thread."""
+    start, the lane group's steps in the training and the last evaluations in the end, on the feeding thread."""
     import subprocess
 
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_host.py"), "--trials", "2", "--epochs", "1",
@@ -102,10 +102,10 @@ def test_the_sweep_host_table_counts_each_phases_calls_on_the_cpu(data_dir, tmp_
             line.startswith("| training") or line.startswith("| end")]
     found = {(row[0].strip("| "), row[1], row[2]) for row in rows}
     assert ("start", "session.build_session", "feeding") in found
-    assert ("training", "LaneGroup.flush", "feeding") in found
+    assert ("training", "LaneGroup._step", "feeding") in found
     assert ("end", "Evaluator.epoch_record_steps", "feeding") in found
-    flushes = next(int(row[3]) for row in rows if row[1] == "LaneGroup.flush")
-    assert flushes >= -(-50000 // 2048)  # the epoch's 25 steps (55,000 images less adam_mnist's 5,000 held out)
+    steps = sum(int(row[3]) for row in rows if row[1] == "LaneGroup._step")
+    assert steps == -(-55000 // 2048)  # the epoch's 27 steps (60,000 images less adam_mnist's 5,000 held out)
 
 
 def test_the_sweep_samples_table_names_what_each_phase_ran_on_the_cpu(data_dir, tmp_path):
