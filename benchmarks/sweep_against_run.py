@@ -4,8 +4,9 @@ most twice one trial's wall time", and where the two differ.
 Each round times, as whole processes, `mlptrain sweep` of packed_trials.py's K trials of the job (its learning rates
 x as many seeds as needed, `--epochs` each, with `--flags`) and `mlptrain run` of the job's recipe for as many
 epochs, each after an untimed one-epoch sweep and run that put its kernels in the cache. `--versions` alternates
-the sweep of several copies of the package within each round (each a PYTHONPATH entry put first; each round starts
-with the next one), the run being the first one's. A machine's sweeps vary by ±0.2 s from round to round (benchmarks/NOTES.md, issue 30 step 30), so
+the sweep of several copies of the package within each round (each a folder holding an `mlptrain` package, copied
+to a folder of its own that is put first on the PYTHONPATH; each round starts with the next one), the run being
+the first one's. A machine's sweeps vary by ±0.2 s from round to round (benchmarks/NOTES.md, issue 30 step 30), so
 compare versions within one call, round by round.
 
 Every sweep must complete each trial once and every run must learn (its training loss below the job's bound), or
@@ -53,6 +54,29 @@ def timed(command: list[str], pythonpath: str | None, log: Path) -> float:
     return wall
 
 
+def staged(versions: list[tuple[str, str | None]], folder: Path) -> list[tuple[str, str | None]]:
+    """Each version's `mlptrain` package copied into a folder of its own (`folder`/NAME), which becomes its
+    PYTHONPATH entry: every version then runs from the same layout, the package alone. A checkout's root (its
+    tests, benchmarks, data and metadata beside the package) put first on the path took 0.1-0.2 s longer to a
+    sweep's first step than a copy of the same package, and its training up to 0.08 s longer (benchmarks/NOTES.md,
+    issue 30 step 34). A version without a path (the installed package) stays as it is."""
+    import shutil
+
+    out = []
+    for name, path in versions:
+        if path is None:
+            out.append((name, None))
+            continue
+        package = Path(path) / "mlptrain"
+        if not (package / "__init__.py").is_file():
+            raise SystemExit(f"--versions {name}={path}: no mlptrain package there")
+        copy = folder / name
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(package, copy / "mlptrain", ignore=shutil.ignore_patterns("__pycache__"))
+        out.append((name, str(copy)))
+    return out
+
+
 def summaries(folder: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*/summary.json"))] or \
         [json.loads((folder / "summary.json").read_text())]
@@ -98,7 +122,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/sweep-against-run"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    versions = [tuple(v.split("=", 1)) for v in args.versions.split(",") if v] or [("this", None)]
+    versions = staged([tuple(v.split("=", 1)) for v in args.versions.split(",") if v] or [("this", None)],
+                      args.out / "versions")
     recipe, bound = packed_trials.SWEEP_BASE[args.job], args.learned_below or packed_trials.JOBS[args.job][2]
     sweep_file, seeds, per_seed = packed_trials.sweep_file(args.job, args.trials, args.out)
     trials = seeds * per_seed

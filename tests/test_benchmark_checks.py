@@ -253,3 +253,26 @@ def test_the_sweep_against_run_table_times_both_and_checks_them_on_the_cpu(data_
     assert checked_run(run, 1.0)["train_loss"] < 1.0
     with pytest.raises(SystemExit, match="WRONG RESULT"):
         checked_run(run, 0.0)
+
+
+def test_sweep_against_run_gives_each_version_a_folder_of_its_package_alone(tmp_path):
+    """--versions: each version's mlptrain package copied into a folder of its own (no __pycache__), so that every
+    version runs from the same layout; the installed package (no path) stays; a path without the package stops it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from sweep_against_run import staged
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    checkout = tmp_path / "checkout"
+    (checkout / "mlptrain" / "__pycache__").mkdir(parents=True)
+    (checkout / "mlptrain" / "__init__.py").write_text("VERSION = 'a'\n")
+    (checkout / "mlptrain" / "__pycache__" / "x.pyc").write_bytes(b"")
+    (checkout / "tests").mkdir()
+    versions = staged([("new", str(checkout)), ("this", None)], tmp_path / "versions")
+    assert versions == [("new", str(tmp_path / "versions" / "new")), ("this", None)]
+    copied = tmp_path / "versions" / "new"
+    assert sorted(p.name for p in copied.iterdir()) == ["mlptrain"]
+    assert (copied / "mlptrain" / "__init__.py").read_text() == "VERSION = 'a'\n"
+    assert not (copied / "mlptrain" / "__pycache__").exists()
+    with pytest.raises(SystemExit, match="no mlptrain package there"):
+        staged([("bad", str(checkout / "tests"))], tmp_path / "versions")
