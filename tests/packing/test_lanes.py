@@ -87,6 +87,14 @@ def solo_windows(config, windows):
     return s.model.params.flat.copy(), s.step.state.copy()
 
 
+def assert_each_lane_as_alone(sessions, plan):
+    """Each lane's parameters and step state are its run's alone after its windows of `plan` (lane -> windows)."""
+    for lane, s in enumerate(sessions):
+        params, state = solo_windows(s.config, plan[lane])
+        np.testing.assert_array_equal(s.model.params.flat, params)
+        np.testing.assert_array_equal(s.step.state, state)
+
+
 def test_lanes_in_step_and_out_of_step_give_each_run_its_bits_alone(tiny_mnist):
     config = tiny(optim__lr=0.003)
     group, sessions = build(config)
@@ -99,10 +107,7 @@ def test_lanes_in_step_and_out_of_step_give_each_run_its_bits_alone(tiny_mnist):
         assert group.ready()
         group.flush()
         assert not group.pending
-    for lane, s in enumerate(sessions):
-        params, state = solo_windows(s.config, plan[lane])
-        np.testing.assert_array_equal(s.model.params.flat, params)
-        np.testing.assert_array_equal(s.step.state, state)
+    assert_each_lane_as_alone(sessions, plan)
 
 
 def test_lanes_that_clip_beside_lanes_that_do_not_each_get_their_bits_alone(tiny_mnist):
@@ -263,10 +268,7 @@ def test_a_lockstep_group_launches_each_lanes_windows_in_order_while_every_lane_
     assert group.ready()
     group.flush()
     assert not group.pending
-    for lane, s in enumerate(sessions):
-        params, state = solo_windows(s.config, plan[lane])
-        np.testing.assert_array_equal(s.model.params.flat, params)
-        np.testing.assert_array_equal(s.step.state, state)
+    assert_each_lane_as_alone(sessions, plan)
 
 
 def test_a_lockstep_lanes_loop_yields_once_a_read_and_its_runs_keep_their_bits(tiny_mnist, tmp_path):
