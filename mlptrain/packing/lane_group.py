@@ -68,10 +68,10 @@ class LaneWindow(TrainingWindow):
     @property
     def spans(self) -> bool:
         """A lockstep group's lane hands in its windows up to its next read at once (training.loop.window_spans),
-        and its group launches them step after step: the lanes' loops yield once a period instead of once a step.
-        Each lane's Python between two of its steps (its loop's turn, its hand-in) cost a 16-lane group ~90 µs of
-        host time a step, at the GPU's pace of ~300 (benchmarks/NOTES.md, issue 30 step 33). Staggered, the group
-        waits for the lanes that are due, window by window."""
+        and its group launches them step after step: the lanes' loops yield once a period instead of once a step,
+        where each lane's turn and hand-in cost a 16-lane group ~90 µs of host time a step (at the GPU's ~300). On
+        H200 hosts its sweeps measured level, their gaps at reads smaller (benchmarks/NOTES.md, issue 30 steps 33
+        and 34). Staggered, the group waits for the lanes that are due, window by window."""
         return not self.group.stagger
 
     def run(self, start: int, rows: int) -> None:
@@ -155,6 +155,7 @@ class LaneGroup:
         session.window = LaneWindow(session.window, self, lane)
         self.windows[lane] = session.window
         self.pending.pop(lane, None)
+        self.withdrawn.pop(lane, None)
         self.due.discard(lane)  # due from its first window
         return session
 

@@ -82,8 +82,8 @@ class TrainingWindow:
         self.backend.copy_from_host_later(self.order, order)
 
     def withdraw(self) -> int:
-        """Take back the windows handed in and not launched (a stop: none is launched after it); returns how many.
-        A run's own window launches at `run`: none."""
+        """How many of the windows handed in were taken back, not launched, at a stop (the loop counts them
+        undone). A run's own window launches at `run`: none."""
         return 0
 
     def run(self, start: int, rows: int) -> None:
