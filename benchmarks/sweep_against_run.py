@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,8 +61,6 @@ def staged(versions: list[tuple[str, str | None]], folder: Path) -> list[tuple[s
     tests, benchmarks, data and metadata beside the package) put first on the path took 0.1-0.2 s longer to a
     sweep's first step than a copy of the same package, and its training up to 0.08 s longer (benchmarks/NOTES.md,
     issue 30 step 34). A version without a path (the installed package) stays as it is."""
-    import shutil
-
     out = []
     for name, path in versions:
         if path is None:
