@@ -11,9 +11,9 @@ compare versions within one call, round by round.
 
 Every sweep must complete each trial once and every run must learn (its training loss below the job's bound), or
 the script exits 1 with nothing printed. The table: each round's walls; then for each version the median sweep
-against the median run, and from the runs' own summaries (median over the rounds) the seconds to the start of
-each trial and to its first optimizer step, the training's seconds and the run's own wall (a sweep's trials:
-their range).
+against the median run, the median of its rounds' differences from the first version's, and from the runs' own
+summaries (median over the rounds) the seconds to the start of each trial and to its first optimizer step, the
+training's seconds and the run's own wall (a sweep's trials: their range).
 
     python benchmarks/sweep_against_run.py [--job mnist] [--trials 16] [--epochs 10] [--flags "--pack 16"]
                                            [--rounds 4] [--versions name=PATH,...] [--set KEY=VALUE ...] [--json FILE]
@@ -163,17 +163,22 @@ def main() -> None:
     for r, done in enumerate(rounds, 1):
         print(f"| {r} | {' | '.join(f'{done[name][0]:.3f}' for name, _ in versions)} | {done['run'][0]:.3f} |")
     run_median = statistics.median(done["run"][0] for done in rounds)
-    print(f"\n| | median wall s | x the run | {' | '.join(PHASES)} |")
-    print(f"| --- | --- | --- | {' | '.join('---' for _ in PHASES)} |")
+    first = versions[0][0]
+    print(f"\n| | median wall s | x the run | s against {first}, round by round | {' | '.join(PHASES)} |")
+    print(f"| --- | --- | --- | --- | {' | '.join('---' for _ in PHASES)} |")
     result = {"trials": trials, "epochs": args.epochs, "flags": args.flags,
-              "rounds": [{key: value[0] for key, value in done.items()} for done in rounds], "medians": {}}
+              "rounds": [{key: value[0] for key, value in done.items()} for done in rounds], "medians": {},
+              "paired": {}}
     for name, _ in versions:
         median = statistics.median(done[name][0] for done in rounds)
+        # the median of the rounds' differences: a machine's walls drift over a call more than versions differ
+        paired = statistics.median(done[name][0] - done[first][0] for done in rounds)
         phases = [spread(key, [done[name][1] for done in rounds]) for key in PHASES]
-        print(f"| sweep {name} | {median:.3f} | {median / run_median:.2f}x | {' | '.join(phases)} |")
-        result["medians"][name] = median
+        print(f"| sweep {name} | {median:.3f} | {median / run_median:.2f}x | "
+              f"{'-' if name == first else f'{paired:+.3f}'} | {' | '.join(phases)} |")
+        result["medians"][name], result["paired"][name] = median, paired
     run_phases = [f"{statistics.median(done['run'][1][key] for done in rounds):.3f}" for key in PHASES]
-    print(f"| run | {run_median:.3f} | 1.00x | {' | '.join(run_phases)} |")
+    print(f"| run | {run_median:.3f} | 1.00x | - | {' | '.join(run_phases)} |")
     result["medians"]["run"] = run_median
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

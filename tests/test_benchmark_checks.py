@@ -235,7 +235,7 @@ def test_the_sweep_against_run_table_times_both_and_checks_them_on_the_cpu(data_
                           capture_output=True, text=True, env={**os.environ, "MLPTRAIN_DATA_DIR": str(data_dir)})
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["trials"] == 2 and set(result["medians"]) == {"this", "run"}
+    assert result["trials"] == 2 and set(result["medians"]) == {"this", "run"} and result["paired"] == {"this": 0.0}
     assert "| sweep this |" in done.stdout and "| run |" in done.stdout and "first_step_s" in done.stdout
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
