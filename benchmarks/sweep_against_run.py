@@ -58,8 +58,8 @@ def timed(command: list[str], pythonpath: str | None, log: Path) -> float:
 def staged(versions: list[tuple[str, str | None]], folder: Path) -> list[tuple[str, str | None]]:
     """Each version's `mlptrain` package copied into a folder of its own (`folder`/NAME), which becomes its
     PYTHONPATH entry: every version then runs from the same layout, the package alone. A checkout's root (its
-    tests, benchmarks, data and metadata beside the package) put first on the path took 0.1-0.2 s longer to a
-    sweep's first step than a copy of the same package, and its training up to 0.08 s longer (benchmarks/NOTES.md,
+    tests, benchmarks, data and metadata beside the package) put first on the path took 0.19 s longer to a
+    sweep's first step than a copy of the same package, and its training 0.025-0.05 s longer (benchmarks/NOTES.md,
     issue 30 step 34). A version without a path (the installed package) stays as it is."""
     out = []
     for name, path in versions:

@@ -197,10 +197,14 @@ class LaneGroup:
         left, LaneWindow.withdraw). A lane whose window ends its epoch is not due again until it hands in the
         next."""
         use_launch_stream(getattr(self.backend, "stream", None))
+
+        def stopping() -> bool:
+            return stop is not None and bool(stop.signum)
+
         self._step()
-        while self.ready() and not (stop is not None and stop.signum):
+        while self.ready() and not stopping():
             self._step()
-        if stop is not None and stop.signum:  # the lanes' runs go on (side_by_side waits for none) and stop there
+        if stopping():  # the lanes' runs go on (side_by_side waits for none) and stop there
             for lane in list(self.pending):
                 self.withdrawn[lane] = len(self.pending.pop(lane))
         self.flushes += 1
