@@ -9,9 +9,10 @@ warm-up. Before anything is timed, each of our outputs is compared with cuDNN's 
 max |cuDNN|): beyond TOLERANCE for its precision (a tile candidate's too) the script stops with exit
 code 1, so a wrong kernel never gets a speed row. `--tiles`
 also times each candidate tile forced on the implicit-GEMM passes (the tensor-core tiles of
-MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices.
+MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices. `--rings` (16-bit)
+times each of RING_CANDIDATES: the register staging and the cp.async ring's tiles and depths.
 
-    python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--json FILE]
+    python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--rings] [--json FILE]
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ CANDIDATES = [(128, 64, 8, 8, 4, 1), (128, 128, 8, 8, 8, 1), (64, 128, 8, 4, 8, 
 # on either side, so a few units of that rounding. A wrong kernel is off by order 1.
 TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 5e-3}
 MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64, 4, 2), (256, 128, 4, 2)]
+# --rings, 16-bit: the cp.async ring's (pixel-row tile, slices, early) forced, and (None, 0, False) the register
+# staging; the weight gradient keeps conv_mma.TILE (its chunks' plan) and takes the slices and `early`
+RING_CANDIDATES = [(None, 0, False), ((128, 128, 2, 4), 2, True), ((128, 128, 2, 4), 2, False),
+                   ((128, 128, 4, 2), 2, True), ((128, 64, 4, 2), 3, True), ((64, 128, 2, 4), 3, True)]
 
 
 def tensors(torch, side, cin, cout, dtype):
@@ -87,6 +92,13 @@ def cudnn_launch(torch, op, t, layout="nchw"):
     return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, padding=1), lambda r: r.permute(2, 3, 1, 0)
 
 
+def ring_name(candidate) -> str:
+    tile, stages, early = candidate
+    if not stages:
+        return "registers"
+    return f"ring {'x'.join(map(str, tile))} {stages}{' early' if early else ''}"
+
+
 def relative_error(ours, expected) -> float:
     """max |ours - expected| / max |expected|; NaN (a NaN or an unwritten element) when either holds one."""
     return float((ours - expected).abs().max() / expected.abs().max())
@@ -103,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tiles", action="store_true")
+    parser.add_argument("--rings", action="store_true")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -142,9 +155,15 @@ def main() -> None:
                     theirs, layout = ms, candidate
             candidates = MMA_CANDIDATES if mma else CANDIDATES
             versions = [("ours", None)] + ([(c, c) for c in candidates] if args.tiles and min(cin, cout) > 8 else [])
+            if args.rings and mma and min(cin, cout) > 8:
+                versions += [(ring_name(c), c) for c in RING_CANDIDATES]
             for name, tile in versions:
                 if tile is not None:
-                    if mma:
+                    if len(tile) == 3:
+                        original = conv_mma.RING_TILE, conv_mma.RING_STAGES, conv_mma.RING_EARLY
+                        conv_mma.RING_TILE = tile[0] or conv_mma.TILE
+                        conv_mma.RING_STAGES, conv_mma.RING_EARLY = tile[1:]
+                    elif mma:
                         original, conv_mma.TILE = conv_mma.TILE, tile
                     else:
                         conv_plan.TILES["forced"] = (tile, 0)
@@ -163,13 +182,15 @@ def main() -> None:
                     print(f"{side}x{side} {cin}->{cout} {op} tile {tile}: {str(error).splitlines()[0]}")
                     continue
                 finally:
-                    if tile is not None and mma:
+                    if tile is not None and len(tile) == 3:
+                        conv_mma.RING_TILE, conv_mma.RING_STAGES, conv_mma.RING_EARLY = original
+                    elif tile is not None and mma:
                         conv_mma.TILE = original
                     elif tile is not None:
                         conv_plan.pick_tile = original
                         del conv_plan.TILES["forced"]
                 rows.append({"layer": f"{side}x{side} {cin}->{cout}", "op": op,
-                             "version": name if tile is None else "x".join(map(str, tile)),
+                             "version": name if tile is None or len(tile) == 3 else "x".join(map(str, tile)),
                              "ms": ms, "cudnn_ms": theirs, "tflops": flops / ms / 1e9,
                              "cudnn_tflops": flops / theirs / 1e9, "cudnn_layout": layout, "rel_error": error})
     print("\n| layer | pass | version | ms | cuDNN ms (layout) | TFLOP/s | cuDNN TFLOP/s | ratio | rel. error |")

@@ -7,11 +7,11 @@ shared memory itself, so several slices can be in flight at no register cost:
     address = shared_address(shared, e)     where shared[e] lies in the block's shared memory, in bytes (uint32)
     copy16_to(address, shared, array, offset, valid)
                                             the 16 bytes at `address` (shared_address's, plus any multiple of
-                                            16 bytes inside `shared`) = the 16 bytes `offset` bytes into a 2-D
-                                            array, its rows contiguous (four float32, array[i, j:j + 4] at
-                                            offset i * strides[0] + j * 4, or eight 16-bit elements into the
-                                            4-byte words of a uint32 `shared`), or zeros where `valid` is False
-                                            (nothing is read then)
+                                            16 bytes inside `shared`) = the 16 bytes `offset` bytes into an
+                                            array, its last axis contiguous (four float32, array[i, j:j + 4] at
+                                            offset i * strides[0] + j * 4 of a matrix, or eight 16-bit elements
+                                            into the 4-byte words of a uint32 `shared`), or zeros where `valid`
+                                            is False (nothing is read then)
     commit()                                closes the group of this thread's copies issued since the last commit
     wait_all_but(n)()                       waits until at most n of this thread's groups are still in flight
                                             (then a barrier makes every thread's copies visible to the block)
@@ -40,14 +40,21 @@ def _simulated():
         for n in range(4):
             shared[e + n] = 0
         if valid:
-            i = offset // array.strides[0]
-            j = (offset - i * array.strides[0]) // array.strides[1]
-            if array.strides[1] == 4:
+            index = []  # the element `offset` bytes in, along every axis (rows of a matrix, pixels of an image)
+            for stride in array.strides:
+                index.append(offset // stride)
+                offset -= index[-1] * stride
+            j = index.pop()
+
+            def at(j):
+                return array[(*index, j)]
+
+            if array.strides[-1] == 4:
                 for n in range(4):
-                    shared[e + n] = array[i, j + n]
+                    shared[e + n] = at(j + n)
             else:  # eight 16-bit elements, two a word, the first in its low half (the GPU's little-endian bytes)
                 for n in range(4):
-                    low, high = (int(np.array(array[i, j + 2 * n + h]).view(np.uint16)) for h in range(2))
+                    low, high = (int(np.array(at(j + 2 * n + h)).view(np.uint16)) for h in range(2))
                     shared[e + n] = low | (high << 16)
 
     @cuda.jit(device=True)

@@ -11,6 +11,11 @@ summed must be even; the weight gradient sums pixels and takes any shape.
     backward input   dx = (im2col(dy) @ w') * act'(h)    A: dy viewed as uint32 pairs             B: flipped w (K, Cin)
     backward weight  partials = im2col(x).T @ dy         A: x (16-bit)                             B: dy (pixels, Cout)
 
+Where an image's channels are whole 16-byte pieces (a multiple of 8) and
+the other operand's rows are too, a pass copies its slices by cp.async into a
+ring (gemm_async, im2col_async) instead: the same mma sequence over the same
+values, so the same bits, without an element-by-element decode and load.
+
 No atomics: each output is summed by one warp in a fixed order, and the
 weight gradient's chunks are added in chunk order, so results are bitwise
 reproducible. The launchers are the second half of conv's, which have checked
@@ -24,7 +29,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, gemm_mma, streams, tiles
+from mlptrain.backends.numba_kernels import chunks, gemm_mma, im2col_async, streams, tiles, wide
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
@@ -33,6 +38,15 @@ from mlptrain.backends.numba_kernels.tiles import dense_operand
 
 KINDS = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16"}
 TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
+# The cp.async passes: the pixel-row passes' tile, and the ring's slices (0: every pass through registers). Two
+# slices of a 128 x 128 tile's operands take 37,888 bytes of shared memory, under the 48 KiB a block's static arrays
+# may hold. `early`: a slice's copies issued before the products of the one ahead (gemm_async). `benchmarks/conv.py
+# --rings`, bf16, batch 256, H200, ms of the 16 x 16 256 -> 128 forward / input gradient / weight gradient: the
+# register staging 0.836 / 1.059 / 1.577; this ring 0.328 / 0.418 / 0.544 (TILE's 2 x 4 warps 0.334 / 0.427, not
+# early 0.334 / 0.449 / 0.597; three slices of 128 x 64 or 64 x 128 tiles 0.456-0.516). benchmarks/NOTES.md, issue 32.
+RING_TILE = (128, 128, 4, 2)
+RING_STAGES = 2
+RING_EARLY = True
 
 
 def _grid(rows, columns, tile):
@@ -51,17 +65,28 @@ def _pairs(array):
 
 # --- the pixel-row passes: forward and backward input ---------------------------------
 
+def ring(image, matrix) -> bool:
+    """Whether a pass over `image` (NHWC) and a stored `matrix` copies its slices by cp.async (RING_STAGES on, both
+    in whole 16-byte pieces), or stages them through registers."""
+    return RING_STAGES > 0 and im2col_async.copyable_image(image) and wide.copyable_rows(matrix)
+
+
 @functools.cache
-def _make_pixel_rows(tile, dtype, size, backward):
+def _make_pixel_rows(tile, dtype, size, backward, ring=None):
     """The forward's kernel (x, w, b, y, activation): y = act(im2col(x) @ w + b); with `backward`,
     the input gradient's (dy, flipped, h, dx, activation): dx = (im2col(dy) @ flipped) * act'(h).
-    The two differ only in their epilogue, which takes the same arguments."""
+    The two differ only in their epilogue, which takes the same arguments. `ring`: (stages, early) of the cp.async
+    ring, its image taken as uint16 bits, else None (the image viewed as uint32 pairs)."""
     BM, BN = tile[:2]
     layout = gemm_mma.layout(tile)
     TM, TN = layout.TM, layout.TN
     load, store = codec(dtype)
-    tile_product = gemm_mma.make_tile_product(
-        tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    if ring:
+        tile_product = gemm_mma.make_async_tile_product(
+            tile, im2col_async.image_rows(size), dense_operand(bits, False, bits_zero), KINDS[dtype], *ring)
+    else:
+        tile_product = gemm_mma.make_tile_product(
+            tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
     bias_activation, activation_grad = tiles.make_epilogues(layout, load, store)
     epilogue = activation_grad if backward else bias_activation
 
@@ -80,13 +105,23 @@ def _make_pixel_rows(tile, dtype, size, backward):
     return conv2d_pixel_rows_mma_kernel
 
 
+def _pixel_rows(image, matrix, size, c, out, activation, backward):
+    """Launch a pixel-row pass: out (pixels, columns) from im2col(image) @ matrix, c its bias or h."""
+    pixels, columns = out.shape
+    if ring(image, matrix):
+        tile, staging, a = RING_TILE, (RING_STAGES, RING_EARLY), image.view(np.uint16)
+    else:
+        tile, staging, a = TILE, None, _pairs(image)
+    _make_pixel_rows(tile, image.dtype, size, backward, staging)[
+        _grid(pixels, columns, tile), gemm_mma.threads(tile), streams.current()](
+        a, matrix.view(np.uint16), c, out, activation)
+
+
 def forward(x, w, b, y, activation):
     """conv.conv2d_forward on tensor cores; x's Cin even."""
     N, H, W, Cin = x.shape
     size, _, _, Cout = w.shape
-    pixels = N * H * W
-    _make_pixel_rows(TILE, x.dtype, size, False)[_grid(pixels, Cout, TILE), gemm_mma.threads(TILE), streams.current()](
-        _pairs(x), w.reshape(size * size * Cin, Cout).view(np.uint16), b, y.reshape(pixels, Cout), activation)
+    _pixel_rows(x, w.reshape(size * size * Cin, Cout), size, b, y.reshape(N * H * W, Cout), activation, False)
 
 
 def backward_input(dy, flipped, h, dx, activation):
@@ -95,8 +130,7 @@ def backward_input(dy, flipped, h, dx, activation):
     N, H, W, Cin = dx.shape
     size = math.isqrt(flipped.shape[0] // dy.shape[3])
     pixels = N * H * W
-    _make_pixel_rows(TILE, dy.dtype, size, True)[_grid(pixels, Cin, TILE), gemm_mma.threads(TILE), streams.current()](
-        _pairs(dy), flipped.view(np.uint16), h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation)
+    _pixel_rows(dy, flipped, size, h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation, True)
 
 
 # --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
@@ -109,9 +143,14 @@ def weight_plan(x_shape, w_shape):
 
 
 @functools.cache
-def _make_weight_partials(tile, dtype, size):
-    product = gemm_mma.make_tile_product(
-        tile, image_columns_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+def _make_weight_partials(tile, dtype, size, ring=None):
+    """`ring` as _make_pixel_rows's (the image taken as uint16 bits either way)."""
+    if ring:
+        product = gemm_mma.make_async_tile_product(
+            tile, im2col_async.image_columns(size), dense_operand(bits, False, bits_zero), KINDS[dtype], *ring)
+    else:
+        product = gemm_mma.make_tile_product(
+            tile, image_columns_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
     return chunks.make_weight_partials(product, gemm_mma.layout(tile), tile[:2], **_options(tile))
 
 
@@ -124,6 +163,9 @@ def weight_partials(x, dy, size, workspace):
     chunk, chunks, _ = weight_plan(x.shape, (size, size, Cin, Cout))
     partials = workspace[:chunks * rows * Cout].reshape(chunks, rows, Cout)
     gx, gy = _grid(rows, Cout, TILE)
-    _make_weight_partials(TILE, x.dtype, size)[(gx, gy, chunks), gemm_mma.threads(TILE), streams.current()](
-        x.view(np.uint16), dy.reshape(pixels, Cout).view(np.uint16), partials, chunk)
+    outputs = dy.reshape(pixels, Cout)
+    # TILE either way: weight_plan's chunks, and the workspace, are TILE's
+    staging = (RING_STAGES, RING_EARLY) if ring(x, outputs) else None
+    _make_weight_partials(TILE, x.dtype, size, staging)[(gx, gy, chunks), gemm_mma.threads(TILE), streams.current()](
+        x.view(np.uint16), outputs.view(np.uint16), partials, chunk)
     return partials.reshape(chunks, rows * Cout)

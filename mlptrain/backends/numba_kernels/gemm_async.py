@@ -10,9 +10,12 @@ copies cannot transpose, so an operand keeps its memory layout in shared memory,
 k-contiguous one as [row, k] with a pitch of BK + 16 / size elements, a row-contiguous one as [k, row] with a pitch
 of ROWS + 8 (size: its elements' bytes; each engine's slice product reads them without bank conflicts there).
 
-Both operands must be stored matrices whose rows wide.copyable_rows passed (every copy 16 aligned bytes, a row
-whole copies); a copy past the matrix is zero-filled, so elements outside (M, N) and [k_begin, k_end) read as zero.
+An operand is a stored matrix whose rows wide.copyable_rows passed (every copy 16 aligned bytes, a row whole
+copies), or a `Copied` that brings its own copies (im2col_async: a convolution's image read as its column matrix);
+a copy past the matrix is zero-filled, so elements outside (M, N) and [k_begin, k_end) read as zero.
 """
+
+from typing import NamedTuple
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int32, int64, uint32, uint64
@@ -20,6 +23,15 @@ from mlptrain.backends.numba_kernels import tiles
 from mlptrain.backends.numba_kernels.async_copy import commit, copy16_to, shared_address, wait_all_but
 
 COPY_BYTES = 16
+
+
+class Copied(NamedTuple):
+    """An operand that is not a stored matrix: `k_contiguous` as tiles.Operand's, and `make_copy(ROWS, BK, THREADS,
+    size)` -> (plan, copy, COPIES), the same calls as a stored matrix's (_make_copy), its pieces 16 bytes along the
+    contiguous axis."""
+
+    k_contiguous: bool
+    make_copy: object
 
 
 def shared_layout(operand, ROWS, BK, size):
@@ -35,11 +47,11 @@ def _make_copy(operand, ROWS, BK, THREADS, size):
     memory, a piece (PER = 16 / size elements along its contiguous axis) a copy, COPIES a thread; pieces past I or
     K zero-filled.
 
-        plan(array, shared, i0, I, k_begin, K, t, offsets, ks, addresses)
+        plan(array, shared, i0, I, k_begin, K, t, offsets, ks, addresses, extra)
                 once a tile (rows i0.., k from k_begin): copy c's piece in the first slice is `offsets[c]` bytes
                 into the array and goes to `addresses[c]` (async_copy.shared_address) in the ring's first buffer;
-                `ks[c]`: its k, or K where its row is past I
-        copy(shared, buffer, array, offsets, ks, addresses, s, K)
+                `ks[c]`: its k, or K where its row is past I; `extra` (int32, a copy each) is unused here
+        copy(shared, buffer, array, offsets, ks, addresses, extra, s, K)
                 slice s of the tile into the ring's buffer `buffer`
 
     The addresses are worked out once a tile, and a slice's copy adds s slices' bytes to the array's and the
@@ -55,7 +67,7 @@ def _make_copy(operand, ROWS, BK, THREADS, size):
         raise ValueError(f"{PIECES} pieces of a {ROWS} x {BK} slice do not split over {THREADS} threads")
 
     @kernel_cache.device
-    def plan(array, shared, i0, I, k_begin, K, t, offsets, ks, addresses):
+    def plan(array, shared, i0, I, k_begin, K, t, offsets, ks, addresses, extra):
         row_step, k_step = (array.strides[0], array.strides[1]) if along_k else (array.strides[1], array.strides[0])
         for c in range(COPIES):
             e = t + c * THREADS
@@ -70,7 +82,7 @@ def _make_copy(operand, ROWS, BK, THREADS, size):
             ks[c] = k_begin + k if i0 + r < I else K
 
     @kernel_cache.device
-    def copy(shared, buffer, array, offsets, ks, addresses, s, K):
+    def copy(shared, buffer, array, offsets, ks, addresses, extra, s, K):
         step = s * (BK * (array.strides[1] if along_k else array.strides[0]))
         k0, there = int32(s * BK), uint32(buffer * (ELEMENTS * size))
         for c in range(COPIES):
@@ -82,22 +94,31 @@ def _make_copy(operand, ROWS, BK, THREADS, size):
     return plan, copy, COPIES
 
 
-def make_ring_product(shape, BK, operands, size, stages, make_slice):
+def _copies(operand, ROWS, BK, THREADS, size):
+    """(plan, copy, COPIES) of an operand: a Copied's own, else a stored matrix's."""
+    if isinstance(operand, Copied):
+        return operand.make_copy(ROWS, BK, THREADS, size)
+    return _make_copy(operand, ROWS, BK, THREADS, size)
+
+
+def make_ring_product(shape, BK, operands, size, stages, make_slice, early=False):
     """Device function: acc = A[m0:m0+BM, k_begin:k_end] @ B[k_begin:k_end, n0:n0+BN] for this thread's outputs,
     the tile product's (a, b, acc, m0, n0, M, N, k_begin, k_end) call; always True (every thread holds complete
     sums). `shape`: (BM, BN, accumulator rows, accumulator columns, threads); `operands`: (A's, B's), each stored
     in elements of `size` bytes; `make_slice(a_steps, b_steps)` -> (multiply_slice, first_reads), the engine's
     product of one BK-deep slice, `multiply_slice(As, Bs, a_first, b_first, acc)`, and `first_reads(thread)` (a
     thread's first reads of a slice in the ring's first buffer), given each operand's (row, k) steps in shared
-    memory, in elements. Slices are copied `stages` - 1 ahead; k_begin must be a multiple of 16 / size."""
+    memory, in elements. Slices are copied `stages` - 1 ahead; k_begin must be a multiple of 16 / size. `early`:
+    each slice's copies are issued before the products of the slice ahead of them, not after (the buffer they fill
+    is free once the barrier has passed), so that a ring of two still overlaps a slice's copies with products."""
     BM, BN, ROWS, COLUMNS, THREADS = shape
     a_operand, b_operand = operands
     if stages < 2:
         raise ValueError(f"a ring of {stages} slices: at least 2")
     A_ROW, A_K, A_ELEMENTS = shared_layout(a_operand, BM, BK, size)
     B_ROW, B_K, B_ELEMENTS = shared_layout(b_operand, BN, BK, size)
-    plan_a, copy_a, A_COPIES = _make_copy(a_operand, BM, BK, THREADS, size)
-    plan_b, copy_b, B_COPIES = _make_copy(b_operand, BN, BK, THREADS, size)
+    plan_a, copy_a, A_COPIES = _copies(a_operand, BM, BK, THREADS, size)
+    plan_b, copy_b, B_COPIES = _copies(b_operand, BN, BK, THREADS, size)
     A_WORDS, B_WORDS = A_ELEMENTS * size // 4, B_ELEMENTS * size // 4
     wait = wait_all_but(stages - 2)
     slices = tiles.shared_slices(stages * A_WORDS, stages * B_WORDS, float32 if size == 4 else uint32, 16)
@@ -115,23 +136,27 @@ def make_ring_product(shape, BK, operands, size, stages, make_slice):
         a_offsets, b_offsets = cuda.local.array(A_COPIES, int64), cuda.local.array(B_COPIES, int64)
         a_ks, b_ks = cuda.local.array(A_COPIES, int32), cuda.local.array(B_COPIES, int32)
         a_addresses, b_addresses = cuda.local.array(A_COPIES, uint32), cuda.local.array(B_COPIES, uint32)
+        a_extra, b_extra = cuda.local.array(A_COPIES, int32), cuda.local.array(B_COPIES, int32)
         K = int32(k_end)
-        plan_a(a, As, m0, M, k_begin, K, t, a_offsets, a_ks, a_addresses)
-        plan_b(b, Bs, n0, N, k_begin, K, t, b_offsets, b_ks, b_addresses)
+        plan_a(a, As, m0, M, k_begin, K, t, a_offsets, a_ks, a_addresses, a_extra)
+        plan_b(b, Bs, n0, N, k_begin, K, t, b_offsets, b_ks, b_addresses, b_extra)
         for s in range(stages - 1):  # the ring's first slices; a group for each, empty past the last
             if s < count:
-                copy_a(As, s, a, a_offsets, a_ks, a_addresses, s, K)
-                copy_b(Bs, s, b, b_offsets, b_ks, b_addresses, s, K)
+                copy_a(As, s, a, a_offsets, a_ks, a_addresses, a_extra, s, K)
+                copy_b(Bs, s, b, b_offsets, b_ks, b_addresses, b_extra, s, K)
             commit()
         here, there = int32(0), int32(stages - 1)  # the buffers of slice s and of slice s + stages - 1
         for s in range(count):
             wait()  # this thread's copies of slice s are in
             cuda.syncthreads()  # everyone's are, and everyone is done with slice s - 1's buffer
-            multiply_slice(As, Bs, a_first + uint64(here * A_WORDS), b_first + uint64(here * B_WORDS), acc)
             ahead = s + stages - 1
-            if ahead < count:  # into the buffer slice s - 1 left
-                copy_a(As, there, a, a_offsets, a_ks, a_addresses, ahead, K)
-                copy_b(Bs, there, b, b_offsets, b_ks, b_addresses, ahead, K)
+            if early and ahead < count:  # into the buffer slice s - 1 left (a constant of the closure)
+                copy_a(As, there, a, a_offsets, a_ks, a_addresses, a_extra, ahead, K)
+                copy_b(Bs, there, b, b_offsets, b_ks, b_addresses, b_extra, ahead, K)
+            multiply_slice(As, Bs, a_first + uint64(here * A_WORDS), b_first + uint64(here * B_WORDS), acc)
+            if not early and ahead < count:
+                copy_a(As, there, a, a_offsets, a_ks, a_addresses, a_extra, ahead, K)
+                copy_b(Bs, there, b, b_offsets, b_ks, b_addresses, b_extra, ahead, K)
             commit()
             here = int32(here + 1) if here < int32(stages - 1) else int32(0)
             there = int32(there + 1) if there < int32(stages - 1) else int32(0)

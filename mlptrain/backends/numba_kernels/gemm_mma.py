@@ -296,14 +296,15 @@ def _make_async_slice(shape, kind, a_steps, b_steps):
     return multiply_slice, first_reads
 
 
-def make_async_tile_product(tile, a_operand, b_operand, kind, stages):
+def make_async_tile_product(tile, a_operand, b_operand, kind, stages, early=False):
     """make_tile_product's device function (the same call, layout and bits) for two stored 16-bit matrices whose
-    rows wide.copyable_rows passed, their BK-deep slices copied by cp.async `stages` - 1 ahead into a ring
-    (gemm_async): no registers and no barrier a slice for the staging, and k_begin a multiple of 8."""
+    rows wide.copyable_rows passed, or gemm_async `Copied` operands (a convolution's image, im2col_async), their
+    BK-deep slices copied by cp.async `stages` - 1 ahead into a ring (gemm_async; `early` as there): no registers
+    and no barrier a slice for the staging, and k_begin a multiple of 8."""
     BM, BN, WM, WN, FM, FN, THREADS = _tile_shape(tile)
 
     def make_slice(a_steps, b_steps):
         return _make_async_slice((BM, BN, WM, WN, FM, FN), kind, a_steps, b_steps)
 
     return gemm_async.make_ring_product((BM, BN, 2 * FM, 2 * FN, THREADS), BK, (a_operand, b_operand), 2, stages,
-                                        make_slice)
+                                        make_slice, early)
