@@ -9,10 +9,11 @@ warm-up. Before anything is timed, each of our outputs is compared with cuDNN's 
 max |cuDNN|): beyond TOLERANCE for its precision (a tile candidate's too) the script stops with exit
 code 1, so a wrong kernel never gets a speed row. `--tiles`
 also times each candidate tile forced on the implicit-GEMM passes (the tensor-core tiles of
-MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices. `--rings` (16-bit)
-times each of RING_CANDIDATES: the register staging and the cp.async ring's tiles and depths.
+MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices. `--stagings` times each
+version of STAGINGS for the precision: the register staging and the cp.async ring's tiles and depths in 16-bit;
+the CUDA-core tiles and tf32x3's stagings in float32.
 
-    python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--rings] [--json FILE]
+    python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--stagings] [--json FILE]
 """
 
 from __future__ import annotations
@@ -36,10 +37,23 @@ CANDIDATES = [(128, 64, 8, 8, 4, 1), (128, 128, 8, 8, 8, 1), (64, 128, 8, 4, 8, 
 # on either side, so a few units of that rounding. A wrong kernel is off by order 1.
 TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 5e-3}
 MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64, 4, 2), (256, 128, 4, 2)]
-# --rings, 16-bit: the cp.async ring's (pixel-row tile, slices, early) forced, and (None, 0, False) the register
-# staging; the weight gradient keeps conv_mma.TILE (its chunks' plan) and takes the slices and `early`
-RING_CANDIDATES = [(None, 0, False), ((128, 128, 2, 4), 2, True), ((128, 128, 2, 4), 2, False),
-                   ((128, 128, 4, 2), 2, True), ((128, 64, 4, 2), 3, True), ((64, 128, 2, 4), 3, True)]
+# --stagings: each named version of the tensor-core passes, as (module, constant, value) patches. 16-bit: the
+# register staging against the cp.async ring's pixel-row tiles and depths (the weight gradient keeps conv_mma.TILE,
+# its chunks' plan, and takes the depth and `early`); float32: the CUDA-core tiles against tf32x3's two stagings.
+STAGINGS = {
+    "16-bit": [
+        ("registers", [("conv_mma", "RING_STAGES", 0)]),
+        ("ring 128x128x2x4 2 early", [("conv_mma", "RING_TILE", (128, 128, 2, 4))]),
+        ("ring 2 late", [("conv_mma", "RING_EARLY", False)]),
+        ("ring 128x64x4x2 3 early", [("conv_mma", "RING_TILE", (128, 64, 4, 2)), ("conv_mma", "RING_STAGES", 3)]),
+    ],
+    "fp32": [
+        ("cuda cores", [("conv_plan", "TF32X3", False)]),
+        ("tf32x3 registers", [("conv_tf32", "STAGES", 0)]),
+        ("tf32x3 ring 2 late", [("conv_tf32", "EARLY", False)]),
+        ("tf32x3 ring 128x64 3 early", [("conv_tf32", "TILE", (128, 64, 4, 2, 16)), ("conv_tf32", "STAGES", 3)]),
+    ],
+}
 
 
 def tensors(torch, side, cin, cout, dtype):
@@ -92,13 +106,6 @@ def cudnn_launch(torch, op, t, layout="nchw"):
     return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, padding=1), lambda r: r.permute(2, 3, 1, 0)
 
 
-def ring_name(candidate) -> str:
-    tile, stages, early = candidate
-    if not stages:
-        return "registers"
-    return f"ring {'x'.join(map(str, tile))} {stages}{' early' if early else ''}"
-
-
 def relative_error(ours, expected) -> float:
     """max |ours - expected| / max |expected|; NaN (a NaN or an unwritten element) when either holds one."""
     return float((ours - expected).abs().max() / expected.abs().max())
@@ -115,7 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tiles", action="store_true")
-    parser.add_argument("--rings", action="store_true")
+    parser.add_argument("--stagings", action="store_true")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -123,7 +130,9 @@ def main() -> None:
     import torch
     from numba import cuda
 
-    from mlptrain.backends.numba_kernels import conv, conv_mma, conv_plan
+    from mlptrain.backends.numba_kernels import conv, conv_mma, conv_plan, conv_tf32
+
+    modules = {"conv_mma": conv_mma, "conv_plan": conv_plan, "conv_tf32": conv_tf32}
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     mma = args.precision != "fp32"
@@ -155,15 +164,15 @@ def main() -> None:
                     theirs, layout = ms, candidate
             candidates = MMA_CANDIDATES if mma else CANDIDATES
             versions = [("ours", None)] + ([(c, c) for c in candidates] if args.tiles and min(cin, cout) > 8 else [])
-            if args.rings and mma and min(cin, cout) > 8:
-                versions += [(ring_name(c), c) for c in RING_CANDIDATES]
+            if args.stagings and min(cin, cout) > 8:
+                versions += [(name, patches) for name, patches in STAGINGS["16-bit" if mma else "fp32"]]
             for name, tile in versions:
-                if tile is not None:
-                    if len(tile) == 3:
-                        original = conv_mma.RING_TILE, conv_mma.RING_STAGES, conv_mma.RING_EARLY
-                        conv_mma.RING_TILE = tile[0] or conv_mma.TILE
-                        conv_mma.RING_STAGES, conv_mma.RING_EARLY = tile[1:]
-                    elif mma:
+                if isinstance(tile, list):  # a staging's patches
+                    original = [(module, constant, getattr(modules[module], constant)) for module, constant, _ in tile]
+                    for module, constant, value in tile:
+                        setattr(modules[module], constant, value)
+                elif tile is not None:
+                    if mma:
                         original, conv_mma.TILE = conv_mma.TILE, tile
                     else:
                         conv_plan.TILES["forced"] = (tile, 0)
@@ -182,15 +191,16 @@ def main() -> None:
                     print(f"{side}x{side} {cin}->{cout} {op} tile {tile}: {str(error).splitlines()[0]}")
                     continue
                 finally:
-                    if tile is not None and len(tile) == 3:
-                        conv_mma.RING_TILE, conv_mma.RING_STAGES, conv_mma.RING_EARLY = original
+                    if isinstance(tile, list):
+                        for module, constant, value in original:
+                            setattr(modules[module], constant, value)
                     elif tile is not None and mma:
                         conv_mma.TILE = original
                     elif tile is not None:
                         conv_plan.pick_tile = original
                         del conv_plan.TILES["forced"]
                 rows.append({"layer": f"{side}x{side} {cin}->{cout}", "op": op,
-                             "version": name if tile is None or len(tile) == 3 else "x".join(map(str, tile)),
+                             "version": name if tile is None or isinstance(tile, list) else "x".join(map(str, tile)),
                              "ms": ms, "cudnn_ms": theirs, "tflops": flops / ms / 1e9,
                              "cudnn_tflops": flops / theirs / 1e9, "cudnn_layout": layout, "rel_error": error})
     print("\n| layer | pass | version | ms | cuDNN ms (layout) | TFLOP/s | cuDNN TFLOP/s | ratio | rel. error |")

@@ -209,3 +209,48 @@ def bias_gradient_case(be, rng, shape, beta):
     expected = dy.astype(np.float64).sum(axis=(0, 1, 2)) + beta * old
     bound = gamma(pixels + 1) * (np.abs(dy).sum(axis=(0, 1, 2)) + beta * np.abs(old))
     assert_within(be.to_host(db), expected, bound + UNDERFLOW[np.dtype(np.float32)])
+
+
+def two_stagings_case(be, rng, pass_, shape, size, option, dtype, stagings):
+    """One pass launched under each of `stagings` ((set up, expected staging) pairs: two ways of bringing a tile's
+    operands in that promise the same bits, such as a cp.async ring and registers), each into a fresh output,
+    asserted bitwise equal and the first checked against float64. `option`: the activation, or for the weight
+    gradient beta. shape (N, H, W, cin, cout)."""
+    N, H, W, cin, cout = shape
+    conv = be.kernels.conv
+    kernel, kernel_values = stored(rng, (size, size, cin, cout), dtype)
+    if pass_ == "forward":
+        (x, xv), (b, bv) = stored(rng, (N, H, W, cin), dtype), stored(rng, (cout,), dtype)
+        args = [be.to_device(a) for a in (x, kernel, b)]
+        fresh = lambda: poisoned(be, (N, H, W, cout), dtype)  # noqa: E731
+        launch = lambda out: conv.conv2d_forward(*args, out, option)  # noqa: E731
+        expected = conv2d_forward(xv, kernel_values, bv, option)
+        tolerance = forward_tolerance(xv, kernel_values, bv, option, dtype)
+    elif pass_ == "backward_input":
+        (dy, dyv), (h, hv) = stored(rng, (N, H, W, cout), dtype), stored(rng, (N, H, W, cin), dtype, option)
+        args = [be.to_device(a) for a in (dy, kernel, h)]
+        buffer = poisoned(be, (size * size * cin * cout,), dtype)
+        fresh = lambda: poisoned(be, (N, H, W, cin), dtype)  # noqa: E731
+        launch = lambda out: conv.conv2d_backward_input(*args, out, option, buffer)  # noqa: E731
+        expected = conv2d_backward_input(dyv, kernel_values, hv, option)
+        tolerance = backward_input_tolerance(dyv, kernel_values, hv, option, dtype)
+    else:
+        (x, xv), (dy, dyv) = stored(rng, (N, H, W, cin), dtype), stored(rng, (N, H, W, cout), dtype)
+        old = rng.standard_normal((size, size, cin, cout)).astype(np.float32)
+        args = [be.to_device(a) for a in (x, dy)]
+        workspace = poisoned(be, (conv.conv2d_backward_weight_workspace(x.shape, old.shape, x.dtype),), np.float32)
+        fresh = lambda: poisoned(be, old.shape, np.float32) if option == 0.0 else be.to_device(old)  # noqa: E731
+        launch = lambda out: conv.conv2d_backward_weight(*args, out, option, workspace)  # noqa: E731
+        expected = conv2d_backward_weight(xv, dyv, old, option)
+        tolerance = backward_weight_tolerance(xv, dyv, old, option, dtype)
+    results = []
+    for set_up, expected_staging in stagings:
+        taken = set_up()
+        out = fresh()
+        launch(out)
+        assert taken == [expected_staging], (taken, expected_staging)
+        results.append(be.to_host(out))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint8), other.view(np.uint8))
+    got = results[0] if pass_ == "backward_weight" else stored_values(results[0])
+    assert_within(got, expected, tolerance)

@@ -22,7 +22,9 @@ pass 2 adds the chunks in chunk order. No atomics anywhere; every sum runs
 in a fixed order, so results are bitwise reproducible.
 
 The im2col operands live in im2col.py. In bf16 / fp16 the three passes run
-on tensor cores (conv_mma) where the summed channels pair up; layers with at
+on tensor cores (conv_mma) where the summed channels pair up, in float32 at
+float32 accuracy (conv_tf32, 3xTF32) where the channels are multiples of 4 on
+compute capability 8.0 and later; layers with at
 most four channels on one side skip the GEMMs: conv_narrow computes outputs
 that narrow directly, conv_wide sums inputs that narrow.
 """
@@ -32,7 +34,7 @@ import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, current, streams, tiles
+from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_tf32, conv_wide, current, streams, tiles
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
@@ -92,6 +94,8 @@ def conv2d_forward(x, w, b, y, activation):
         conv_wide.wide_forward(x, w, b, y, activation)
     elif chosen.variant == "tensor_cores":
         conv_mma.forward(x, w, b, y, activation)
+    elif chosen.variant == "tf32x3":
+        conv_tf32.forward(x, w, b, y, activation)
     else:
         tile = TILES[chosen.tile][0]
         grid, threads = tiles.launch_grid(pixels, Cout, tile)
@@ -187,8 +191,8 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
         flip_kernel(w, kernel)
     else:
         kernel = w.reshape(size * size, Cin, Cout)
-    if chosen.variant == "tensor_cores":
-        conv_mma.backward_input(dy, kernel, h, dx, activation)
+    if chosen.variant in ("tensor_cores", "tf32x3"):
+        (conv_mma if chosen.variant == "tensor_cores" else conv_tf32).backward_input(dy, kernel, h, dx, activation)
         return
     tile = TILES[chosen.tile][0]
     grid, threads = tiles.launch_grid(pixels, Cin, tile)
@@ -243,6 +247,8 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
         partials = conv_narrow.narrow_weight_partials(x, dy, size, workspace)
     elif chosen.variant == "tensor_cores":
         partials = conv_mma.weight_partials(x, dy, size, workspace)
+    elif chosen.variant == "tf32x3":
+        partials = conv_tf32.weight_partials(x, dy, size, workspace)
     else:
         _, chunk, count, _ = tiled_weight_chunks(x.shape, dw.shape)
         tile = TILES[chosen.tile][0]

@@ -49,7 +49,7 @@ RING_STAGES = 2
 RING_EARLY = True
 
 
-def _grid(rows, columns, tile):
+def grid(rows, columns, tile):
     BM, BN = tile[:2]
     return math.ceil(columns / BN), math.ceil(rows / BM)
 
@@ -71,38 +71,43 @@ def ring(image, matrix) -> bool:
     return RING_STAGES > 0 and im2col_async.copyable_image(image) and wide.copyable_rows(matrix)
 
 
-@functools.cache
-def _make_pixel_rows(tile, dtype, size, backward, ring=None):
+def make_pixel_rows_kernel(tile_product, layout, block, dtype, backward, **options):
     """The forward's kernel (x, w, b, y, activation): y = act(im2col(x) @ w + b); with `backward`,
-    the input gradient's (dy, flipped, h, dx, activation): dx = (im2col(dy) @ flipped) * act'(h).
-    The two differ only in their epilogue, which takes the same arguments. `ring`: (stages, early) of the cp.async
-    ring, its image taken as uint16 bits, else None (the image viewed as uint32 pairs)."""
-    BM, BN = tile[:2]
-    layout = gemm_mma.layout(tile)
+    the input gradient's (dy, flipped, h, dx, activation): dx = (im2col(dy) @ flipped) * act'(h), around a tensor-core
+    tile product of BM x BN = `block` whose threads hold their outputs as `layout` says (this module's, conv_tf32's).
+    The two differ only in their epilogue, which takes the same arguments."""
+    BM, BN = block
     TM, TN = layout.TM, layout.TN
     load, store = codec(dtype)
-    if ring:
-        tile_product = gemm_mma.make_async_tile_product(
-            tile, im2col_async.image_rows(size), dense_operand(bits, False, bits_zero), KINDS[dtype], *ring)
-    else:
-        tile_product = gemm_mma.make_tile_product(
-            tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
     bias_activation, activation_grad = tiles.make_epilogues(layout, load, store)
     epilogue = activation_grad if backward else bias_activation
 
     # Block (by, bx) owns pixels by*BM:+BM and channels bx*BN:+BN of the output; each warp sums its
     # part over every (tap, summed channel) and writes it through the epilogue. The input gradient
     # is a gather over the flipped kernel: each dx[pixel, cin] summed by one warp. No atomics.
-    @kernel_cache.jit(**_options(tile))
-    def conv2d_pixel_rows_mma_kernel(a, w, c, out, activation):
+    @kernel_cache.jit(**options)
+    def conv2d_pixel_rows_kernel(a, w, c, out, activation):
         after_previous_grid()
-        pixels, columns = out.shape  # out viewed (N*H*W, C); w (KS*KS*C_summed, C) as uint16
+        pixels, columns = out.shape  # out viewed (N*H*W, C); w (KS*KS*C_summed, C)
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
         acc = cuda.local.array((TM, TN), float32)
         if tile_product(a, w, acc, m0, n0, pixels, columns, 0, w.shape[0]):
             epilogue(acc, c, out, m0, n0, pixels, columns, activation)
 
-    return conv2d_pixel_rows_mma_kernel
+    return conv2d_pixel_rows_kernel
+
+
+@functools.cache
+def _make_pixel_rows(tile, dtype, size, backward, ring=None):
+    """make_pixel_rows_kernel on this module's tile. `ring`: (stages, early) of the cp.async ring, its image taken
+    as uint16 bits, else None (the image viewed as uint32 pairs)."""
+    if ring:
+        tile_product = gemm_mma.make_async_tile_product(
+            tile, im2col_async.image_rows(size), dense_operand(bits, False, bits_zero), KINDS[dtype], *ring)
+    else:
+        tile_product = gemm_mma.make_tile_product(
+            tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
+    return make_pixel_rows_kernel(tile_product, gemm_mma.layout(tile), tile[:2], dtype, backward, **_options(tile))
 
 
 def _pixel_rows(image, matrix, size, c, out, activation, backward):
@@ -113,7 +118,7 @@ def _pixel_rows(image, matrix, size, c, out, activation, backward):
     else:
         tile, staging, a = TILE, None, _pairs(image)
     _make_pixel_rows(tile, image.dtype, size, backward, staging)[
-        _grid(pixels, columns, tile), gemm_mma.threads(tile), streams.current()](
+        grid(pixels, columns, tile), gemm_mma.threads(tile), streams.current()](
         a, matrix.view(np.uint16), c, out, activation)
 
 
@@ -139,7 +144,7 @@ def weight_plan(x_shape, w_shape):
     """(chunk, chunks, most chunks) of the pixel chunks (chunks.blocks_chunk_plan)."""
     N, H, W, Cin = x_shape
     size, _, _, Cout = w_shape
-    return chunks.blocks_chunk_plan(N * H * W, math.prod(_grid(size * size * Cin, Cout, TILE)))
+    return chunks.blocks_chunk_plan(N * H * W, math.prod(grid(size * size * Cin, Cout, TILE)))
 
 
 @functools.cache
@@ -157,15 +162,21 @@ def _make_weight_partials(tile, dtype, size, ring=None):
 def weight_partials(x, dy, size, workspace):
     """The (chunks, KS*KS*Cin * Cout) partial sums of the weight gradient in `workspace`, each over one
     pixel chunk of weight_plan, for chunks.add_chunks to add."""
+    # TILE either way: weight_plan's chunks, and the workspace, are TILE's
+    staging = (RING_STAGES, RING_EARLY) if ring(x, dy.reshape(math.prod(dy.shape[:3]), dy.shape[3])) else None
+    return launch_weight_partials(_make_weight_partials(TILE, x.dtype, size, staging), TILE, weight_plan,
+                                  x.view(np.uint16), dy.view(np.uint16), size, workspace)
+
+
+def launch_weight_partials(kernel, tile, plan, x, dy, size, workspace):
+    """Launch a tensor-core weight-partials `kernel` (chunks.make_weight_partials') of `tile` over the pixel chunks
+    of `plan` (this module's weight_plan, conv_tf32's); the (chunks, KS*KS*Cin * Cout) partials it wrote."""
     N, H, W, Cin = x.shape
     Cout = dy.shape[3]
     pixels, rows = N * H * W, size * size * Cin
-    chunk, chunks, _ = weight_plan(x.shape, (size, size, Cin, Cout))
-    partials = workspace[:chunks * rows * Cout].reshape(chunks, rows, Cout)
-    gx, gy = _grid(rows, Cout, TILE)
-    outputs = dy.reshape(pixels, Cout)
-    # TILE either way: weight_plan's chunks, and the workspace, are TILE's
-    staging = (RING_STAGES, RING_EARLY) if ring(x, outputs) else None
-    _make_weight_partials(TILE, x.dtype, size, staging)[(gx, gy, chunks), gemm_mma.threads(TILE), streams.current()](
-        x.view(np.uint16), outputs.view(np.uint16), partials, chunk)
-    return partials.reshape(chunks, rows * Cout)
+    chunk, count, _ = plan(x.shape, (size, size, Cin, Cout))
+    partials = workspace[:count * rows * Cout].reshape(count, rows, Cout)
+    gx, gy = grid(rows, Cout, tile)
+    kernel[(gx, gy, count), gemm_mma.threads(tile[:4]), streams.current()](
+        x, dy.reshape(pixels, Cout), partials, chunk)
+    return partials.reshape(count, rows * Cout)

@@ -13,6 +13,9 @@ Variants, in the order they are tried:
                   kernels (forward and input gradient)
     tensor_cores  bf16 / fp16 storage with an even channel count summed, on compute capability 8.0
                   and later (the input gradient also needs the pre-flipped kernel buffer)
+    tf32x3        float32 with the channels on both sides a multiple of 4, on compute capability 8.0
+                  and later: tensor cores at float32 accuracy (conv_tf32; the input gradient also
+                  needs the pre-flipped kernel buffer), where TF32X3 is on
     tiled         the CUDA-core implicit GEMM, with the tile named in `tile`
 
 `workspace` is the float32 elements the weight gradient's chunk partials need (0 for the pixel-row
@@ -27,7 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_wide, tensor_core, tiles
+from mlptrain.backends.kernel_cache.numba_names import config
+from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_tf32, conv_wide, tensor_core, tiles
 
 PASSES = ("forward", "backward_input", "backward_weight")
 
@@ -54,8 +58,13 @@ PIXEL_TILES = ("wide", "large", "medium", "small", "narrow")
 WEIGHT_TILES = ("square", "large", "medium", "small", "narrow")
 
 
+# float32 passes on conv_tf32 where they fit; off, on the CUDA-core tiles. Off on the simulator, which emulates
+# each mma through shared memory (as gemm.RUN_TF32X3): conv_tf32 is tested there on a small tile.
+TF32X3 = not config.ENABLE_CUDASIM
+
+
 class Plan(NamedTuple):
-    variant: str  # narrow | wide | tensor_cores | tiled
+    variant: str  # narrow | wide | tensor_cores | tf32x3 | tiled
     tile: str | None  # the tiled variant's tile (a key of TILES)
     workspace: int  # float32 elements of weight-gradient workspace; 0 for the other passes
 
@@ -67,6 +76,13 @@ def tensor_cores(dtype, summed, capability) -> bool:
     """Whether a pass over `dtype` storage summing `summed` channels a tap runs on tensor cores on a
     GPU of `capability` (summed 0: the weight gradient, which sums pixels)."""
     return (np.dtype(dtype) in conv_mma.KINDS and summed % 2 == 0
+            and tuple(capability) >= tensor_core.CAPABILITY)
+
+
+def tf32x3(dtype, summed, other, capability) -> bool:
+    """Whether a float32 pass summing `summed` channels a tap into `other` channels runs on conv_tf32 on a GPU of
+    `capability`: both whole 16-byte pieces (the weight gradient: Cin and Cout)."""
+    return (TF32X3 and np.dtype(dtype) == np.float32 and summed % 4 == 0 and other % 4 == 0
             and tuple(capability) >= tensor_core.CAPABILITY)
 
 
@@ -82,12 +98,16 @@ def plan(pass_: str, x_shape, w_shape, dtype, capability, flipped: bool = True) 
             return Plan("wide", None, 0)
         if tensor_cores(dtype, Cin, capability):
             return Plan("tensor_cores", None, 0)
+        if tf32x3(dtype, Cin, Cout, capability):
+            return Plan("tf32x3", None, 0)
         return Plan("tiled", pick_tile(pixels, Cout), 0)
     if pass_ == "backward_input":
         if conv_wide.wide_fits(size, Cout):
             return Plan("wide", None, 0)
         if flipped and tensor_cores(dtype, Cout, capability):
             return Plan("tensor_cores", None, 0)
+        if flipped and tf32x3(dtype, Cout, Cin, capability):
+            return Plan("tf32x3", None, 0)
         return Plan("tiled", pick_tile(pixels, Cin), 0)
     if pass_ == "backward_weight":
         elements = size * size * Cin * Cout
@@ -95,6 +115,8 @@ def plan(pass_: str, x_shape, w_shape, dtype, capability, flipped: bool = True) 
             return Plan("narrow", None, conv_narrow.weight_workspace(x_shape, w_shape))
         if tensor_cores(dtype, 0, capability):
             return Plan("tensor_cores", None, conv_mma.weight_plan(x_shape, w_shape)[2] * elements)
+        if tf32x3(dtype, Cin, Cout, capability):
+            return Plan("tf32x3", None, conv_tf32.weight_plan(x_shape, w_shape)[2] * elements)
         name, _, _, most = tiled_weight_chunks(x_shape, w_shape)
         return Plan("tiled", name, most * elements)
     raise ValueError(f"unknown convolution pass {pass_!r} (expected one of {', '.join(PASSES)})")
