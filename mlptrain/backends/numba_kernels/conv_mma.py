@@ -97,17 +97,23 @@ def make_pixel_rows_kernel(tile_product, layout, block, dtype, backward, **optio
     return conv2d_pixel_rows_kernel
 
 
+def _product(tile, dtype, size, ring, columns):
+    """This module's tile product of im2col(x) (`columns`: of im2col(x).T, the weight gradient's) and a stored
+    matrix of `dtype` read row-contiguous. `ring`: (stages, early) of the cp.async ring, its image taken as uint16
+    bits, else None: through registers (the pixel-row passes' image viewed as uint32 pairs)."""
+    matrix = dense_operand(bits, False, bits_zero)
+    if ring:
+        image = (im2col_async.image_columns if columns else im2col_async.image_rows)(size)
+        return gemm_mma.make_async_tile_product(tile, image, matrix, KINDS[dtype], *ring)
+    image = (image_columns_operand if columns else image_rows_operand)(bits, size, bits_zero)
+    return gemm_mma.make_tile_product(tile, image, matrix, KINDS[dtype])
+
+
 @functools.cache
 def _make_pixel_rows(tile, dtype, size, backward, ring=None):
-    """make_pixel_rows_kernel on this module's tile. `ring`: (stages, early) of the cp.async ring, its image taken
-    as uint16 bits, else None (the image viewed as uint32 pairs)."""
-    if ring:
-        tile_product = gemm_mma.make_async_tile_product(
-            tile, im2col_async.image_rows(size), dense_operand(bits, False, bits_zero), KINDS[dtype], *ring)
-    else:
-        tile_product = gemm_mma.make_tile_product(
-            tile, image_rows_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
-    return make_pixel_rows_kernel(tile_product, gemm_mma.layout(tile), tile[:2], dtype, backward, **_options(tile))
+    """make_pixel_rows_kernel on this module's tile product."""
+    return make_pixel_rows_kernel(_product(tile, dtype, size, ring, False), gemm_mma.layout(tile), tile[:2], dtype,
+                                  backward, **_options(tile))
 
 
 def _pixel_rows(image, matrix, size, c, out, activation, backward):
@@ -122,41 +128,45 @@ def _pixel_rows(image, matrix, size, c, out, activation, backward):
         a, matrix.view(np.uint16), c, out, activation)
 
 
-def forward(x, w, b, y, activation):
-    """conv.conv2d_forward on tensor cores; x's Cin even."""
+def forward_rows(x, w, b, y):
+    """(image, matrix, size, bias, out) of a forward pass's pixel-row launch."""
     N, H, W, Cin = x.shape
     size, _, _, Cout = w.shape
-    _pixel_rows(x, w.reshape(size * size * Cin, Cout), size, b, y.reshape(N * H * W, Cout), activation, False)
+    return x, w.reshape(size * size * Cin, Cout), size, b, y.reshape(N * H * W, Cout)
+
+
+def backward_input_rows(dy, flipped, h, dx):
+    """(image, matrix, size, h, out) of an input gradient's pixel-row launch, from the kernel rearranged by
+    conv.flip_kernel into a (KS*KS*Cout, Cin) matrix."""
+    N, H, W, Cin = dx.shape
+    pixels = N * H * W
+    return dy, flipped, math.isqrt(flipped.shape[0] // dy.shape[3]), h.reshape(pixels, Cin), dx.reshape(pixels, Cin)
+
+
+def forward(x, w, b, y, activation):
+    """conv.conv2d_forward on tensor cores; x's Cin even."""
+    _pixel_rows(*forward_rows(x, w, b, y), activation, False)
 
 
 def backward_input(dy, flipped, h, dx, activation):
-    """conv.conv2d_backward_input on tensor cores, from the kernel rearranged by conv.flip_kernel
-    into a (KS*KS*Cout, Cin) matrix; dy's Cout even."""
-    N, H, W, Cin = dx.shape
-    size = math.isqrt(flipped.shape[0] // dy.shape[3])
-    pixels = N * H * W
-    _pixel_rows(dy, flipped, size, h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation, True)
+    """conv.conv2d_backward_input on tensor cores, from the flipped kernel (backward_input_rows); dy's Cout even."""
+    _pixel_rows(*backward_input_rows(dy, flipped, h, dx), activation, True)
 
 
 # --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
 
-def weight_plan(x_shape, w_shape):
-    """(chunk, chunks, most chunks) of the pixel chunks (chunks.blocks_chunk_plan)."""
+def weight_plan(x_shape, w_shape, tile=None):
+    """(chunk, chunks, most chunks) of the pixel chunks (chunks.blocks_chunk_plan) on `tile` (default TILE)."""
     N, H, W, Cin = x_shape
     size, _, _, Cout = w_shape
-    return chunks.blocks_chunk_plan(N * H * W, math.prod(grid(size * size * Cin, Cout, TILE)))
+    return chunks.blocks_chunk_plan(N * H * W, math.prod(grid(size * size * Cin, Cout, tile or TILE)))
 
 
 @functools.cache
 def _make_weight_partials(tile, dtype, size, ring=None):
-    """`ring` as _make_pixel_rows's (the image taken as uint16 bits either way)."""
-    if ring:
-        product = gemm_mma.make_async_tile_product(
-            tile, im2col_async.image_columns(size), dense_operand(bits, False, bits_zero), KINDS[dtype], *ring)
-    else:
-        product = gemm_mma.make_tile_product(
-            tile, image_columns_operand(bits, size, bits_zero), dense_operand(bits, False, bits_zero), KINDS[dtype])
-    return chunks.make_weight_partials(product, gemm_mma.layout(tile), tile[:2], **_options(tile))
+    """`ring` as _product's (the image taken as uint16 bits either way)."""
+    return chunks.make_weight_partials(_product(tile, dtype, size, ring, True), gemm_mma.layout(tile), tile[:2],
+                                       **_options(tile))
 
 
 def weight_partials(x, dy, size, workspace):

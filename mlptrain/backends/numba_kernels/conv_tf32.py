@@ -52,15 +52,22 @@ def _staging(image, matrix):
 
 # --- the pixel-row passes: forward and backward input ---------------------------------
 
+def _product(tile, size, staging, columns):
+    """gemm_tf32's tile product of im2col(x) (`columns`: of im2col(x).T, the weight gradient's) and a stored float32
+    matrix read row-contiguous, by the ring (`staging`: its stages and early) or through registers (None)."""
+    load, _ = codec(FLOAT32)
+    matrix = dense_operand(load, False)
+    if staging:
+        image = (im2col_async.image_columns if columns else im2col_async.image_rows)(size)
+        return gemm_tf32.make_async_tile_product(tile, image, matrix, *staging)
+    return gemm_tf32.make_tile_product(tile, (image_columns_operand if columns else image_rows_operand)(load, size),
+                                       matrix)
+
+
 @functools.cache
 def _make_pixel_rows(tile, size, backward, staging):
-    load, _ = codec(FLOAT32)
-    kernel = dense_operand(load, False)
-    if staging:
-        product = gemm_tf32.make_async_tile_product(tile, im2col_async.image_rows(size), kernel, *staging)
-    else:
-        product = gemm_tf32.make_tile_product(tile, image_rows_operand(load, size), kernel)
-    return make_pixel_rows_kernel(product, gemm_tf32.layout(tile), tile[:2], FLOAT32, backward, **_options(tile))
+    return make_pixel_rows_kernel(_product(tile, size, staging, False), gemm_tf32.layout(tile), tile[:2], FLOAT32,
+                                  backward, **_options(tile))
 
 
 def _pixel_rows(image, matrix, size, c, out, activation, backward):
@@ -72,38 +79,25 @@ def _pixel_rows(image, matrix, size, c, out, activation, backward):
 
 def forward(x, w, b, y, activation):
     """conv.conv2d_forward on tensor cores, 3xTF32."""
-    N, H, W, Cin = x.shape
-    size, _, _, Cout = w.shape
-    _pixel_rows(x, w.reshape(size * size * Cin, Cout), size, b, y.reshape(N * H * W, Cout), activation, False)
+    _pixel_rows(*conv_mma.forward_rows(x, w, b, y), activation, False)
 
 
 def backward_input(dy, flipped, h, dx, activation):
-    """conv.conv2d_backward_input on tensor cores, 3xTF32, from the kernel rearranged by conv.flip_kernel into a
-    (KS*KS*Cout, Cin) matrix."""
-    N, H, W, Cin = dx.shape
-    size = math.isqrt(flipped.shape[0] // dy.shape[3])
-    pixels = N * H * W
-    _pixel_rows(dy, flipped, size, h.reshape(pixels, Cin), dx.reshape(pixels, Cin), activation, True)
+    """conv.conv2d_backward_input on tensor cores, 3xTF32, from the flipped kernel (conv_mma.backward_input_rows)."""
+    _pixel_rows(*conv_mma.backward_input_rows(dy, flipped, h, dx), activation, True)
 
 
 # --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
 
 def weight_plan(x_shape, w_shape):
-    """(chunk, chunks, most chunks) of the pixel chunks (chunks.blocks_chunk_plan)."""
-    N, H, W, Cin = x_shape
-    size, _, _, Cout = w_shape
-    return chunks.blocks_chunk_plan(N * H * W, math.prod(conv_mma.grid(size * size * Cin, Cout, TILE)))
+    """(chunk, chunks, most chunks) of the pixel chunks on this module's TILE (conv_mma.weight_plan)."""
+    return conv_mma.weight_plan(x_shape, w_shape, TILE)
 
 
 @functools.cache
 def _make_weight_partials(tile, size, staging):
-    load, _ = codec(FLOAT32)
-    outputs = dense_operand(load, False)
-    if staging:
-        product = gemm_tf32.make_async_tile_product(tile, im2col_async.image_columns(size), outputs, *staging)
-    else:
-        product = gemm_tf32.make_tile_product(tile, image_columns_operand(load, size), outputs)
-    return chunks.make_weight_partials(product, gemm_tf32.layout(tile), tile[:2], **_options(tile))
+    return chunks.make_weight_partials(_product(tile, size, staging, True), gemm_tf32.layout(tile), tile[:2],
+                                       **_options(tile))
 
 
 def weight_partials(x, dy, size, workspace):
