@@ -41,7 +41,7 @@ TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
 # The cp.async passes: the pixel-row passes' tile, and the ring's slices (0: every pass through registers). Two
 # slices of a 128 x 128 tile's operands take 37,888 bytes of shared memory, under the 48 KiB a block's static arrays
 # may hold. `early`: a slice's copies issued before the products of the one ahead (gemm_async). `benchmarks/conv.py
-# --rings`, bf16, batch 256, H200, ms of the 16 x 16 256 -> 128 forward / input gradient / weight gradient: the
+# --stagings`, bf16, batch 256, H200, ms of the 16 x 16 256 -> 128 forward / input gradient / weight gradient: the
 # register staging 0.836 / 1.059 / 1.577; this ring 0.328 / 0.418 / 0.544 (TILE's 2 x 4 warps 0.334 / 0.427, not
 # early 0.334 / 0.449 / 0.597; three slices of 128 x 64 or 64 x 128 tiles 0.456-0.516). benchmarks/NOTES.md, issue 32.
 RING_TILE = (128, 128, 4, 2)

@@ -241,9 +241,9 @@ def make_tile_product(tile, a_operand, b_operand, wide=(False, False), exact=Fal
 def make_async_tile_product(tile, a_operand, b_operand, stages, early=False):
     """make_tile_product's device function (the same call, layout and bits) for two wide operands (or gemm_async
     `Copied` ones: a convolution's image, im2col_async), their slices copied by cp.async `stages` - 1 ahead into a
-    ring (gemm_async; `early` as there): each k-contiguous one kept as [row, k] with a
-    pitch of BK + 4 words (a fragment load, 8 rows x 4 k, touches banks 4 row + k: all 32 distinct), a
-    row-contiguous one as [k, row] with a pitch of ROWS + 8 (banks 8 k + row), as here."""
+    ring (gemm_async; `early` as there): each k-contiguous one kept as [row, k] with a pitch of BK + 4 words (a
+    fragment load, 8 rows x 4 k, touches banks 4 row + k: all 32 distinct), a row-contiguous one as [k, row] with a
+    pitch of ROWS + 8 (banks 8 k + row), as here."""
     BM, BN, WM, WN, FM, FN, THREADS = tile_shape(tile)
     BK = tile[4]
 

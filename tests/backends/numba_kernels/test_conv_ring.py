@@ -34,7 +34,11 @@ def stagings(monkeypatch, module, switches, ring=(2, True)):
             taken = []
             for name, value in zip(switches, values):
                 monkeypatch.setattr(module, name, value)
-            monkeypatch.setattr(module, "ring", lambda image, matrix: taken.append(original(image, matrix)) or taken[-1])
+            def ring(image, matrix):
+                taken.append(original(image, matrix))
+                return taken[-1]
+
+            monkeypatch.setattr(module, "ring", ring)
             return taken
 
         return apply
