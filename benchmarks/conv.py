@@ -10,8 +10,8 @@ max |cuDNN|): beyond TOLERANCE for its precision (a tile candidate's too) the sc
 code 1, so a wrong kernel never gets a speed row. `--tiles`
 also times each candidate tile forced on the implicit-GEMM passes (the tensor-core tiles of
 MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices. `--stagings` times each
-version of STAGINGS for the precision: the register staging and the cp.async ring's tiles and depths in 16-bit;
-the CUDA-core tiles and tf32x3's stagings in float32.
+version of STAGINGS for the precision: the register staging and the cp.async ring's tiles, depths and fragment
+reads (ldmatrix or shared loads) in 16-bit; the CUDA-core tiles and tf32x3's stagings in float32.
 
     python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--stagings] [--json FILE]
 """
@@ -43,6 +43,7 @@ MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64,
 STAGINGS = {
     "16-bit": [
         ("registers", [("conv_mma", "RING_STAGES", 0)]),
+        ("ring, shared loads", [("conv_mma", "RING_LDMATRIX", False)]),
         ("ring 128x128x2x4 2 early", [("conv_mma", "RING_TILE", (128, 128, 2, 4))]),
         ("ring 2 late", [("conv_mma", "RING_EARLY", False)]),
         ("ring 128x64x4x2 3 early", [("conv_mma", "RING_TILE", (128, 64, 4, 2)), ("conv_mma", "RING_STAGES", 3)]),

@@ -47,6 +47,8 @@ TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
 RING_TILE = (128, 128, 4, 2)
 RING_STAGES = 2
 RING_EARLY = True
+# ... its fragments read from the ring by ldmatrix, four registers an instruction (gemm_mma), the same bits
+RING_LDMATRIX = True
 
 
 def grid(rows, columns, tile):
@@ -99,8 +101,8 @@ def make_pixel_rows_kernel(tile_product, layout, block, dtype, backward, **optio
 
 def _product(tile, dtype, size, ring, columns):
     """This module's tile product of im2col(x) (`columns`: of im2col(x).T, the weight gradient's) and a stored
-    matrix of `dtype` read row-contiguous. `ring`: (stages, early) of the cp.async ring, its image taken as uint16
-    bits, else None: through registers (the pixel-row passes' image viewed as uint32 pairs)."""
+    matrix of `dtype` read row-contiguous. `ring`: (stages, early, ldmatrix) of the cp.async ring, its image taken
+    as uint16 bits, else None: through registers (the pixel-row passes' image viewed as uint32 pairs)."""
     matrix = dense_operand(bits, False, bits_zero)
     if ring:
         image = (im2col_async.image_columns if columns else im2col_async.image_rows)(size)
@@ -120,7 +122,7 @@ def _pixel_rows(image, matrix, size, c, out, activation, backward):
     """Launch a pixel-row pass: out (pixels, columns) from im2col(image) @ matrix, c its bias or h."""
     pixels, columns = out.shape
     if ring(image, matrix):
-        tile, staging, a = RING_TILE, (RING_STAGES, RING_EARLY), image.view(np.uint16)
+        tile, staging, a = RING_TILE, (RING_STAGES, RING_EARLY, RING_LDMATRIX), image.view(np.uint16)
     else:
         tile, staging, a = TILE, None, _pairs(image)
     _make_pixel_rows(tile, image.dtype, size, backward, staging)[
@@ -173,7 +175,8 @@ def weight_partials(x, dy, size, workspace):
     """The (chunks, KS*KS*Cin * Cout) partial sums of the weight gradient in `workspace`, each over one
     pixel chunk of weight_plan, for chunks.add_chunks to add."""
     # TILE either way: weight_plan's chunks, and the workspace, are TILE's
-    staging = (RING_STAGES, RING_EARLY) if ring(x, dy.reshape(math.prod(dy.shape[:3]), dy.shape[3])) else None
+    outputs = dy.reshape(math.prod(dy.shape[:3]), dy.shape[3])
+    staging = (RING_STAGES, RING_EARLY, RING_LDMATRIX) if ring(x, outputs) else None
     return launch_weight_partials(_make_weight_partials(TILE, x.dtype, size, staging), TILE, weight_plan,
                                   x.view(np.uint16), dy.view(np.uint16), size, workspace)
 

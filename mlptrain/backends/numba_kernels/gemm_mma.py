@@ -35,7 +35,9 @@ k), with no atomics, so results are bitwise reproducible on one GPU model.
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, int64, uint32, uint64
 from mlptrain.backends.numba_kernels import gemm_async, tiles
+from mlptrain.backends.numba_kernels.async_copy import shared_address
 from mlptrain.backends.numba_kernels.codecs import half_bits
+from mlptrain.backends.numba_kernels.ldmatrix import ldmatrix4
 from mlptrain.backends.numba_kernels.tensor_core import mma
 
 BK = 32  # k a slice: two m16n8k16 steps
@@ -296,15 +298,59 @@ def _make_async_slice(shape, kind, a_steps, b_steps):
     return multiply_slice, first_reads
 
 
-def make_async_tile_product(tile, a_operand, b_operand, kind, stages, early=False):
+def _make_ldmatrix_slice(shape, kind, a_steps, b_steps):
+    """_make_async_slice's (multiply_slice, first_reads) with each operand's fragment registers loaded four at a time
+    by ldmatrix (transposed from a row-contiguous operand's [k, row]): the same registers in the same order, so the
+    same bits. A fragment's four 8 x 8 matrices are (rows, k) halves q & 1 and q >> 1; two adjacent B fragments'
+    are (k, columns) halves q & 1 and q >> 1. Lane 8q + r gives row r of matrix q: its first word (`first_reads`) is
+    that row's in the first fragment's first k16 step, and every other is a constant number of words on."""
+    BM, BN, WM, WN, FM, FN = shape
+    A_ROW, A_K = a_steps
+    B_ROW, B_K = b_steps
+    if FN % 2:
+        raise ValueError(f"{FN} fragments a warp across: ldmatrix loads B's two at a time")
+    load_a, load_b = ldmatrix4(A_K != 1), ldmatrix4(B_K != 1)
+    fragment_products = _make_fragment_products(FM, FN, kind)
+
+    @kernel_cache.device
+    def multiply_slice(As, Bs, a_first, b_first, acc):
+        a_base, b_base = shared_address(As, 0), shared_address(Bs, 0)
+        a = cuda.local.array((FM, 4), uint32)
+        b = cuda.local.array((FN, 2), uint32)
+        for s in range(0, BK, 16):
+            for i in range(FM):
+                at = a_first + uint64((16 * i * A_ROW + s * A_K) // 2)
+                a[i, 0], a[i, 1], a[i, 2], a[i, 3] = load_a(As, uint32(a_base + uint32(4 * at)))
+            for j in range(0, FN, 2):
+                at = b_first + uint64((8 * j * B_ROW + s * B_K) // 2)
+                b[j, 0], b[j, 1], b[j + 1, 0], b[j + 1, 1] = load_b(Bs, uint32(b_base + uint32(4 * at)))
+            fragment_products(a, b, acc)
+
+    @kernel_cache.device
+    def first_reads(t):
+        warp, lane = t // 32, t % 32
+        q, r = lane // 8, lane % 8
+        # a matrix's rows are the operand's rows where it is k-contiguous, its k where it is row-contiguous
+        a_row, a_k = (8 * (q & 1) + r, 8 * (q >> 1)) if A_K == 1 else (8 * (q & 1), 8 * (q >> 1) + r)
+        b_row, b_k = (8 * (q >> 1) + r, 8 * (q & 1)) if B_K == 1 else (8 * (q >> 1), 8 * (q & 1) + r)
+        a_row += (warp // WN) * (BM // WM)
+        b_row += (warp % WN) * (BN // WN)
+        return uint64((a_row * A_ROW + a_k * A_K) // 2), uint64((b_row * B_ROW + b_k * B_K) // 2)
+
+    return multiply_slice, first_reads
+
+
+def make_async_tile_product(tile, a_operand, b_operand, kind, stages, early=False, ldmatrix=False):
     """make_tile_product's device function (the same call, layout and bits) for two stored 16-bit matrices whose
     rows wide.copyable_rows passed, or gemm_async `Copied` operands (a convolution's image, im2col_async), their
     BK-deep slices copied by cp.async `stages` - 1 ahead into a ring (gemm_async; `early` as there): no registers
-    and no barrier a slice for the staging, and k_begin a multiple of 8."""
+    and no barrier a slice for the staging, and k_begin a multiple of 8. `ldmatrix`: the fragments read from the
+    ring four registers an instruction (_make_ldmatrix_slice), the same bits."""
     BM, BN, WM, WN, FM, FN, THREADS = _tile_shape(tile)
 
     def make_slice(a_steps, b_steps):
-        return _make_async_slice((BM, BN, WM, WN, FM, FN), kind, a_steps, b_steps)
+        return (_make_ldmatrix_slice if ldmatrix else _make_async_slice)((BM, BN, WM, WN, FM, FN), kind, a_steps,
+                                                                          b_steps)
 
     return gemm_async.make_ring_product((BM, BN, 2 * FM, 2 * FN, THREADS), BK, (a_operand, b_operand), 2, stages,
                                         make_slice, early)

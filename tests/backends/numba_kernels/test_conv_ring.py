@@ -25,7 +25,7 @@ RING_MINI = (32, 32, 2, 2)  # four warps; a 32 x 32 slice of either operand is 1
 
 def stagings(monkeypatch, module, switches, ring=(2, True)):
     """(set up, staging) pairs for reference_conv.two_stagings_case: `module`'s ring (its `switches`, the names of
-    its slices and `early` constants, set to `ring`), then its registers (slices 0); each set-up returns the list
+    its slices constant and the others', set to `ring`), then its registers (slices 0); each set-up returns the list
     in which `module.ring` records what it answered."""
     original = module.ring
 
@@ -43,19 +43,23 @@ def stagings(monkeypatch, module, switches, ring=(2, True)):
 
         return apply
 
-    return [(set_up(ring), True), (set_up((0, ring[1])), False)]
+    return [(set_up(ring), True), (set_up((0, *ring[1:])), False)]
 
 
 @pytest.fixture
 def mini_ring(monkeypatch):
     monkeypatch.setattr(conv_mma, "TILE", RING_MINI)
     monkeypatch.setattr(conv_mma, "RING_TILE", RING_MINI)
-    return lambda ring=(2, True): stagings(monkeypatch, conv_mma, ("RING_STAGES", "RING_EARLY"), ring)
+    return lambda ring=(2, True, True): stagings(monkeypatch, conv_mma, SWITCHES, ring)
+
+
+SWITCHES = ("RING_STAGES", "RING_EARLY", "RING_LDMATRIX")
 
 
 @pytest.mark.parametrize("shape, size, activation, dtype, ring", [
-    ((2, 3, 5, 16, 24), 3, RELU, BF16, (2, True)),  # 30 pixels: one ragged block; K = 144, five slices
-    ((1, 4, 7, 8, 40), 1, NONE, FP16, (3, False)),  # 40 channels out: two column blocks; a ring of three, late
+    ((2, 3, 5, 16, 24), 3, RELU, BF16, (2, True, True)),  # 30 pixels: one ragged block; K = 144, five slices
+    # 40 channels out: two column blocks; a ring of three, late, its fragments a shared load a register
+    ((1, 4, 7, 8, 40), 1, NONE, FP16, (3, False, False)),
 ])
 def test_forward(rng, mini_ring, shape, size, activation, dtype, ring):
     ref.two_stagings_case(BACKEND, rng, "forward", shape, size, activation, dtype, mini_ring(ring))
@@ -101,7 +105,7 @@ def test_the_ring_takes_whole_pieces_only(monkeypatch):
 @pytest.mark.parametrize("dtype", [FP16, BF16])
 def test_production_ring_on_awkward_shapes(rng, monkeypatch, dtype):
     """The production tiles and ring, several blocks each way with ragged edges, every pass."""
-    both = stagings(monkeypatch, conv_mma, ("RING_STAGES", "RING_EARLY"), (conv_mma.RING_STAGES, conv_mma.RING_EARLY))
+    both = stagings(monkeypatch, conv_mma, SWITCHES, tuple(getattr(conv_mma, name) for name in SWITCHES))
     ref.two_stagings_case(BACKEND, rng, "forward", (3, 9, 11, 40, 152), 3, RELU, dtype, both)
     ref.two_stagings_case(BACKEND, rng, "backward_input", (3, 9, 11, 152, 40), 3, TANH, dtype, both)
     ref.two_stagings_case(BACKEND, rng, "backward_weight", (3, 9, 11, 40, 152), 3, 1.0, dtype, both)
