@@ -47,7 +47,8 @@ TILE = (128, 128, 2, 4)  # 8 warps of 64 x 32 outputs
 RING_TILE = (128, 128, 4, 2)
 RING_STAGES = 2
 RING_EARLY = True
-# ... its fragments read from the ring by ldmatrix, four registers an instruction (gemm_mma), the same bits
+# ... its fragments read from the ring by ldmatrix, four registers an instruction (gemm_mma), the same bits: the same
+# passes 0.188 / 0.297 / 0.339 ms against the shared loads' 0.331 / 0.421 / 0.552 (benchmarks/NOTES.md, issue 32 1b)
 RING_LDMATRIX = True
 
 
