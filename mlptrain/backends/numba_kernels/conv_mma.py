@@ -29,7 +29,7 @@ import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, gemm_mma, im2col_async, streams, tiles, wide
+from mlptrain.backends.numba_kernels import chunks, gemm_mma, im2col_async, streams, tiles
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.gemm_mma import bits, bits_zero
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
@@ -71,7 +71,7 @@ def _pairs(array):
 def ring(image, matrix) -> bool:
     """Whether a pass over `image` (NHWC) and a stored `matrix` copies its slices by cp.async (RING_STAGES on, both
     in whole 16-byte pieces), or stages them through registers."""
-    return RING_STAGES > 0 and im2col_async.copyable_image(image) and wide.copyable_rows(matrix)
+    return RING_STAGES > 0 and im2col_async.copyable(image, matrix)
 
 
 def make_pixel_rows_kernel(tile_product, layout, block, dtype, backward, **options):

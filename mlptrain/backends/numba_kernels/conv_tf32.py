@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from mlptrain.backends.kernel_cache.numba_names import config
-from mlptrain.backends.numba_kernels import chunks, conv_mma, gemm_tf32, im2col_async, streams, wide
+from mlptrain.backends.numba_kernels import chunks, conv_mma, gemm_tf32, im2col_async, streams
 from mlptrain.backends.numba_kernels.codecs import codec
 from mlptrain.backends.numba_kernels.conv_mma import launch_weight_partials, make_pixel_rows_kernel
 from mlptrain.backends.numba_kernels.im2col import image_columns_operand, image_rows_operand
@@ -43,7 +43,7 @@ def _options(tile):
 def ring(image, matrix) -> bool:
     """Whether a pass over `image` (NHWC) and a stored `matrix` copies its slices by cp.async (STAGES on, both in
     whole 16-byte pieces and aligned), or stages them through registers."""
-    return STAGES > 0 and im2col_async.copyable_image(image) and wide.aligned_rows(matrix)
+    return STAGES > 0 and im2col_async.copyable(image, matrix)
 
 
 def _staging(image, matrix):

@@ -33,6 +33,12 @@ def copyable_image(array) -> bool:
     return wide.address(array) % COPY_BYTES == 0
 
 
+def copyable(image, matrix) -> bool:
+    """Whether a pass over `image` (NHWC) and a stored `matrix` can copy its slices by cp.async: both in whole,
+    16-byte aligned pieces (conv_mma's and conv_tf32's rings)."""
+    return copyable_image(image) and wide.copyable_rows(matrix)
+
+
 @kernel_cache.device
 def _quotient(n, d):
     """n // d for 0 <= n, d < 2**31, as a 32-bit division (numba's integers are 64-bit, and a 64-bit division takes
