@@ -11,7 +11,8 @@ code 1, so a wrong kernel never gets a speed row. `--tiles`
 also times each candidate tile forced on the implicit-GEMM passes (the tensor-core tiles of
 MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices. `--stagings` times each
 version of STAGINGS for the precision: the register staging and the cp.async ring's tiles, depths and fragment
-reads (ldmatrix or shared loads) in 16-bit; the CUDA-core tiles and tf32x3's stagings in float32.
+reads (ldmatrix or shared loads) in 16-bit, and for the 3-channel layers the passes padded or not (conv_padded),
+the narrow tile's alternatives and shallower rings; the CUDA-core tiles and tf32x3's stagings in float32.
 
     python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--stagings] [--json FILE]
 """
@@ -43,10 +44,21 @@ MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64,
 STAGINGS = {
     "16-bit": [
         ("registers", [("conv_mma", "RING_STAGES", 0)]),
+        ("weight ring 2", [("conv_mma", "WEIGHT_RING_STAGES", 2)]),
         ("ring, shared loads", [("conv_mma", "RING_LDMATRIX", False)]),
         ("ring 128x128x2x4 2 early", [("conv_mma", "RING_TILE", (128, 128, 2, 4))]),
         ("ring 2 late", [("conv_mma", "RING_EARLY", False)]),
         ("ring 128x64x4x2 3 early", [("conv_mma", "RING_TILE", (128, 64, 4, 2)), ("conv_mma", "RING_STAGES", 3)]),
+    ],
+    # the layers of 3 channels on one side: conv_padded's passes against conv_wide / conv_narrow / the register
+    # staging, all four padded, the narrow tile's alternatives, shallower rings
+    "16-bit narrow": [
+        ("not padded", [("conv_plan", "PADDED", frozenset())]),
+        ("all padded", [("conv_plan", "PADDED", frozenset({("forward", "cin"), ("forward", "cout"),
+                                                           ("backward_input", "cout"), ("backward_weight", "cin")}))]),
+        ("narrow 32x16x2x1", [("conv_mma", "NARROW_RING_TILE", (32, 16, 2, 1))]),
+        ("narrow ring 2", [("conv_mma", "NARROW_RING_STAGES", 2)]),
+        ("weight ring 2", [("conv_mma", "WEIGHT_RING_STAGES", 2)]),
     ],
     "fp32": [
         ("cuda cores", [("conv_plan", "TF32X3", False)]),
@@ -81,11 +93,12 @@ def our_launch(cuda, torch, conv, op, t):
     from mlptrain.activation import RELU
 
     a = {k: as_ours(cuda, torch, v) for k, v in t.items()}
+    # with the scratch buffer the autoencoder gives the forward and the input gradient
+    scratch = cuda.device_array(conv.conv2d_scratch(a["x"].shape, a["w"].shape, a["x"].dtype), a["w"].dtype)
     if op == "forward":
-        return "y", lambda: conv.conv2d_forward(a["x"], a["w"], a["b"], a["y"], RELU)
-    if op == "backward_input":  # with the buffer the autoencoder gives it
-        flipped = cuda.device_array(a["w"].size, a["w"].dtype)
-        return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU, flipped)
+        return "y", lambda: conv.conv2d_forward(a["x"], a["w"], a["b"], a["y"], RELU, scratch)
+    if op == "backward_input":
+        return "dx", lambda: conv.conv2d_backward_input(a["dy"], a["w"], a["h"], a["dx"], RELU, scratch)
     space = cuda.device_array(max(1, conv.conv2d_backward_weight_workspace(a["x"].shape, a["dw"].shape, a["x"].dtype)), np.float32)
     return "dw", lambda: conv.conv2d_backward_weight(a["x"], a["dy"], a["dw"], 0.0, space)
 
@@ -165,8 +178,9 @@ def main() -> None:
                     theirs, layout = ms, candidate
             candidates = MMA_CANDIDATES if mma else CANDIDATES
             versions = [("ours", None)] + ([(c, c) for c in candidates] if args.tiles and min(cin, cout) > 8 else [])
-            if args.stagings and min(cin, cout) > 8:
-                versions += [(name, patches) for name, patches in STAGINGS["16-bit" if mma else "fp32"]]
+            narrow = min(cin, cout) <= 8
+            if args.stagings and (mma or not narrow):
+                versions += STAGINGS[("16-bit narrow" if narrow else "16-bit") if mma else "fp32"]
             for name, tile in versions:
                 if isinstance(tile, list):  # a staging's patches
                     original = [(module, constant, getattr(modules[module], constant)) for module, constant, _ in tile]

@@ -82,8 +82,11 @@ class ConvAutoencoder(StaticGraph):
                             bias(max_rows * math.prod(self.sizes[i][0]), cout))
                         for i, (cin, cout) in enumerate(self.convs))
         self.workspace = backend.empty((max(workspace, 1),))
-        # the input gradients read each kernel rearranged into this, as a dense matrix
-        self.flipped = backend.empty((max(kernel_size**2 * cin * cout for cin, cout in self.convs),), dtype)
+        # the input gradients read each kernel rearranged into this, as a dense matrix; a side of few channels (the
+        # RGB image and output) is padded into it first on the GPU
+        self.scratch = backend.empty((max(conv.conv2d_scratch((max_rows, *self.sizes[i][0], cin),
+                                                              (kernel_size, kernel_size, cin, cout), dtype)
+                                          for i, (cin, cout) in enumerate(self.convs)),), dtype)
         self._views = {}
 
     def kernel_plan(self, rows: int) -> dict:
@@ -154,7 +157,7 @@ class ConvAutoencoder(StaticGraph):
         for i in layers:
             last = i == len(self.convs) - 1
             k.conv.conv2d_forward(inputs[i], self.compute[f"conv{i + 1}.weight"], self.compute[f"conv{i + 1}.bias"],
-                                  outputs[i], NONE if last else RELU)
+                                  outputs[i], NONE if last else RELU, self.scratch)
             follow = self.sizes[i][1]
             if follow == "pool":
                 k.pool.max_pool2x2_forward(outputs[i], inputs[i + 1], argmax[i])
@@ -183,7 +186,7 @@ class ConvAutoencoder(StaticGraph):
             if i == 0:
                 break
             k.conv.conv2d_backward_input(dz, self.compute[f"conv{i + 1}.weight"], inputs[i], input_grads[i], RELU,
-                                         self.flipped)
+                                         self.scratch)
             if self.sizes[i - 1][1] == "pool":
                 k.pool.max_pool2x2_backward(input_grads[i], argmax[i - 1], output_grads[i - 1])
             else:

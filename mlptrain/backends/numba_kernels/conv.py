@@ -24,9 +24,11 @@ in a fixed order, so results are bitwise reproducible.
 The im2col operands live in im2col.py. In bf16 / fp16 the three passes run
 on tensor cores (conv_mma) where the summed channels pair up, in float32 at
 float32 accuracy (conv_tf32, 3xTF32) where the channels are multiples of 4 on
-compute capability 8.0 and later; layers with at
-most four channels on one side skip the GEMMs: conv_narrow computes outputs
-that narrow directly, conv_wide sums inputs that narrow.
+compute capability 8.0 and later; 16-bit layers with fewer than eight
+channels on one side run there too, that side padded with zeros into a
+scratch buffer first (conv_padded); other layers with at most four channels
+on one side skip the GEMMs: conv_narrow computes outputs that narrow
+directly, conv_wide sums inputs that narrow.
 """
 
 import functools
@@ -34,7 +36,8 @@ import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import config, cuda, float32
-from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_tf32, conv_wide, current, streams, tiles
+from mlptrain.backends.numba_kernels import (chunks, conv_mma, conv_narrow, conv_padded, conv_tf32, conv_wide, current,
+                                             streams, tiles)
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.conv_plan import PASSES, TILES, plan, tiled_weight_chunks
@@ -73,10 +76,12 @@ def _make_conv2d_forward(tile, dtype, size, **jit_options):
     return conv2d_forward_kernel
 
 
-def conv2d_forward(x, w, b, y, activation):
+def conv2d_forward(x, w, b, y, activation, scratch=None):
     """y = act(conv(x, w) + b), stride 1, zero 'same' padding; x (N, H, W, Cin),
     w (KS, KS, Cin, Cout) with KS odd, b (Cout,), y (N, H, W, Cout), all four
-    in one storage format."""
+    in one storage format. scratch: an optional 1-D buffer in that format, of
+    conv2d_scratch(x.shape, w.shape, x.dtype) elements: given, a layer of fewer
+    than eight channels on one side pads that side into it first (conv_padded)."""
     require_one_of("x", x, STORAGE_DTYPES, (None, None, None, None))
     N, H, W, Cin = _image_shape("x", x)
     size = _kernel_size(w, x.dtype, Cin)
@@ -85,10 +90,15 @@ def conv2d_forward(x, w, b, y, activation):
     require("y", y, x.dtype, (N, H, W, Cout))
     tiles.check_activation(activation)
     pixels = N * H * W
+    if scratch is not None:
+        require("scratch", scratch, x.dtype, (None,))
     if pixels == 0 or Cout == 0:
         return
-    chosen = plan("forward", x.shape, w.shape, x.dtype, current.kernel_capability())
-    if chosen.variant == "narrow":
+    chosen = plan("forward", x.shape, w.shape, x.dtype, current.kernel_capability(),
+                  scratch=0 if scratch is None else scratch.shape[0])
+    if chosen.padded:
+        _padded_forward(x, w, b, y, activation, scratch, chosen.padded)
+    elif chosen.variant == "narrow":
         conv_narrow.narrow_forward(x, w, b, y, activation)
     elif chosen.variant == "wide":
         conv_wide.wide_forward(x, w, b, y, activation)
@@ -163,8 +173,9 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     flipped: an optional 1-D buffer of at least KS*KS*Cin*Cout elements in that format. Given, w is
     first rearranged into it (flip_kernel) and the product reads it as a dense matrix instead of
     flipping each element it fetches: on an H100, 2.06-2.09 ms -> 1.80-1.83 for the 256 <-> 128
-    layers at batch 256 x 16 x 16. Where conv_wide takes the pass (Cout <= its WIDE_IN), the buffer is
-    checked but not used."""
+    layers at batch 256 x 16 x 16. Of conv2d_scratch(dx.shape, w.shape, dy.dtype) elements, a 16-bit
+    dy of fewer than eight channels is padded into it too (conv_padded). Where conv_wide takes the
+    pass (Cout <= its WIDE_IN), the buffer is checked but not used."""
     require_one_of("dy", dy, STORAGE_DTYPES, (None, None, None, None))
     N, H, W, Cout = _image_shape("dy", dy)
     require("w", w, dy.dtype, (None, None, None, Cout))
@@ -182,7 +193,10 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
     if pixels == 0 or Cin == 0:
         return
     chosen = plan("backward_input", dy.shape[:3] + (Cin,), w.shape, dy.dtype, current.kernel_capability(),
-                  flipped is not None)
+                  flipped is not None, 0 if flipped is None else flipped.shape[0])
+    if chosen.padded:
+        _padded_backward_input(dy, w, h, dx, activation, flipped)
+        return
     if chosen.variant == "wide":
         conv_wide.wide_backward_input(dy, w, h, dx, activation)
         return
@@ -211,8 +225,17 @@ def _make_conv2d_weight_partials(tile, dtype, size, **jit_options):
 
 def conv2d_variants(x_shape, w_shape, dtype, flipped=True):
     """The variant each pass of this convolution runs on this GPU (conv_plan's labels: narrow, wide,
-    tensor_cores, tiled/<tile>), for the run's record."""
+    tensor_cores, tensor_cores/cin_padded or cout_padded, tiled/<tile>), for the run's record, with
+    buffers of conv2d_scratch's size."""
     return {p: plan(p, x_shape, w_shape, dtype, current.kernel_capability(), flipped).label() for p in PASSES}
+
+
+def conv2d_scratch(x_shape, w_shape, dtype):
+    """Elements in `dtype` storage of the scratch buffer conv2d_forward and conv2d_backward_input (as
+    `flipped`) take for x (N, H, W, Cin), w (KS, KS, Cin, Cout) on this GPU: the flipped kernel's,
+    or more where a side is padded; never smaller for a smaller batch."""
+    capability = current.kernel_capability()
+    return max(math.prod(w_shape), *(plan(p, x_shape, w_shape, dtype, capability).scratch for p in PASSES))
 
 
 def conv2d_backward_weight_workspace(x_shape, w_shape, dtype):
@@ -243,6 +266,9 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
     pixels, rows = N * H * W, size * size * Cin
     if pixels == 0 or rows * Cout == 0:
         return
+    if chosen.padded:
+        _padded_backward_weight(x, dy, dw, beta, workspace)
+        return
     if chosen.variant == "narrow":
         partials = conv_narrow.narrow_weight_partials(x, dy, size, workspace)
     elif chosen.variant == "tensor_cores":
@@ -258,6 +284,52 @@ def conv2d_backward_weight(x, dy, dw, beta, workspace):
             x, dy.reshape(pixels, Cout), partials, chunk)
         partials = partials.reshape(count, rows * Cout)
     chunks.add_chunks(partials, dw.reshape(rows * Cout), beta)
+
+
+# --- a side of fewer than conv_padded.PIECE channels, padded first ----------------------
+
+def _padded_forward(x, w, b, y, activation, scratch, side):
+    """conv2d_forward on conv_mma, Cin ("cin": with the kernel's rows) or the kernel's Cout ("cout": a narrow
+    tile) padded into `scratch`."""
+    N, H, W, Cin = x.shape
+    size, _, _, Cout = w.shape
+    pixels, taps, piece = N * H * W, size * size, conv_padded.PIECE
+    if side == "cin":
+        image, kernel = conv_padded.pieces(scratch, pixels * piece, taps * piece * Cout)
+        conv_padded.pad(x.reshape(pixels, Cin, 1), image.reshape(pixels, piece, 1))
+        conv_padded.pad(w.reshape(taps, Cin, Cout), kernel.reshape(taps, piece, Cout))
+        conv_mma.forward(image.reshape(N, H, W, piece), kernel.reshape(size, size, piece, Cout), b, y, activation)
+        return
+    kernel, = conv_padded.pieces(scratch, taps * Cin * piece)
+    conv_padded.pad(w.reshape(taps * Cin, Cout, 1), kernel.reshape(taps * Cin, piece, 1))
+    conv_mma.pixel_rows(x, kernel.reshape(taps * Cin, piece), size, b, y.reshape(pixels, Cout), activation, False,
+                        conv_mma.NARROW_RING_TILE, conv_mma.NARROW_RING_STAGES)
+
+
+def _padded_backward_input(dy, w, h, dx, activation, scratch):
+    """conv2d_backward_input on conv_mma, dy's Cout padded into `scratch` with the kernel's, then flipped."""
+    N, H, W, Cout = dy.shape
+    size, _, Cin, _ = w.shape
+    pixels, taps, piece = N * H * W, size * size, conv_padded.PIECE
+    image, kernel, flipped = conv_padded.pieces(scratch, pixels * piece, taps * Cin * piece, taps * piece * Cin)
+    conv_padded.pad(dy.reshape(pixels, Cout, 1), image.reshape(pixels, piece, 1))
+    conv_padded.pad(w.reshape(taps * Cin, Cout, 1), kernel.reshape(taps * Cin, piece, 1))
+    flip_kernel(kernel.reshape(size, size, Cin, piece), flipped.reshape(taps * piece, Cin))
+    conv_mma.backward_input(image.reshape(N, H, W, piece), flipped.reshape(taps * piece, Cin), h, dx, activation)
+
+
+def _padded_backward_weight(x, dy, dw, beta, workspace):
+    """conv2d_backward_weight on conv_mma, x's Cin padded into the workspace after the chunks' partials."""
+    N, H, W, Cin = x.shape
+    size, _, _, Cout = dw.shape
+    pixels, taps, piece = N * H * W, size * size, conv_padded.PIECE
+    _, count, most = conv_mma.weight_plan((N, H, W, piece), (size, size, piece, Cout))
+    image_floats = math.ceil(pixels * piece * x.dtype.itemsize / 4)
+    _, image = conv_padded.pieces(workspace, most * taps * piece * Cout, image_floats)
+    image = image.view(x.dtype)[:pixels * piece]
+    conv_padded.pad(x.reshape(pixels, Cin, 1), image.reshape(pixels, piece, 1))
+    partials = conv_mma.weight_partials(image.reshape(N, H, W, piece), dy, size, workspace)
+    conv_padded.add_chunks(partials.reshape(count, taps, piece, Cout), dw.reshape(taps, Cin, Cout), beta)
 
 
 # --- launch helpers ---------------------------------------------------------------

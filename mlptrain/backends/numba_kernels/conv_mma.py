@@ -50,6 +50,15 @@ RING_EARLY = True
 # ... its fragments read from the ring by ldmatrix, four registers an instruction (gemm_mma), the same bits: the same
 # passes 0.188 / 0.297 / 0.339 ms against the shared loads' 0.331 / 0.421 / 0.552 (benchmarks/NOTES.md, issue 32 1b)
 RING_LDMATRIX = True
+# The weight gradients' ring: three slices (52,224 bytes of shared memory): 0.308 / 0.310 ms against two slices'
+# 0.338 / 0.336 for the 16 x 16 layers, 0.130 against 0.141 for enc1's padded one (conv.py --stagings, session 49).
+WEIGHT_RING_STAGES = 3
+# The ring's tile for outputs of at most 8 channels (a kernel's Cout padded to 8 by conv_padded, the decoder's RGB):
+# 16 columns, the fewest whose two fragments a warp ldmatrix loads at once; 64 threads, so that B's 32 x 16 slice
+# is one piece a thread; a ring of four slices (6,656 bytes each): 0.344 ms against two slices' 0.434 for dec3's
+# forward (32 x 16 tiles: 0.477).
+NARROW_RING_TILE = (64, 16, 2, 1)
+NARROW_RING_STAGES = 4
 
 
 def grid(rows, columns, tile):
@@ -119,11 +128,14 @@ def _make_pixel_rows(tile, dtype, size, backward, ring=None):
                                   backward, **_options(tile))
 
 
-def _pixel_rows(image, matrix, size, c, out, activation, backward):
-    """Launch a pixel-row pass: out (pixels, columns) from im2col(image) @ matrix, c its bias or h."""
+def pixel_rows(image, matrix, size, c, out, activation, backward, tile=None, stages=None):
+    """Launch a pixel-row pass: out (pixels, columns) from im2col(image) @ matrix, c its bias or h; the matrix may
+    have more columns than out (zeros: conv_padded's), which are not written. `tile` and `stages`: the ring's
+    (RING_TILE, RING_STAGES)."""
     pixels, columns = out.shape
     if ring(image, matrix):
-        tile, staging, a = RING_TILE, (RING_STAGES, RING_EARLY, RING_LDMATRIX), image.view(np.uint16)
+        staging = (stages or RING_STAGES, RING_EARLY, RING_LDMATRIX)
+        tile, a = tile or RING_TILE, image.view(np.uint16)
     else:
         tile, staging, a = TILE, None, _pairs(image)
     _make_pixel_rows(tile, image.dtype, size, backward, staging)[
@@ -148,12 +160,12 @@ def backward_input_rows(dy, flipped, h, dx):
 
 def forward(x, w, b, y, activation):
     """conv.conv2d_forward on tensor cores; x's Cin even."""
-    _pixel_rows(*forward_rows(x, w, b, y), activation, False)
+    pixel_rows(*forward_rows(x, w, b, y), activation, False)
 
 
 def backward_input(dy, flipped, h, dx, activation):
     """conv.conv2d_backward_input on tensor cores, from the flipped kernel (backward_input_rows); dy's Cout even."""
-    _pixel_rows(*backward_input_rows(dy, flipped, h, dx), activation, True)
+    pixel_rows(*backward_input_rows(dy, flipped, h, dx), activation, True)
 
 
 # --- backward weight: chunk partials of im2col(x).T @ dy ------------------------------
@@ -177,7 +189,7 @@ def weight_partials(x, dy, size, workspace):
     pixel chunk of weight_plan, for chunks.add_chunks to add."""
     # TILE either way: weight_plan's chunks, and the workspace, are TILE's
     outputs = dy.reshape(math.prod(dy.shape[:3]), dy.shape[3])
-    staging = (RING_STAGES, RING_EARLY, RING_LDMATRIX) if ring(x, outputs) else None
+    staging = (WEIGHT_RING_STAGES, RING_EARLY, RING_LDMATRIX) if ring(x, outputs) else None
     return launch_weight_partials(_make_weight_partials(TILE, x.dtype, size, staging), TILE, weight_plan,
                                   x.view(np.uint16), dy.view(np.uint16), size, workspace)
 

@@ -12,15 +12,18 @@ Variants, in the order they are tried:
     wide          at most conv_wide.WIDE_IN channels summed a tap (the encoder's RGB input): direct
                   kernels (forward and input gradient)
     tensor_cores  bf16 / fp16 storage with an even channel count summed, on compute capability 8.0
-                  and later (the input gradient also needs the pre-flipped kernel buffer)
+                  and later (the input gradient also needs the pre-flipped kernel buffer); `padded` "cin"
+                  or "cout": the layer's side of fewer than conv_padded.PIECE channels (an RGB image or
+                  output) padded with zeros into a scratch buffer first, so that conv_mma's cp.async ring
+                  takes the pass (tried first, where PADDED names it and the buffers are large enough)
     tf32x3        float32 with the channels on both sides a multiple of 4, on compute capability 8.0
                   and later: tensor cores at float32 accuracy (conv_tf32; the input gradient also
                   needs the pre-flipped kernel buffer), where TF32X3 is on
     tiled         the CUDA-core implicit GEMM, with the tile named in `tile`
 
 `workspace` is the float32 elements the weight gradient's chunk partials need (0 for the pixel-row
-passes); it never shrinks for a smaller batch, so a workspace planned for the largest batch serves
-all.
+passes), `scratch` the storage elements a padded pixel-row pass needs in its scratch buffer; neither
+shrinks for a smaller batch, so buffers planned for the largest batch serve all.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mlptrain.backends.kernel_cache.numba_names import config
-from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_tf32, conv_wide, tensor_core, tiles
+from mlptrain.backends.numba_kernels import chunks, conv_mma, conv_narrow, conv_padded, conv_tf32, conv_wide, tensor_core, tiles
 
 PASSES = ("forward", "backward_input", "backward_weight")
 
@@ -63,13 +66,26 @@ WEIGHT_TILES = ("square", "large", "medium", "small", "narrow")
 TF32X3 = not config.ENABLE_CUDASIM
 
 
+# The 16-bit passes, (pass, the layer's side), with a side of fewer than conv_padded.PIECE channels that run on
+# conv_mma's ring, that side padded first (conv_padded); the others take conv_narrow, conv_wide or the register
+# staging. `benchmarks/conv.py --stagings`, bf16, batch 256, H200, ms padded against not: enc1's (3 -> 256) weight
+# gradient 0.141 against 0.426 (registers); dec3's (256 -> 3) forward 0.434, 0.344 on a ring of 4, against 0.372
+# (conv_narrow). Left out: enc1's forward 0.318 against 0.236 (conv_wide), dec3's input gradient 0.627 against
+# 0.298 (conv_wide): with K = 72, a tile is three slices, and its start and epilogue are most of its time.
+PADDED = frozenset({("backward_weight", "cin"), ("forward", "cout")})
+
+
 class Plan(NamedTuple):
     variant: str  # narrow | wide | tensor_cores | tf32x3 | tiled
     tile: str | None  # the tiled variant's tile (a key of TILES)
     workspace: int  # float32 elements of weight-gradient workspace; 0 for the other passes
+    padded: str = ""  # "cin" or "cout": the layer's side padded to conv_padded.PIECE channels first; "" none
+    scratch: int = 0  # storage elements of scratch a padded pixel-row pass needs
 
     def label(self) -> str:
-        return f"tiled/{self.tile}" if self.variant == "tiled" else self.variant
+        if self.variant == "tiled":
+            return f"tiled/{self.tile}"
+        return f"{self.variant}/{self.padded}_padded" if self.padded else self.variant
 
 
 def tensor_cores(dtype, summed, capability) -> bool:
@@ -86,11 +102,63 @@ def tf32x3(dtype, summed, other, capability) -> bool:
             and tuple(capability) >= tensor_core.CAPABILITY)
 
 
-def plan(pass_: str, x_shape, w_shape, dtype, capability, flipped: bool = True) -> Plan:
-    """The variant, tile and workspace of one pass for x (N, H, W, Cin) and w (KS, KS, Cin, Cout)."""
+def padded_side(dtype, summed, other, capability) -> str:
+    """Which side of a 16-bit pass summing `summed` channels a tap into `other` channels conv_padded can pad: "summed"
+    where only it falls short of a whole piece, "other" where only the other side does, else ""."""
+    if not tensor_cores(dtype, 0, capability):
+        return ""
+    piece = conv_padded.PIECE
+    if summed < piece and other % piece == 0:
+        return "summed"
+    if other < piece and summed % piece == 0:
+        return "other"
+    return ""
+
+
+def padded_plan(pass_: str, x_shape, w_shape, dtype, capability, flipped: bool, scratch) -> Plan | None:
+    """The padded tensor-core Plan of a pass where one fits (padded_side) and `scratch` (storage elements, None:
+    unlimited) holds what it needs, else None. The forward pads the summed Cin (with the kernel's rows) or the
+    kernel's Cout columns (a narrow tile then); the input gradient dy's summed Cout (with the flipped kernel's
+    rows); the weight gradient the image's Cin, in its float32 workspace after the chunks' partials."""
+    N, H, W, Cin = x_shape
+    size, _, _, Cout = w_shape
+    pixels, taps, piece = N * H * W, size * size, conv_padded.PIECE
+    itemsize = np.dtype(dtype).itemsize
+    if pass_ == "forward":
+        side = padded_side(dtype, Cin, Cout, capability)
+        needs = {"summed": (pixels * piece, taps * piece * Cout), "other": (taps * Cin * piece,)}.get(side)
+        padded = "cin" if side == "summed" else "cout"
+    elif pass_ == "backward_input":
+        side = padded_side(dtype, Cout, Cin, capability) if flipped else ""
+        # dy padded, the kernel padded along Cout, then flipped
+        needs = (pixels * piece, taps * Cin * piece, taps * piece * Cin) if side == "summed" else None
+        padded = "cout"
+    else:
+        side = padded_side(dtype, Cin, Cout, capability)
+        if side != "summed" or (pass_, "cin") not in PADDED:
+            return None
+        most = conv_mma.weight_plan((N, H, W, piece), (size, size, piece, Cout))[2]
+        image = conv_padded.pieces_elements(4, math.ceil(pixels * piece * itemsize / 4))
+        return Plan("tensor_cores", None, conv_padded.pieces_elements(4, most * taps * piece * Cout) + image, "cin")
+    if needs is None or (pass_, padded) not in PADDED:
+        return None
+    need = conv_padded.pieces_elements(itemsize, *needs)
+    if scratch is not None and scratch < need:
+        return None
+    return Plan("tensor_cores", None, 0, padded, need)
+
+
+def plan(pass_: str, x_shape, w_shape, dtype, capability, flipped: bool = True, scratch=None) -> Plan:
+    """The variant, tile and workspace of one pass for x (N, H, W, Cin) and w (KS, KS, Cin, Cout). `scratch`: the
+    storage elements of the pixel-row pass's scratch buffer (the forward's, the input gradient's flipped one), None
+    where it will be as large as conv.conv2d_scratch asks."""
     N, H, W, Cin = x_shape
     size, _, _, Cout = w_shape
     pixels = N * H * W
+    if pass_ in PASSES:
+        padded = padded_plan(pass_, x_shape, w_shape, dtype, capability, flipped, scratch)
+        if padded is not None:
+            return padded
     if pass_ == "forward":
         if conv_narrow.fits(size, Cout):
             return Plan("narrow", None, 0)

@@ -15,8 +15,8 @@ from mlptrain.backends.numpy_kernels import gemm
 from mlptrain.backends.numpy_kernels.im2col import image_chunks, image_columns, pixel_rows
 
 
-def conv2d_forward(x, w, b, y, activation):
-    """y = act(conv(x, w) + b), stride 1, zero 'same' padding."""
+def conv2d_forward(x, w, b, y, activation, scratch=None):
+    """y = act(conv(x, w) + b), stride 1, zero 'same' padding (`scratch`, the CUDA twin's buffer, is not used)."""
     size = w.shape[0]
     weight = pixel_rows(w)
     for images in image_chunks(x, size):
@@ -44,6 +44,11 @@ def conv2d_backward_input(dy, w, h, dx, activation, flipped=None):
 def conv2d_variants(x_shape, w_shape, dtype, flipped=True):
     """Every pass runs through NumPy's BLAS here."""
     return {"forward": "numpy", "backward_input": "numpy", "backward_weight": "numpy"}
+
+
+def conv2d_scratch(x_shape, w_shape, dtype):
+    """The CUDA twin's scratch buffer for the flipped kernel: KS * KS * Cin * Cout elements (not used here)."""
+    return int(np.prod(w_shape))
 
 
 def conv2d_backward_weight_workspace(x_shape, w_shape, dtype):
