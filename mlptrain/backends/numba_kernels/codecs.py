@@ -19,6 +19,9 @@ if config.ENABLE_CUDASIM:  # libdevice's bit casts are stubs on the simulator: t
 
     def half_bits(v):
         return np.uint32(np.array(v, np.float16).view(np.uint16)[()])
+
+    def bits_half(u):
+        return np.array(int(u) & 0xFFFF, np.uint16).view(np.float16)[()]
 else:
     from mlptrain.backends.kernel_cache.numba_names import libdevice
 
@@ -46,6 +49,23 @@ else:
         return half_bits
 
     half_bits = Deferred(_make_half_bits, ()) if DEFERRED else _make_half_bits()  # an fp16 value's bits, as uint32
+
+    def _make_bits_half():
+        # imported on first use, as half_bits'
+        from llvmlite import ir
+        from numba import types as numba_types
+        from numba.cuda.extending import intrinsic
+
+        @intrinsic
+        def bits_half(typingctx, u):
+            def codegen(context, builder, sig, args):
+                return builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+
+            return numba_types.float16(numba_types.uint32), codegen
+
+        return bits_half
+
+    bits_half = Deferred(_make_bits_half, ()) if DEFERRED else _make_bits_half()  # uint32's low 16 bits as an fp16
 
 
 @kernel_cache.device

@@ -11,65 +11,23 @@ cell (n, 2i:2i+2, 2j:2j+2, c) of the large one. It reads what it needs of
 its cell and computes what it owns alone, so no element is written by two
 threads and no kernel needs atomics or a zeroing launch; a thread per cell
 rather than per large element does the index arithmetic and the small side's
-loads once for four elements. A block is TC x TW threads: TC along channels
-(the contiguous axis, so a warp's loads and stores are coalesced), TW along
-the small tensor's width; block z walks rows (n, i) z, z + gridDim.z, ... and
-columns past the grid's y dimension loop too. Selections and copies
+loads once for four elements (the blocks: pool_grid). Where the channels fill
+8-byte words, pool_words runs the same rules a word of channels a thread,
+with the same bits. Selections and copies
 (pool forward and backward, upsample forward) move stored bits unchanged, so
 they are exact; upsample backward sums four values in float32 in a fixed
 order and rounds once.
 """
 
 import functools
-import math
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
 from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint8
-from mlptrain.backends.numba_kernels import streams
+from mlptrain.backends.numba_kernels import pool_words, streams
 from mlptrain.backends.numba_kernels.checks import require, require_one_of
 from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
-
-THREADS = 256
-# Each block walks rows z, z + gridDim.z, ...: a grid of about MAX_BLOCKS blocks
-# (an H100 holds 1056 blocks of 256 threads at once) keeps every SM busy,
-# while one block per row spent more time starting blocks than moving bytes.
-MAX_BLOCKS = 4096
-MAX_GRID_Y = 65535
-MAX_GRID_Z = 65535
-
-
-def _launch_shape(rows, width, channels):
-    """(grid, block) for one thread per element of the small (rows, width, channels) tensor.
-
-    TC = C when C <= THREADS: then consecutive threads of a block own
-    consecutive elements of memory, whatever C is (C = 3 wastes no lanes). TW
-    takes the rest of THREADS, or the width where that is narrower.
-    """
-    tc = min(THREADS, channels)
-    tw = min(THREADS // tc, width)
-    grid_x, grid_y = math.ceil(channels / tc), min(math.ceil(width / tw), MAX_GRID_Y)
-    grid_z = min(rows, MAX_GRID_Z, max(1, MAX_BLOCKS // (grid_x * grid_y)))
-    return (grid_x, grid_y, grid_z), (tc, tw)
-
-
-@kernel_cache.device
-def _row_walk(rows):
-    """(n, i) of this block's first row of an N x rows grid of rows, and the
-    block's stride gridDim.z as (whole images, rows): divided once per thread,
-    so the walk over rows needs no division (a 64-bit one per row cost 10-20%)."""
-    first, stride = cuda.blockIdx.z, cuda.gridDim.z
-    return first // rows, first % rows, stride // rows, stride % rows
-
-
-@kernel_cache.device
-def _advance(n, i, step_n, step_i, rows):
-    """Row (n, i) moved on by step_n images and step_i rows."""
-    n, i = n + step_n, i + step_i
-    if i >= rows:
-        return n + 1, i - rows
-    return n, i
-
+from mlptrain.backends.numba_kernels.pool_grid import advance, launch_shape, row_walk
 
 def _nhwc(name, array):
     require_one_of(name, array, STORAGE_DTYPES, (None, None, None, None))
@@ -93,7 +51,7 @@ def _make_max_pool2x2_forward(dtype):
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c >= C:
             return
-        n, oh, step_n, step_oh = _row_walk(OH)
+        n, oh, step_n, step_oh = row_walk(OH)
         while n < N:
             for ow in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, OW,
                             cuda.gridDim.y * cuda.blockDim.y):
@@ -107,7 +65,7 @@ def _make_max_pool2x2_forward(dtype):
                         stored, best, winner = candidate, v, k
                 y[n, oh, ow, c] = stored
                 argmax[n, oh, ow, c] = uint8(winner)
-            n, oh = _advance(n, oh, step_n, step_oh, OH)
+            n, oh = advance(n, oh, step_n, step_oh, OH)
 
     return max_pool2x2_forward_kernel
 
@@ -126,7 +84,10 @@ def max_pool2x2_forward(x, y, argmax):
     require("argmax", argmax, "uint8", out)
     if y.size == 0:
         return
-    grid, block = _launch_shape(N * out[1], out[2], C)
+    if pool_words.fits(x, y) and pool_words.argmax_fits(argmax, x.dtype):
+        pool_words.max_pool2x2_forward(x, y, argmax)
+        return
+    grid, block = launch_shape(N * out[1], out[2], C)
     _make_max_pool2x2_forward(x.dtype)[grid, block, streams.current()](x, y, argmax)
 
 
@@ -151,7 +112,7 @@ def _make_max_pool2x2_backward(dtype):
         if c >= C:
             return
         zero = store(float32(0))
-        n, i, step_n, step_i = _row_walk(CH)
+        n, i, step_n, step_i = row_walk(CH)
         while n < N:
             for j in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, CW,
                            cuda.gridDim.y * cuda.blockDim.y):
@@ -162,7 +123,7 @@ def _make_max_pool2x2_backward(dtype):
                     h, w = 2 * i + k // 2, 2 * j + k % 2
                     if h < H and w < W:
                         dx[n, h, w, c] = grad if k == winner else zero
-            n, i = _advance(n, i, step_n, step_i, CH)
+            n, i = advance(n, i, step_n, step_i, CH)
 
     return max_pool2x2_backward_kernel
 
@@ -178,7 +139,10 @@ def max_pool2x2_backward(dy, argmax, dx):
     require("argmax", argmax, "uint8", out)
     if dx.size == 0:
         return
-    grid, block = _launch_shape(N * ((H + 1) // 2), (W + 1) // 2, C)
+    if pool_words.fits(dy, dx) and pool_words.argmax_fits(argmax, dx.dtype):
+        pool_words.max_pool2x2_backward(dy, argmax, dx)
+        return
+    grid, block = launch_shape(N * ((H + 1) // 2), (W + 1) // 2, C)
     _make_max_pool2x2_backward(dx.dtype)[grid, block, streams.current()](dy, argmax, dx)
 
 
@@ -194,7 +158,7 @@ def upsample2x_forward_kernel(x, y):
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c >= C:
         return
-    n, h, step_n, step_h = _row_walk(H)
+    n, h, step_n, step_h = row_walk(H)
     while n < N:
         for w in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, W, cuda.gridDim.y * cuda.blockDim.y):
             value = x[n, h, w, c]
@@ -202,7 +166,7 @@ def upsample2x_forward_kernel(x, y):
             y[n, 2 * h, 2 * w + 1, c] = value
             y[n, 2 * h + 1, 2 * w, c] = value
             y[n, 2 * h + 1, 2 * w + 1, c] = value
-        n, h = _advance(n, h, step_n, step_h, H)
+        n, h = advance(n, h, step_n, step_h, H)
 
 
 def upsample2x_forward(x, y):
@@ -211,7 +175,9 @@ def upsample2x_forward(x, y):
     require("y", y, x.dtype, (N, 2 * H, 2 * W, C))
     if y.size == 0:
         return
-    grid, block = _launch_shape(N * H, W, C)
+    if pool_words.fits(x, y):  # it copies bits: 8-byte words of them, where the channels fill words
+        x, y, C = pool_words.words(x), pool_words.words(y), C * x.dtype.itemsize // pool_words.WORD
+    grid, block = launch_shape(N * H, W, C)
     upsample2x_forward_kernel[grid, block, streams.current()](x, y)
 
 
@@ -231,7 +197,7 @@ def _make_upsample2x_backward(dtype):
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c >= C:
             return
-        n, h, step_n, step_h = _row_walk(H)
+        n, h, step_n, step_h = row_walk(H)
         while n < N:
             for w in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, W,
                            cuda.gridDim.y * cuda.blockDim.y):
@@ -239,7 +205,7 @@ def _make_upsample2x_backward(dtype):
                 total += load(dy[n, 2 * h + 1, 2 * w, c])
                 total += load(dy[n, 2 * h + 1, 2 * w + 1, c])
                 dx[n, h, w, c] = store(total)
-            n, h = _advance(n, h, step_n, step_h, H)
+            n, h = advance(n, h, step_n, step_h, H)
 
     return upsample2x_backward_kernel
 
@@ -251,5 +217,8 @@ def upsample2x_backward(dy, dx):
     require("dy", dy, dx.dtype, (N, 2 * H, 2 * W, C))
     if dx.size == 0:
         return
-    grid, block = _launch_shape(N * H, W, C)
+    if pool_words.fits(dy, dx):
+        pool_words.upsample2x_backward(dy, dx)
+        return
+    grid, block = launch_shape(N * H, W, C)
     _make_upsample2x_backward(dx.dtype)[grid, block, streams.current()](dy, dx)

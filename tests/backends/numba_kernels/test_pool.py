@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlptrain.backends import numpy_kernels
-from mlptrain.backends.numba_kernels import current, pool
+from mlptrain.backends.numba_kernels import current, pool, pool_grid, pool_words
 from tests import kernel_cases
 from tests import reference_pool as ref
 
@@ -18,6 +18,56 @@ FORMATS = pytest.mark.parametrize("dtype", ref.STORAGE, ids=ref.STORAGE_IDS)
 # writes 4x its input, so its shapes are smaller still (the simulator runs ~2000 threads/s)
 SHAPES = pytest.mark.parametrize("shape", [(1, 5, 7, 3), (1, 2, 3, 33), (3, 3, 5, 1), (2, 1, 3, 3)])
 UPSAMPLE_SHAPES = pytest.mark.parametrize("shape", [(1, 3, 5, 3), (1, 1, 2, 33), (3, 2, 1, 1)])
+# channels filling 8-byte words (pool_words): one or two words a pixel in 16 bits, two or six in float32; odd W
+WORD_SHAPES = pytest.mark.parametrize("shape", [(1, 5, 7, 4), (2, 3, 2, 12)])
+WORD_UPSAMPLE_SHAPES = pytest.mark.parametrize("shape", [(1, 3, 1, 4), (2, 1, 2, 8)])
+
+
+@FORMATS
+def test_the_word_kernels_take_channels_that_fill_words(dtype):
+    def device(shape):
+        return current.to_device(np.zeros(shape, dtype))
+
+    assert pool_words.fits(device((1, 2, 2, 4)), device((1, 1, 1, 4)))
+    assert not pool_words.fits(device((1, 2, 2, 3)))
+    assert not pool_words.fits(device((1, 2, 2, 5))[..., 1:])  # an unaligned start
+    argmax = current.to_device(np.zeros(9, np.uint8))
+    assert pool_words.argmax_fits(argmax[4:], dtype) and not pool_words.argmax_fits(argmax[1:], dtype)
+
+
+@FORMATS
+@WORD_SHAPES
+def test_max_pool2x2_forward_on_words(rng, shape, dtype):
+    ref.pool_forward_random(BACKEND, rng, shape, dtype)
+    ref.pool_forward_random(BACKEND, rng, shape, dtype, ties=True)
+
+
+@FORMATS
+def test_max_pool2x2_special_values_lane_by_lane(dtype):
+    """Each special window in a channel of its own, so that a word's lanes hold different ones."""
+    windows = ref.SPECIAL_WINDOWS
+    channels = -(-len(windows) // 4) * 4
+    x = np.zeros((1, 2, 2, channels), np.float32)
+    for c, (values, _) in enumerate(windows):
+        for (a, b), v in zip(ref.POSITIONS, values):
+            x[0, a, b, c] = v
+    argmax = ref.pool_forward_case(BACKEND, x, dtype)
+    np.testing.assert_array_equal(argmax[0, 0, 0, :len(windows)], [k for _, k in windows])
+
+
+@FORMATS
+@WORD_SHAPES
+def test_max_pool2x2_backward_on_words(rng, shape, dtype):
+    ref.pool_backward(BACKEND, rng, shape, dtype)
+
+
+@FORMATS
+@WORD_UPSAMPLE_SHAPES
+def test_upsample2x_on_words(rng, shape, dtype):
+    ref.upsample_forward(BACKEND, rng, shape, dtype)
+    got = ref.upsample_backward(BACKEND, np.random.default_rng(5), shape, dtype)
+    expected = ref.upsample_backward(kernel_cases.numpy_backend(), np.random.default_rng(5), shape, dtype)
+    np.testing.assert_array_equal(ref.bits(got), ref.bits(expected))
 
 
 @FORMATS
@@ -65,9 +115,9 @@ def test_upsample2x_backward_matches_the_numpy_twin_bit_for_bit(dtype):
 def test_rows_and_columns_past_a_capped_grid_loop(rng, monkeypatch):
     """The grid's y and z limits (65535) are only reached by huge tensors; capped at 1 and 2
     here, every thread must loop over the rows and columns the grid does not cover."""
-    monkeypatch.setattr(pool, "MAX_GRID_Y", 1)
-    monkeypatch.setattr(pool, "MAX_GRID_Z", 2)
-    monkeypatch.setattr(pool, "THREADS", 4)
+    monkeypatch.setattr(pool_grid, "MAX_GRID_Y", 1)
+    monkeypatch.setattr(pool_grid, "MAX_GRID_Z", 2)
+    monkeypatch.setattr(pool_grid, "THREADS", 4)
     ref.pool_forward_random(BACKEND, rng, (2, 5, 9, 3), np.float32)
     ref.pool_backward(BACKEND, rng, (2, 5, 9, 3), np.float16)
     ref.upsample_forward(BACKEND, rng, (2, 2, 3, 3), np.uint16)

@@ -1,0 +1,225 @@
+"""pool.py's four kernels on 8-byte words of channels (CUDA backend): the same results, bit for bit, for tensors whose
+channels fill whole words.
+
+pool.py's threads each move one 2-byte element of a 16-bit tensor at a time: a warp's request is 64 bytes, too few
+in flight to keep HBM busy, and the autoencoder's pools and upsamples took 0.79 ms of a 4.48 ms bf16 step at ~1
+TB/s (benchmarks/NOTES.md, issue 32 step 2). Here a thread owns a word of LANES channels (4 of 16 bits, 2 of 32)
+with the same decomposition (pool.py's), reads and writes whole words, and runs pool.py's rules on each lane in
+turn: the first maximum of a window in row-major order, a NaN winning; the four gradients added in float32 in
+(0,0) (0,1) (1,0) (1,1) order and rounded once. argmax keeps a byte a channel, LANES bytes a word's.
+
+    fits(*arrays)            whether every NHWC array's channels fill whole 8-byte words, 8-byte aligned
+    argmax_fits(argmax, dtype)   whether argmax's bytes start on a boundary of a word's LANES bytes
+    words(array)             such an array viewed as its words (pool.py's upsample copies them as they are)
+    max_pool2x2_forward(x, y, argmax)   max_pool2x2_backward(dy, argmax, dx)   upsample2x_backward(dy, dx)
+                                        pool.py's launchers' second halves: their arguments checked there
+"""
+
+import functools
+
+import numpy as np
+
+from mlptrain.backends.kernel_cache import kernels as kernel_cache
+from mlptrain.backends.kernel_cache.numba_names import cuda, uint16, uint32, uint64
+from mlptrain.backends.numba_kernels import streams, wide
+from mlptrain.backends.numba_kernels.codecs import bits_float, bits_half, codec, float_bits, half_bits
+from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
+from mlptrain.backends.numba_kernels.pool_grid import advance, launch_shape, row_walk
+
+WORD = 8  # bytes
+
+
+def fits(*arrays) -> bool:
+    """Whether each C-contiguous NHWC array's rows of channels are whole 8-byte words, its start 8-byte aligned."""
+    return all((a.shape[3] * a.dtype.itemsize) % WORD == 0 and wide.address(a) % WORD == 0 for a in arrays)
+
+
+def argmax_fits(argmax, dtype) -> bool:
+    """Whether an argmax array beside words of `dtype` (fits) starts on a boundary of its words' bytes."""
+    return wide.address(argmax) % _lanes(dtype)[0] == 0
+
+
+def words(array):
+    """An array whose channels fill 8-byte words (fits) viewed as its words."""
+    return array.view(np.uint64)
+
+
+def _argmax_words(argmax, lanes):
+    """argmax's bytes, LANES a word's (a lane's byte at 8 * lane bits)."""
+    return argmax.view(np.uint32 if lanes == 4 else np.uint16)
+
+
+@kernel_cache.device
+def _bf16_from_bits(u):
+    return uint16(u)
+
+
+@kernel_cache.device
+def _bf16_to_bits(v):
+    return uint64(v)
+
+
+@kernel_cache.device
+def _fp16_from_bits(u):
+    return bits_half(uint32(u))
+
+
+@kernel_cache.device
+def _fp16_to_bits(v):
+    return uint64(half_bits(v))
+
+
+@kernel_cache.device
+def _fp32_from_bits(u):
+    return bits_float(uint32(u))
+
+
+@kernel_cache.device
+def _fp32_to_bits(v):
+    return uint64(float_bits(v))
+
+
+_BITS = {  # a stored element from a lane's bits, and back
+    np.dtype(np.uint16): (_bf16_from_bits, _bf16_to_bits),
+    np.dtype(np.float16): (_fp16_from_bits, _fp16_to_bits),
+    np.dtype(np.float32): (_fp32_from_bits, _fp32_to_bits),
+}
+
+
+def _lanes(dtype):
+    """(LANES, BITS, MASK) of a storage format's words."""
+    bits = 8 * np.dtype(dtype).itemsize
+    return WORD * 8 // bits, bits, (1 << bits) - 1
+
+
+@functools.cache
+def _make_max_pool2x2_forward(dtype):
+    load, _ = codec(dtype)
+    from_bits, _ = _BITS[np.dtype(dtype)]
+    LANES, BITS, MASK = _lanes(dtype)
+
+    # pool.py's max_pool2x2_forward_kernel, thread (c, ow) owning word c of y[n, oh, ow] and its argmax bytes.
+    @kernel_cache.jit
+    def max_pool2x2_forward_words_kernel(x, y, argmax):
+        after_previous_grid()
+        N, OH, OW, C = y.shape
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c >= C:
+            return
+        window = cuda.local.array(4, uint64)
+        n, oh, step_n, step_oh = row_walk(OH)
+        while n < N:
+            for ow in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, OW,
+                            cuda.gridDim.y * cuda.blockDim.y):
+                for k in range(4):
+                    window[k] = x[n, 2 * oh + k // 2, 2 * ow + k % 2, c]
+                out, winners = uint64(0), uint32(0)
+                for lane in range(LANES):
+                    shift = uint64(BITS * lane)
+                    chosen = (window[0] >> shift) & uint64(MASK)
+                    best, winner = load(from_bits(chosen)), 0
+                    for k in range(1, 4):
+                        candidate = (window[k] >> shift) & uint64(MASK)
+                        v = load(from_bits(candidate))
+                        if v > best or (v != v and best == best):
+                            chosen, best, winner = candidate, v, k
+                    out |= chosen << shift
+                    winners |= uint32(winner) << uint32(8 * lane)
+                y[n, oh, ow, c] = out
+                argmax[n, oh, ow, c] = winners
+            n, oh = advance(n, oh, step_n, step_oh, OH)
+
+    return max_pool2x2_forward_words_kernel
+
+
+def max_pool2x2_forward(x, y, argmax):
+    N, OH, OW, C = y.shape
+    lanes = _lanes(x.dtype)[0]
+    grid, block = launch_shape(N * OH, OW, C // lanes)
+    _make_max_pool2x2_forward(x.dtype)[grid, block, streams.current()](
+        words(x), words(y), _argmax_words(argmax, lanes))
+
+
+@functools.cache
+def _make_max_pool2x2_backward(lanes_bits):
+    LANES, BITS, MASK = lanes_bits
+    NONE = 0x04040404  # every lane's winner 4: none (a trailing cell)
+
+    # pool.py's max_pool2x2_backward_kernel, thread (c, j) owning word c of dx's 2x2 cell (n, 2i:2i+2, 2j:2j+2): each
+    # lane of dy's word goes to its winner, zeros (all bits clear in every format) to the other three.
+    @kernel_cache.jit
+    def max_pool2x2_backward_words_kernel(dy, argmax, dx):
+        after_previous_grid()
+        N, H, W, C = dx.shape
+        OH, OW = dy.shape[1], dy.shape[2]
+        CH, CW = (H + 1) // 2, (W + 1) // 2
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c >= C:
+            return
+        n, i, step_n, step_i = row_walk(CH)
+        while n < N:
+            for j in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, CW,
+                           cuda.gridDim.y * cuda.blockDim.y):
+                winners, grad = uint32(NONE), uint64(0)
+                if i < OH and j < OW:
+                    winners, grad = uint32(argmax[n, i, j, c]), dy[n, i, j, c]
+                for k in range(4):
+                    h, w = 2 * i + k // 2, 2 * j + k % 2
+                    if h < H and w < W:
+                        out = uint64(0)
+                        for lane in range(LANES):
+                            if (winners >> uint32(8 * lane)) & uint32(0xFF) == uint32(k):
+                                out |= grad & (uint64(MASK) << uint64(BITS * lane))
+                        dx[n, h, w, c] = out
+            n, i = advance(n, i, step_n, step_i, CH)
+
+    return max_pool2x2_backward_words_kernel
+
+
+def max_pool2x2_backward(dy, argmax, dx):
+    N, H, W, C = dx.shape
+    lanes_bits = _lanes(dx.dtype)
+    grid, block = launch_shape(N * ((H + 1) // 2), (W + 1) // 2, C // lanes_bits[0])
+    _make_max_pool2x2_backward(lanes_bits)[grid, block, streams.current()](
+        words(dy), _argmax_words(argmax, lanes_bits[0]), words(dx))
+
+
+@functools.cache
+def _make_upsample2x_backward(dtype):
+    load, store = codec(dtype)
+    from_bits, to_bits = _BITS[np.dtype(dtype)]
+    LANES, BITS, MASK = _lanes(dtype)
+
+    # pool.py's upsample2x_backward_kernel, thread (c, w) owning word c of dx[n, h, w]: each lane's four gradients
+    # added in float32 in pool.py's order and rounded once.
+    @kernel_cache.jit
+    def upsample2x_backward_words_kernel(dy, dx):
+        after_previous_grid()
+        N, H, W, C = dx.shape
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c >= C:
+            return
+        n, h, step_n, step_h = row_walk(H)
+        while n < N:
+            for w in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, W,
+                           cuda.gridDim.y * cuda.blockDim.y):
+                a, b = dy[n, 2 * h, 2 * w, c], dy[n, 2 * h, 2 * w + 1, c]
+                d, e = dy[n, 2 * h + 1, 2 * w, c], dy[n, 2 * h + 1, 2 * w + 1, c]
+                out = uint64(0)
+                for lane in range(LANES):
+                    shift, mask = uint64(BITS * lane), uint64(MASK)
+                    total = load(from_bits((a >> shift) & mask)) + load(from_bits((b >> shift) & mask))
+                    total += load(from_bits((d >> shift) & mask))
+                    total += load(from_bits((e >> shift) & mask))
+                    out |= (to_bits(store(total)) & mask) << shift
+                dx[n, h, w, c] = out
+            n, h = advance(n, h, step_n, step_h, H)
+
+    return upsample2x_backward_words_kernel
+
+
+def upsample2x_backward(dy, dx):
+    N, H, W, C = dx.shape
+    grid, block = launch_shape(N * H, W, C // _lanes(dx.dtype)[0])
+    _make_upsample2x_backward(dx.dtype)[grid, block, streams.current()](words(dy), words(dx))
+
