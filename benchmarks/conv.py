@@ -12,7 +12,7 @@ also times each candidate tile forced on the implicit-GEMM passes (the tensor-co
 MMA_CANDIDATES in 16-bit): the measurements behind conv.py's and conv_mma's tile choices. `--stagings` times each
 version of STAGINGS for the precision: the register staging and the cp.async ring's tiles, depths and fragment
 reads (ldmatrix or shared loads) in 16-bit, and for the 3-channel layers the passes padded or not (conv_padded),
-the narrow tile's alternatives and shallower rings; the CUDA-core tiles and tf32x3's stagings in float32.
+the narrow tile's alternatives and a shallower ring; the CUDA-core tiles and tf32x3's stagings in float32.
 
     python benchmarks/conv.py [--repeats 9] [--precision fp32] [--tiles] [--stagings] [--json FILE]
 """
@@ -44,21 +44,19 @@ MMA_CANDIDATES = [(128, 128, 2, 4), (128, 128, 4, 2), (64, 128, 2, 4), (128, 64,
 STAGINGS = {
     "16-bit": [
         ("registers", [("conv_mma", "RING_STAGES", 0)]),
-        ("weight ring 2", [("conv_mma", "WEIGHT_RING_STAGES", 2)]),
         ("ring, shared loads", [("conv_mma", "RING_LDMATRIX", False)]),
         ("ring 128x128x2x4 2 early", [("conv_mma", "RING_TILE", (128, 128, 2, 4))]),
         ("ring 2 late", [("conv_mma", "RING_EARLY", False)]),
         ("ring 128x64x4x2 3 early", [("conv_mma", "RING_TILE", (128, 64, 4, 2)), ("conv_mma", "RING_STAGES", 3)]),
     ],
     # the layers of 3 channels on one side: conv_padded's passes against conv_wide / conv_narrow / the register
-    # staging, all four padded, the narrow tile's alternatives, shallower rings
+    # staging, all four padded, the narrow tile's alternatives, a shallower ring
     "16-bit narrow": [
         ("not padded", [("conv_plan", "PADDED", frozenset())]),
         ("all padded", [("conv_plan", "PADDED", frozenset({("forward", "cin"), ("forward", "cout"),
                                                            ("backward_input", "cout"), ("backward_weight", "cin")}))]),
         ("narrow 32x16x2x1", [("conv_mma", "NARROW_RING_TILE", (32, 16, 2, 1))]),
         ("narrow ring 2", [("conv_mma", "NARROW_RING_STAGES", 2)]),
-        ("weight ring 2", [("conv_mma", "WEIGHT_RING_STAGES", 2)]),
     ],
     "fp32": [
         ("cuda cores", [("conv_plan", "TF32X3", False)]),

@@ -323,13 +323,13 @@ def _padded_backward_weight(x, dy, dw, beta, workspace):
     N, H, W, Cin = x.shape
     size, _, _, Cout = dw.shape
     pixels, taps, piece = N * H * W, size * size, conv_padded.PIECE
-    _, count, most = conv_mma.weight_plan((N, H, W, piece), (size, size, piece, Cout))
+    most = conv_mma.weight_plan((N, H, W, piece), (size, size, piece, Cout))[2]
     image_floats = math.ceil(pixels * piece * x.dtype.itemsize / 4)
     _, image = conv_padded.pieces(workspace, most * taps * piece * Cout, image_floats)
     image = image.view(x.dtype)[:pixels * piece]
     conv_padded.pad(x.reshape(pixels, Cin, 1), image.reshape(pixels, piece, 1))
     partials = conv_mma.weight_partials(image.reshape(N, H, W, piece), dy, size, workspace)
-    conv_padded.add_chunks(partials.reshape(count, taps, piece, Cout), dw.reshape(taps, Cin, Cout), beta)
+    conv_padded.add_chunks(partials, dw, beta)
 
 
 # --- launch helpers ---------------------------------------------------------------

@@ -50,9 +50,6 @@ RING_EARLY = True
 # ... its fragments read from the ring by ldmatrix, four registers an instruction (gemm_mma), the same bits: the same
 # passes 0.188 / 0.297 / 0.339 ms against the shared loads' 0.331 / 0.421 / 0.552 (benchmarks/NOTES.md, issue 32 1b)
 RING_LDMATRIX = True
-# The weight gradients' ring: three slices (52,224 bytes of shared memory): 0.308 / 0.310 ms against two slices'
-# 0.338 / 0.336 for the 16 x 16 layers, 0.130 against 0.141 for enc1's padded one (conv.py --stagings, session 49).
-WEIGHT_RING_STAGES = 3
 # The ring's tile for outputs of at most 8 channels (a kernel's Cout padded to 8 by conv_padded, the decoder's RGB):
 # 16 columns, the fewest whose two fragments a warp ldmatrix loads at once; 64 threads, so that B's 32 x 16 slice
 # is one piece a thread; a ring of four slices (6,656 bytes each): 0.344 ms against two slices' 0.434 for dec3's
@@ -189,7 +186,7 @@ def weight_partials(x, dy, size, workspace):
     pixel chunk of weight_plan, for chunks.add_chunks to add."""
     # TILE either way: weight_plan's chunks, and the workspace, are TILE's
     outputs = dy.reshape(math.prod(dy.shape[:3]), dy.shape[3])
-    staging = (WEIGHT_RING_STAGES, RING_EARLY, RING_LDMATRIX) if ring(x, outputs) else None
+    staging = (RING_STAGES, RING_EARLY, RING_LDMATRIX) if ring(x, outputs) else None
     return launch_weight_partials(_make_weight_partials(TILE, x.dtype, size, staging), TILE, weight_plan,
                                   x.view(np.uint16), dy.view(np.uint16), size, workspace)
 

@@ -9,8 +9,8 @@ conv_mma's pass on the padded arrays. The zeros add exact zeros to every sum, so
 in the ring's fixed order: reproducible bits, within the tensor-core passes' bounds.
 
     pad(source, padded)               padded[a, c, b] = source[a, c, b] for c < C, else 0; source (A, C, B)
-    add_chunks(partials, dw, beta)    dw = beta * dw + the chunks' partials of a padded weight gradient, added in
-                                      chunk order (chunks.add_chunks' order), the padding's rows and columns dropped
+    add_chunks(partials, dw, beta)    dw = beta * dw + the chunks' partials of a weight gradient with Cin padded,
+                                      added in chunk order (chunks.add_chunks' order), the padding's rows dropped
     pieces(buffer, *sizes)            consecutive 16-byte aligned parts of a 1-D buffer (pieces_elements: its size)
 
 No atomics: every element has one writer.
@@ -84,8 +84,10 @@ def padded_chunk_sum_kernel(partials, dw, beta):
 
 
 def add_chunks(partials, dw, beta):
-    """dw (taps, C, Cout) = beta * dw + partials (chunks, taps, CP, COP) summed over axis 0 in order, for CP >= C
-    and COP >= Cout: a padded weight gradient's real rows and columns; float32."""
-    elements = dw.size
-    blocks = max(1, min(chunks.SUM_MAX_BLOCKS, math.ceil(elements / chunks.SUM_THREADS)))
-    padded_chunk_sum_kernel[blocks, chunks.SUM_THREADS, streams.current()](partials, dw, float32(beta))
+    """dw (KS, KS, Cin, Cout) = beta * dw + partials (chunks, KS * KS * PIECE * Cout), the chunks' partials of a
+    weight gradient whose Cin was padded to PIECE, summed over axis 0 in order: the real rows; float32."""
+    size, _, Cin, Cout = dw.shape
+    taps = size * size
+    blocks = max(1, min(chunks.SUM_MAX_BLOCKS, math.ceil(dw.size / chunks.SUM_THREADS)))
+    padded_chunk_sum_kernel[blocks, chunks.SUM_THREADS, streams.current()](
+        partials.reshape(partials.shape[0], taps, PIECE, Cout), dw.reshape(taps, Cin, Cout), float32(beta))

@@ -20,7 +20,7 @@ import functools
 import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
-from mlptrain.backends.kernel_cache.numba_names import cuda, uint16, uint32, uint64
+from mlptrain.backends.kernel_cache.numba_names import cuda, float32, uint32, uint64
 from mlptrain.backends.numba_kernels import streams, wide
 from mlptrain.backends.numba_kernels.codecs import bits_float, bits_half, codec, float_bits, half_bits
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
@@ -50,39 +50,39 @@ def _argmax_words(argmax, lanes):
 
 
 @kernel_cache.device
-def _bf16_from_bits(u):
-    return uint16(u)
+def _bf16_value(u):
+    return bits_float(uint32(u) << uint32(16))
 
 
 @kernel_cache.device
-def _bf16_to_bits(v):
+def _bf16_bits(v):
     return uint64(v)
 
 
 @kernel_cache.device
-def _fp16_from_bits(u):
-    return bits_half(uint32(u))
+def _fp16_value(u):
+    return float32(bits_half(uint32(u)))  # a float16 stays inside: as a device function's result it would not build
 
 
 @kernel_cache.device
-def _fp16_to_bits(v):
+def _fp16_bits(v):
     return uint64(half_bits(v))
 
 
 @kernel_cache.device
-def _fp32_from_bits(u):
+def _fp32_value(u):
     return bits_float(uint32(u))
 
 
 @kernel_cache.device
-def _fp32_to_bits(v):
+def _fp32_bits(v):
     return uint64(float_bits(v))
 
 
-_BITS = {  # a stored element from a lane's bits, and back
-    np.dtype(np.uint16): (_bf16_from_bits, _bf16_to_bits),
-    np.dtype(np.float16): (_fp16_from_bits, _fp16_to_bits),
-    np.dtype(np.float32): (_fp32_from_bits, _fp32_to_bits),
+_BITS = {  # a lane's bits as the float32 value codec's load gives, and a stored element's (store's) bits
+    np.dtype(np.uint16): (_bf16_value, _bf16_bits),
+    np.dtype(np.float16): (_fp16_value, _fp16_bits),
+    np.dtype(np.float32): (_fp32_value, _fp32_bits),
 }
 
 
@@ -94,8 +94,7 @@ def _lanes(dtype):
 
 @functools.cache
 def _make_max_pool2x2_forward(dtype):
-    load, _ = codec(dtype)
-    from_bits, _ = _BITS[np.dtype(dtype)]
+    value, _ = _BITS[np.dtype(dtype)]
     LANES, BITS, MASK = _lanes(dtype)
 
     # pool.py's max_pool2x2_forward_kernel, thread (c, ow) owning word c of y[n, oh, ow] and its argmax bytes.
@@ -117,10 +116,10 @@ def _make_max_pool2x2_forward(dtype):
                 for lane in range(LANES):
                     shift = uint64(BITS * lane)
                     chosen = (window[0] >> shift) & uint64(MASK)
-                    best, winner = load(from_bits(chosen)), 0
+                    best, winner = value(chosen), 0
                     for k in range(1, 4):
                         candidate = (window[k] >> shift) & uint64(MASK)
-                        v = load(from_bits(candidate))
+                        v = value(candidate)
                         if v > best or (v != v and best == best):
                             chosen, best, winner = candidate, v, k
                     out |= chosen << shift
@@ -186,8 +185,8 @@ def max_pool2x2_backward(dy, argmax, dx):
 
 @functools.cache
 def _make_upsample2x_backward(dtype):
-    load, store = codec(dtype)
-    from_bits, to_bits = _BITS[np.dtype(dtype)]
+    _, store = codec(dtype)
+    value, to_bits = _BITS[np.dtype(dtype)]
     LANES, BITS, MASK = _lanes(dtype)
 
     # pool.py's upsample2x_backward_kernel, thread (c, w) owning word c of dx[n, h, w]: each lane's four gradients
@@ -208,9 +207,9 @@ def _make_upsample2x_backward(dtype):
                 out = uint64(0)
                 for lane in range(LANES):
                     shift, mask = uint64(BITS * lane), uint64(MASK)
-                    total = load(from_bits((a >> shift) & mask)) + load(from_bits((b >> shift) & mask))
-                    total += load(from_bits((d >> shift) & mask))
-                    total += load(from_bits((e >> shift) & mask))
+                    total = value((a >> shift) & mask) + value((b >> shift) & mask)
+                    total += value((d >> shift) & mask)
+                    total += value((e >> shift) & mask)
                     out |= (to_bits(store(total)) & mask) << shift
                 dx[n, h, w, c] = out
             n, h = advance(n, h, step_n, step_h, H)

@@ -30,7 +30,7 @@ def test_the_word_kernels_take_channels_that_fill_words(dtype):
 
     assert pool_words.fits(device((1, 2, 2, 4)), device((1, 1, 1, 4)))
     assert not pool_words.fits(device((1, 2, 2, 3)))
-    assert not pool_words.fits(device((1, 2, 2, 5))[..., 1:])  # an unaligned start
+    assert not pool_words.fits(device((1 + 2 * 2 * 4,))[1:].reshape(1, 2, 2, 4))  # an unaligned start
     argmax = current.to_device(np.zeros(9, np.uint8))
     assert pool_words.argmax_fits(argmax[4:], dtype) and not pool_words.argmax_fits(argmax[1:], dtype)
 
