@@ -59,7 +59,7 @@ else:
         @intrinsic
         def bits_half(typingctx, u):
             def codegen(context, builder, sig, args):
-                return builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+                return builder.trunc(args[0], ir.IntType(16))  # numba-cuda keeps an fp16 value as its 16 bits
 
             return numba_types.float16(numba_types.uint32), codegen
 

@@ -61,7 +61,7 @@ def _bf16_bits(v):
 
 @kernel_cache.device
 def _fp16_value(u):
-    return float32(bits_half(uint32(u)))  # a float16 stays inside: as a device function's result it would not build
+    return float32(bits_half(uint32(u)))
 
 
 @kernel_cache.device
