@@ -168,7 +168,7 @@ def test_a_small_buffer_takes_the_unpadded_pass(rng, mini):
     got = ref.stored_values(run("backward_input", (dy, w, h), RELU, BF16, buffer=False))
     ref.assert_within(got, ref.conv2d_backward_input(dyv, wv, hv, RELU),
                       ref.backward_input_tolerance(dyv, wv, hv, RELU, BF16))
-    (x, xv), (w, wv), (b, bv) = ref.stored(rng, (1, 3, 5, 3), BF16), *(ref.stored(rng, s, BF16) for s in ((3, 3, 3, 8), (8,)))
+    (x, xv), (w, wv), (b, bv) = (ref.stored(rng, s, BF16) for s in ((1, 3, 5, 3), (3, 3, 3, 8), (8,)))
     got = ref.stored_values(run("forward", (x, w, b), RELU, BF16, buffer=False))
     ref.assert_within(got, ref.conv2d_forward(xv, wv, bv, RELU), ref.forward_tolerance(xv, wv, bv, RELU, BF16))
 

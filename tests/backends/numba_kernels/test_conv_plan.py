@@ -30,11 +30,11 @@ def test_fp32_on_an_h100():
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_16_bit_takes_tensor_cores_where_channels_pair_up(dtype):
     assert labels(dtype, H100) == [
-        ["wide", "tensor_cores", "tensor_cores"],
+        ["wide", "tensor_cores", "tensor_cores/cin_padded"],  # the 3 RGB channels padded to 8 (conv_padded)
         ["tensor_cores"] * 3,
         ["tensor_cores"] * 3,
         ["tensor_cores"] * 3,
-        ["narrow", "wide", "narrow"],
+        ["tensor_cores/cout_padded", "wide", "narrow"],
     ]
     odd = conv_plan.plan("forward", (2, 8, 8, 7), (3, 3, 7, 16), dtype, H100)
     assert odd.variant == "tiled"  # 7 summed channels do not pair up
