@@ -1,11 +1,11 @@
-"""The pieces of a 16-bit convolution whose one side has fewer channels than a 16-byte piece (an RGB image, the
-decoder's RGB output), run on conv_mma's cp.async ring with that side padded by zeros (CUDA backend).
+"""Padding for 16-bit convolutions whose one side has fewer channels than a 16-byte piece (an RGB image, the
+decoder's RGB output), so that conv_mma's cp.async ring can run them (CUDA backend).
 
 conv_mma's ring copies its column matrices 16 bytes at a time, eight channels of one tap at one pixel: three
 channels are no such piece, so those passes ran on CUDA cores (conv_wide, conv_narrow) or staged through registers
 with 27 of a tile's 128 rows in use, 1.66 ms of a 4.48 ms bf16 step (benchmarks/NOTES.md, issue 32 step 2). Here
 conv.py first copies the narrow side into a scratch buffer with its channels padded to PIECE by zeros, and runs
-conv_mma's pass on the padded arrays. The zeros add exact zeros to every sum, so each output is its channels' sum
+conv_mma's pass on the padded arrays (which passes: conv_plan.PADDED). The zeros add exact zeros to every sum, so each output is its channels' sum
 in the ring's fixed order: reproducible bits, within the tensor-core passes' bounds.
 
     pad(source, padded)               padded[a, c, b] = source[a, c, b] for c < C, else 0; source (A, C, B)

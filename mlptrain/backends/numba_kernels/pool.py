@@ -29,6 +29,7 @@ from mlptrain.backends.numba_kernels.codecs import STORAGE_DTYPES, codec
 from mlptrain.backends.numba_kernels.grid_order import after_previous_grid
 from mlptrain.backends.numba_kernels.pool_grid import advance, launch_shape, row_walk
 
+
 def _nhwc(name, array):
     require_one_of(name, array, STORAGE_DTYPES, (None, None, None, None))
     return array.shape
