@@ -5,8 +5,9 @@ conv_mma's ring copies its column matrices 16 bytes at a time, eight channels of
 channels are no such piece, so those passes ran on CUDA cores (conv_wide, conv_narrow) or staged through registers
 with 27 of a tile's 128 rows in use, 1.66 ms of a 4.48 ms bf16 step (benchmarks/NOTES.md, issue 32 step 2). Here
 conv.py first copies the narrow side into a scratch buffer with its channels padded to PIECE by zeros, and runs
-conv_mma's pass on the padded arrays (which passes: conv_plan.PADDED). The zeros add exact zeros to every sum, so each output is its channels' sum
-in the ring's fixed order: reproducible bits, within the tensor-core passes' bounds.
+conv_mma's pass on the padded arrays (which passes: conv_plan.PADDED). The zeros add exact zeros to every sum, so
+each output is its channels' sum in the ring's fixed order: reproducible bits, within the tensor-core passes'
+bounds.
 
     pad(source, padded)               padded[a, c, b] = source[a, c, b] for c < C, else 0; source (A, C, B)
     add_chunks(partials, dw, beta)    dw = beta * dw + the chunks' partials of a weight gradient with Cin padded,
