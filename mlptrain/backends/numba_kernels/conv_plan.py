@@ -34,8 +34,8 @@ from typing import NamedTuple
 import numpy as np
 
 from mlptrain.backends.kernel_cache.numba_names import config
-from mlptrain.backends.numba_kernels import (chunks, conv_mma, conv_narrow, conv_padded, conv_tf32, conv_wide, tensor_core,
-                                             tiles)
+from mlptrain.backends.numba_kernels import (chunks, conv_mma, conv_narrow, conv_padded, conv_tf32, conv_wide,
+                                             tensor_core, tiles)
 
 PASSES = ("forward", "backward_input", "backward_weight")
 
