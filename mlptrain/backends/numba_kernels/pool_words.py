@@ -1,16 +1,16 @@
-"""pool.py's four kernels on 8-byte words of channels (CUDA backend): the same results, bit for bit, for tensors whose
-channels fill whole words.
+"""The kernels of pool.py's max pools and upsamples, on words of channels (CUDA backend).
 
-pool.py's threads each move one 2-byte element of a 16-bit tensor at a time: a warp's request is 64 bytes, too few
-in flight to keep HBM busy, and the autoencoder's pools and upsamples took 0.79 ms of a 4.48 ms bf16 step at ~1
-TB/s (benchmarks/NOTES.md, issue 32 step 2). Here a thread owns a word of LANES channels (4 of 16 bits, 2 of 32)
-with the same decomposition (pool.py's), reads and writes whole words, and runs pool.py's rules on each lane in
-turn: the first maximum of a window in row-major order, a NaN winning; the four gradients added in float32 in
-(0,0) (0,1) (1,0) (1,1) order and rounded once. argmax keeps a byte a channel, LANES bytes a word's.
+A thread owns a word of LANES channels and runs the rules on each lane in turn: the first maximum of a window in
+row-major order, a NaN winning; the four gradients added in float32 in (0,0) (0,1) (1,0) (1,1) order and rounded
+once. argmax keeps a byte a channel, LANES bytes a word's. A word is 8 bytes (4 channels of 16 bits, 2 of 32) where
+the channels fill whole words and the arrays are aligned to them (`fits`), else one element (LANES 1): the same
+bits either way. One element a thread of a 16-bit tensor is a 64-byte request a warp, too few bytes in flight to
+keep HBM busy: the autoencoder's pools and upsamples took 0.79 ms of a 4.48 ms bf16 step at ~1 TB/s, 0.25 ms on
+8-byte words (benchmarks/NOTES.md, issue 32 step 2b).
 
     fits(*arrays)            whether every NHWC array's channels fill whole 8-byte words, 8-byte aligned
-    argmax_fits(argmax, dtype)   whether argmax's bytes start on a boundary of a word's LANES bytes
-    words(array)             such an array viewed as its words (pool.py's upsample copies them as they are)
+    word_bytes(dtype, arrays, argmax=None)   the word the kernels take: 8 where they fit, else one element
+    words(array, word)       an array viewed as its words
     max_pool2x2_forward(x, y, argmax)   max_pool2x2_backward(dy, argmax, dx)   upsample2x_backward(dy, dx)
                                         pool.py's launchers' second halves: their arguments checked there
 """
@@ -34,19 +34,21 @@ def fits(*arrays) -> bool:
     return all((a.shape[3] * a.dtype.itemsize) % WORD == 0 and wide.address(a) % WORD == 0 for a in arrays)
 
 
-def argmax_fits(argmax, dtype) -> bool:
-    """Whether an argmax array beside words of `dtype` (fits) starts on a boundary of its words' bytes."""
-    return wide.address(argmax) % _lanes(dtype)[0] == 0
+def word_bytes(dtype, arrays, argmax=None) -> int:
+    """The bytes of the word the kernels take for `arrays` in `dtype` (and an argmax beside them): WORD where they fit
+    and argmax starts on a boundary of a word's LANES bytes, else one element."""
+    size = np.dtype(dtype).itemsize
+    if fits(*arrays) and (argmax is None or wide.address(argmax) % (WORD // size) == 0):
+        return WORD
+    return size
 
 
-def words(array):
-    """An array whose channels fill 8-byte words (fits) viewed as its words."""
-    return array.view(np.uint64)
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _argmax_words(argmax, lanes):
-    """argmax's bytes, LANES a word's (a lane's byte at 8 * lane bits)."""
-    return argmax.view(np.uint32 if lanes == 4 else np.uint16)
+def words(array, word=WORD):
+    """An array viewed as its words of `word` bytes (unsigned integers)."""
+    return array.view(_UNSIGNED[word])
 
 
 @kernel_cache.device
@@ -86,18 +88,20 @@ _BITS = {  # a lane's bits as the float32 value codec's load gives, and a stored
 }
 
 
-def _lanes(dtype):
-    """(LANES, BITS, MASK) of a storage format's words."""
+def _lanes(dtype, word):
+    """(LANES, BITS, MASK) of a storage format's words of `word` bytes."""
     bits = 8 * np.dtype(dtype).itemsize
-    return WORD * 8 // bits, bits, (1 << bits) - 1
+    return word * 8 // bits, bits, (1 << bits) - 1
 
 
 @functools.cache
-def _make_max_pool2x2_forward(dtype):
+def _make_max_pool2x2_forward(dtype, word):
     value, _ = _BITS[np.dtype(dtype)]
-    LANES, BITS, MASK = _lanes(dtype)
+    LANES, BITS, MASK = _lanes(dtype, word)
 
-    # pool.py's max_pool2x2_forward_kernel, thread (c, ow) owning word c of y[n, oh, ow] and its argmax bytes.
+    # Thread (c, ow) of block row n*OH + oh owns word c of y[n, oh, ow] and its argmax bytes: it reads the window's
+    # four words, and for each lane keeps the first maximum in row-major order; the first NaN beats any number and
+    # is never replaced (np.argmax's rule). y gets the winner's stored bits.
     @kernel_cache.jit
     def max_pool2x2_forward_words_kernel(x, y, argmax):
         after_previous_grid()
@@ -133,10 +137,11 @@ def _make_max_pool2x2_forward(dtype):
 
 def max_pool2x2_forward(x, y, argmax):
     N, OH, OW, C = y.shape
-    lanes = _lanes(x.dtype)[0]
+    word = word_bytes(x.dtype, (x, y), argmax)
+    lanes = _lanes(x.dtype, word)[0]
     grid, block = launch_shape(N * OH, OW, C // lanes)
-    _make_max_pool2x2_forward(x.dtype)[grid, block, streams.current()](
-        words(x), words(y), _argmax_words(argmax, lanes))
+    _make_max_pool2x2_forward(x.dtype, word)[grid, block, streams.current()](
+        words(x, word), words(y, word), words(argmax, lanes))
 
 
 @functools.cache
@@ -144,8 +149,10 @@ def _make_max_pool2x2_backward(lanes_bits):
     LANES, BITS, MASK = lanes_bits
     NONE = 0x04040404  # every lane's winner 4: none (a trailing cell)
 
-    # pool.py's max_pool2x2_backward_kernel, thread (c, j) owning word c of dx's 2x2 cell (n, 2i:2i+2, 2j:2j+2): each
-    # lane of dy's word goes to its winner, zeros (all bits clear in every format) to the other three.
+    # Thread (c, j) of block row n*CH + i owns word c of the 2x2 cell dx[n, 2i:2i+2, 2j:2j+2]: each lane of dy's word
+    # goes to its winner, zeros (all bits clear in every format) to the other three. Cells are ceil(H/2) x ceil(W/2):
+    # the odd trailing row and column are cells of their own, with no window, all zero. Every dx word has one owner,
+    # so no zeroing launch and no atomics.
     @kernel_cache.jit
     def max_pool2x2_backward_words_kernel(dy, argmax, dx):
         after_previous_grid()
@@ -161,7 +168,7 @@ def _make_max_pool2x2_backward(lanes_bits):
                            cuda.gridDim.y * cuda.blockDim.y):
                 winners, grad = uint32(NONE), uint64(0)
                 if i < OH and j < OW:
-                    winners, grad = uint32(argmax[n, i, j, c]), dy[n, i, j, c]
+                    winners, grad = uint32(argmax[n, i, j, c]), uint64(dy[n, i, j, c])
                 for k in range(4):
                     h, w = 2 * i + k // 2, 2 * j + k % 2
                     if h < H and w < W:
@@ -177,20 +184,22 @@ def _make_max_pool2x2_backward(lanes_bits):
 
 def max_pool2x2_backward(dy, argmax, dx):
     N, H, W, C = dx.shape
-    lanes_bits = _lanes(dx.dtype)
+    word = word_bytes(dx.dtype, (dy, dx), argmax)
+    lanes_bits = _lanes(dx.dtype, word)
     grid, block = launch_shape(N * ((H + 1) // 2), (W + 1) // 2, C // lanes_bits[0])
     _make_max_pool2x2_backward(lanes_bits)[grid, block, streams.current()](
-        words(dy), _argmax_words(argmax, lanes_bits[0]), words(dx))
+        words(dy, word), words(argmax, lanes_bits[0]), words(dx, word))
 
 
 @functools.cache
-def _make_upsample2x_backward(dtype):
+def _make_upsample2x_backward(dtype, word):
     _, store = codec(dtype)
     value, to_bits = _BITS[np.dtype(dtype)]
-    LANES, BITS, MASK = _lanes(dtype)
+    LANES, BITS, MASK = _lanes(dtype, word)
 
-    # pool.py's upsample2x_backward_kernel, thread (c, w) owning word c of dx[n, h, w]: each lane's four gradients
-    # added in float32 in pool.py's order and rounded once.
+    # Thread (c, w) of block row n*H + h owns word c of dx[n, h, w]: it gathers the four dy words it was copied to,
+    # and adds each lane's four in float32, always in the order (0,0) (0,1) (1,0) (1,1), rounding once. A gather,
+    # not a scatter: no atomics.
     @kernel_cache.jit
     def upsample2x_backward_words_kernel(dy, dx):
         after_previous_grid()
@@ -202,8 +211,8 @@ def _make_upsample2x_backward(dtype):
         while n < N:
             for w in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, W,
                            cuda.gridDim.y * cuda.blockDim.y):
-                a, b = dy[n, 2 * h, 2 * w, c], dy[n, 2 * h, 2 * w + 1, c]
-                d, e = dy[n, 2 * h + 1, 2 * w, c], dy[n, 2 * h + 1, 2 * w + 1, c]
+                a, b = uint64(dy[n, 2 * h, 2 * w, c]), uint64(dy[n, 2 * h, 2 * w + 1, c])
+                d, e = uint64(dy[n, 2 * h + 1, 2 * w, c]), uint64(dy[n, 2 * h + 1, 2 * w + 1, c])
                 out = uint64(0)
                 for lane in range(LANES):
                     shift, mask = uint64(BITS * lane), uint64(MASK)
@@ -219,6 +228,7 @@ def _make_upsample2x_backward(dtype):
 
 def upsample2x_backward(dy, dx):
     N, H, W, C = dx.shape
-    grid, block = launch_shape(N * H, W, C // _lanes(dx.dtype)[0])
-    _make_upsample2x_backward(dx.dtype)[grid, block, streams.current()](words(dy), words(dx))
+    word = word_bytes(dx.dtype, (dy, dx))
+    grid, block = launch_shape(N * H, W, C // _lanes(dx.dtype, word)[0])
+    _make_upsample2x_backward(dx.dtype, word)[grid, block, streams.current()](words(dy, word), words(dx, word))
 

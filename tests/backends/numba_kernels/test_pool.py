@@ -24,15 +24,19 @@ WORD_UPSAMPLE_SHAPES = pytest.mark.parametrize("shape", [(1, 3, 1, 4), (2, 1, 2,
 
 
 @FORMATS
-def test_the_word_kernels_take_channels_that_fill_words(dtype):
-    def device(shape):
-        return current.to_device(np.zeros(shape, dtype))
+def test_8_byte_words_where_the_channels_fill_them_else_elements(dtype):
+    def device(shape, kind=dtype):
+        return current.to_device(np.zeros(shape, kind))
 
-    assert pool_words.fits(device((1, 2, 2, 4)), device((1, 1, 1, 4)))
-    assert not pool_words.fits(device((1, 2, 2, 3)))
-    assert not pool_words.fits(device((1 + 2 * 2 * 4,))[1:].reshape(1, 2, 2, 4))  # an unaligned start
-    argmax = current.to_device(np.zeros(9, np.uint8))
-    assert pool_words.argmax_fits(argmax[4:], dtype) and not pool_words.argmax_fits(argmax[1:], dtype)
+    size = np.dtype(dtype).itemsize
+    image, pooled = device((1, 2, 2, 4)), device((1, 1, 1, 4))
+    assert pool_words.word_bytes(dtype, (image, pooled)) == 8
+    assert pool_words.word_bytes(dtype, (device((1, 2, 2, 3)),)) == size
+    assert pool_words.word_bytes(dtype, (device((1 + 2 * 2 * 4,))[1:].reshape(1, 2, 2, 4),)) == size  # unaligned
+    argmax = device((16,), np.uint8)
+    lanes = 8 // size  # argmax bytes a word
+    assert pool_words.word_bytes(dtype, (image, pooled), argmax[lanes:lanes + 4].reshape(1, 1, 1, 4)) == 8
+    assert pool_words.word_bytes(dtype, (image, pooled), argmax[1:5].reshape(1, 1, 1, 4)) == size
 
 
 @FORMATS
