@@ -92,9 +92,15 @@ def chunk_sum_kernel(partials, dw, beta):
             dw[e] = beta * dw[e] + total
 
 
+def sum_blocks(elements):
+    """Blocks of SUM_THREADS threads for a grid-stride launch over `elements`: enough for a thread each, between 1
+    and SUM_MAX_BLOCKS."""
+    return max(1, min(SUM_MAX_BLOCKS, math.ceil(elements / SUM_THREADS)))
+
+
 def add_chunks(partials, dw, beta):
     """dw = beta * dw + partials summed over axis 0 in order; partials (chunks, E), dw (E,) float32."""
-    blocks = max(1, min(SUM_MAX_BLOCKS, math.ceil(dw.shape[0] / SUM_THREADS)))
+    blocks = sum_blocks(dw.shape[0])
     chunk_sum_kernel[blocks, SUM_THREADS, streams.current()](partials, dw, float32(beta))
 
 

@@ -160,7 +160,7 @@ def flip_kernel(w, flipped):
     require("flipped", flipped, w.dtype, (size * size * Cout, Cin))
     elements = w.size
     if elements:
-        blocks = max(1, min(chunks.SUM_MAX_BLOCKS, math.ceil(elements / chunks.SUM_THREADS)))
+        blocks = chunks.sum_blocks(elements)
         flip_kernel_kernel[blocks, chunks.SUM_THREADS, streams.current()](w.reshape(size * size, Cin, Cout), flipped)
 
 

@@ -17,8 +17,6 @@ bounds.
 No atomics: every element has one writer.
 """
 
-import math
-
 import numpy as np
 
 from mlptrain.backends.kernel_cache import kernels as kernel_cache
@@ -62,7 +60,7 @@ def pad(source, padded):
     """padded (A, CP, B) = source (A, C, B) with zeros for channels C..CP-1, both C-contiguous 16-bit arrays."""
     elements = padded.size
     if elements:
-        blocks = max(1, min(chunks.SUM_MAX_BLOCKS, math.ceil(elements / chunks.SUM_THREADS)))
+        blocks = chunks.sum_blocks(elements)
         pad_kernel[blocks, chunks.SUM_THREADS, streams.current()](source.view(np.uint16), padded.view(np.uint16))
 
 
@@ -89,6 +87,6 @@ def add_chunks(partials, dw, beta):
     weight gradient whose Cin was padded to PIECE, summed over axis 0 in order: the real rows; float32."""
     size, _, Cin, Cout = dw.shape
     taps = size * size
-    blocks = max(1, min(chunks.SUM_MAX_BLOCKS, math.ceil(dw.size / chunks.SUM_THREADS)))
+    blocks = chunks.sum_blocks(dw.size)
     padded_chunk_sum_kernel[blocks, chunks.SUM_THREADS, streams.current()](
         partials.reshape(partials.shape[0], taps, PIECE, Cout), dw.reshape(taps, Cin, Cout), float32(beta))
